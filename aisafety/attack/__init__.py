@@ -1,0 +1,1 @@
+"""Attack module: adversarial attacks behind one ``Attack`` interface."""

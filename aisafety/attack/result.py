@@ -1,0 +1,72 @@
+"""What an attack hands back: the adversarial batch and per-sample outcomes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from aisafety.interfaces import Norm
+
+
+def perturbation_norms(delta: torch.Tensor) -> dict[str, torch.Tensor]:
+    """l0 / l1 / l2 / linf size of each sample's perturbation (l0 counts changed values)."""
+    flat = delta.flatten(1)
+    return {
+        "l0": (flat != 0).sum(1).float(),
+        "l1": flat.abs().sum(1),
+        "l2": flat.norm(p=2, dim=1),
+        "linf": flat.abs().amax(1) if flat.shape[1] else flat.new_zeros(flat.shape[0]),
+    }
+
+
+@dataclass
+class AttackResult:
+    """One attack at one budget on one batch; every tensor has the batch as first dim."""
+
+    attack: str
+    eps: float
+    norm: Norm | None
+    x: torch.Tensor
+    x_adv: torch.Tensor
+    y: torch.Tensor
+    clean_logits: torch.Tensor
+    adv_logits: torch.Tensor
+    success: torch.Tensor
+    steps: torch.Tensor
+    seconds: float
+
+    @property
+    def clean_pred(self) -> torch.Tensor:
+        return self.clean_logits.argmax(1)
+
+    @property
+    def adv_pred(self) -> torch.Tensor:
+        return self.adv_logits.argmax(1)
+
+    @property
+    def norms(self) -> dict[str, torch.Tensor]:
+        return perturbation_norms(self.x_adv - self.x)
+
+    @property
+    def success_rate(self) -> float:
+        return float(self.success.float().mean()) if len(self.y) else 0.0
+
+    @property
+    def robust_accuracy(self) -> float:
+        return float((self.adv_pred == self.y).float().mean()) if len(self.y) else 0.0
+
+    @classmethod
+    def concat(cls, parts: list[AttackResult]) -> AttackResult:
+        """Join the results of consecutive chunks of one batch."""
+        first = parts[0]
+        merged = {}
+        for f in fields(cls):
+            values = [getattr(p, f.name) for p in parts]
+            if isinstance(values[0], torch.Tensor):
+                merged[f.name] = torch.cat(values)
+            elif f.name == "seconds":
+                merged[f.name] = sum(values)
+            else:
+                merged[f.name] = getattr(first, f.name)
+        return cls(**merged)

@@ -1,0 +1,48 @@
+"""The built-in attacks, defenses, metrics and datasets, registered like any plugin."""
+
+from __future__ import annotations
+
+from aisafety.attack.fgsm import FGSM
+from aisafety.attack.pgd import PGDLinf
+from aisafety.database.datasets.embedded import EmbeddedMnist
+from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
+from aisafety.defense.bit_depth import BitDepthReduction
+from aisafety.evaluation.metrics.accuracy import AdversarialAccuracyWhiteBox, CleanAccuracy
+from aisafety.evaluation.metrics.confidence import (
+    AverageConfidenceAdversarialClass,
+    AverageConfidenceTrueClass,
+    NoiseToleranceEstimation,
+)
+from aisafety.evaluation.metrics.imperceptibility import (
+    AverageLpDistortion,
+    AverageStructuralSimilarity,
+)
+from aisafety.hookspecs import hookimpl
+
+
+@hookimpl
+def aisafety_attacks() -> list[type]:
+    return [FGSM, PGDLinf]
+
+
+@hookimpl
+def aisafety_defenses() -> list[type]:
+    return [BitDepthReduction]
+
+
+@hookimpl
+def aisafety_metrics() -> list[type]:
+    return [
+        CleanAccuracy,
+        AdversarialAccuracyWhiteBox,
+        AverageConfidenceAdversarialClass,
+        AverageConfidenceTrueClass,
+        NoiseToleranceEstimation,
+        AverageLpDistortion,
+        AverageStructuralSimilarity,
+    ]
+
+
+@hookimpl
+def aisafety_datasets() -> list[type]:
+    return [EmbeddedMnist, MnistDataset, FashionMnistDataset]

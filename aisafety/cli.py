@@ -1,0 +1,189 @@
+"""The ``aisafety`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from aisafety.config import default_plan, load_plan
+from aisafety.database.store import DEFAULT_URL, ResultStore
+from aisafety.errors import AISafetyError
+from aisafety.plugins import default_registry
+from aisafety.report.table import metric_rows, render
+
+LIST_KINDS = {
+    "attacks": "attack",
+    "defenses": "defense",
+    "metrics": "metric",
+    "datasets": "dataset",
+}
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from aisafety.runner import Runner
+
+    plan = load_plan(args.config) if args.config else default_plan()
+    overrides = {}
+    if args.device:
+        overrides["device"] = args.device
+    if args.limit:
+        overrides["dataset"] = plan.dataset.model_copy(update={"limit": args.limit})
+    if overrides:
+        plan = plan.model_copy(update=overrides)
+    store = ResultStore(args.db)
+    record = Runner(plan, store, resume=args.resume, quiet=args.quiet).run()
+    columns, rows = metric_rows(record.values)
+    print(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
+    print(render(columns, rows, args.format))
+    if record.resumed_units:
+        print(f"({record.resumed_units} finished unit(s) taken from the database)")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.kind == "models":
+        from aisafety.database.zoo import list_models
+
+        entries = [
+            {
+                "name": e.name,
+                "architecture": e.architecture,
+                "dataset": e.dataset,
+                "defense": e.recipe.defense,
+                "clean_accuracy": e.metrics.get("clean_accuracy"),
+                "source": str(root),
+            }
+            for e, root in list_models().values()
+        ]
+    else:
+        registry = default_registry()
+        kind = LIST_KINDS[args.kind]
+        entries = []
+        for name in registry.names(kind):
+            cls = registry.get(kind, name)
+            info = cls.describe() if hasattr(cls, "describe") else {"name": name}
+            info.setdefault("description", getattr(cls, "description", ""))
+            entries.append({**info, "plugin": registry.sources[kind][name]})
+    if args.format == "json":
+        print(json.dumps(entries, indent=2))
+    else:
+        columns = list(entries[0]) if entries else ["name"]
+        print(render(columns, [[e.get(c) for c in columns] for e in entries]))
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    registry = default_registry()
+    rows = [
+        (p.name, p.origin, "; ".join(f"{k}: {', '.join(v)}" for k, v in p.provides.items()))
+        for p in registry.plugins
+    ]
+    print(render(["plugin", "origin", "provides"], rows))
+    for failure in registry.failures:
+        print(f"\nplugin {failure.name!r} ({failure.origin}) failed to load:\n{failure.error}")
+    return 1 if registry.failures else 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    columns, rows = ResultStore(args.db).query(args.sql)
+    print(render(columns, rows, args.format))
+    return 0
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    if args.zoo_command == "list":
+        return cmd_list(argparse.Namespace(kind="models", format=args.format))
+    from aisafety.database.training import train_zoo_entry
+    from aisafety.database.zoo import TrainingRecipe
+    from aisafety.interfaces import DatasetSpec
+    from aisafety.loading import load_data
+
+    recipe = TrainingRecipe(
+        architecture=args.architecture,
+        dataset=args.dataset,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    registry = default_registry()
+    train_set = load_data(
+        DatasetSpec(name=args.dataset, path=args.data_dir, split="train"), registry
+    )
+    test_set = load_data(DatasetSpec(name=args.dataset, path=args.data_dir, split="test"), registry)
+    entry = train_zoo_entry(args.name, recipe, train_set, test_set, Path(args.out), args.quiet)
+    print(
+        f"trained {entry.name}: clean accuracy {entry.metrics['clean_accuracy']:.4f} on "
+        f"{len(test_set)} test images; wrote {Path(args.out) / entry.file} "
+        f"(sha256 {entry.sha256[:12]}…)"
+    )
+    print(f"use it with: AISAFETY_ZOO_PATH={args.out} aisafety evaluate ...")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aisafety", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("evaluate", help="run an evaluation plan (default: the embedded demo)")
+    ev.add_argument("config", nargs="?", help="YAML/TOML plan; omitted = the embedded default")
+    ev.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")
+    ev.add_argument("--resume", action="store_true", help="skip units already in the database")
+    ev.add_argument("--quiet", action="store_true", help="no progress bars")
+    ev.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    ev.add_argument("--limit", type=int, help="evaluate on at most N samples (class-balanced)")
+    ev.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    ev.set_defaults(func=cmd_evaluate)
+
+    ls = sub.add_parser("list", help="list what is registered")
+    ls.add_argument("kind", choices=[*LIST_KINDS, "models"])
+    ls.add_argument("--format", choices=["table", "json"], default="table")
+    ls.set_defaults(func=cmd_list)
+
+    pl = sub.add_parser("plugins", help="list loaded plugins, their origin and failures")
+    pl.set_defaults(func=cmd_plugins)
+
+    qu = sub.add_parser("query", help="run SQL against the results database")
+    qu.add_argument("sql")
+    qu.add_argument("--db", default=DEFAULT_URL)
+    qu.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    qu.set_defaults(func=cmd_query)
+
+    zoo = sub.add_parser("zoo", help="train or list zoo models")
+    zsub = zoo.add_subparsers(dest="zoo_command", required=True)
+    zl = zsub.add_parser("list")
+    zl.add_argument("--format", choices=["table", "json"], default="table")
+    zt = zsub.add_parser("train", help="train a zoo model from a dataset folder")
+    zt.add_argument("--data-dir", required=True, help="folder of the dataset's files")
+    zt.add_argument("--dataset", default="mnist")
+    zt.add_argument("--name", default="mnist-cnn")
+    zt.add_argument("--architecture", default="mnist-cnn")
+    zt.add_argument("--out", default="zoo", help="folder for checkpoint + manifest.json")
+    zt.add_argument("--epochs", type=int, default=3)
+    zt.add_argument("--batch-size", type=int, default=128)
+    zt.add_argument("--lr", type=float, default=1e-3)
+    zt.add_argument("--seed", type=int, default=0)
+    zt.add_argument("--quiet", action="store_true")
+    zoo.set_defaults(func=cmd_zoo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except AISafetyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            "interrupted: finished units are in the database; rerun with --resume", file=sys.stderr
+        )
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Configuration objects for plugins: validated at construction, errors that name the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from aisafety.errors import ConfigError
+
+
+class PluginConfig(BaseModel):
+    """Base of every attack, defense and metric ``Config``: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def build_config(owner: str, cls: type[PluginConfig], given: dict[str, Any]) -> PluginConfig:
+    """Validate ``given`` against ``cls``; a bad value becomes a ConfigError naming ``owner``."""
+    try:
+        return cls(**given)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        fields = ", ".join(f"{k}={v.default!r}" for k, v in cls.model_fields.items())
+        raise ConfigError(f"{owner}: {problems}. Valid settings: {fields or '(none)'}") from None

@@ -1,0 +1,151 @@
+"""SQLAlchemy tables of the results store, and the flat ``results`` view.
+
+One row per run, model, dataset, unit of work, attack run, metric value and per-sample
+outcome, so "which test images does every defense fail on" is a single SQL query.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    platform_version: Mapped[str] = mapped_column(String(32))
+    seed: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str] = mapped_column(String(16))
+    plan: Mapped[dict] = mapped_column(JSON)
+
+
+class Model(Base):
+    __tablename__ = "models"
+    __table_args__ = (UniqueConstraint("name", "fingerprint"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict] = mapped_column(JSON)
+    capabilities: Mapped[str] = mapped_column(String(200))
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("name", "split", "fingerprint"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    split: Mapped[str] = mapped_column(String(16))
+    n_samples: Mapped[int] = mapped_column(Integer)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict] = mapped_column(JSON)
+
+
+class Unit(Base):
+    """A unit of work, committed in one transaction; ``--resume`` skips finished keys."""
+
+    __tablename__ = "units"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    description: Mapped[str] = mapped_column(String(400))
+    finished_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class AttackRun(Base):
+    __tablename__ = "attack_runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    unit_key: Mapped[str] = mapped_column(ForeignKey("units.key"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"))
+    attack: Mapped[str] = mapped_column(String(200))
+    family: Mapped[str] = mapped_column(String(16))
+    norm: Mapped[str | None] = mapped_column(String(8))
+    eps: Mapped[float] = mapped_column(Float)
+    config: Mapped[dict] = mapped_column(JSON)
+    n_samples: Mapped[int] = mapped_column(Integer)
+    success_rate: Mapped[float] = mapped_column(Float)
+    robust_accuracy: Mapped[float] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Float)
+
+
+class MetricValueRow(Base):
+    __tablename__ = "metric_values"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    unit_key: Mapped[str] = mapped_column(ForeignKey("units.key"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"))
+    attack_run_id: Mapped[int | None] = mapped_column(ForeignKey("attack_runs.id"))
+    metric: Mapped[str] = mapped_column(String(200))
+    value: Mapped[float | None] = mapped_column(Float)
+    direction: Mapped[str] = mapped_column(String(8))
+    unit: Mapped[str] = mapped_column(String(32))
+    attack: Mapped[str | None] = mapped_column(String(200))
+    eps: Mapped[float | None] = mapped_column(Float)
+    n_samples: Mapped[int] = mapped_column(Integer)
+    details: Mapped[dict] = mapped_column(JSON)
+    platform_version: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class SampleOutcome(Base):
+    __tablename__ = "sample_outcomes"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attack_run_id: Mapped[int] = mapped_column(ForeignKey("attack_runs.id"), index=True)
+    sample_index: Mapped[int] = mapped_column(Integer)
+    label: Mapped[int] = mapped_column(Integer)
+    clean_pred: Mapped[int] = mapped_column(Integer)
+    adv_pred: Mapped[int] = mapped_column(Integer)
+    success: Mapped[bool] = mapped_column(Boolean)
+    steps: Mapped[int] = mapped_column(Integer)
+    l0: Mapped[float] = mapped_column(Float)
+    l1: Mapped[float] = mapped_column(Float)
+    l2: Mapped[float] = mapped_column(Float)
+    linf: Mapped[float] = mapped_column(Float)
+    true_conf_clean: Mapped[float] = mapped_column(Float)
+    true_conf_adv: Mapped[float] = mapped_column(Float)
+
+
+RESULTS_VIEW = """
+CREATE VIEW IF NOT EXISTS results AS
+SELECT mv.run_id AS run_id,
+       m.name AS model,
+       d.name AS dataset,
+       d.split AS split,
+       mv.metric AS metric,
+       mv.attack AS attack,
+       ar.norm AS norm,
+       mv.eps AS eps,
+       mv.value AS value,
+       mv.direction AS direction,
+       mv.unit AS unit,
+       mv.n_samples AS n_samples,
+       mv.platform_version AS platform_version,
+       mv.created_at AS created_at
+FROM metric_values mv
+JOIN models m ON m.id = mv.model_id
+JOIN datasets d ON d.id = mv.dataset_id
+LEFT JOIN attack_runs ar ON ar.id = mv.attack_run_id
+"""

@@ -1,0 +1,1 @@
+"""Defense module: input transforms wrapped around a predictor."""

@@ -1,0 +1,46 @@
+"""Errors that name the thing, the value and the fix.
+
+Every error the platform raises on purpose derives from ``AISafetyError`` so a caller can
+tell "you asked for something impossible" apart from a bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class AISafetyError(Exception):
+    """Base class of every deliberate error of the platform."""
+
+
+class ConfigError(AISafetyError, ValueError):
+    """A configuration value is wrong; the message says which and how to fix it."""
+
+
+class UnknownNameError(ConfigError, KeyError):
+    """A name (attack, metric, model, ...) is not registered."""
+
+    def __init__(self, kind: str, name: str, known: Iterable[str]):
+        self.kind, self.name, self.known = kind, name, sorted(known)
+        super().__init__(
+            f"unknown {kind} {name!r}; known {kind}s: {', '.join(self.known) or '(none)'}"
+        )
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return self.args[0]
+
+
+class CapabilityError(AISafetyError):
+    """An algorithm needs a predictor capability the model does not offer."""
+
+
+class InputError(AISafetyError, ValueError):
+    """A tensor handed to the platform has the wrong shape, range or values."""
+
+
+class PluginError(AISafetyError):
+    """A plugin is broken or clashes with another one."""
+
+
+class IntegrityError(AISafetyError):
+    """A shipped or downloaded file does not match its recorded checksum."""

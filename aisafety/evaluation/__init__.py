@@ -1,0 +1,1 @@
+"""Evaluation module: metrics computed from shared, cached artifacts."""

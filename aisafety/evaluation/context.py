@@ -1,0 +1,93 @@
+"""The evaluation context: builds each artifact once and hands it to every metric.
+
+Metrics never run attacks themselves; they ask the context for ``adversarial(spec, eps)``
+and get the cached result, so twenty metrics over one PGD spec cost one PGD run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from functools import cached_property
+
+import torch
+from tqdm import tqdm
+
+from aisafety.attack.base import Attack
+from aisafety.attack.result import AttackResult
+from aisafety.database.datasets.base import LoadedDataset
+from aisafety.interfaces import AttackSpec
+from aisafety.prediction.base import Predictor
+
+
+class EvaluationContext:
+    """One model on one dataset; artifacts computed lazily and cached."""
+
+    def __init__(
+        self,
+        predictor: Predictor,
+        data: LoadedDataset,
+        make_attack: Callable[[AttackSpec], Attack],
+        batch_size: int = 128,
+        quiet: bool = True,
+    ):
+        self.predictor = predictor
+        self.data = data
+        self.make_attack = make_attack
+        self.batch_size = batch_size
+        self.quiet = quiet
+        self._adversarial: dict[tuple[str, float], AttackResult] = {}
+        self.attack_runs: Counter[tuple[str, float]] = Counter()
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self.data.x
+
+    @property
+    def y(self) -> torch.Tensor:
+        return self.data.y
+
+    def _batches(self) -> list[slice]:
+        n = len(self.data)
+        return [slice(i, min(i + self.batch_size, n)) for i in range(0, n, self.batch_size)]
+
+    @cached_property
+    def clean_logits(self) -> torch.Tensor:
+        with torch.inference_mode():
+            parts = [
+                self.predictor.logits(self.x[b].to(self.predictor.device)) for b in self._batches()
+            ]
+        return torch.cat(parts).cpu()
+
+    @cached_property
+    def clean_probs(self) -> torch.Tensor:
+        return torch.softmax(self.clean_logits, dim=1)
+
+    @cached_property
+    def clean_correct(self) -> torch.Tensor:
+        return self.clean_logits.argmax(1) == self.y
+
+    def adversarial(self, spec: AttackSpec, eps: float) -> AttackResult:
+        """The attack's result over the whole dataset at budget ``eps`` (computed once)."""
+        key = (spec.key(), float(eps))
+        if key not in self._adversarial:
+            attack = self.make_attack(spec)
+            parts = [
+                self._to_cpu(attack(self.predictor, self.x[b], self.y[b], eps))
+                for b in tqdm(
+                    self._batches(),
+                    desc=f"{spec.label} eps={eps:g}",
+                    disable=self.quiet,
+                    leave=False,
+                )
+            ]
+            self._adversarial[key] = AttackResult.concat(parts)
+            self.attack_runs[key] += 1
+        return self._adversarial[key]
+
+    @staticmethod
+    def _to_cpu(result: AttackResult) -> AttackResult:
+        for name, value in vars(result).items():
+            if isinstance(value, torch.Tensor):
+                setattr(result, name, value.detach().cpu())
+        return result

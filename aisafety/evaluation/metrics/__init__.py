@@ -1,0 +1,1 @@
+"""Built-in metrics, one family per file."""

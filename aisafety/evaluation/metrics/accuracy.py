@@ -1,0 +1,35 @@
+"""Clean accuracy (CA) and adversarial accuracy under white-box attacks (AAW)."""
+
+from __future__ import annotations
+
+from aisafety.evaluation.base import Metric
+from aisafety.evaluation.context import EvaluationContext
+from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Direction, MetricValue
+
+
+class CleanAccuracy(Metric):
+    name = "ca"
+    description = "Clean accuracy: fraction of test samples classified correctly"
+    direction = Direction.HIGHER
+    unit = "fraction"
+    requires = Capability.LABELS
+
+    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+        return self.value(ctx.clean_correct.float().mean(), len(ctx.y))
+
+
+class AdversarialAccuracyWhiteBox(Metric):
+    """AISafety eq. 8 counts misclassifications, but its Table II reports an accuracy (higher
+    is better) — we follow the table: the fraction still classified correctly."""
+
+    name = "aaw"
+    description = "Accuracy on adversarial examples of a white-box attack (robust accuracy)"
+    direction = Direction.HIGHER
+    unit = "fraction"
+    per_attack = True
+    attack_families = frozenset({AttackFamily.GRADIENT})
+    requires = Capability.LABELS
+
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+        result = ctx.adversarial(attack, eps)
+        return self.value(result.robust_accuracy, len(result.y), attack, eps)

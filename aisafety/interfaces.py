@@ -1,0 +1,193 @@
+"""Pydantic models for everything that crosses a module boundary.
+
+Specs describe *what to do* (they come from config files and are stored with results);
+records describe *what happened* (they go to the results store). Tensors never appear
+here: they travel as dataclasses inside a module (see ``attack.result``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors: a typo in a config must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def key(self) -> str:
+        """A stable hash of the spec, used to recognise finished work on ``--resume``."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Capability(StrEnum):
+    """What a predictor can give an algorithm."""
+
+    LABELS = "labels"
+    SCORES = "scores"
+    GRADIENTS = "gradients"
+    ACTIVATIONS = "activations"
+
+
+class Norm(StrEnum):
+    L0 = "l0"
+    L1 = "l1"
+    L2 = "l2"
+    LINF = "linf"
+
+
+class AttackFamily(StrEnum):
+    GRADIENT = "gradient"
+    SCORE = "score"
+    DECISION = "decision"
+    TRANSFER = "transfer"
+    CORRUPTION = "corruption"
+
+
+class Direction(StrEnum):
+    """Whether a larger metric value means a more robust model."""
+
+    HIGHER = "higher"
+    LOWER = "lower"
+    NEUTRAL = "neutral"
+
+
+class ModelSpec(StrictModel):
+    """A model to evaluate: a zoo name, or a checkpoint with its architecture."""
+
+    name: str = "mnist-cnn"
+    source: Literal["zoo", "checkpoint"] = "zoo"
+    path: Path | None = None
+    architecture: str | None = None
+    input_shape: tuple[int, int, int] = (1, 28, 28)
+    num_classes: int = Field(default=10, gt=1)
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    @model_validator(mode="after")
+    def _checkpoint_needs_path(self) -> ModelSpec:
+        if self.source == "checkpoint" and (self.path is None or self.architecture is None):
+            raise ValueError(
+                "a checkpoint model needs 'path' (the .pt file) and 'architecture' "
+                "(see `aisafety list models`)"
+            )
+        return self
+
+
+class DatasetSpec(StrictModel):
+    """A dataset and the subset of it to evaluate on."""
+
+    name: str = "mnist-embedded"
+    path: Path | None = None
+    split: Literal["train", "test"] = "test"
+    limit: int | None = Field(default=None, gt=0)
+    seed: int = 0
+
+
+class ThreatModel(StrictModel):
+    """The norm and the budgets an attack is run at (in the [0, 1] input scale)."""
+
+    norm: Norm = Norm.LINF
+    eps: tuple[float, ...] = (0.1,)
+
+    @field_validator("eps", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, int | float) else value
+
+    @field_validator("eps")
+    @classmethod
+    def _non_negative(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value:
+            raise ValueError("give at least one budget")
+        for eps in value:
+            if eps < 0 or eps != eps:
+                raise ValueError(f"budget {eps} is negative or NaN; budgets are >= 0")
+        return value
+
+
+class AttackSpec(StrictModel):
+    """One attack with its configuration and budgets."""
+
+    name: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    eps: tuple[float, ...] = (0.1,)
+
+    @field_validator("eps", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, int | float) else value
+
+    @field_validator("eps")
+    @classmethod
+    def _non_negative(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        return ThreatModel._non_negative(value)
+
+    @property
+    def label(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        return f"{self.name}({extra})" if extra else self.name
+
+
+class DefenseSpec(StrictModel):
+    """An input defense wrapped around the model."""
+
+    name: str
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class MetricSpec(StrictModel):
+    name: str
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvaluationPlan(StrictModel):
+    """Everything one ``aisafety evaluate`` run does."""
+
+    model: ModelSpec = ModelSpec()
+    dataset: DatasetSpec = DatasetSpec()
+    defenses: tuple[DefenseSpec, ...] = ()
+    attacks: tuple[AttackSpec, ...] = ()
+    metrics: tuple[MetricSpec, ...] = ()
+    batch_size: int = Field(default=128, gt=0)
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @field_validator("attacks", "metrics", "defenses", mode="before")
+    @classmethod
+    def _names_as_specs(cls, value: Any) -> Any:
+        """Allow ``metrics: [ca, aaw]`` as shorthand for ``[{name: ca}, {name: aaw}]``."""
+        if isinstance(value, list | tuple):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
+
+
+class MetricValue(StrictModel):
+    """One number a metric produced, with what it was computed on."""
+
+    metric: str
+    value: float
+    direction: Direction
+    unit: str = ""
+    attack: str | None = None
+    attack_key: str | None = None
+    eps: float | None = None
+    n_samples: int
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunRecord(StrictModel):
+    """What the store keeps about one ``evaluate`` run."""
+
+    run_id: int
+    plan: EvaluationPlan
+    platform_version: str
+    values: tuple[MetricValue, ...] = ()
+    resumed_units: int = 0

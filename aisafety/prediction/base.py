@@ -1,0 +1,82 @@
+"""The one interface every model is seen through.
+
+Attacks and metrics never touch a model directly: they ask a ``Predictor`` for logits,
+probabilities or activations, and check its declared capabilities first. Inputs are always
+float32 NCHW in [0, 1]; any normalisation lives inside the predictor.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+from aisafety.errors import CapabilityError, InputError
+from aisafety.interfaces import Capability
+
+
+class Predictor(ABC):
+    """A classifier behind a uniform, capability-declaring interface."""
+
+    name: str
+    capabilities: frozenset[Capability]
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    device: torch.device = torch.device("cpu")
+
+    @abstractmethod
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Model scores for a validated batch; differentiable if GRADIENTS is declared."""
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        return self._logits(x)
+
+    def probs(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.logits(x), dim=1)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.logits(x).argmax(dim=1)
+
+    def layer_names(self) -> list[str]:
+        """Layers whose activations ``features`` can return (empty without ACTIVATIONS)."""
+        return []
+
+    def features(self, x: torch.Tensor, layers: Sequence[str]) -> dict[str, torch.Tensor]:
+        self.require(Capability.ACTIVATIONS, "features()")
+        raise CapabilityError(f"{type(self).__name__} declares activations but has no features()")
+
+    def require(self, capability: Capability, user: str) -> None:
+        """Fail clearly when ``user`` (an attack or metric) needs what the model lacks."""
+        if capability not in self.capabilities:
+            offered = ", ".join(sorted(c.value for c in self.capabilities))
+            raise CapabilityError(
+                f"{user} needs {capability.value}; model {self.name!r} offers only {offered}. "
+                f"Use an algorithm that needs only those, or load the model so that it "
+                f"gives {capability.value} (e.g. as a PyTorch module)."
+            )
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """Reject tensors that would give silently wrong numbers."""
+        if not isinstance(x, torch.Tensor):
+            raise InputError(f"model {self.name!r} takes a torch.Tensor, got {type(x).__name__}")
+        shape = ", ".join(map(str, self.input_shape))
+        if x.dim() != 4 or tuple(x.shape[1:]) != tuple(self.input_shape):
+            raise InputError(
+                f"model {self.name!r} takes batches of shape (N, {shape}),"
+                f" got {tuple(x.shape)}; add a batch dimension or resize the images"
+            )
+        if x.dtype != torch.float32:
+            raise InputError(
+                f"model {self.name!r} takes float32 inputs, got {x.dtype}; use x.float()"
+            )
+        lo, hi = torch.aminmax(x.detach())
+        if not (torch.isfinite(lo) and torch.isfinite(hi)):
+            raise InputError(f"input to model {self.name!r} holds NaN or inf values")
+        if lo < 0 or hi > 1:
+            raise InputError(
+                f"input to model {self.name!r} lies in [{lo.item():.3g}, {hi.item():.3g}]; "
+                "inputs are in [0, 1] (divide uint8 images by 255; normalisation belongs in the predictor)"
+            )

@@ -1,0 +1,88 @@
+"""Predictor for a PyTorch ``nn.Module``: gradients and activations included."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from aisafety.errors import ConfigError
+from aisafety.interfaces import Capability
+from aisafety.prediction.base import Predictor
+
+
+class Normalize(nn.Module):
+    """Per-channel (x - mean) / std, so attacks work in the [0, 1] pixel scale."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]):
+        super().__init__()
+        if any(s <= 0 for s in std):
+            raise ConfigError(f"normalisation std must be > 0, got {tuple(std)}")
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+class TorchPredictor(Predictor):
+    """Wraps a module (in eval mode) with its normalisation and input shape."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        input_shape: Sequence[int],
+        num_classes: int,
+        *,
+        name: str = "torch-model",
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        device: str | torch.device = "cpu",
+    ):
+        self.name = name
+        self.input_shape = tuple(int(s) for s in input_shape)  # type: ignore[assignment]
+        if len(self.input_shape) != 3:
+            raise ConfigError(f"input_shape is (C, H, W), got {tuple(input_shape)}")
+        self.num_classes = int(num_classes)
+        self.device = torch.device(device)
+        channels = self.input_shape[0]
+        norm = Normalize(mean or [0.0] * channels, std or [1.0] * channels)
+        self.module = module
+        self.network = nn.Sequential(norm, module).to(self.device).eval()
+        for p in self.network.parameters():
+            p.requires_grad_(False)
+        self.capabilities = frozenset(
+            {Capability.LABELS, Capability.SCORES, Capability.GRADIENTS, Capability.ACTIVATIONS}
+        )
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x.to(self.device))
+
+    def layer_names(self) -> list[str]:
+        """Leaf modules that compute something (ReLUs, convs, linears ...), in call order."""
+        return [n for n, m in self.module.named_modules() if n and not list(m.children())]
+
+    def features(self, x: torch.Tensor, layers: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Outputs of ``layers`` for ``x``, collected with forward hooks in one pass."""
+        modules = dict(self.module.named_modules())
+        missing = [layer for layer in layers if layer not in modules]
+        if missing:
+            raise ConfigError(
+                f"model {self.name!r} has no layer(s) {missing}; layers: {self.layer_names()}"
+            )
+        captured: dict[str, torch.Tensor] = {}
+
+        def hook_for(layer: str):
+            def hook(_module, _inputs, output):
+                captured[layer] = output
+
+            return hook
+
+        handles = [modules[layer].register_forward_hook(hook_for(layer)) for layer in layers]
+        try:
+            self.logits(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return captured

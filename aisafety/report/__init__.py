@@ -1,0 +1,1 @@
+"""Presenting results: text tables now, the HTML report later."""

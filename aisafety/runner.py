@@ -1,0 +1,136 @@
+"""Orchestration: one EvaluationPlan -> stored MetricValues.
+
+The work is split into units: one for the clean metrics, one per (attack, budget) with the
+metrics that read that attack's examples. Each unit is committed on its own; a unit whose key
+is already in the store is skipped on ``resume`` and its stored values are shown instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import torch
+
+from aisafety.attack.base import Attack
+from aisafety.database.store import ResultStore, Subject
+from aisafety.evaluation.base import Metric
+from aisafety.evaluation.context import EvaluationContext
+from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue, RunRecord
+from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
+from aisafety.plugins import Registry, default_registry
+from aisafety.version import __version__
+
+log = logging.getLogger(__name__)
+
+
+def _key(*parts: object) -> str:
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class Runner:
+    def __init__(
+        self,
+        plan: EvaluationPlan,
+        store: ResultStore,
+        registry: Registry | None = None,
+        resume: bool = False,
+        quiet: bool = False,
+    ):
+        self.plan = plan
+        self.store = store
+        self.registry = registry or default_registry()
+        self.resume = resume
+        self.quiet = quiet
+        # Build every attack and metric now: a bad name or config fails before any work.
+        self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
+        self.metrics: list[Metric] = [
+            self.registry.create("metric", s.name, s.config) for s in plan.metrics
+        ]
+
+    def _make_attack(self, spec: AttackSpec) -> Attack:
+        return self.registry.create("attack", spec.name, spec.config)
+
+    def run(self) -> RunRecord:
+        plan = self.plan
+        torch.manual_seed(plan.seed)
+        device = resolve_device(plan.device)
+        predictor, weights = load_model(plan.model, device)
+        predictor = apply_defenses(predictor, plan.defenses, self.registry)
+        data = load_data(plan.dataset, self.registry)
+        for attack in self.attacks.values():
+            predictor.require(attack.requires, f"attack {attack.name!r}")
+        subject = Subject(
+            model_name=predictor.name,
+            model_fingerprint=_key(weights, [d.model_dump(mode="json") for d in plan.defenses]),
+            model_spec=plan.model.model_dump(mode="json"),
+            capabilities=",".join(sorted(c.value for c in predictor.capabilities)),
+            dataset_name=data.name,
+            dataset_split=plan.dataset.split,
+            dataset_size=len(data),
+            dataset_fingerprint=fingerprint(data),
+            dataset_spec=plan.dataset.model_dump(mode="json"),
+        )
+        context = EvaluationContext(
+            predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet
+        )
+        run_id = self.store.start_run(plan, __version__, str(device))
+        done = self.store.finished_units() if self.resume else set()
+        values: list[MetricValue] = []
+        resumed = 0
+        status = "failed"
+        try:
+            for key, description, compute in self._units(subject, context, run_id):
+                if key in done:
+                    values += self.store.unit_values(key)
+                    resumed += 1
+                    continue
+                values += compute(key, description)
+            status = "finished"
+        finally:
+            self.store.finish_run(run_id, status)
+        return RunRecord(
+            run_id=run_id,
+            plan=plan,
+            platform_version=__version__,
+            values=tuple(values),
+            resumed_units=resumed,
+        )
+
+    def _units(self, subject: Subject, ctx: EvaluationContext, run_id: int):
+        """(key, description, compute) for each unit of work, clean metrics first."""
+        base = (subject.model_fingerprint, subject.dataset_fingerprint, self.plan.seed)
+        clean = [m for m in self.metrics if not m.per_attack]
+        if clean:
+            key = _key(base, "clean", [m.label() for m in clean])
+
+            def compute_clean(key: str, description: str) -> list[MetricValue]:
+                values = [m.compute(ctx) for m in clean]
+                self.store.record_unit(run_id, key, description, subject, values, __version__)
+                return values
+
+            yield key, f"clean metrics on {subject.dataset_name}", compute_clean
+        for spec in self.plan.attacks:
+            attack = self.attacks[spec.key()]
+            metrics = [m for m in self.metrics if m.per_attack and m.applies_to(attack.family)]
+            for eps in spec.eps:
+                key = _key(base, spec.key(), eps, [m.label() for m in metrics])
+                yield (
+                    key,
+                    f"{spec.label} eps={eps:g}",
+                    self._attack_unit(ctx, run_id, subject, spec, eps, metrics),
+                )
+
+    def _attack_unit(self, ctx, run_id, subject, spec: AttackSpec, eps: float, metrics):
+        def compute(key: str, description: str) -> list[MetricValue]:
+            result = ctx.adversarial(spec, eps)
+            values = [m.compute(ctx, spec, eps) for m in metrics]
+            family = self.attacks[spec.key()].family.value
+            self.store.record_unit(
+                run_id, key, description, subject, values, __version__, (spec, family, result)
+            )
+            return values
+
+        return compute
