@@ -78,5 +78,6 @@ class Predictor(ABC):
         if lo < 0 or hi > 1:
             raise InputError(
                 f"input to model {self.name!r} lies in [{lo.item():.3g}, {hi.item():.3g}]; "
-                "inputs are in [0, 1] (divide uint8 images by 255; normalisation belongs in the predictor)"
+                "inputs are in [0, 1] (divide uint8 images by 255; normalisation belongs in "
+                "the predictor)"
             )
