@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from aisafety.attack.fgsm import FGSM
 from aisafety.attack.pgd import PGDLinf
+from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
+from aisafety.database.datasets.image_folder import ImageFolderDataset
+from aisafety.database.datasets.npz import NpzDataset
+from aisafety.database.datasets.svhn import SvhnDataset
 from aisafety.defense.bit_depth import BitDepthReduction
 from aisafety.evaluation.metrics.accuracy import AdversarialAccuracyWhiteBox, CleanAccuracy
 from aisafety.evaluation.metrics.confidence import (
@@ -45,4 +49,12 @@ def aisafety_metrics() -> list[type]:
 
 @hookimpl
 def aisafety_datasets() -> list[type]:
-    return [EmbeddedMnist, MnistDataset, FashionMnistDataset]
+    return [
+        EmbeddedMnist,
+        MnistDataset,
+        FashionMnistDataset,
+        Cifar10Dataset,
+        SvhnDataset,
+        ImageFolderDataset,
+        NpzDataset,
+    ]

@@ -52,7 +52,7 @@ class AttackFamily(StrEnum):
 
 
 class Direction(StrEnum):
-    """Whether a larger metric value means a more robust model."""
+    """Whether a larger value means a more robust model (not: a stronger attack)."""
 
     HIGHER = "higher"
     LOWER = "lower"

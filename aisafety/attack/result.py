@@ -50,11 +50,11 @@ class AttackResult:
 
     @property
     def success_rate(self) -> float:
-        return float(self.success.float().mean()) if len(self.y) else 0.0
+        return float(self.success.double().mean()) if len(self.y) else 0.0
 
     @property
     def robust_accuracy(self) -> float:
-        return float((self.adv_pred == self.y).float().mean()) if len(self.y) else 0.0
+        return float((self.adv_pred == self.y).double().mean()) if len(self.y) else 0.0
 
     @classmethod
     def concat(cls, parts: list[AttackResult]) -> AttackResult:

@@ -15,7 +15,7 @@ class CleanAccuracy(Metric):
     requires = Capability.LABELS
 
     def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
-        return self.value(ctx.clean_correct.float().mean(), len(ctx.y))
+        return self.value(ctx.clean_correct.double().mean(), len(ctx.y))
 
 
 class AdversarialAccuracyWhiteBox(Metric):

@@ -22,7 +22,7 @@ class AverageLpDistortion(Metric):
 
     name = "ald"
     description = "Average normalised l_p distortion of successful adversarial examples"
-    direction = Direction.LOWER
+    direction = Direction.HIGHER  # the attacker needed a larger change: a more robust model
     unit = "ratio"
     category = "data"
     per_attack = True
@@ -45,7 +45,7 @@ class AverageStructuralSimilarity(Metric):
 
     name = "ass"
     description = "Average SSIM between successful adversarial examples and their clean inputs"
-    direction = Direction.HIGHER
+    direction = Direction.LOWER  # the attacker had to change the image visibly: more robust
     unit = "ssim"
     category = "data"
     per_attack = True

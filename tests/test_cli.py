@@ -1,0 +1,72 @@
+"""The ``aisafety`` command line, driven as a user would."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aisafety.cli import main
+
+
+def _json_after_header(text: str):
+    return json.loads(text[text.index("[") :])
+
+
+def test_evaluate_prints_ca_and_aaw_that_query_returns(tmp_path, capsys):
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    assert main(["evaluate", "--limit", "40", "--db", db, "--quiet", "--format", "json"]) == 0
+    printed = _json_after_header(capsys.readouterr().out)
+    shown = {(r["metric"], r["attack"], r["eps"]): r["value"] for r in printed}
+    assert ("ca", "", None) in shown
+    assert any(metric == "aaw" for metric, _, _ in shown)
+    assert main(["query", "SELECT metric, attack, eps, value FROM results", "--db", db,
+                 "--format", "json"]) == 0  # fmt: skip
+    stored = _json_after_header(capsys.readouterr().out)
+    assert len(stored) == len(printed)
+    for row in stored:
+        key = (row["metric"], row["attack"] or "", row["eps"])
+        assert row["value"] == pytest.approx(shown[key], nan_ok=True)
+
+
+def test_list_attacks_json_has_family_norm_and_capability(capsys):
+    assert main(["list", "attacks", "--format", "json"]) == 0
+    attacks = {a["name"]: a for a in json.loads(capsys.readouterr().out)}
+    assert attacks["pgd-linf"]["family"] == "gradient"
+    assert attacks["pgd-linf"]["norm"] == "linf"
+    assert attacks["pgd-linf"]["requires"] == "gradients"
+    assert attacks["fgsm"]["plugin"] == "aisafety.builtin"
+
+
+@pytest.mark.parametrize("kind", ["metrics", "defenses", "datasets", "models"])
+def test_list_other_kinds(kind, capsys):
+    assert main(["list", kind, "--format", "json"]) == 0
+    entries = json.loads(capsys.readouterr().out)
+    assert entries and all("name" in e for e in entries)
+
+
+def test_query_formats(tmp_path, capsys):
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    main(["evaluate", "--limit", "20", "--db", db, "--quiet"])
+    capsys.readouterr()
+    main(["query", "SELECT metric, value FROM results WHERE metric = 'ca'", "--db", db,
+          "--format", "csv"])  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "metric,value" and lines[1].startswith("ca,")
+
+
+def test_errors_exit_2_with_a_message_not_a_traceback(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("attacks:\n  - name: pgd-typo\n")
+    assert main(["evaluate", str(config), "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown attack 'pgd-typo'" in err and "pgd-linf" in err
+    assert main(["query", "SELEC nonsense", "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
+    assert "query failed" in capsys.readouterr().err
+
+
+def test_plugins_lists_the_builtins(capsys):
+    code = main(["plugins"])
+    out = capsys.readouterr().out
+    assert "aisafety.builtin" in out and "pgd-linf" in out
+    assert code in (0, 1)  # 1 only when some installed third-party plugin is broken

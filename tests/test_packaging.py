@@ -1,0 +1,46 @@
+"""The package ships what its default run needs, installed editable or not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "aisafety").rglob("__init__.py")
+    }
+    assert found - listed == set(), "add these packages to [tool.setuptools] packages"
+
+
+def test_non_editable_install_runs_the_default_data_and_model(tmp_path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(ROOT)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    script = (
+        "import aisafety, sys;"
+        "from aisafety.database.zoo import load_zoo_model;"
+        "from aisafety.database.datasets.embedded import EmbeddedMnist;"
+        "p = load_zoo_model('mnist-cnn'); d = EmbeddedMnist().load(None, 'test');"
+        "acc = (p.predict(d.x) == d.y).float().mean().item();"
+        "print(aisafety.__file__, acc)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    location, accuracy = out.stdout.split()
+    assert location.startswith(str(target))
+    assert float(accuracy) > 0.97
