@@ -110,15 +110,17 @@ def build_registry(extra_plugins: list[tuple[str, object]] = ()) -> Registry:
 def _register_one(manager, registry: Registry, name: str, origin: str, module: object) -> None:
     """Register one plugin; a failing import, unknown hook or raising hook is recorded."""
     provides: dict[str, list[type]] = {}
+    registered = False
     try:
         manager.register(module, name=name)
+        registered = True
         manager.check_pending()  # a misspelt hook name (aisafety_atacks) is an error
         for kind, hook in KINDS.items():
             for impl in getattr(manager.hook, hook).get_hookimpls():
                 if impl.plugin_name == name:
                     provides[kind] = list(impl.function() or [])
     except Exception:
-        if manager.is_registered(module):
+        if registered:
             manager.unregister(module)
         registry.failures.append(PluginFailure(name, origin, traceback.format_exc()))
         return

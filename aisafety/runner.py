@@ -62,6 +62,8 @@ class Runner:
         data = load_data(plan.dataset, self.registry)
         for attack in self.attacks.values():
             predictor.require(attack.requires, f"attack {attack.name!r}")
+        for metric in self.metrics:
+            predictor.require(metric.requires, f"metric {metric.name!r}")
         subject = Subject(
             model_name=predictor.name,
             model_fingerprint=_key(weights, [d.model_dump(mode="json") for d in plan.defenses]),

@@ -37,7 +37,8 @@ class Predictor(ABC):
         return torch.softmax(self.logits(x), dim=1)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode():
+        # no_grad, not inference_mode: the labels may be fed to a gradient attack as targets.
+        with torch.no_grad():
             return self.logits(x).argmax(dim=1)
 
     def layer_names(self) -> list[str]:
