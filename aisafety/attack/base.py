@@ -63,7 +63,7 @@ class Attack(ABC):
     ) -> AttackResult:
         predictor.require(self.requires, f"attack {self.name!r}")
         self._check(predictor, x, y, eps)
-        x, y = x.to(predictor.device), y.to(predictor.device)
+        x, y = x.to(predictor.device), y.to(predictor.device, torch.long)
         started = time.perf_counter()
         candidate, steps = self.perturb(predictor, x, y, eps)
         x_adv = project(candidate.detach(), x, eps, self.norm)
@@ -91,6 +91,11 @@ class Attack(ABC):
 
     def _check(self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float) -> None:
         predictor.check_input(x)
+        if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+            raise InputError(
+                f"attack {self.name!r}: labels must be integer class indices, got dtype "
+                f"{y.dtype}; use y.long()"
+            )
         if y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise InputError(
                 f"attack {self.name!r}: labels must have shape ({x.shape[0]},), "

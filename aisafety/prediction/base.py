@@ -73,6 +73,8 @@ class Predictor(ABC):
             raise InputError(
                 f"model {self.name!r} takes float32 inputs, got {x.dtype}; use x.float()"
             )
+        if x.shape[0] == 0:
+            raise InputError(f"model {self.name!r} got an empty batch; pass at least one image")
         lo, hi = torch.aminmax(x.detach())
         if not (torch.isfinite(lo) and torch.isfinite(hi)):
             raise InputError(f"input to model {self.name!r} holds NaN or inf values")

@@ -1,0 +1,35 @@
+"""Shared fixtures: the shipped zoo model and the embedded MNIST subset (both loaded once)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aisafety.database.datasets.base import LoadedDataset
+from aisafety.database.datasets.embedded import EmbeddedMnist
+from aisafety.database.zoo import load_zoo_model
+from aisafety.prediction.torch_module import TorchPredictor
+
+
+@pytest.fixture(scope="session")
+def zoo_predictor() -> TorchPredictor:
+    """The shipped ``mnist-cnn`` zoo model on the CPU (sha256-checked on load)."""
+    return load_zoo_model("mnist-cnn")
+
+
+@pytest.fixture(scope="session")
+def embedded_mnist() -> LoadedDataset:
+    """The 1,000 MNIST test images shipped in the package (100 per class)."""
+    return EmbeddedMnist().load(None, "test")
+
+
+@pytest.fixture(scope="session")
+def mnist_subset(embedded_mnist: LoadedDataset):
+    """``mnist_subset(n)``: a class-balanced, seeded subset of the embedded data.
+
+    The embedded file is ordered by class, so ``x[:n]`` would hold only the first few digits.
+    """
+
+    def subset(n: int, seed: int = 0) -> LoadedDataset:
+        return embedded_mnist.balanced_subset(n, seed=seed)
+
+    return subset
