@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+from pydantic import Field
+from tqdm import tqdm
 
 from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
@@ -22,9 +24,19 @@ from aisafety.errors import InputError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
+# bench/attacks.py: on a 2-core CPU, per-image PGD throughput at batch 128 is about twice
+# that at 512 (cache-sized activations); on a GPU the whole batch is fastest.
+CPU_CHUNK = 128
+
 
 class AttackConfig(PluginConfig):
     seed: int = 0
+    chunk_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="split larger batches into chunks of this size; "
+        f"default {CPU_CHUNK} on CPU, the whole batch on GPU",
+    )
 
 
 class Attack(ABC):
@@ -59,10 +71,35 @@ class Attack(ABC):
         """Return candidate adversarial inputs and the steps (or queries) spent per sample."""
 
     def __call__(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self,
+        predictor: Predictor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        eps: float,
+        chunk_size: int | None = None,
+        progress: bool = False,
     ) -> AttackResult:
+        """Attack ``x`` at budget ``eps``, in chunks; one random stream runs across chunks,
+        so a sample's result does not depend on how the batch was split."""
         predictor.require(self.requires, f"attack {self.name!r}")
         self._check(predictor, x, y, eps)
+        size = chunk_size or self.config.chunk_size
+        if size is None:
+            size = CPU_CHUNK if predictor.device.type == "cpu" else len(x)
+        self._generators: dict[str, torch.Generator] = {}
+        try:
+            chunks = list(zip(x.split(size), y.split(size), strict=True))
+            parts = [
+                self._attack_chunk(predictor, xc, yc, eps)
+                for xc, yc in tqdm(chunks, desc=f"{self.name} eps={eps:g}", disable=not progress)
+            ]
+        finally:
+            self._generators = {}
+        return parts[0] if len(parts) == 1 else AttackResult.concat(parts)
+
+    def _attack_chunk(
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+    ) -> AttackResult:
         x, y = x.to(predictor.device), y.to(predictor.device, torch.long)
         started = time.perf_counter()
         candidate, steps = self.perturb(predictor, x, y, eps)
@@ -110,5 +147,12 @@ class Attack(ABC):
             raise InputError(f"attack {self.name!r}: budget eps={eps} must be >= 0")
 
     def generator(self, device: torch.device) -> torch.Generator:
-        """A fresh generator per call, so the same config and seed give the same result."""
-        return torch.Generator(device=device).manual_seed(self.config.seed)
+        """The call's random stream, seeded with ``config.seed``: the same config and seed
+        give the same result, and chunks of one call draw consecutive numbers."""
+        key = str(device)
+        active = getattr(self, "_generators", None)
+        if active is None:
+            return torch.Generator(device=device).manual_seed(self.config.seed)
+        if key not in active:
+            active[key] = torch.Generator(device=device).manual_seed(self.config.seed)
+        return active[key]

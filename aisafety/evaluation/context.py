@@ -11,7 +11,6 @@ from collections.abc import Callable
 from functools import cached_property
 
 import torch
-from tqdm import tqdm
 
 from aisafety.attack.base import Attack
 from aisafety.attack.result import AttackResult
@@ -72,16 +71,15 @@ class EvaluationContext:
         key = (spec.key(), float(eps))
         if key not in self._adversarial:
             attack = self.make_attack(spec)
-            parts = [
-                self._to_cpu(attack(self.predictor, self.x[b], self.y[b], eps))
-                for b in tqdm(
-                    self._batches(),
-                    desc=f"{spec.label} eps={eps:g}",
-                    disable=self.quiet,
-                    leave=False,
-                )
-            ]
-            self._adversarial[key] = AttackResult.concat(parts)
+            result = attack(
+                self.predictor,
+                self.x,
+                self.y,
+                eps,
+                chunk_size=self.batch_size,
+                progress=not self.quiet,
+            )
+            self._adversarial[key] = self._to_cpu(result)
             self.attack_runs[key] += 1
         return self._adversarial[key]
 
