@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from aisafety.attack.corruptions import CORRUPTION_ATTACKS
 from aisafety.attack.fgsm import FGSM
 from aisafety.attack.pgd import PGDLinf
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
@@ -26,7 +27,7 @@ from aisafety.hookspecs import hookimpl
 
 @hookimpl
 def aisafety_attacks() -> list[type]:
-    return [FGSM, PGDLinf]
+    return [FGSM, PGDLinf, *CORRUPTION_ATTACKS]
 
 
 @hookimpl
