@@ -26,7 +26,7 @@ def embedded_mnist() -> LoadedDataset:
 def mnist_subset(embedded_mnist: LoadedDataset):
     """``mnist_subset(n)``: a class-balanced, seeded subset of the embedded data.
 
-    The embedded file is ordered by class, so ``x[:n]`` would hold only the first few digits.
+    ``x[:n]`` of the embedded file (in test-set order) is not class-balanced for small n.
     """
 
     def subset(n: int, seed: int = 0) -> LoadedDataset:

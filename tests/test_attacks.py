@@ -410,3 +410,14 @@ def test_bad_attack_config_raises_config_error(attack_cls, config):
         attack_cls(config)
     assert attack_cls.name in str(info.value)
     assert next(iter(config)) in str(info.value)
+
+
+def test_result_does_not_depend_on_chunking(zoo_predictor, mnist_subset):
+    """One random stream runs across chunks: chunk size changes nothing."""
+    data = mnist_subset(96)
+    x, y = data.x, data.y
+    attack = PGDLinf(steps=5, seed=3)
+    whole = attack(zoo_predictor, x, y, 0.2, chunk_size=96)
+    chunked = attack(zoo_predictor, x, y, 0.2, chunk_size=32)
+    assert torch.equal(whole.x_adv, chunked.x_adv)
+    assert torch.equal(whole.success, chunked.success)
