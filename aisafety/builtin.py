@@ -5,6 +5,7 @@ from __future__ import annotations
 from aisafety.attack.corruptions import CORRUPTION_ATTACKS
 from aisafety.attack.fgsm import FGSM
 from aisafety.attack.pgd import PGDLinf
+from aisafety.attack.square import SquareLinf
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
@@ -12,7 +13,11 @@ from aisafety.database.datasets.image_folder import ImageFolderDataset
 from aisafety.database.datasets.npz import NpzDataset
 from aisafety.database.datasets.svhn import SvhnDataset
 from aisafety.defense.bit_depth import BitDepthReduction
-from aisafety.evaluation.metrics.accuracy import AdversarialAccuracyWhiteBox, CleanAccuracy
+from aisafety.evaluation.metrics.accuracy import (
+    AdversarialAccuracyBlackBox,
+    AdversarialAccuracyWhiteBox,
+    CleanAccuracy,
+)
 from aisafety.evaluation.metrics.confidence import (
     AverageConfidenceAdversarialClass,
     AverageConfidenceTrueClass,
@@ -27,7 +32,7 @@ from aisafety.hookspecs import hookimpl
 
 @hookimpl
 def aisafety_attacks() -> list[type]:
-    return [FGSM, PGDLinf, *CORRUPTION_ATTACKS]
+    return [FGSM, PGDLinf, SquareLinf, *CORRUPTION_ATTACKS]
 
 
 @hookimpl
@@ -40,6 +45,7 @@ def aisafety_metrics() -> list[type]:
     return [
         CleanAccuracy,
         AdversarialAccuracyWhiteBox,
+        AdversarialAccuracyBlackBox,
         AverageConfidenceAdversarialClass,
         AverageConfidenceTrueClass,
         NoiseToleranceEstimation,

@@ -60,23 +60,39 @@ class Direction(StrEnum):
 
 
 class ModelSpec(StrictModel):
-    """A model to evaluate: a zoo name, or a checkpoint with its architecture."""
+    """A model to evaluate.
+
+    ``zoo``: a zoo name. ``checkpoint``: a state dict (``path``) and the ``architecture`` that
+    rebuilds it. ``torchscript``: a TorchScript archive. ``onnx``: an ONNX file, run by
+    onnxruntime (scores only) or, with ``gradients: true``, converted to PyTorch and checked
+    against onnxruntime. ``remote``: a model served over the Open Inference Protocol v2 at
+    ``url`` (scores only).
+    """
 
     name: str = "mnist-cnn"
-    source: Literal["zoo", "checkpoint"] = "zoo"
+    source: Literal["zoo", "checkpoint", "torchscript", "onnx", "remote"] = "zoo"
     path: Path | None = None
+    url: str | None = None
     architecture: str | None = None
-    input_shape: tuple[int, int, int] = (1, 28, 28)
-    num_classes: int = Field(default=10, gt=1)
+    gradients: bool = False
+    input_shape: tuple[int, int, int] | None = None
+    num_classes: int | None = Field(default=None, gt=1)
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
 
     @model_validator(mode="after")
-    def _checkpoint_needs_path(self) -> ModelSpec:
-        if self.source == "checkpoint" and (self.path is None or self.architecture is None):
+    def _source_needs(self) -> ModelSpec:
+        needs = {
+            "checkpoint": ("path", "architecture", "input_shape"),
+            "torchscript": ("path", "input_shape"),
+            "onnx": ("path",),
+            "remote": ("url",),
+        }.get(self.source, ())
+        missing = [field for field in needs if getattr(self, field) is None]
+        if missing:
             raise ValueError(
-                "a checkpoint model needs 'path' (the .pt file) and 'architecture' "
-                "(see `aisafety list models`)"
+                f"a {self.source} model needs {', '.join(repr(m) for m in missing)} "
+                "(see docs/configuration.md)"
             )
         return self
 

@@ -26,33 +26,62 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
-    """The predictor and a fingerprint of its weights (the sha256 of the checkpoint)."""
-    if spec.source == "zoo":
-        predictor = load_zoo_model(spec.name, device)
-        return predictor, list_models()[spec.name][0].sha256
+def _read_model_file(spec: ModelSpec) -> bytes:
     path = Path(spec.path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"model {spec.name!r}: checkpoint {str(path)!r} does not exist")
-    data = path.read_bytes()
+        raise ConfigError(f"model {spec.name!r}: file {str(path)!r} does not exist")
+    return path.read_bytes()
+
+
+def load_model(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
+    """The predictor and a fingerprint of what it computes (the sha256 of its file)."""
+    if spec.source == "zoo":
+        return load_zoo_model(spec.name, device), list_models()[spec.name][0].sha256
+    if spec.source == "remote":
+        from aisafety.prediction.remote import RemotePredictor
+
+        predictor = RemotePredictor(
+            spec.url, spec.name, spec.input_shape, spec.num_classes, name=spec.name
+        )
+        return predictor, sha256_bytes(f"{spec.url}|{spec.name}".encode())
+    data = _read_model_file(spec)
+    if spec.source == "onnx":
+        from aisafety.prediction.onnx_model import load_onnx
+
+        predictor = load_onnx(
+            data, spec.gradients, input_shape=spec.input_shape, num_classes=spec.num_classes,
+            name=spec.name, mean=spec.mean, std=spec.std, device=device,
+        )  # fmt: skip
+    elif spec.source == "torchscript":
+        from aisafety.prediction.torchscript import TorchScriptPredictor
+
+        predictor = TorchScriptPredictor(
+            data, spec.input_shape, spec.num_classes,
+            name=spec.name, mean=spec.mean, std=spec.std, device=device,
+        )  # fmt: skip
+    else:
+        predictor = _load_checkpoint(spec, data, device)
+    return predictor, sha256_bytes(data)
+
+
+def _load_checkpoint(spec: ModelSpec, data: bytes, device: torch.device) -> Predictor:
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     module = build(spec.architecture)
     try:
         module.load_state_dict(state)
     except RuntimeError as exc:
         raise ConfigError(
-            f"model {spec.name!r}: {path} does not fit architecture {spec.architecture!r}: {exc}"
+            f"model {spec.name!r}: {spec.path} does not fit architecture "
+            f"{spec.architecture!r}: {exc}"
         ) from None
-    predictor = TorchPredictor(
-        module,
-        spec.input_shape,
-        spec.num_classes,
-        name=spec.name,
-        mean=spec.mean,
-        std=spec.std,
-        device=device,
-    )
-    return predictor, sha256_bytes(data)
+    num_classes = spec.num_classes
+    if num_classes is None:  # one forward pass tells the number of outputs
+        with torch.no_grad():
+            num_classes = module.eval()(torch.zeros(1, *spec.input_shape)).shape[1]
+    return TorchPredictor(
+        module, spec.input_shape, num_classes,
+        name=spec.name, mean=spec.mean, std=spec.std, device=device,
+    )  # fmt: skip
 
 
 def apply_defenses(

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads (onnxruntime's, torch's) spin-wait by default and starve each other
+# on 2 cores; set before torch or onnxruntime start their thread pools.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 
 from aisafety.database.datasets.base import LoadedDataset

@@ -8,11 +8,12 @@ everything it finished, and ``--resume`` recognises finished units by their key.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from sqlalchemy import create_engine, event, insert, select, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -39,6 +40,13 @@ class Subject:
     dataset_spec: dict[str, Any]
 
 
+def _make_sqlite_folder(url: str) -> None:
+    """``--db sqlite:///results/run.db`` should work without creating ``results/`` first."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
 def _sqlite_foreign_keys(dbapi_connection, _record) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
@@ -53,6 +61,7 @@ class ResultStore:
                 "or 'postgresql://user@host/db'"
             )
         try:
+            _make_sqlite_folder(url)
             self.engine: Engine = create_engine(url)
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_foreign_keys)

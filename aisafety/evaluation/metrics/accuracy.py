@@ -33,3 +33,14 @@ class AdversarialAccuracyWhiteBox(Metric):
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
         result = ctx.adversarial(attack, eps)
         return self.value(result.robust_accuracy, len(result.y), attack, eps)
+
+
+class AdversarialAccuracyBlackBox(AdversarialAccuracyWhiteBox):
+    """AAB: the same accuracy under attacks that see only scores or labels, or that were
+    crafted on a surrogate (transfer). Table III of the AISafety paper."""
+
+    name = "aab"
+    description = (
+        "Accuracy on adversarial examples of a black-box (score, decision, transfer) attack"
+    )
+    attack_families = frozenset({AttackFamily.SCORE, AttackFamily.DECISION, AttackFamily.TRANSFER})

@@ -1,0 +1,378 @@
+"""ONNX models: onnxruntime for scores, a checked conversion to PyTorch for gradients.
+
+``OnnxRuntimePredictor`` runs the graph as it is (scores and labels only): it maps the
+platform's (N, C, H, W) batches onto whatever input layout the graph declares (e.g. the
+VNN-COMP ``[1, 784, 1]``) and copes with graphs exported with a fixed batch dimension.
+
+``load_onnx(path, gradients=True)`` converts the graph with onnx2torch and checks, at load
+time, that the PyTorch module computes what onnxruntime computes before any attack trusts
+its gradients.
+
+onnxruntime, onnx and onnx2torch are optional (``pip install aisafety[onnx]``) and are only
+imported when an ONNX model is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from aisafety.errors import AISafetyError, ConfigError
+from aisafety.interfaces import Capability
+from aisafety.prediction.base import Predictor
+from aisafety.prediction.torch_module import TorchPredictor
+
+
+class OnnxConversionError(AISafetyError):
+    """The ONNX graph could not be turned into a PyTorch module that computes the same."""
+
+
+def _import(module: str, package: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(
+            f"loading ONNX models needs the package {package!r} ({exc}); "
+            f"install it with `pip install 'aisafety[onnx]'` or `pip install {package}`"
+        ) from None
+
+
+def _onnx2torch() -> Any:
+    """Import onnx2torch even where torchvision is absent or unusable.
+
+    onnx2torch imports torchvision at package import time, only to convert the detection
+    operators NonMaxSuppression and RoiAlign. Installing torchvision from PyPI drags in a
+    CUDA build of torch, so where it cannot be imported a stand-in module is put in place
+    for the duration of the import: classifiers convert normally, and a graph that really
+    uses those operators fails with a message saying torchvision is needed.
+    """
+    try:
+        return importlib.import_module("onnx2torch")
+    except ImportError as exc:
+        if not (exc.name or "").startswith("torchvision"):
+            _import("onnx2torch", "onnx2torch")  # raises the install hint
+            raise
+    except RuntimeError:  # a torchvision build that does not fit the installed torch
+        pass
+    for name in [m for m in sys.modules if m.split(".")[0] in {"onnx2torch", "torchvision"}]:
+        del sys.modules[name]
+
+    def missing(attribute: str) -> Any:
+        def unavailable(*_args: Any, **_kwargs: Any) -> Any:
+            raise OnnxConversionError(
+                f"this ONNX graph uses torchvision.ops.{attribute} (a detection operator); "
+                "install a torchvision build matching your torch to convert it"
+            )
+
+        return unavailable
+
+    stub = types.ModuleType("torchvision")
+    ops = types.ModuleType("torchvision.ops")
+    ops.__getattr__ = missing  # type: ignore[method-assign]
+    stub.ops = ops  # type: ignore[attr-defined]
+    sys.modules["torchvision"], sys.modules["torchvision.ops"] = stub, ops
+    try:
+        return importlib.import_module("onnx2torch")
+    finally:  # nobody else may mistake the stand-in for torchvision
+        for name in ("torchvision", "torchvision.ops"):
+            sys.modules.pop(name, None)
+
+
+def _read(model: str | Path | bytes) -> tuple[bytes, str]:
+    if isinstance(model, bytes):
+        return model, "onnx-model"
+    path = Path(model).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"ONNX model {str(path)!r} does not exist")
+    return path.read_bytes(), path.name
+
+
+def _relax_batch(data: bytes) -> bytes | None:
+    """The graph with a symbolic batch dimension on its inputs and outputs, if onnx is here."""
+    try:
+        onnx = importlib.import_module("onnx")
+    except ImportError:
+        return None
+    model = onnx.load_from_string(data)
+    initializers = {init.name for init in model.graph.initializer}
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name in initializers:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if len(dims):
+            dims[0].dim_param = "batch"  # clears the fixed dim_value (a protobuf oneof)
+    del model.graph.value_info[:]  # intermediate shapes are inferred again
+    return model.SerializeToString()
+
+
+class OnnxRuntimePredictor(Predictor):
+    """An ONNX graph run by onnxruntime: scores and labels, no gradients.
+
+    ``input_shape`` is the (C, H, W) the platform feeds; it is read from the graph when the
+    graph takes 4-D images, and must be given otherwise (e.g. ``(1, 28, 28)`` for a graph
+    taking ``[1, 784, 1]``). A graph exported with a fixed batch dimension is run with its
+    batch dimension made symbolic when onnxruntime accepts that and gives the same numbers
+    on a probe, and in chunks of the fixed size otherwise.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | bytes,
+        input_shape: Sequence[int] | None = None,
+        num_classes: int | None = None,
+        *,
+        name: str | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        batch_size: int = 1024,
+        providers: Sequence[str] | None = None,
+        relax_batch: bool = True,
+    ):
+        ort = _import("onnxruntime", "onnxruntime")
+        data, default_name = _read(model)
+        self.name = name or default_name
+        self._ort = ort
+        self._providers = list(providers or ["CPUExecutionProvider"])
+        self.session = self._session(data)
+        inputs = self.session.get_inputs()
+        if len(inputs) != 1:
+            raise ConfigError(
+                f"ONNX model {self.name!r} has {len(inputs)} inputs "
+                f"({', '.join(i.name for i in inputs)}); only single-input classifiers "
+                "are supported"
+            )
+        graph_input = inputs[0]
+        if graph_input.type != "tensor(float)":
+            raise ConfigError(
+                f"ONNX model {self.name!r}: input {graph_input.name!r} is {graph_input.type}; "
+                "only float32 inputs are supported"
+            )
+        self.input_name = graph_input.name
+        self.graph_shape = list(graph_input.shape)
+        self.input_shape, self.feed_shape = self._shapes(input_shape)  # type: ignore[assignment]
+        self.capabilities = frozenset({Capability.SCORES, Capability.LABELS})
+        self.device = torch.device("cpu")
+        channels = self.input_shape[0]
+        self._mean = np.asarray(mean or [0.0] * channels, np.float32).reshape(1, -1, 1, 1)
+        self._std = np.asarray(std or [1.0] * channels, np.float32).reshape(1, -1, 1, 1)
+        if (self._std <= 0).any():
+            raise ConfigError(f"normalisation std must be > 0, got {tuple(std or ())}")
+        if batch_size <= 0:
+            raise ConfigError(f"batch_size must be > 0, got {batch_size}")
+        self.batch_size = batch_size
+        fixed = self.graph_shape[0] if isinstance(self.graph_shape[0], int) else None
+        self.fixed_batch = fixed if fixed and fixed > 0 else None
+        if self.fixed_batch is not None and relax_batch:
+            self._try_relaxed(data)
+        self.num_classes = int(num_classes) if num_classes else self._probe_classes()
+
+    def _session(self, data: bytes) -> Any:
+        try:
+            return self._ort.InferenceSession(
+                data, self._session_options(), providers=self._providers
+            )
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ConfigError(f"onnxruntime cannot load ONNX model {self.name!r}: {exc}") from None
+
+    def _shapes(self, given: Sequence[int] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The platform's (C, H, W) and the per-sample shape the graph is fed."""
+        sample = self.graph_shape[1:]
+        concrete = all(isinstance(d, int) and d > 0 for d in sample)
+        if given is not None:
+            shape = tuple(int(s) for s in given)
+            if len(shape) != 3:
+                raise ConfigError(f"input_shape is (C, H, W), got {tuple(given)}")
+        elif concrete and len(sample) == 3:
+            shape = tuple(sample)
+        else:
+            raise ConfigError(
+                f"ONNX model {self.name!r} takes input {self.input_name!r} of shape "
+                f"{self.graph_shape}, which is not (N, C, H, W); give input_shape=(C, H, W), "
+                "e.g. (1, 28, 28)"
+            )
+        if not concrete:
+            if len(sample) != 3:
+                raise ConfigError(
+                    f"ONNX model {self.name!r}: cannot map (N, {', '.join(map(str, shape))}) "
+                    f"onto the graph's input shape {self.graph_shape}"
+                )
+            return shape, shape
+        if math.prod(sample) != math.prod(shape):
+            raise ConfigError(
+                f"ONNX model {self.name!r} takes {math.prod(sample)} values per sample "
+                f"(input shape {self.graph_shape}), but input_shape {shape} has "
+                f"{math.prod(shape)}; give the (C, H, W) the graph was trained on"
+            )
+        return shape, tuple(sample)
+
+    def _try_relaxed(self, data: bytes) -> None:
+        """Switch to a symbolic batch dimension if it gives the same numbers."""
+        relaxed = _relax_batch(data)
+        if relaxed is None:
+            return
+        try:
+            session = self._ort.InferenceSession(
+                relaxed, self._session_options(), providers=self._providers
+            )
+            probe = np.random.default_rng(0).random((3, *self.feed_shape), dtype=np.float32)
+            batched = session.run(None, {self.input_name: probe})[0].reshape(3, -1)
+            single = self._run_chunks(probe, self.session, self.fixed_batch)
+        except Exception:  # the graph hard-codes its batch size somewhere: keep chunking
+            return
+        if batched.shape == single.shape and np.allclose(batched, single, rtol=1e-5, atol=1e-5):
+            self.session, self.fixed_batch = session, None
+
+    def _session_options(self) -> Any:
+        options = self._ort.SessionOptions()
+        options.log_severity_level = 3  # warnings about the relaxed shapes are expected
+        # onnxruntime's worker threads otherwise spin after each run, starving the torch
+        # code (attacks) that runs between two queries in the same process
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        return options
+
+    def _probe_classes(self) -> int:
+        dims = self.session.get_outputs()[0].shape
+        if dims and isinstance(dims[-1], int) and dims[-1] > 1:
+            return int(dims[-1])
+        probe = np.zeros((1, *self.feed_shape), np.float32)
+        return int(self._run_chunks(probe, self.session, self.fixed_batch).shape[1])
+
+    def _run_chunks(self, x: np.ndarray, session: Any, fixed: int | None) -> np.ndarray:
+        step = fixed or self.batch_size
+        parts = []
+        for start in range(0, len(x), step):
+            chunk = x[start : start + step]
+            real = len(chunk)
+            if fixed is not None and real < fixed:  # pad a short last chunk to the fixed size
+                pad = np.zeros((fixed - real, *chunk.shape[1:]), chunk.dtype)
+                chunk = np.concatenate([chunk, pad])
+            out = session.run(None, {self.input_name: np.ascontiguousarray(chunk)})[0]
+            parts.append(np.asarray(out, np.float32).reshape(len(chunk), -1)[:real])
+        if not parts:
+            return np.zeros((0, getattr(self, "num_classes", 0)), np.float32)
+        return np.concatenate(parts)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        array = x.detach().cpu().numpy()
+        array = ((array - self._mean) / self._std).astype(np.float32, copy=False)
+        array = array.reshape(len(array), *self.feed_shape)
+        return torch.from_numpy(self._run_chunks(array, self.session, self.fixed_batch))
+
+
+class GraphLayout(nn.Module):
+    """Reshape (N, C, H, W) batches to the per-sample shape an ONNX graph takes."""
+
+    def __init__(self, shape: Sequence[int]):
+        super().__init__()
+        self.shape = tuple(int(s) for s in shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], *self.shape)
+
+    def extra_repr(self) -> str:
+        return f"shape=(N, {', '.join(map(str, self.shape))})"
+
+
+class OnnxTorchPredictor(TorchPredictor):
+    """An ONNX graph converted to PyTorch (gradients, activations), checked against onnxruntime."""
+
+    source: str = ""
+    max_difference: float = 0.0
+
+
+def convert_onnx(model: str | Path | bytes) -> nn.Module:
+    """The graph as a ``torch.fx.GraphModule`` (onnx2torch); taking the graph's own layout."""
+    data, name = _read(model)
+    onnx = _import("onnx", "onnx")
+    converter = _onnx2torch()
+    try:
+        return converter.convert(onnx.load_from_string(data))
+    except Exception as exc:  # unsupported operator or opset
+        raise OnnxConversionError(
+            f"ONNX model {name!r} cannot be converted to PyTorch by onnx2torch: {exc}. "
+            "Load it with gradients=False (scores only) and use score- or decision-based attacks"
+        ) from None
+
+
+def load_onnx(
+    model: str | Path | bytes,
+    gradients: bool = False,
+    *,
+    input_shape: Sequence[int] | None = None,
+    num_classes: int | None = None,
+    name: str | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    device: str | torch.device = "cpu",
+    tolerance: float = 1e-5,
+    probe_size: int = 16,
+    seed: int = 0,
+) -> Predictor:
+    """An ONNX model as a predictor.
+
+    Without ``gradients`` it is run by onnxruntime (scores and labels). With ``gradients``
+    the graph is converted to PyTorch, and the conversion is accepted only if its logits
+    equal onnxruntime's within ``tolerance`` (absolute, scaled by the logits' magnitude when
+    that exceeds 1) on a probe batch of random, all-black and all-white images.
+    """
+    data, default_name = _read(model)
+    name = name or default_name
+    reference = OnnxRuntimePredictor(data, input_shape, num_classes, name=name, mean=mean, std=std)
+    if not gradients:
+        return reference
+    module = nn.Sequential(GraphLayout(reference.feed_shape), convert_onnx(data))
+    predictor = OnnxTorchPredictor(
+        module,
+        reference.input_shape,
+        reference.num_classes,
+        name=name,
+        mean=mean,
+        std=std,
+        device=device,
+    )
+    generator = torch.Generator().manual_seed(seed)
+    probe = torch.cat(
+        [
+            torch.rand((probe_size, *reference.input_shape), generator=generator),
+            torch.zeros((1, *reference.input_shape)),
+            torch.ones((1, *reference.input_shape)),
+        ]
+    )
+    expected = reference.logits(probe)
+    try:
+        with torch.inference_mode():
+            got = predictor.logits(probe.to(predictor.device)).cpu()
+    except Exception as exc:
+        raise OnnxConversionError(
+            f"ONNX model {name!r}: the PyTorch conversion fails on a batch of "
+            f"{len(probe)} images ({type(exc).__name__}: {exc}); the graph may hard-code its "
+            "batch size. Load it with gradients=False (scores only)"
+        ) from None
+    if got.shape != expected.shape:
+        raise OnnxConversionError(
+            f"ONNX model {name!r}: the PyTorch conversion gives outputs of shape "
+            f"{tuple(got.shape)}, onnxruntime {tuple(expected.shape)}; load it with "
+            "gradients=False (scores only)"
+        )
+    difference = float((got - expected).abs().max())
+    allowed = tolerance * max(1.0, float(expected.abs().max()))
+    if not difference <= allowed:
+        raise OnnxConversionError(
+            f"ONNX model {name!r}: the PyTorch conversion differs from onnxruntime by "
+            f"{difference:.3g} (> {allowed:.3g}) on a probe batch, so its gradients cannot be "
+            "trusted; load it with gradients=False (scores only) or report the operator "
+            "onnx2torch gets wrong"
+        )
+    predictor.source = "" if isinstance(model, bytes) else str(model)
+    predictor.max_difference = difference
+    return predictor

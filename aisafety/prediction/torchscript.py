@@ -1,0 +1,100 @@
+"""Predictor for a TorchScript archive (``torch.jit.save``): gradients, scores and labels.
+
+A scripted or traced module carries its own code, so no architecture has to be named. Its
+internal layers are not addressable by forward hooks the way an ``nn.Module``'s are, so
+activations are not offered: load the model as a PyTorch module for coverage metrics.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aisafety.errors import ConfigError
+from aisafety.interfaces import Capability
+from aisafety.prediction.base import Predictor
+from aisafety.prediction.torch_module import Normalize
+
+
+def _jit_load(source: str | Path | bytes, device: torch.device) -> torch.jit.ScriptModule:
+    """``torch.jit.load`` with a clear error; its deprecation warning is not the user's fault."""
+    if isinstance(source, bytes):
+        target: io.BytesIO | str = io.BytesIO(source)
+        label = "TorchScript archive"
+    else:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"TorchScript model {str(path)!r} does not exist")
+        target, label = str(path), str(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.load(target, map_location=device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(
+            f"{label} is not a TorchScript archive ({exc}); save models with "
+            "torch.jit.save(torch.jit.script(model), path), or load a state dict as a checkpoint"
+        ) from None
+
+
+class TorchScriptPredictor(Predictor):
+    """A TorchScript module with optional mean/std normalisation in front of it."""
+
+    def __init__(
+        self,
+        model: str | Path | bytes | torch.jit.ScriptModule,
+        input_shape: Sequence[int],
+        num_classes: int | None = None,
+        *,
+        name: str | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        device: str | torch.device = "cpu",
+    ):
+        self.device = torch.device(device)
+        if isinstance(model, torch.jit.ScriptModule):
+            script, default_name = model.to(self.device), "torchscript-model"
+        else:
+            script = _jit_load(model, self.device)
+            default_name = "torchscript-model" if isinstance(model, bytes) else Path(model).name
+        self.name = name or default_name
+        self.input_shape = tuple(int(s) for s in input_shape)  # type: ignore[assignment]
+        if len(self.input_shape) != 3:
+            raise ConfigError(f"input_shape is (C, H, W), got {tuple(input_shape)}")
+        channels = self.input_shape[0]
+        self.script = script.eval()
+        self.network = nn.Sequential(
+            Normalize(mean or [0.0] * channels, std or [1.0] * channels), self.script
+        ).to(self.device)
+        for p in self.network.parameters():
+            p.requires_grad_(False)
+        self.capabilities = frozenset({Capability.LABELS, Capability.SCORES, Capability.GRADIENTS})
+        self.num_classes = int(num_classes) if num_classes else self._probe_classes()
+
+    def _probe_classes(self) -> int:
+        with torch.inference_mode():
+            out = self.network(torch.zeros((1, *self.input_shape), device=self.device))
+        if out.dim() != 2 or out.shape[1] < 2:
+            raise ConfigError(
+                f"TorchScript model {self.name!r} returns shape {tuple(out.shape)} for one image "
+                f"of shape {self.input_shape}; a classifier returns (N, num_classes) logits"
+            )
+        return int(out.shape[1])
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x.to(self.device))
+
+
+def load_torchscript(
+    path: str | Path | bytes,
+    input_shape: Sequence[int] = (1, 28, 28),
+    num_classes: int | None = None,
+    **kwargs,
+) -> TorchScriptPredictor:
+    """Shorthand for ``TorchScriptPredictor(path, input_shape, num_classes, **kwargs)``."""
+    return TorchScriptPredictor(path, input_shape, num_classes, **kwargs)
