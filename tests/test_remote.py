@@ -449,3 +449,17 @@ def test_timeout_is_honoured(stub):
         remote.logits(torch.zeros(1, 1, 28, 28))
     assert time.monotonic() - started < 2.0
     assert math.isclose(remote.timeout, 0.3)
+
+
+def test_server_started_twice_still_closes():
+    """``with make_server(p).start() as s`` must not leave a second loop that blocks close()."""
+    predictor = TorchPredictor(nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), (1, 2, 2), 3)
+
+    def start_twice_and_close() -> None:
+        with make_server(predictor, model_name="tiny").start():  # __enter__ starts again
+            pass
+
+    worker = threading.Thread(target=start_twice_and_close, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "close() hung after a second start()"

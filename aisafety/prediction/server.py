@@ -96,7 +96,11 @@ class OIPServer(ThreadingHTTPServer):
         }
 
     def start(self) -> OIPServer:
-        """Serve from a daemon thread (for tests and notebooks); ``close()`` stops it."""
+        """Serve from a daemon thread (for tests and notebooks); ``close()`` stops it.
+
+        Idempotent: two serving loops on one server would make ``close()`` hang."""
+        if self._thread is not None:
+            return self
         self._thread = threading.Thread(target=self.serve_forever, args=(0.1,), daemon=True)
         self._thread.start()
         return self
