@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aisafety.config import default_plan, load_plan
 from aisafety.database.store import DEFAULT_URL, ResultStore
-from aisafety.errors import AISafetyError
+from aisafety.errors import AISafetyError, ConfigError
 from aisafety.plugins import default_registry
 from aisafety.report.table import metric_rows, render
 
@@ -101,9 +101,16 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     from aisafety.interfaces import DatasetSpec
     from aisafety.loading import load_data
 
+    try:
+        defense_config = json.loads(args.defense_config)
+    except json.JSONDecodeError as exc:
+        example = '{"eps": 0.3}'
+        raise ConfigError(f"--defense-config is not JSON ({exc}); e.g. '{example}'") from None
     recipe = TrainingRecipe(
         architecture=args.architecture,
         dataset=args.dataset,
+        defense=args.defense,
+        defense_config=defense_config,
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
@@ -199,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     zt.add_argument("--name", default="mnist-cnn")
     zt.add_argument("--architecture", default="mnist-cnn")
     zt.add_argument("--out", default="zoo", help="folder for checkpoint + manifest.json")
+    zt.add_argument("--defense", default="standard", help="standard or pgd-at")
+    zt.add_argument(
+        "--defense-config", default="{}", help='JSON settings, e.g. \'{"eps": 0.3, "steps": 10}\''
+    )
     zt.add_argument("--epochs", type=int, default=3)
     zt.add_argument("--batch-size", type=int, default=128)
     zt.add_argument("--lr", type=float, default=1e-3)

@@ -1,4 +1,4 @@
-"""Standard (non-defended) training of a zoo model from a dataset folder."""
+"""Training a zoo model from a dataset folder: standard or PGD adversarial training."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from aisafety.config_base import build_config
 from aisafety.database.architectures import build
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.zoo import TrainingRecipe, ZooEntry, sha256_bytes, write_manifest_entry
+from aisafety.defense.adversarial_training import PGDTrainingConfig, budget_at, pgd_examples
 from aisafety.errors import ConfigError
 from aisafety.prediction.torch_module import Normalize
 
@@ -27,10 +29,26 @@ def accuracy(network: nn.Module, data: LoadedDataset, batch_size: int = 1000) ->
     return correct / len(data)
 
 
+TRAINING_DEFENSES = ("standard", "pgd-at")
+
+
 def train(recipe: TrainingRecipe, train_set: LoadedDataset, quiet: bool = False) -> nn.Module:
-    """Train ``recipe.architecture`` on ``train_set`` with cross-entropy; returns the module."""
+    """Train ``recipe.architecture`` on ``train_set``; returns the module.
+
+    ``standard``: cross-entropy on clean inputs. ``pgd-at``: cross-entropy on PGD examples
+    (``recipe.defense_config``: eps, steps, step_size, warmup_epochs).
+    """
     if recipe.optimizer != "adam":
         raise ConfigError(f"optimizer {recipe.optimizer!r} is not supported; use 'adam'")
+    if recipe.defense not in TRAINING_DEFENSES:
+        raise ConfigError(
+            f"training defense {recipe.defense!r} is unknown; known: {', '.join(TRAINING_DEFENSES)}"
+        )
+    adversarial = (
+        build_config("training defense 'pgd-at'", PGDTrainingConfig, recipe.defense_config)
+        if recipe.defense == "pgd-at"
+        else None
+    )
     torch.manual_seed(recipe.seed)
     module = build(recipe.architecture)
     network = nn.Sequential(Normalize(recipe.mean, recipe.std), module)
@@ -44,8 +62,16 @@ def train(recipe: TrainingRecipe, train_set: LoadedDataset, quiet: bool = False)
         network.train()
         order = torch.randperm(len(train_set), generator=generator)
         batches = order.split(recipe.batch_size)
-        for index in tqdm(batches, desc=f"epoch {epoch + 1}/{recipe.epochs}", disable=quiet):
-            loss = nn.functional.cross_entropy(network(train_set.x[index]), train_set.y[index])
+        for step, index in enumerate(
+            tqdm(batches, desc=f"epoch {epoch + 1}/{recipe.epochs}", disable=quiet)
+        ):
+            x, y = train_set.x[index], train_set.y[index]
+            if adversarial is not None:
+                eps = budget_at(adversarial, epoch + step / len(batches))
+                x = pgd_examples(
+                    network, x, y, eps, adversarial.steps, adversarial.step_size, generator
+                )
+            loss = nn.functional.cross_entropy(network(x), y)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()

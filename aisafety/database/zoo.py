@@ -34,6 +34,7 @@ class TrainingRecipe(StrictModel):
     architecture: str = "mnist-cnn"
     dataset: str = "mnist"
     defense: str = "standard"
+    defense_config: dict[str, Any] = Field(default_factory=dict)
     epochs: int = Field(default=3, gt=0)
     batch_size: int = Field(default=128, gt=0)
     optimizer: str = "adam"
