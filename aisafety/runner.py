@@ -15,9 +15,10 @@ import torch
 
 from aisafety.attack.base import Attack
 from aisafety.database.store import ResultStore, Subject
+from aisafety.errors import CapabilityError
 from aisafety.evaluation.base import Metric
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue, RunRecord
+from aisafety.interfaces import AttackFamily, AttackSpec, EvaluationPlan, MetricValue, RunRecord
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.plugins import Registry, default_registry
 from aisafety.version import __version__
@@ -60,10 +61,7 @@ class Runner:
         predictor, weights = load_model(plan.model, device)
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
         data = load_data(plan.dataset, self.registry)
-        for attack in self.attacks.values():
-            predictor.require(attack.requires, f"attack {attack.name!r}")
-        for metric in self.metrics:
-            predictor.require(metric.requires, f"metric {metric.name!r}")
+        self._check_capabilities(predictor)
         subject = Subject(
             model_name=predictor.name,
             model_fingerprint=_key(weights, [d.model_dump(mode="json") for d in plan.defenses]),
@@ -100,6 +98,26 @@ class Runner:
             values=tuple(values),
             resumed_units=resumed,
         )
+
+    def _check_capabilities(self, predictor) -> None:
+        """Fail before any work, naming the attacks that would run on this model instead."""
+        for attack in self.attacks.values():
+            if attack.requires in predictor.capabilities:
+                continue
+            usable = [
+                name
+                for name in self.registry.names("attack")
+                if self.registry.get("attack", name).requires in predictor.capabilities
+                and self.registry.get("attack", name).family is not AttackFamily.CORRUPTION
+            ]
+            try:
+                predictor.require(attack.requires, f"attack {attack.name!r}")
+            except CapabilityError as exc:
+                raise CapabilityError(
+                    f"{exc} Attacks that run on this model: {', '.join(usable) or '(none)'}."
+                ) from None
+        for metric in self.metrics:
+            predictor.require(metric.requires, f"metric {metric.name!r}")
 
     def _units(self, subject: Subject, ctx: EvaluationContext, run_id: int):
         """(key, description, compute) for each unit of work, clean metrics first."""

@@ -64,8 +64,9 @@ def test_onnx_scores_only_model_runs_score_attacks_and_refuses_gradient_ones(tmp
     values = _run(tmp_path, model, [SQUARE])
     assert 0.9 <= values[("ca", None)] <= 1.0
     assert values[("aab", "square-linf(queries=50)")] < values[("ca", None)]
-    with pytest.raises(CapabilityError, match="pgd-linf.*net256x2.*gradients"):
+    with pytest.raises(CapabilityError, match="pgd-linf.*net256x2.*gradients") as err:
         _run(tmp_path / "pgd", model, [PGD])
+    assert "Attacks that run on this model:" in str(err.value) and "square-linf" in str(err.value)
     converted = model.model_copy(update={"gradients": True})
     assert ("aaw", "pgd-linf(steps=5)") in _run(tmp_path / "conv", converted, [PGD])
 
