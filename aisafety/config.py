@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from aisafety.config_base import describe_errors
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricSpec
 
@@ -30,10 +31,7 @@ def plan_from_dict(raw: dict[str, Any], source: str = "config") -> EvaluationPla
     try:
         return EvaluationPlan(**raw)
     except ValidationError as exc:
-        problems = "\n".join(
-            f"  - {'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})"
-            for e in exc.errors()
-        )
+        problems = "\n".join(f"  - {line}" for line in describe_errors(exc))
         raise ConfigError(f"{source} is not a valid evaluation plan:\n{problems}") from None
     except TypeError as exc:
         raise ConfigError(f"{source} must be a mapping of plan fields: {exc}") from None

@@ -15,14 +15,19 @@ class PluginConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def describe_errors(exc: ValidationError) -> list[str]:
+    """One 'field: problem (got value)' line per pydantic error."""
+    return [
+        f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']} (got {e.get('input')!r})"
+        for e in exc.errors()
+    ]
+
+
 def build_config(owner: str, cls: type[PluginConfig], given: dict[str, Any]) -> PluginConfig:
     """Validate ``given`` against ``cls``; a bad value becomes a ConfigError naming ``owner``."""
     try:
         return cls(**given)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']} (got {e.get('input')!r})"
-            for e in exc.errors()
-        )
+        problems = "; ".join(describe_errors(exc))
         fields = ", ".join(f"{k}={v.default!r}" for k, v in cls.model_fields.items())
         raise ConfigError(f"{owner}: {problems}. Valid settings: {fields or '(none)'}") from None

@@ -11,9 +11,17 @@ import hashlib
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 
 class StrictModel(BaseModel):
@@ -107,26 +115,30 @@ class DatasetSpec(StrictModel):
     seed: int = 0
 
 
+def _one_or_many(value: Any) -> Any:
+    return (value,) if isinstance(value, int | float) else value
+
+
+def _valid_budgets(value: tuple[float, ...]) -> tuple[float, ...]:
+    if not value:
+        raise ValueError("give at least one budget")
+    for eps in value:
+        if eps < 0 or eps != eps:
+            raise ValueError(f"budget {eps} is negative or NaN; budgets are >= 0")
+    return value
+
+
+# One budget or a list of them, in the [0, 1] input scale: ``eps: 0.3`` or ``eps: [0.1, 0.3]``.
+Budgets = Annotated[
+    tuple[float, ...], BeforeValidator(_one_or_many), AfterValidator(_valid_budgets)
+]
+
+
 class ThreatModel(StrictModel):
-    """The norm and the budgets an attack is run at (in the [0, 1] input scale)."""
+    """The norm and the budgets an attack is run at."""
 
     norm: Norm = Norm.LINF
-    eps: tuple[float, ...] = (0.1,)
-
-    @field_validator("eps", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return (value,) if isinstance(value, int | float) else value
-
-    @field_validator("eps")
-    @classmethod
-    def _non_negative(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        if not value:
-            raise ValueError("give at least one budget")
-        for eps in value:
-            if eps < 0 or eps != eps:
-                raise ValueError(f"budget {eps} is negative or NaN; budgets are >= 0")
-        return value
+    eps: Budgets = (0.1,)
 
 
 class AttackSpec(StrictModel):
@@ -134,17 +146,7 @@ class AttackSpec(StrictModel):
 
     name: str
     config: dict[str, Any] = Field(default_factory=dict)
-    eps: tuple[float, ...] = (0.1,)
-
-    @field_validator("eps", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return (value,) if isinstance(value, int | float) else value
-
-    @field_validator("eps")
-    @classmethod
-    def _non_negative(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        return ThreatModel._non_negative(value)
+    eps: Budgets = (0.1,)
 
     @property
     def label(self) -> str:
