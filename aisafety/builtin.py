@@ -6,6 +6,7 @@ from aisafety.attack.corruptions import CORRUPTION_ATTACKS
 from aisafety.attack.fgsm import FGSM
 from aisafety.attack.pgd import PGDLinf
 from aisafety.attack.square import SquareLinf
+from aisafety.attack.square_l2 import SquareL2
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
@@ -32,7 +33,7 @@ from aisafety.hookspecs import hookimpl
 
 @hookimpl
 def aisafety_attacks() -> list[type]:
-    return [FGSM, PGDLinf, SquareLinf, *CORRUPTION_ATTACKS]
+    return [FGSM, PGDLinf, SquareLinf, SquareL2, *CORRUPTION_ATTACKS]
 
 
 @hookimpl

@@ -1,0 +1,223 @@
+"""Square Attack under the l2 norm (Andriushchenko et al., ECCV 2020, Algorithm 3), score-based.
+
+A random search that only reads the model's scores and keeps the perturbation on the l2
+sphere of radius eps (up to the [0, 1] clip). It starts from a grid of s x s blocks,
+s = min(h, w) // 5, centred in the image, each holding the paper's "pseudo-Gaussian" bump (two
+halves of nested centred squares with weights 1 / (k + 1)^2, of opposite signs) with a random
+sign per channel; the whole pattern is scaled to l2 norm eps. Each iteration then draws two
+windows of side s (from the same p-schedule as l-inf; odd, at least 3, below min(h, w)) and,
+per channel, moves all the mass the perturbation has in the union of the two windows, plus
+any unused budget, into the first window: window 2 is zeroed and window 1 gets its old
+content (normalised) plus a fresh bump of random sign, rescaled to that mass. The total is
+renormalised to eps, clipped to [0, 1], and the proposal is kept when the margin loss
+``logit[y] - max_{j != y} logit[j]`` goes down.
+
+This follows the authors' reference implementation (github.com/max-andr/square-attack,
+``square_attack_l2``), batched over samples: every iteration is one model query for all samples
+still correctly classified; fooled samples stop spending queries. Unlike the reference (and its
+ports in AutoAttack and torchattacks), which draw one pair of windows and one bump orientation
+per iteration for the whole batch, every sample draws its own window positions and orientation.
+With ``queries`` = n the reference runs n iterations after the initial query (n + 1 queries);
+here the initial query counts, as in ``square-linf``.
+
+``steps`` counts the queries spent per sample on perturbed inputs, the initial pattern included.
+One extra query on the clean batch finds the samples that are already misclassified: they are
+left as they are with 0 queries.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+from pydantic import Field
+
+from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.square import margin_loss, p_selection
+from aisafety.errors import InputError
+from aisafety.interfaces import AttackFamily, Capability, Norm
+from aisafety.prediction.base import Predictor
+
+_TINY = 1e-12
+
+
+def centred_squares(rows: int, cols: int) -> torch.Tensor:
+    """Nested squares centred at (rows // 2, cols // 2), square k weighted 1 / (k + 1)^2,
+    cropped to ``rows x cols`` and scaled to unit l2 norm (the reference's
+    ``pseudo_gaussian_pert_rectangles``)."""
+    delta = torch.zeros(rows, cols, dtype=torch.float64)
+    top, left = rows // 2, cols // 2
+    for k in range(max(top, left) + 1):
+        delta[max(top - k, 0) : top + k + 1, max(left - k, 0) : left + k + 1] += 1.0 / (k + 1) ** 2
+    return delta / delta.square().sum().sqrt()
+
+
+@lru_cache(maxsize=64)
+def _bump_cpu(side: int) -> torch.Tensor:
+    bump = torch.zeros(side, side, dtype=torch.float64)
+    bump[: side // 2] = centred_squares(side // 2, side)
+    bump[side // 2 :] = -centred_squares(side - side // 2, side)
+    return (bump / bump.square().sum().sqrt()).float()
+
+
+def bump(side: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The paper's update pattern (``meta_pseudo_gaussian_pert``, untransposed): the top half
+    of a ``side x side`` square holds positive centred squares, the bottom half negative ones;
+    unit l2 norm."""
+    return _bump_cpu(side).to(device)
+
+
+def square_pair_update(
+    delta: torch.Tensor,
+    first: tuple[torch.Tensor, torch.Tensor],
+    second: tuple[torch.Tensor, torch.Tensor],
+    side: int,
+    pattern: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """One proposal of Algorithm 3, before the final renormalisation to eps.
+
+    ``delta`` (m, c, h, w) is the current perturbation, ``first`` and ``second`` the (top, left)
+    corners, each of shape (m,), of the two ``side x side`` windows, ``pattern`` (m, c, side,
+    side) the signed bump to add. Per sample and channel, the mass of delta in the union of
+    the windows plus an equal share of the unused budget ``eps^2 - ||delta||^2`` ends up in
+    window 1; window 2 (outside window 1) is zeroed; the rest of delta is kept. A perturbation
+    of norm eps therefore keeps norm eps. Returns a new tensor.
+    """
+    m, c, h, w = delta.shape
+    offsets = torch.arange(side, device=delta.device)
+    samples = torch.arange(m, device=delta.device)[:, None, None, None]
+    channels = torch.arange(c, device=delta.device)[None, :, None, None]
+
+    def index(corner: tuple[torch.Tensor, torch.Tensor]):
+        rows = (corner[0][:, None] + offsets)[:, None, :, None]
+        cols = (corner[1][:, None] + offsets)[:, None, None, :]
+        return samples, channels, rows, cols
+
+    def mask(corner: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        rows = torch.arange(h, device=delta.device)[None, :] - corner[0][:, None]
+        cols = torch.arange(w, device=delta.device)[None, :] - corner[1][:, None]
+        in_rows, in_cols = (rows >= 0) & (rows < side), (cols >= 0) & (cols < side)
+        return (in_rows[:, :, None] & in_cols[:, None, :])[:, None]  # (m, 1, h, w)
+
+    window_1, window_2 = index(first), index(second)
+    old = delta[window_1]  # (m, c, side, side)
+    old_norm = old.square().sum((2, 3), keepdim=True).sqrt()
+    image_norm_sq = delta.square().sum((1, 2, 3), keepdim=True)
+    union = mask(first) | mask(second)
+    union_norm_sq = (delta.square() * union).sum((2, 3), keepdim=True)
+    new = pattern + old / (1e-10 + old_norm)
+    new_norm = new.square().sum((2, 3), keepdim=True).sqrt()
+    mass = ((eps**2 - image_norm_sq).clamp_min(0) / c + union_norm_sq).sqrt()
+    new = new / (_TINY + new_norm) * mass
+    updated = delta.clone()
+    updated[window_2] = 0.0
+    updated[window_1] = new
+    return updated
+
+
+def to_sphere(x: torch.Tensor, delta: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x + delta`` with delta scaled to l2 norm eps per sample, clipped to [0, 1]."""
+    norms = delta.flatten(1).norm(dim=1).view(-1, *([1] * (delta.dim() - 1)))
+    return (x + delta / (_TINY + norms) * eps).clamp(0, 1)
+
+
+class SquareL2Config(AttackConfig):
+    queries: int = Field(default=1000, gt=0, description="query budget per sample")
+    p_init: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="initial fraction of pixels a window covers (the paper's l2 default)",
+    )
+
+
+class SquareL2(Attack):
+    name = "square-l2"
+    family = AttackFamily.SCORE
+    norm = Norm.L2
+    requires = Capability.SCORES
+    description = "Square Attack, l2, score-based random search (Andriushchenko et al. 2020)"
+    Config = SquareL2Config
+
+    def perturb(
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not math.isfinite(eps):
+            raise InputError(f"attack {self.name!r} needs a finite budget, got eps={eps}")
+        cfg = self.config
+        gen = self.generator(x.device)
+        n, c, h, w = x.shape
+        queries = torch.zeros(n, dtype=torch.long, device=x.device)
+        x_best = x.clone()
+        if n == 0 or eps == 0:
+            return x_best, queries
+        with torch.inference_mode():
+            clean_margin = margin_loss(predictor.logits(x), y)
+            todo = torch.nonzero(clean_margin > 0).squeeze(1)
+            if not len(todo):
+                return x_best, queries
+            x0, y0 = x[todo], y[todo]
+            best = to_sphere(x0, self._initial(x0, gen), eps)
+            margin = margin_loss(predictor.logits(best), y0)
+            used = torch.ones(len(todo), dtype=torch.long, device=x.device)
+            side_max = max(min(h, w) - 1, 1)
+            for iteration in range(cfg.queries - 1):
+                active = torch.nonzero(margin > 0).squeeze(1)
+                if not len(active):
+                    break
+                p = p_selection(cfg.p_init, iteration, cfg.queries)
+                side = max(round(math.sqrt(p * h * w)), 3)
+                side = min(side + 1 - side % 2, side_max)  # odd, as in the reference
+                x_cur, best_cur = x0[active], best[active]
+                m = len(active)
+                first = self._corner(m, h, w, side, gen, x.device)
+                second = self._corner(m, h, w, side, gen, x.device)
+                pattern = self._patterns(m, c, side, gen, x.device)
+                delta = square_pair_update(best_cur - x_cur, first, second, side, pattern, eps)
+                proposal = to_sphere(x_cur, delta, eps)
+                new_margin = margin_loss(predictor.logits(proposal), y0[active])
+                improved = new_margin < margin[active]
+                margin[active] = torch.where(improved, new_margin, margin[active])
+                best[active] = torch.where(improved[:, None, None, None], proposal, best_cur)
+                used[active] += 1
+        x_best[todo] = best
+        queries[todo] = used
+        return x_best, queries
+
+    @staticmethod
+    def _corner(
+        m: int, h: int, w: int, side: int, gen: torch.Generator, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random top-left corners, one per sample (the reference's ``randint(0, h - s)``)."""
+        top = torch.randint(0, max(h - side, 1), (m,), generator=gen, device=device)
+        left = torch.randint(0, max(w - side, 1), (m,), generator=gen, device=device)
+        return top, left
+
+    @staticmethod
+    def _patterns(
+        m: int, c: int, side: int, gen: torch.Generator, device: torch.device
+    ) -> torch.Tensor:
+        """(m, c, side, side): per sample a bump, transposed with probability 1/2, times a
+        random sign per channel."""
+        base = bump(side, device)
+        flip = torch.randint(0, 2, (m, 1, 1, 1), generator=gen, device=device).bool()
+        oriented = torch.where(flip, base.T, base)
+        signs = 2 * torch.randint(0, 2, (m, c, 1, 1), generator=gen, device=device) - 1
+        return oriented * signs
+
+    def _initial(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """The initial pattern (unnormalised): a centred grid of s x s bumps, s = min(h, w) // 5,
+        each with its own orientation and sign per sample and channel."""
+        n, c, h, w = x.shape
+        side = max(min(h, w) // 5, 1)
+        grid_h, grid_w = h // side, w // side
+        patterns = self._patterns(n * grid_h * grid_w, c, side, gen, x.device)
+        blocks = patterns.view(n, grid_h, grid_w, c, side, side).permute(0, 3, 1, 4, 2, 5)
+        delta = torch.zeros_like(x)
+        top, left = (h - grid_h * side) // 2, (w - grid_w * side) // 2
+        delta[:, :, top : top + grid_h * side, left : left + grid_w * side] = blocks.reshape(
+            n, c, grid_h * side, grid_w * side
+        )
+        return delta
