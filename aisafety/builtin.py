@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from aisafety.attack.boundary import BoundaryAttack
 from aisafety.attack.corruptions import CORRUPTION_ATTACKS
 from aisafety.attack.fgsm import FGSM
+from aisafety.attack.nattack import NAttack
 from aisafety.attack.pgd import PGDLinf
+from aisafety.attack.spsa import SPSA
 from aisafety.attack.square import SquareLinf
 from aisafety.attack.square_l2 import SquareL2
+from aisafety.attack.transfer import TransferAttack
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
@@ -33,7 +37,17 @@ from aisafety.hookspecs import hookimpl
 
 @hookimpl
 def aisafety_attacks() -> list[type]:
-    return [FGSM, PGDLinf, SquareLinf, SquareL2, *CORRUPTION_ATTACKS]
+    return [
+        FGSM,
+        PGDLinf,
+        SquareLinf,
+        SquareL2,
+        SPSA,
+        NAttack,
+        BoundaryAttack,
+        TransferAttack,
+        *CORRUPTION_ATTACKS,
+    ]
 
 
 @hookimpl
