@@ -80,3 +80,16 @@ def test_zoo_train_writes_checkpoint_and_manifest_that_load(tmp_path, monkeypatc
     with torch.inference_mode():
         accuracy = (predictor.predict(data.x[1::2]) == data.y[1::2]).float().mean().item()
     assert accuracy == pytest.approx(manifest["metrics"]["clean_accuracy"], abs=1e-6)
+
+
+def test_pgd_trained_model_is_robust_where_the_vanilla_one_is_not():
+    """The shipped PGD-AT model keeps most of its accuracy at eps 0.3; vanilla loses it all."""
+    from aisafety.attack.pgd import PGDLinf
+
+    data = EmbeddedMnist().load(None, "test").balanced_subset(200)
+    attack = PGDLinf(steps=20, step_size=0.02)
+    robust = attack(load_zoo_model("mnist-cnn-pgd-at"), data.x, data.y, 0.3).robust_accuracy
+    vanilla = attack(load_zoo_model("mnist-cnn"), data.x, data.y, 0.3).robust_accuracy
+    assert robust >= 0.75 and vanilla <= 0.05
+    recipe = list_models()["mnist-cnn-pgd-at"][0].recipe
+    assert recipe.defense == "pgd-at" and recipe.defense_config["eps"] == 0.3
