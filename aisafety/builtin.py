@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from aisafety.attack.apgd import APGDCE, APGDCEL2, APGDDLR, APGDDLRL2, APGDMargin, APGDMarginL2
+from aisafety.attack.bim import BIM
 from aisafety.attack.boundary import BoundaryAttack
 from aisafety.attack.corruptions import CORRUPTION_ATTACKS
+from aisafety.attack.cw import CWL2
+from aisafety.attack.deepfool import DeepFoolL2, DeepFoolLinf
 from aisafety.attack.fgsm import FGSM
+from aisafety.attack.mifgsm import MIFGSM
 from aisafety.attack.nattack import NAttack
 from aisafety.attack.pgd import PGDLinf
+from aisafety.attack.pgd_l1 import PGDL1
+from aisafety.attack.pgd_l2 import PGDL2
+from aisafety.attack.rfgsm import RFGSM
 from aisafety.attack.spsa import SPSA
 from aisafety.attack.square import SquareLinf
 from aisafety.attack.square_l2 import SquareL2
@@ -39,7 +47,21 @@ from aisafety.hookspecs import hookimpl
 def aisafety_attacks() -> list[type]:
     return [
         FGSM,
+        RFGSM,
+        BIM,
         PGDLinf,
+        PGDL2,
+        PGDL1,
+        MIFGSM,
+        CWL2,
+        DeepFoolL2,
+        DeepFoolLinf,
+        APGDCE,
+        APGDDLR,
+        APGDMargin,
+        APGDCEL2,
+        APGDDLRL2,
+        APGDMarginL2,
         SquareLinf,
         SquareL2,
         SPSA,

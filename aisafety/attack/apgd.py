@@ -1,0 +1,232 @@
+"""APGD, Auto-PGD (Croce & Hein, ICML 2020, "Reliable evaluation of adversarial robustness
+with an ensemble of diverse parameter-free attacks", Algorithm 1), the core of AutoAttack.
+
+PGD with momentum and a step size that adapts itself, so there is nothing to tune:
+
+    z       = P(x_k + eta * s(grad f(x_k)))            s = sign (l-inf) or g/||g||_2 (l2)
+    x_{k+1} = P(x_k + a (z - x_k) + (1 - a)(x_k - x_{k-1})),   a = 0.75 (1 at the first step)
+
+starting from a random point on the eps-sphere with eta = 2 eps. At the checkpoints
+``w_j = ceil(p_j * steps)``, ``p_0 = 0, p_1 = 0.22, p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03,
+0.06)`` (rounded as in the authors' code, see ``checkpoints``), a sample's step size is
+halved and its iterate restarted from the best point found so far (highest loss) when
+
+1. the loss went up in at most ``rho`` = 75 % of the steps since the last checkpoint (the
+   authors' code compares with ``<=``; the paper writes ``<``), or
+2. its step size was not halved at the last checkpoint and its best loss has not improved.
+
+``n_restarts`` runs from fresh random starts are spent on the samples not fooled yet
+("cheap" restarts of the reference code). The returned point is the last misclassified
+iterate where there is one, else the highest-loss point. Losses (``aisafety.attack.losses``):
+cross-entropy (``apgd-ce``), the Difference of Logits Ratio (``apgd-dlr``, the paper's new
+loss), and the margin ``max_{i != y} z_i - z_y`` (``apgd-mar``). l-inf and l2 versions are
+separate names because the norm is part of an attack's identity.
+
+``steps`` counts the moves per sample (one gradient each, plus one at every random start).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from pydantic import Field
+
+from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.bim import clip_linf
+from aisafety.attack.gradients import loss_gradient, normalized, require_finite_budget
+from aisafety.attack.losses import LOSSES
+from aisafety.attack.pgd_l2 import project_l2
+from aisafety.interfaces import AttackFamily, Capability, Norm
+from aisafety.prediction.base import Predictor
+
+
+class APGDConfig(AttackConfig):
+    steps: int = Field(default=100, gt=0, description="iterations per restart (N_iter)")
+    n_restarts: int = Field(default=1, gt=0, description="random restarts on unfooled samples")
+    rho: float = Field(default=0.75, gt=0, le=1, description="checkpoint condition 1 threshold")
+    momentum: float = Field(default=0.75, ge=0, le=1, description="weight a of the new step")
+    early_stop: bool = Field(
+        default=False, description="stop moving a sample once it is misclassified"
+    )
+
+
+def checkpoints(steps: int) -> list[int]:
+    """The iterations w_j > 0 where the step size is reviewed.
+
+    The paper (Section 3.2) sets ``w_j = ceil(p_j * steps)`` with ``p_1 = 0.22`` and the gap
+    between checkpoints shrinking by 0.03 per checkpoint down to 0.06. This follows the
+    authors' code (``auto-attack``, ``APGDAttack.attack_single_run``), which rounds the first
+    gap, the decrement and the minimum gap down to whole iterations (at least 1): identical
+    for 100 steps (22, 41, 57, 70, 80, 87, 93, 99), and for few steps it keeps reviewing the
+    step size often instead of rounding the decrement up to a whole iteration.
+    """
+    gap = max(int(0.22 * steps), 1)
+    decrement, smallest = max(int(0.03 * steps), 1), max(int(0.06 * steps), 1)
+    marks, mark = [], gap
+    while mark <= steps:
+        marks.append(mark)
+        gap = max(gap - decrement, smallest)
+        mark += gap
+    return marks
+
+
+class _APGD(Attack):
+    family = AttackFamily.GRADIENT
+    requires = Capability.GRADIENTS
+    Config = APGDConfig
+    loss: ClassVar[str]
+
+    def perturb(
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        require_finite_budget(self.name, eps)
+        generator = self.generator(x.device)
+        x_out = x.clone()
+        best_loss = torch.full((len(x),), -torch.inf, device=x.device)
+        fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
+        steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
+        for _ in range(self.config.n_restarts):
+            todo = (~fooled).nonzero().squeeze(1)
+            if not len(todo):
+                break
+            x_best, x_adv, run_fooled, loss, moves = self._run(
+                predictor, x[todo], y[todo], eps, generator
+            )
+            steps[todo] += moves
+            keep = run_fooled | (loss > best_loss[todo])
+            x_out[todo[keep]] = torch.where(
+                run_fooled[keep].view(-1, *([1] * (x.dim() - 1))), x_adv[keep], x_best[keep]
+            )
+            best_loss[todo] = torch.maximum(best_loss[todo], loss)
+            fooled[todo] = run_fooled
+        return x_out, steps
+
+    # --- the pieces that depend on the norm --------------------------------------------------
+
+    def _project(self, z: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
+        return clip_linf(z, x, eps) if self.norm is Norm.LINF else project_l2(z, x, eps)
+
+    def _direction(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad.sign() if self.norm is Norm.LINF else normalized(grad, 2)
+
+    def _random_start(self, x: torch.Tensor, eps: float, generator: torch.Generator):
+        if self.norm is Norm.LINF:
+            t = 2 * torch.rand(x.shape, generator=generator, device=x.device) - 1
+            return (x + eps * normalized(t, math.inf)).clamp(0, 1)
+        t = torch.randn(x.shape, generator=generator, device=x.device)
+        return (x + eps * normalized(t, 2)).clamp(0, 1)
+
+    # --- one run -----------------------------------------------------------------------------
+
+    def _run(
+        self,
+        predictor: Predictor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        eps: float,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One APGD run: best-loss points, adversarial points, fooled, best loss, moves."""
+        cfg = self.config
+        n, device = len(x), x.device
+        loss_fn = LOSSES[self.loss]
+
+        def per_sample(values: torch.Tensor) -> torch.Tensor:
+            return values.view(-1, *([1] * (x.dim() - 1)))
+
+        x_adv = self._random_start(x, eps, generator)
+        grad, logits, loss = loss_gradient(predictor, x_adv, y, loss_fn)
+        fooled = logits.argmax(1) != y
+        x_found = torch.where(per_sample(fooled), x_adv, x)
+        x_best, loss_best, grad_best = x_adv.clone(), loss.clone(), grad.clone()
+        x_prev, loss_prev = x_adv.clone(), loss.clone()
+        eta = torch.full((n,), 2.0 * eps, device=device)
+        increases = torch.zeros(n, device=device)
+        loss_best_at_check = loss_best.clone()
+        reduced_at_check = torch.ones(n, dtype=torch.bool, device=device)
+        moves = torch.zeros(n, dtype=torch.long, device=device)
+        marks, last_mark = set(checkpoints(cfg.steps)), 0
+
+        idx = torch.arange(n, device=device)
+        if cfg.early_stop:
+            idx = idx[~fooled]
+        for k in range(cfg.steps):
+            if not len(idx):
+                break
+            xa, x0 = x_adv[idx], x[idx]
+            z = self._project(xa + per_sample(eta[idx]) * self._direction(grad[idx]), x0, eps)
+            a = cfg.momentum if k > 0 else 1.0
+            x_new = self._project(xa + a * (z - xa) + (1 - a) * (xa - x_prev[idx]), x0, eps)
+            x_prev[idx], x_adv[idx] = xa, x_new
+            g, logits, current = loss_gradient(predictor, x_new, y[idx], loss_fn)
+            grad[idx] = g
+            moves[idx] += 1
+
+            wrong = logits.argmax(1) != y[idx]
+            x_found[idx[wrong]] = x_new[wrong]
+            fooled[idx[wrong]] = True
+            increases[idx] += (current > loss_prev[idx]).float()
+            loss_prev[idx] = current
+            better = current > loss_best[idx]
+            improved = idx[better]
+            x_best[improved], grad_best[improved] = x_new[better], g[better]
+            loss_best[improved] = current[better]
+
+            if k + 1 in marks and k + 1 < cfg.steps:
+                no_progress = increases[idx] <= cfg.rho * (k + 1 - last_mark)
+                stalled = ~reduced_at_check[idx] & (loss_best_at_check[idx] >= loss_best[idx])
+                reduce = no_progress | stalled
+                halved = idx[reduce]
+                eta[halved] /= 2
+                x_adv[halved], grad[halved] = x_best[halved], grad_best[halved]
+                reduced_at_check[idx] = reduce
+                loss_best_at_check[idx] = loss_best[idx]
+                increases[idx] = 0
+                last_mark = k + 1
+            if cfg.early_stop:
+                idx = idx[~fooled[idx]]
+        return x_best, x_found, fooled, loss_best, moves
+
+
+class APGDCE(_APGD):
+    name = "apgd-ce"
+    norm = Norm.LINF
+    loss = "ce"
+    description = "Auto-PGD with cross-entropy loss, l-inf (Croce & Hein 2020)"
+
+
+class APGDDLR(_APGD):
+    name = "apgd-dlr"
+    norm = Norm.LINF
+    loss = "dlr"
+    description = "Auto-PGD with the Difference of Logits Ratio loss, l-inf (Croce & Hein 2020)"
+
+
+class APGDMargin(_APGD):
+    name = "apgd-mar"
+    norm = Norm.LINF
+    loss = "margin"
+    description = "Auto-PGD with the margin (CW) loss, l-inf (Croce & Hein 2020)"
+
+
+class APGDCEL2(_APGD):
+    name = "apgd-ce-l2"
+    norm = Norm.L2
+    loss = "ce"
+    description = "Auto-PGD with cross-entropy loss, l2 (Croce & Hein 2020)"
+
+
+class APGDDLRL2(_APGD):
+    name = "apgd-dlr-l2"
+    norm = Norm.L2
+    loss = "dlr"
+    description = "Auto-PGD with the Difference of Logits Ratio loss, l2 (Croce & Hein 2020)"
+
+
+class APGDMarginL2(_APGD):
+    name = "apgd-mar-l2"
+    norm = Norm.L2
+    loss = "margin"
+    description = "Auto-PGD with the margin (CW) loss, l2 (Croce & Hein 2020)"

@@ -1,0 +1,99 @@
+"""The Carlini & Wagner l2 attack (Carlini & Wagner, IEEE S&P 2017, "Towards Evaluating the
+Robustness of Neural Networks", Section V.A).
+
+Minimises ``||x' - x||_2^2 + c * f(x')`` with ``f = max(z_y - max_{i != y} z_i, -kappa)`` in
+tanh space, ``x' = (tanh(w) + 1) / 2``, so the box constraint holds by construction, with Adam.
+A binary search over ``c`` per sample (``binary_search_steps`` rounds of ``steps`` Adam steps,
+each round restarting from the clean input) raises ``c`` tenfold while no success has been
+found and bisects once one has. Every iterate is checked; the successful one with the
+smallest l2 distance is kept per sample (the clean input where none was found). As in the
+authors' code, the input is mapped to tanh space through ``atanh((2x - 1) * 0.999999)`` and a
+round stops early (``abort_early``) when the total loss has not decreased by 0.01 % over a
+tenth of its steps.
+
+The default learning rate is 0.1, not the paper's 0.01: the paper pairs 0.01 with 10,000
+steps, and in 100 steps a pixel at a box bound (tanh argument about +-7.25, most of an MNIST
+image) cannot move at that rate. On the zoo MNIST model (128 test images, 5 rounds of 100
+steps) 0.01 finds an adversarial example for 38 % of them, 0.1 for all of them with a mean l2
+of 1.49.
+
+CW is a minimum-norm attack: it does not look at eps. The base class then projects its result
+onto the l2 ball of radius eps; with eps = inf (or large) the result is CW's own.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.losses import true_and_best_other
+from aisafety.interfaces import AttackFamily, Capability, Norm
+from aisafety.prediction.base import Predictor
+
+
+class CWConfig(AttackConfig):
+    c: float = Field(default=1.0, gt=0, description="initial trade-off constant")
+    kappa: float = Field(default=0.0, ge=0, description="confidence margin")
+    steps: int = Field(default=100, gt=0, description="Adam steps per binary-search round")
+    lr: float = Field(
+        default=0.1, gt=0, description="Adam learning rate (the paper: 0.01 with 10,000 steps)"
+    )
+    binary_search_steps: int = Field(default=5, gt=0)
+    abort_early: bool = True
+
+
+class CWL2(Attack):
+    name = "cw-l2"
+    family = AttackFamily.GRADIENT
+    norm = Norm.L2
+    requires = Capability.GRADIENTS
+    description = "Carlini & Wagner l2, tanh space, Adam, binary search over c (2017)"
+    Config = CWConfig
+
+    def perturb(
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        n = len(x)
+        w_clean = torch.atanh((2 * x - 1) * 0.999999)
+        const = torch.full((n,), cfg.c, device=x.device)
+        lower = torch.zeros(n, device=x.device)
+        upper = torch.full((n,), torch.inf, device=x.device)
+        best_l2 = torch.full((n,), torch.inf, device=x.device)
+        best_adv = x.clone()
+        steps = torch.zeros(n, dtype=torch.long, device=x.device)
+        for _ in range(cfg.binary_search_steps):
+            w = w_clean.clone().requires_grad_(True)
+            optimizer = torch.optim.Adam([w], lr=cfg.lr)
+            succeeded = torch.zeros(n, dtype=torch.bool, device=x.device)
+            previous = torch.inf
+            for step in range(cfg.steps):
+                with torch.enable_grad():
+                    x_adv = (torch.tanh(w) + 1) / 2
+                    l2_sq = (x_adv - x).flatten(1).square().sum(1)
+                    logits = predictor._logits(x_adv)
+                    true, other = true_and_best_other(logits, y)
+                    loss = l2_sq + const * (true - other).clamp_min(-cfg.kappa)
+                    total = loss.sum()
+                    optimizer.zero_grad()
+                    total.backward()
+                optimizer.step()
+                steps += 1
+                with torch.no_grad():
+                    # with kappa = 0 success is plain misclassification (ties as argmax breaks them)
+                    success = logits.argmax(1) != y
+                    if cfg.kappa > 0:
+                        success = other - true >= cfg.kappa
+                    better = success & (l2_sq < best_l2)
+                    best_l2 = torch.where(better, l2_sq.detach(), best_l2)
+                    best_adv[better] = x_adv.detach()[better]
+                    succeeded |= success
+                if cfg.abort_early and step % max(cfg.steps // 10, 1) == 0:
+                    if float(total.detach()) > previous * 0.9999:
+                        break
+                    previous = float(total.detach())
+            upper = torch.where(succeeded, torch.minimum(upper, const), upper)
+            lower = torch.where(succeeded, lower, torch.maximum(lower, const))
+            const = torch.where(upper < torch.inf, (lower + upper) / 2, const * 10)
+        return best_adv, steps
