@@ -36,10 +36,18 @@ from aisafety.evaluation.metrics.confidence import (
     AverageConfidenceTrueClass,
     NoiseToleranceEstimation,
 )
+from aisafety.evaluation.metrics.coverage import (
+    KMultisectionNeuronCoverage,
+    NeuronBoundaryCoverage,
+    StrongNeuronActivationCoverage,
+    TopKNeuronCoverage,
+)
 from aisafety.evaluation.metrics.imperceptibility import (
     AverageLpDistortion,
     AverageStructuralSimilarity,
 )
+from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
+from aisafety.evaluation.metrics.sensitivity import PerturbationSensitivityDistance
 from aisafety.hookspecs import hookimpl
 
 
@@ -88,6 +96,13 @@ def aisafety_metrics() -> list[type]:
         NoiseToleranceEstimation,
         AverageLpDistortion,
         AverageStructuralSimilarity,
+        PerturbationSensitivityDistance,
+        KMultisectionNeuronCoverage,
+        NeuronBoundaryCoverage,
+        StrongNeuronActivationCoverage,
+        TopKNeuronCoverage,
+        NeuronSensitivity,
+        NeuronUncertainty,
     ]
 
 

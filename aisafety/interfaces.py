@@ -171,6 +171,9 @@ class EvaluationPlan(StrictModel):
 
     model: ModelSpec = ModelSpec()
     dataset: DatasetSpec = DatasetSpec()
+    # The data whose activations give the neuron bounds of the coverage metrics (DeepGauge
+    # profiles neurons on training data). None: the train split of ``dataset``, all of it.
+    profile_dataset: DatasetSpec | None = None
     defenses: tuple[DefenseSpec, ...] = ()
     attacks: tuple[AttackSpec, ...] = ()
     metrics: tuple[MetricSpec, ...] = ()

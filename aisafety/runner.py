@@ -18,7 +18,14 @@ from aisafety.database.store import ResultStore, Subject
 from aisafety.errors import CapabilityError
 from aisafety.evaluation.base import Metric
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import AttackFamily, AttackSpec, EvaluationPlan, MetricValue, RunRecord
+from aisafety.interfaces import (
+    AttackFamily,
+    AttackSpec,
+    DatasetSpec,
+    EvaluationPlan,
+    MetricValue,
+    RunRecord,
+)
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.plugins import Registry, default_registry
 from aisafety.version import __version__
@@ -29,6 +36,11 @@ log = logging.getLogger(__name__)
 def _key(*parts: object) -> str:
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
+    """Per-layer metrics return one value per layer; the others a single value."""
+    return values if isinstance(values, list) else [values]
 
 
 class Runner:
@@ -74,8 +86,9 @@ class Runner:
             dataset_spec=plan.dataset.model_dump(mode="json"),
         )
         context = EvaluationContext(
-            predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet
-        )
+            predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet,
+            load_profile=lambda: load_data(self._profile_spec(), self.registry),
+        )  # fmt: skip
         run_id = self.store.start_run(plan, __version__, str(device))
         done = self.store.finished_units() if self.resume else set()
         values: list[MetricValue] = []
@@ -98,6 +111,12 @@ class Runner:
             values=tuple(values),
             resumed_units=resumed,
         )
+
+    def _profile_spec(self) -> DatasetSpec:
+        """The data neuron bounds come from: the plan's, else the whole train split."""
+        if self.plan.profile_dataset is not None:
+            return self.plan.profile_dataset
+        return self.plan.dataset.model_copy(update={"split": "train", "limit": None})
 
     def _check_capabilities(self, predictor) -> None:
         """Fail before any work, naming the attacks that would run on this model instead."""
@@ -122,12 +141,14 @@ class Runner:
     def _units(self, subject: Subject, ctx: EvaluationContext, run_id: int):
         """(key, description, compute) for each unit of work, clean metrics first."""
         base = (subject.model_fingerprint, subject.dataset_fingerprint, self.plan.seed)
+        if self.plan.profile_dataset is not None:  # other neuron bounds, other coverage
+            base += (self.plan.profile_dataset.key(),)
         clean = [m for m in self.metrics if not m.per_attack]
         if clean:
             key = _key(base, "clean", [m.label() for m in clean])
 
             def compute_clean(key: str, description: str) -> list[MetricValue]:
-                values = [m.compute(ctx) for m in clean]
+                values = [v for m in clean for v in _as_list(m.compute(ctx))]
                 self.store.record_unit(run_id, key, description, subject, values, __version__)
                 return values
 
@@ -146,7 +167,7 @@ class Runner:
     def _attack_unit(self, ctx, run_id, subject, spec: AttackSpec, eps: float, metrics):
         def compute(key: str, description: str) -> list[MetricValue]:
             result = ctx.adversarial(spec, eps)
-            values = [m.compute(ctx, spec, eps) for m in metrics]
+            values = [v for m in metrics for v in _as_list(m.compute(ctx, spec, eps))]
             family = self.attacks[spec.key()].family.value
             self.store.record_unit(
                 run_id, key, description, subject, values, __version__, (spec, family, result)

@@ -15,6 +15,7 @@ import torch
 from aisafety.attack.base import Attack
 from aisafety.attack.result import AttackResult
 from aisafety.database.datasets.base import LoadedDataset
+from aisafety.evaluation.neurons import NeuronArtifacts
 from aisafety.interfaces import AttackSpec
 from aisafety.prediction.base import Predictor
 
@@ -29,12 +30,14 @@ class EvaluationContext:
         make_attack: Callable[[AttackSpec], Attack],
         batch_size: int = 128,
         quiet: bool = True,
+        load_profile: Callable[[], LoadedDataset] | None = None,
     ):
         self.predictor = predictor
         self.data = data
         self.make_attack = make_attack
         self.batch_size = batch_size
         self.quiet = quiet
+        self.load_profile = load_profile  # the data neuron bounds come from, read on demand
         self._adversarial: dict[tuple[str, float], AttackResult] = {}
         self.attack_runs: Counter[tuple[str, float]] = Counter()
 
@@ -65,6 +68,20 @@ class EvaluationContext:
     @cached_property
     def clean_correct(self) -> torch.Tensor:
         return self.clean_logits.argmax(1) == self.y
+
+    @cached_property
+    def neurons(self) -> NeuronArtifacts:
+        """Neuron outputs, training-data bounds and deviations (``evaluation/neurons.py``)."""
+        return NeuronArtifacts(self.predictor, self.batch_size, self.load_profile)
+
+    def neuron_outputs(
+        self, layers: tuple[str, ...], attack: AttackSpec | None = None, eps: float | None = None
+    ) -> torch.Tensor:
+        """(n, N) neuron values on the clean data, or on ``attack``'s examples at ``eps``."""
+        if attack is None:
+            return self.neurons.outputs(layers, "clean", self.x)
+        x_adv = self.adversarial(attack, eps).x_adv
+        return self.neurons.outputs(layers, (attack.key(), float(eps)), x_adv)
 
     def adversarial(self, spec: AttackSpec, eps: float) -> AttackResult:
         """The attack's result over the whole dataset at budget ``eps`` (computed once)."""

@@ -1,0 +1,196 @@
+"""Neuron outputs and their training-data bounds, computed once and shared by the metrics.
+
+A *neuron* follows DeepGauge (Ma et al. 2018): a unit of a fully connected layer as is, a
+channel of a convolutional layer reduced to its spatial mean. Bounds (per-neuron min and max)
+come from the *profile* data (by default the training split of the evaluated dataset), because
+coverage asks whether the tested inputs reach the ranges the model saw in training.
+
+Everything here works on whole layers at once: one forward pass per batch gives every layer's
+output (forward hooks), and every statistic is a tensor operation over all neurons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from aisafety.database.datasets.base import LoadedDataset
+from aisafety.errors import ConfigError
+from aisafety.prediction.base import Predictor
+
+# Outputs of these modules are what DeepGauge calls neuron outputs: after the non-linearity.
+ACTIVATION_TYPES: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
+    nn.Mish, nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus,
+)  # fmt: skip
+WEIGHT_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def torch_module(predictor: Predictor) -> nn.Module | None:
+    """The ``nn.Module`` behind a predictor, looking through input-defense wrappers."""
+    while not hasattr(predictor, "module") and hasattr(predictor, "inner"):
+        predictor = predictor.inner  # type: ignore[attr-defined]
+    module = getattr(predictor, "module", None)
+    return module if isinstance(module, nn.Module) else None
+
+
+def default_layers(predictor: Predictor) -> tuple[str, ...]:
+    """The activation modules (ReLU, ...) in call order; without any, the conv/linear layers
+    except the last one (the logits are outputs, not hidden neurons)."""
+    module = torch_module(predictor)
+    if module is None:
+        raise ConfigError(
+            f"model {predictor.name!r} does not expose its modules, so the hidden layers "
+            f"cannot be chosen for it; set the metric's 'layers' to some of "
+            f"{predictor.layer_names()}"
+        )
+    leaves = [(n, m) for n, m in module.named_modules() if n and not list(m.children())]
+    layers = [n for n, m in leaves if isinstance(m, ACTIVATION_TYPES)]
+    if not layers:
+        layers = [n for n, m in leaves if isinstance(m, WEIGHT_TYPES)][:-1]
+    if not layers:
+        raise ConfigError(
+            f"model {predictor.name!r} has no activation, convolution or hidden linear layer; "
+            f"set the metric's 'layers' to some of {predictor.layer_names()}"
+        )
+    return tuple(layers)
+
+
+def neuron_values(output: torch.Tensor) -> torch.Tensor:
+    """(N, C, *spatial) -> (N, C) by spatial mean (DeepGauge's conv neurons); (N, D) as is."""
+    if output.dim() <= 2:
+        return output.reshape(output.shape[0], -1)
+    return output.flatten(2).mean(2)
+
+
+@dataclass(frozen=True)
+class NeuronBounds:
+    """Per-neuron range seen on the profile data; neurons of all layers side by side."""
+
+    layers: tuple[str, ...]
+    sizes: tuple[int, ...]  # neurons per layer, in ``layers`` order
+    low: torch.Tensor  # (N,)
+    high: torch.Tensor  # (N,)
+    n_profile: int
+
+    @property
+    def n_neurons(self) -> int:
+        return int(self.low.numel())
+
+    @classmethod
+    def from_outputs(cls, layers, sizes, outputs: torch.Tensor) -> NeuronBounds:
+        low, high = torch.aminmax(outputs, dim=0)
+        return cls(tuple(layers), tuple(sizes), low, high, int(outputs.shape[0]))
+
+
+def _batches(n: int, batch_size: int) -> list[slice]:
+    return [slice(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+
+
+def neuron_outputs(
+    predictor: Predictor, x: torch.Tensor, layers: Sequence[str], batch_size: int
+) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """(n, N) neuron values of ``layers`` for ``x`` (one forward pass) and neurons per layer."""
+    parts: list[torch.Tensor] = []
+    with torch.inference_mode():
+        for b in _batches(len(x), batch_size):
+            features = predictor.features(x[b].to(predictor.device), layers)
+            values = [neuron_values(features[name]) for name in layers]
+            parts.append(torch.cat(values, 1).cpu())
+    return torch.cat(parts), tuple(v.shape[1] for v in values)
+
+
+def neuron_deviation(
+    predictor: Predictor,
+    x: torch.Tensor,
+    x_other: torch.Tensor,
+    layers: Sequence[str],
+    batch_size: int,
+) -> list[torch.Tensor]:
+    """Per layer, the (n, C) mean absolute difference of each neuron's output map between
+    ``x`` and ``x_other``: ||f_{l,m}(x) - f_{l,m}(x')||_1 / dim(f_{l,m}(x)) (AISafety eq. 22).
+
+    Both inputs go through one forward pass per batch; the full maps are never stored.
+    """
+    parts: list[list[torch.Tensor]] = [[] for _ in layers]
+    with torch.inference_mode():
+        for b in _batches(len(x), batch_size):
+            pair = torch.cat([x[b], x_other[b]]).to(predictor.device)
+            features = predictor.features(pair, layers)
+            for i, name in enumerate(layers):
+                clean, other = features[name].chunk(2)
+                diff = (clean - other).abs().reshape(clean.shape[0], clean.shape[1], -1)
+                parts[i].append(diff.mean(2).cpu())
+    return [torch.cat(p) for p in parts]
+
+
+class NeuronArtifacts:
+    """The evaluation context's cache of neuron outputs, bounds and deviations.
+
+    ``load_profile`` is called only when a metric first needs bounds: plans without coverage
+    metrics never read the training data.
+    """
+
+    def __init__(
+        self,
+        predictor: Predictor,
+        batch_size: int,
+        load_profile: Callable[[], LoadedDataset] | None = None,
+    ):
+        self.predictor = predictor
+        self.batch_size = batch_size
+        self.load_profile = load_profile
+        self._cache: dict[Hashable, Any] = {}
+        self._sizes: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self.passes: dict[str, int] = {"outputs": 0, "deviation": 0, "bounds": 0}
+
+    def _memo(self, key: Hashable, kind: str, compute: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = compute()
+            self.passes[kind] += 1
+        return self._cache[key]
+
+    def layers(self, requested: Sequence[str] | None) -> tuple[str, ...]:
+        return tuple(requested) if requested else default_layers(self.predictor)
+
+    def bounds(self, layers: tuple[str, ...]) -> NeuronBounds:
+        """Per-neuron [low, high] over the profile data (computed once per layer set)."""
+
+        def compute() -> NeuronBounds:
+            if self.load_profile is None:
+                raise ConfigError(
+                    "neuron coverage needs profile data for the neuron bounds; set the plan's "
+                    "'profile_dataset' (default: the train split of the evaluated dataset)"
+                )
+            profile = self.load_profile()
+            outputs, sizes = neuron_outputs(self.predictor, profile.x, layers, self.batch_size)
+            self._sizes[layers] = sizes
+            return NeuronBounds.from_outputs(layers, sizes, outputs)
+
+        return self._memo(("bounds", layers), "bounds", compute)
+
+    def outputs(self, layers: tuple[str, ...], key: Hashable, x: torch.Tensor) -> torch.Tensor:
+        """(n, N) neuron values of the inputs known as ``key`` (e.g. 'clean', an attack run)."""
+
+        def compute() -> torch.Tensor:
+            values, self._sizes[layers] = neuron_outputs(self.predictor, x, layers, self.batch_size)
+            return values
+
+        return self._memo(("outputs", layers, key), "outputs", compute)
+
+    def sizes(self, layers: tuple[str, ...]) -> tuple[int, ...]:
+        """Neurons per layer; known once outputs or bounds of ``layers`` were computed."""
+        return self._sizes[layers]
+
+    def deviation(
+        self, layers: tuple[str, ...], key: Hashable, x: torch.Tensor, x_other: torch.Tensor
+    ) -> list[torch.Tensor]:
+        return self._memo(
+            ("deviation", layers, key),
+            "deviation",
+            lambda: neuron_deviation(self.predictor, x, x_other, layers, self.batch_size),
+        )
