@@ -31,10 +31,21 @@ from aisafety.evaluation.metrics.accuracy import (
     AdversarialAccuracyWhiteBox,
     CleanAccuracy,
 )
+from aisafety.evaluation.metrics.attack_success import AttackSuccessRate, RobustAccuracy
+from aisafety.evaluation.metrics.boundary import (
+    EmpiricalBoundaryDistance,
+    EmpiricalBoundaryDistance2,
+)
 from aisafety.evaluation.metrics.confidence import (
     AverageConfidenceAdversarialClass,
     AverageConfidenceTrueClass,
     NoiseToleranceEstimation,
+)
+from aisafety.evaluation.metrics.corruption import (
+    MeanCorruptionError,
+    MeanFlipProbability,
+    MeanFlipRate,
+    RelativeMeanCorruptionError,
 )
 from aisafety.evaluation.metrics.coverage import (
     KMultisectionNeuronCoverage,
@@ -42,11 +53,19 @@ from aisafety.evaluation.metrics.coverage import (
     StrongNeuronActivationCoverage,
     TopKNeuronCoverage,
 )
+from aisafety.evaluation.metrics.defense_cost import (
+    ClassificationAccuracyVariance,
+    ClassificationConfidenceVariance,
+    ClassificationOutputStability,
+    ClassificationRectifyRatio,
+    ClassificationSacrificeRatio,
+)
 from aisafety.evaluation.metrics.imperceptibility import (
     AverageLpDistortion,
     AverageStructuralSimilarity,
 )
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
+from aisafety.evaluation.metrics.noise_insensitivity import EmpiricalNoiseInsensitivity
 from aisafety.evaluation.metrics.sensitivity import PerturbationSensitivityDistance
 from aisafety.hookspecs import hookimpl
 
@@ -96,6 +115,20 @@ def aisafety_metrics() -> list[type]:
         NoiseToleranceEstimation,
         AverageLpDistortion,
         AverageStructuralSimilarity,
+        RobustAccuracy,
+        AttackSuccessRate,
+        MeanCorruptionError,
+        RelativeMeanCorruptionError,
+        MeanFlipRate,
+        MeanFlipProbability,
+        ClassificationAccuracyVariance,
+        ClassificationRectifyRatio,
+        ClassificationSacrificeRatio,
+        ClassificationConfidenceVariance,
+        ClassificationOutputStability,
+        EmpiricalBoundaryDistance,
+        EmpiricalBoundaryDistance2,
+        EmpiricalNoiseInsensitivity,
         PerturbationSensitivityDistance,
         KMultisectionNeuronCoverage,
         NeuronBoundaryCoverage,

@@ -170,6 +170,9 @@ class EvaluationPlan(StrictModel):
     """Everything one ``aisafety evaluate`` run does."""
 
     model: ModelSpec = ModelSpec()
+    # The undefended baseline that defense-cost metrics (CAV, CRR/CSR, CCV, COS) and mFR
+    # compare the evaluated model against; loaded without the plan's ``defenses``.
+    reference_model: ModelSpec | None = None
     dataset: DatasetSpec = DatasetSpec()
     # The data whose activations give the neuron bounds of the coverage metrics (DeepGauge
     # profiles neurons on training data). None: the train split of ``dataset``, all of it.

@@ -18,6 +18,7 @@ from aisafety.database.store import ResultStore, Subject
 from aisafety.errors import CapabilityError
 from aisafety.evaluation.base import Metric
 from aisafety.evaluation.context import EvaluationContext
+from aisafety.evaluation.reference import missing_reference
 from aisafety.interfaces import (
     AttackFamily,
     AttackSpec,
@@ -62,6 +63,10 @@ class Runner:
         self.metrics: list[Metric] = [
             self.registry.create("metric", s.name, s.config) for s in plan.metrics
         ]
+        baseline_users = [m.name for m in self.metrics if m.needs_reference]
+        if baseline_users and plan.reference_model is None:
+            raise missing_reference(f"metric {baseline_users[0]!r}")
+        self._reference_fingerprint: str | None = None
 
     def _make_attack(self, spec: AttackSpec) -> Attack:
         return self.registry.create("attack", spec.name, spec.config)
@@ -72,6 +77,9 @@ class Runner:
         device = resolve_device(plan.device)
         predictor, weights = load_model(plan.model, device)
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
+        reference = None
+        if plan.reference_model is not None:  # the undefended baseline: no plan defenses
+            reference, self._reference_fingerprint = load_model(plan.reference_model, device)
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
         subject = Subject(
@@ -88,6 +96,7 @@ class Runner:
         context = EvaluationContext(
             predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet,
             load_profile=lambda: load_data(self._profile_spec(), self.registry),
+            reference=reference, seed=plan.seed,
         )  # fmt: skip
         run_id = self.store.start_run(plan, __version__, str(device))
         done = self.store.finished_units() if self.resume else set()
@@ -141,6 +150,8 @@ class Runner:
     def _units(self, subject: Subject, ctx: EvaluationContext, run_id: int):
         """(key, description, compute) for each unit of work, clean metrics first."""
         base = (subject.model_fingerprint, subject.dataset_fingerprint, self.plan.seed)
+        if self._reference_fingerprint is not None:  # another baseline, other defense costs
+            base += (self._reference_fingerprint,)
         if self.plan.profile_dataset is not None:  # other neuron bounds, other coverage
             base += (self.plan.profile_dataset.key(),)
         clean = [m for m in self.metrics if not m.per_attack]

@@ -25,6 +25,7 @@ class Metric(ABC):
     per_attack: ClassVar[bool] = False
     attack_families: ClassVar[frozenset[AttackFamily] | None] = None
     requires: ClassVar[Capability] = Capability.SCORES
+    needs_reference: ClassVar[bool] = False  # compares with the plan's ``reference_model``
     Config: ClassVar[type[PluginConfig]] = PluginConfig
 
     def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
@@ -41,6 +42,7 @@ class Metric(ABC):
             "unit": cls.unit,
             "per_attack": cls.per_attack,
             "requires": cls.requires.value,
+            "needs_reference": cls.needs_reference,
             "description": cls.description,
         }
 

@@ -15,7 +15,13 @@ import torch
 from aisafety.attack.base import Attack
 from aisafety.attack.result import AttackResult
 from aisafety.database.datasets.base import LoadedDataset
+from aisafety.evaluation.corrupted import (
+    SequencePredictions,
+    corrupted_predictions,
+    sequence_predictions,
+)
 from aisafety.evaluation.neurons import NeuronArtifacts
+from aisafety.evaluation.reference import ReferenceOutputs, missing_reference
 from aisafety.interfaces import AttackSpec
 from aisafety.prediction.base import Predictor
 
@@ -30,6 +36,8 @@ class EvaluationContext:
         make_attack: Callable[[AttackSpec], Attack],
         batch_size: int = 128,
         quiet: bool = True,
+        reference: Predictor | None = None,
+        seed: int = 0,
         load_profile: Callable[[], LoadedDataset] | None = None,
     ):
         self.predictor = predictor
@@ -39,6 +47,10 @@ class EvaluationContext:
         self.quiet = quiet
         self.load_profile = load_profile  # the data neuron bounds come from, read on demand
         self._adversarial: dict[tuple[str, float], AttackResult] = {}
+        self.reference_predictor = reference  # the baseline of defense-cost metrics and mFR
+        self.seed = seed
+        self._corrupted: dict[tuple[str, int], torch.Tensor] = {}
+        self._sequences: dict[tuple[str, int], SequencePredictions] = {}
         self.attack_runs: Counter[tuple[str, float]] = Counter()
 
     @property
@@ -82,6 +94,35 @@ class EvaluationContext:
             return self.neurons.outputs(layers, "clean", self.x)
         x_adv = self.adversarial(attack, eps).x_adv
         return self.neurons.outputs(layers, (attack.key(), float(eps)), x_adv)
+
+    @cached_property
+    def reference(self) -> ReferenceOutputs:
+        """The reference model's clean outputs, computed once (``reference_model`` in a plan)."""
+        if self.reference_predictor is None:
+            raise missing_reference("this metric")
+        return ReferenceOutputs.compute(self.reference_predictor, self.x, self.batch_size)
+
+    def corrupted(self, name: str, severity: int) -> torch.Tensor:
+        """The model's predicted labels on the data corrupted by ``name`` at ``severity``."""
+        key = (name, int(severity))
+        if key not in self._corrupted:
+            self._corrupted[key] = corrupted_predictions(
+                self.predictor, self.x, name, severity, self.seed, self.batch_size
+            )
+        return self._corrupted[key]
+
+    def flip_sequence(self, name: str, n_frames: int) -> SequencePredictions:
+        """Per-frame labels on perturbation sequence ``name``: the model's and the reference's."""
+        key = (name, int(n_frames))
+        if key not in self._sequences:
+            models = [self.predictor]
+            if self.reference_predictor is not None:
+                models.append(self.reference_predictor)
+            labels = sequence_predictions(
+                models, self.x, name, n_frames, self.seed, self.batch_size
+            )
+            self._sequences[key] = SequencePredictions(name, labels[0], (labels[1:] or [None])[0])
+        return self._sequences[key]
 
     def adversarial(self, spec: AttackSpec, eps: float) -> AttackResult:
         """The attack's result over the whole dataset at budget ``eps`` (computed once)."""

@@ -1,0 +1,77 @@
+"""Corruption artifacts: predictions on corrupted sets and on perturbation sequences.
+
+A corrupted set (corruption, severity) is generated once, run through the model once, and
+only the predicted labels are kept: 19 corruptions x 5 severities of a dataset would
+otherwise hold 95 copies of it in memory. Generation is seeded, so the same set can be rebuilt
+exactly for another model.
+
+Perturbation sequences are generated in fixed chunks of images (each seeded with the seed and
+its chunk index, so results do not depend on the evaluation batch size) and run through the
+evaluated model and, when there is one, the reference model in the same pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from aisafety.attack.corruptions import NOISE_SEQUENCES, corrupt, sequence
+from aisafety.evaluation.inference import batched_predictions
+from aisafety.prediction.base import Predictor
+
+SEQUENCE_CHUNK = 64  # images per generated chunk: 64 x 31 frames of CIFAR-10 is ~24 MB
+
+
+def corrupted_predictions(
+    predictor: Predictor, x: torch.Tensor, name: str, severity: int, seed: int, batch_size: int
+) -> torch.Tensor:
+    """Labels the model predicts on ``x`` corrupted by ``name`` at ``severity``: shape (N,)."""
+    return batched_predictions(predictor, corrupt(x, name, severity, seed), batch_size)
+
+
+@dataclass
+class SequencePredictions:
+    """Predicted labels per frame, (N, T), of the model and (optionally) the reference."""
+
+    name: str
+    model: torch.Tensor
+    reference: torch.Tensor | None
+
+    @property
+    def compares_to_first_frame(self) -> bool:
+        return self.name in NOISE_SEQUENCES
+
+
+def sequence_predictions(
+    predictors: list[Predictor],
+    x: torch.Tensor,
+    name: str,
+    n_frames: int,
+    seed: int,
+    batch_size: int,
+) -> list[torch.Tensor]:
+    """Per-frame predicted labels (N, n_frames) of each predictor on sequence ``name``."""
+    outputs: list[list[torch.Tensor]] = [[] for _ in predictors]
+    for index, start in enumerate(range(0, len(x), SEQUENCE_CHUNK)):
+        chunk = x[start : start + SEQUENCE_CHUNK]
+        frames = sequence(chunk, name, n_frames, seed=seed + index)  # (n, T, C, H, W)
+        flat = frames.flatten(0, 1)
+        for out, predictor in zip(outputs, predictors, strict=True):
+            out.append(batched_predictions(predictor, flat, batch_size).view(len(chunk), -1))
+    return [
+        torch.cat(out) if out else torch.empty(0, n_frames, dtype=torch.long) for out in outputs
+    ]
+
+
+def flip_probability(predictions: torch.Tensor, compare_to_first: bool) -> float:
+    """Hendrycks & Dietterich's flip probability of per-frame labels (N, T).
+
+    Noise sequences (frames are independent draws) compare every frame with the first, clean
+    one; smooth sequences compare consecutive frames (AISafety eq. 14).
+    """
+    if predictions.shape[1] < 2 or len(predictions) == 0:
+        return float("nan")
+    previous = predictions[:, :1] if compare_to_first else predictions[:, :-1]
+    flips = predictions[:, 1:] != previous
+    return float(flips.double().mean())

@@ -1,0 +1,160 @@
+"""Corruption robustness: mCE, RmCE (corrupted sets) and mFR, mFP (perturbation sequences).
+
+After Hendrycks & Dietterich (ICLR 2019), in the unnormalised form the AISafety paper uses
+(eqs. 12-14): no AlexNet baseline for mCE and RmCE. mFR divides by the flip probability of the
+plan's reference model, as eq. 14's FP^base asks. Every corrupted set and sequence is an
+artifact of the context, so mCE and RmCE share the 19 x 5 sets and mFR and mFP the sequences.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import Field, field_validator
+
+from aisafety.attack.corruptions import CORRUPTIONS, SEQUENCES, SEVERITIES
+from aisafety.config_base import PluginConfig
+from aisafety.errors import UnknownNameError
+from aisafety.evaluation.base import Metric
+from aisafety.evaluation.context import EvaluationContext
+from aisafety.evaluation.corrupted import flip_probability
+from aisafety.interfaces import Capability, Direction, MetricValue
+
+
+class CorruptionConfig(PluginConfig):
+    corruptions: tuple[str, ...] = Field(
+        default=tuple(CORRUPTIONS), min_length=1, description="corruption names; default all 19"
+    )
+    severities: tuple[int, ...] = Field(default=SEVERITIES, min_length=1)
+
+    @field_validator("corruptions")
+    @classmethod
+    def _known_corruptions(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if name not in CORRUPTIONS:
+                raise UnknownNameError("corruption", name, CORRUPTIONS)
+        return names
+
+    @field_validator("severities")
+    @classmethod
+    def _known_severities(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in values if s not in SEVERITIES]
+        if bad:
+            raise ValueError(f"severities {bad} are not in 1..5")
+        return values
+
+
+def corruption_errors(ctx: EvaluationContext, config: CorruptionConfig) -> torch.Tensor:
+    """E_{s,c}: the error rate per corruption (rows) and severity (columns)."""
+    return torch.tensor(
+        [
+            [float((ctx.corrupted(c, s) != ctx.y).double().mean()) for s in config.severities]
+            for c in config.corruptions
+        ],
+        dtype=torch.float64,
+    )
+
+
+class MeanCorruptionError(Metric):
+    """AISafety eq. 12: CE_c = sum over severities of E_{s,c}; mCE = mean over corruptions."""
+
+    name = "mce"
+    description = "Mean over corruptions of the error rate summed over severities (unnormalised)"
+    direction = Direction.LOWER
+    unit = "error x severities"
+    requires = Capability.LABELS
+    Config = CorruptionConfig
+
+    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+        per_corruption = self.per_corruption(ctx, corruption_errors(ctx, self.config))
+        return self.value(
+            per_corruption.mean(),
+            len(ctx.y),
+            per_corruption=dict(zip(self.config.corruptions, per_corruption.tolist(), strict=True)),
+            severities=list(self.config.severities),
+        )
+
+    def per_corruption(self, ctx: EvaluationContext, errors: torch.Tensor) -> torch.Tensor:
+        return errors.sum(1)
+
+
+class RelativeMeanCorruptionError(MeanCorruptionError):
+    """Hendrycks & Dietterich's relative CE, unnormalised: sum over severities of
+    (E_{s,c} - E_clean). AISafety eq. 13 subtracts E_clean once, which contradicts its own
+    text (the gap vanishes for a model that withstands corruption); we follow the source."""
+
+    name = "rmce"
+    description = "Mean over corruptions of the summed increase of error over the clean error"
+
+    def per_corruption(self, ctx: EvaluationContext, errors: torch.Tensor) -> torch.Tensor:
+        clean_error = 1.0 - float(ctx.clean_correct.double().mean())
+        return (errors - clean_error).sum(1)
+
+
+class SequenceConfig(PluginConfig):
+    sequences: tuple[str, ...] = Field(
+        default=tuple(SEQUENCES), min_length=1, description="sequence names; default all 11"
+    )
+    n_frames: int = Field(default=31, ge=2, description="frames per sequence (CIFAR-10-P: 31)")
+
+    @field_validator("sequences")
+    @classmethod
+    def _known_sequences(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if name not in SEQUENCES:
+                raise UnknownNameError("perturbation sequence", name, SEQUENCES)
+        return names
+
+
+class MeanFlipProbability(Metric):
+    """Eq. 14's flip probability FP_c, averaged over sequences, without a baseline."""
+
+    name = "mfp"
+    description = "Mean over perturbation sequences of the probability the prediction flips"
+    direction = Direction.LOWER
+    unit = "probability"
+    requires = Capability.LABELS
+    Config = SequenceConfig
+
+    def flip_probabilities(self, ctx: EvaluationContext, reference: bool) -> dict[str, float]:
+        out = {}
+        for name in self.config.sequences:
+            labels = ctx.flip_sequence(name, self.config.n_frames)
+            seq = labels.reference if reference else labels.model
+            out[name] = flip_probability(seq, labels.compares_to_first_frame)
+        return out
+
+    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+        fp = self.flip_probabilities(ctx, reference=False)
+        value = sum(fp.values()) / len(fp)
+        return self.value(value, len(ctx.y), per_sequence=fp, n_frames=self.config.n_frames)
+
+
+class MeanFlipRate(MeanFlipProbability):
+    """Eq. 14: FR_c = FP_c / FP_c^base with the reference model as the base; mFR = mean FR_c.
+
+    A sequence on which the reference never flips has no finite ratio; it is left out and
+    named in ``details['undefined']`` (NaN if no sequence is left).
+    """
+
+    name = "mfr"
+    description = "Mean over sequences of the flip probability relative to the reference model's"
+    direction = Direction.LOWER
+    unit = "ratio"
+    needs_reference = True
+
+    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+        ctx.reference  # noqa: B018 - a clear error if the plan has no reference model
+        fp = self.flip_probabilities(ctx, reference=False)
+        base = self.flip_probabilities(ctx, reference=True)
+        rates = {c: fp[c] / base[c] for c in fp if base[c] > 0}
+        value = sum(rates.values()) / len(rates) if rates else math.nan
+        return self.value(
+            value,
+            len(ctx.y),
+            per_sequence=rates,
+            undefined=[c for c in fp if c not in rates],
+            reference=ctx.reference.name,
+            n_frames=self.config.n_frames,
+        )
