@@ -26,6 +26,11 @@ from aisafety.database.datasets.image_folder import ImageFolderDataset
 from aisafety.database.datasets.npz import NpzDataset
 from aisafety.database.datasets.svhn import SvhnDataset
 from aisafety.defense.bit_depth import BitDepthReduction
+from aisafety.defense.jpeg import JpegCompression
+from aisafety.defense.median_filter import MedianFilter
+from aisafety.defense.randomized_smoothing import RandomizedSmoothing
+from aisafety.defense.resize_pad import RandomResizePad
+from aisafety.defense.spatial_smoothing import SpatialSmoothing
 from aisafety.evaluation.metrics.accuracy import (
     AdversarialAccuracyBlackBox,
     AdversarialAccuracyWhiteBox,
@@ -101,7 +106,14 @@ def aisafety_attacks() -> list[type]:
 
 @hookimpl
 def aisafety_defenses() -> list[type]:
-    return [BitDepthReduction]
+    return [
+        BitDepthReduction,
+        MedianFilter,
+        SpatialSmoothing,
+        JpegCompression,
+        RandomResizePad,
+        RandomizedSmoothing,
+    ]
 
 
 @hookimpl

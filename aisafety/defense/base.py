@@ -1,4 +1,20 @@
-"""Input defenses: a predictor that transforms its input before the wrapped model sees it."""
+"""Input defenses: a predictor that transforms its input before the wrapped model sees it.
+
+Adaptive evaluation (Athalye, Carlini & Wagner 2018) is a property of the defended
+predictor, switched on in its config, so every gradient attack becomes adaptive without
+being touched:
+
+- ``bpda: true`` (Backward Pass Differentiable Approximation): the forward pass runs the real
+  ``transform``; the backward pass runs through ``surrogate`` (identity unless a defense has
+  a closer differentiable approximation).
+- ``eot_samples: k`` (Expectation over Transformation): an attacker's logits are the mean of
+  ``k`` draws of a random defense, so its gradient is the mean gradient over the draws.
+
+Both act only on an *attacker pass* (gradients enabled and the input requires them). A
+prediction, such as the one that decides whether an attack succeeded, is always one plain
+pass through the real defense: switching adaptivity on changes what an attacker learns,
+never what the defended model answers.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +23,44 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+from pydantic import Field
 
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 
 
+class InputDefenseConfig(PluginConfig):
+    bpda: bool = Field(
+        default=False,
+        description="attackers' gradients pass through the defense's differentiable "
+        "surrogate instead of the real transform (BPDA, Athalye et al. 2018)",
+    )
+    eot_samples: int = Field(
+        default=1,
+        ge=1,
+        description="attackers' logits average this many random draws of the defense "
+        "(EOT, Athalye et al. 2018); useful for random defenses only",
+    )
+
+
+class RandomDefenseConfig(InputDefenseConfig):
+    seed: int = Field(default=0, description="seeds the defense's own random stream")
+
+
 class InputDefense(Predictor):
     """Wraps any predictor; capabilities are the wrapped model's.
 
-    Gradients flow through ``transform`` exactly as PyTorch computes them: for a
-    non-differentiable transform (rounding, JPEG) that is the obfuscated gradient a
+    Without ``bpda``, gradients flow through ``transform`` exactly as PyTorch computes them:
+    for a non-differentiable transform (rounding, JPEG) that is the obfuscated gradient a
     non-adaptive attacker sees, which is the point of evaluating it.
     """
 
     name: ClassVar[str]  # type: ignore[misc]
     description: ClassVar[str] = ""
-    Config: ClassVar[type[PluginConfig]] = PluginConfig
+    Config: ClassVar[type[PluginConfig]] = InputDefenseConfig
+    # A differentiable transform is its own best surrogate: BPDA then keeps its gradient.
+    differentiable: ClassVar[bool] = False
 
     def __init__(
         self, predictor: Predictor, config: dict[str, Any] | None = None, **overrides: Any
@@ -38,17 +75,45 @@ class InputDefense(Predictor):
         self.capabilities = frozenset(predictor.capabilities)
         # The instance's name is the defended model's; the class keeps the registry name.
         self.name = f"{predictor.name}+{type(self).name}"
+        seed = getattr(self.config, "seed", 0)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
-        return {"name": cls.name, "kind": "input", "description": cls.description}
+        defaults = {key: field.default for key, field in cls.Config.model_fields.items()}
+        return {
+            "name": cls.name,
+            "kind": "input",
+            "description": cls.description,
+            "config": defaults,
+        }
 
     @abstractmethod
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """The defended view of ``x`` (same shape, values in [0, 1])."""
 
+    def surrogate(self, x: torch.Tensor) -> torch.Tensor:
+        """A differentiable approximation of ``transform`` for BPDA; identity by default,
+        Athalye et al.'s choice for transforms that keep the image close to the input."""
+        return x
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        if is_attacker_pass(x):
+            return self._attacker_logits(x)
         return self.inner._logits(self.transform(x))
+
+    def _attacker_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits an attacker differentiates: BPDA view, averaged over EOT draws."""
+        samples = getattr(self.config, "eot_samples", 1)
+        batch = x.repeat(samples, 1, 1, 1) if samples > 1 else x
+        bpda = getattr(self.config, "bpda", False) and not self.differentiable
+        logits = self.inner._logits(self._bpda_view(batch) if bpda else self.transform(batch))
+        return logits.view(samples, len(x), -1).mean(0) if samples > 1 else logits
+
+    def _bpda_view(self, x: torch.Tensor) -> torch.Tensor:
+        """Value of ``transform(x)``, gradient of ``surrogate(x)``."""
+        approximation = self.surrogate(x)
+        return approximation + (self.transform(x) - approximation).detach()
 
     def layer_names(self) -> list[str]:
         return self.inner.layer_names()
@@ -56,3 +121,13 @@ class InputDefense(Predictor):
     def features(self, x: torch.Tensor, layers: Sequence[str]) -> dict[str, torch.Tensor]:
         self.require(Capability.ACTIVATIONS, "features()")
         return self.inner.features(self.transform(x), layers)
+
+
+def is_attacker_pass(x: torch.Tensor) -> bool:
+    """True when someone is about to differentiate through this call."""
+    return torch.is_grad_enabled() and x.requires_grad
+
+
+def straight_through_round(x: torch.Tensor) -> torch.Tensor:
+    """``round(x)`` forward, identity backward: the straight-through estimator."""
+    return x + (torch.round(x) - x).detach()

@@ -5,15 +5,16 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from aisafety.config_base import PluginConfig
-from aisafety.defense.base import InputDefense
+from aisafety.defense.base import InputDefense, InputDefenseConfig
 
 
-class BitDepthConfig(PluginConfig):
+class BitDepthConfig(InputDefenseConfig):
     bits: int = Field(default=4, ge=1, le=8)
 
 
 class BitDepthReduction(InputDefense):
+    """BPDA surrogate: the identity, i.e. straight-through rounding (Athalye et al. 2018)."""
+
     name = "bit-depth"
     description = "Quantise each pixel to 2^bits levels (Feature Squeezing, Xu et al. 2018)"
     Config = BitDepthConfig

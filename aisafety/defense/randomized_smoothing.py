@@ -1,0 +1,115 @@
+"""Randomized-smoothing prediction (Cohen, Rosenfeld & Kolter 2019, PREDICT).
+
+The smoothed classifier answers the class the base model most often gives under Gaussian
+noise N(0, sigma^2 I). PREDICT draws ``samples`` noisy copies, counts the votes, and
+abstains unless a two-sided binomial test says the top class beats the runner-up at level
+``alpha``; then the answer is wrong with probability at most ``alpha``.
+
+As a predictor it returns log vote shares, log((count + 1/2) / (samples + classes/2))
+(add-1/2 smoothing keeps the log finite for classes never voted), so the argmax is the
+plurality class and score-based attacks see the vote. ``predict_smoothed`` gives the
+PREDICT answer with abstentions. Votes are piecewise constant in x: a gradient attack sees a
+zero gradient. With ``bpda`` the backward pass instead runs through the soft smoothed
+classifier log E[softmax(f(x + noise))] over ``eot_samples`` draws, the attack of Salman
+et al. (2019) on smoothed classifiers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from pydantic import Field
+from scipy.stats import binom
+
+from aisafety.defense.base import InputDefense, RandomDefenseConfig, is_attacker_pass
+
+ABSTAIN = -1
+
+
+class RandomizedSmoothingConfig(RandomDefenseConfig):
+    sigma: float = Field(default=0.25, gt=0, description="noise std in [0, 1] pixel units")
+    samples: int = Field(default=100, ge=1, description="noisy copies per prediction (n)")
+    alpha: float = Field(default=0.001, gt=0, lt=1, description="abstention test level")
+    batch_size: int = Field(default=1024, ge=1, description="noisy images per forward pass")
+
+
+@dataclass(frozen=True)
+class SmoothedPrediction:
+    """PREDICT's answer per image: ``labels`` is ABSTAIN (-1) where it abstained."""
+
+    labels: torch.Tensor
+    abstained: torch.Tensor
+    counts: torch.Tensor
+    p_values: torch.Tensor
+
+
+class RandomizedSmoothing(InputDefense):
+    name = "randomized-smoothing"
+    description = (
+        "Majority vote under Gaussian noise, abstaining by a binomial test (Cohen et al. 2019)"
+    )
+    Config = RandomizedSmoothingConfig
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """One noisy copy; not clipped to [0, 1], as in Cohen et al. (the guarantee needs
+        pure Gaussian noise)."""
+        noise = torch.randn(x.shape, generator=self.generator, device=self.device)
+        return x + self.config.sigma * noise
+
+    def votes(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, classes) counts of the base model's answers over ``samples`` noisy copies."""
+        counts = torch.zeros(len(x), self.num_classes, dtype=torch.long, device=self.device)
+        per_pass = max(1, self.config.batch_size // len(x))
+        with torch.no_grad():
+            for start in range(0, self.config.samples, per_pass):
+                draws = min(per_pass, self.config.samples - start)
+                noisy = self.transform(x.detach().repeat(draws, 1, 1, 1))
+                answers = self.inner._logits(noisy).argmax(1).view(draws, len(x))
+                counts.scatter_add_(1, answers.T, torch.ones_like(answers.T))
+        return counts
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        counts = self.votes(x).to(torch.float32)
+        shares = torch.log(counts + 0.5) - torch.log(
+            torch.tensor(self.config.samples + self.num_classes / 2)
+        )
+        if not is_attacker_pass(x):
+            return shares
+        if not self.config.bpda:
+            # d(votes)/dx = 0 almost everywhere; keep x in the graph so attacks run.
+            return shares + 0.0 * x.flatten(1).sum(1, keepdim=True)
+        soft = self._soft_log_probs(x)
+        return soft + (shares - soft).detach()
+
+    def _soft_log_probs(self, x: torch.Tensor) -> torch.Tensor:
+        draws = self.config.eot_samples
+        noisy = self.transform(x.repeat(draws, 1, 1, 1))
+        probs = torch.softmax(self.inner._logits(noisy), dim=1).view(draws, len(x), -1)
+        return torch.log(probs.mean(0).clamp_min(1e-12))
+
+    def predict_smoothed(self, x: torch.Tensor) -> SmoothedPrediction:
+        """Cohen et al.'s PREDICT: the top class, or ABSTAIN when the binomial test of top
+        versus runner-up counts is not significant at ``alpha``."""
+        self.check_input(x)
+        counts = self.votes(x)
+        top2 = counts.topk(2, dim=1) if self.num_classes > 1 else counts.topk(1, dim=1)
+        n_top = top2.values[:, 0]
+        n_second = top2.values[:, 1] if self.num_classes > 1 else torch.zeros_like(n_top)
+        p_values = torch.from_numpy(
+            two_sided_binomial_p(n_top.cpu().numpy(), (n_top + n_second).cpu().numpy())
+        )
+        abstained = (p_values > self.config.alpha).to(self.device)
+        labels = torch.where(abstained, torch.full_like(n_top, ABSTAIN), top2.indices[:, 0])
+        return SmoothedPrediction(labels, abstained, counts, p_values.to(torch.float32))
+
+
+def two_sided_binomial_p(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
+    """p-value of a two-sided binomial test of p = 1/2 (scipy's ``binomtest``), vectorised.
+
+    For p = 1/2 the distribution is symmetric, so the p-value is twice the tail beyond the
+    larger of k and n - k, capped at 1.
+    """
+    larger = np.maximum(successes, trials - successes)
+    return np.minimum(1.0, 2 * binom.sf(larger - 1, trials, 0.5))
