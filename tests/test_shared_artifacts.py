@@ -111,3 +111,12 @@ def test_runner_calls_pgd_once_per_budget(tmp_path, monkeypatch):
     labels = {v.metric for v in record.values if v.eps == 0.1}
     assert {"psd", "kmncov", "tkncov", "neuron-sensitivity(layer=8)"} <= labels
     assert "neuron-uncertainty(layer=1)" in labels
+
+
+def test_profile_data_defaults_to_the_whole_train_split(tmp_path):
+    store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
+    plan = EvaluationPlan.model_validate({"dataset": {"name": "mnist-embedded", "limit": 20}})
+    profile = Runner(plan, store, quiet=True)._profile_spec()
+    assert (profile.name, profile.split, profile.limit) == ("mnist-embedded", "train", None)
+    chosen = plan.model_copy(update={"profile_dataset": plan.dataset})
+    assert Runner(chosen, store, quiet=True)._profile_spec() == plan.dataset
