@@ -12,7 +12,7 @@ from aisafety.config import default_plan, load_plan
 from aisafety.database.store import DEFAULT_URL, ResultStore
 from aisafety.errors import AISafetyError, ConfigError
 from aisafety.plugins import default_registry
-from aisafety.report.table import metric_rows, render
+from aisafety.report.table import curve_rows, metric_rows, render
 
 LIST_KINDS = {
     "attacks": "attack",
@@ -38,6 +38,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     columns, rows = metric_rows(record.values)
     print(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
     print(render(columns, rows, args.format))
+    curve = curve_rows(record.values) if args.format == "table" else None
+    if curve is not None:
+        print("\nrobust accuracy against budget (eps 0: clean accuracy):")
+        print(render(*curve))
     if record.resumed_units:
         print(f"({record.resumed_units} finished unit(s) taken from the database)")
     return 0

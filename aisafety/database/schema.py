@@ -149,3 +149,35 @@ JOIN models m ON m.id = mv.model_id
 JOIN datasets d ON d.id = mv.dataset_id
 LEFT JOIN attack_runs ar ON ar.id = mv.attack_run_id
 """
+
+# Robust accuracy against budget, one row per (run, model, attack, eps), every attack family
+# except corruptions (their eps is ignored). eps = 0 is the clean accuracy on the same samples,
+# taken from the per-sample outcomes of the attack's first run.
+ACCURACY_CURVES_VIEW = """
+CREATE VIEW IF NOT EXISTS accuracy_curves AS
+SELECT ar.run_id AS run_id,
+       m.name AS model,
+       d.name AS dataset,
+       ar.attack AS attack,
+       ar.family AS family,
+       ar.norm AS norm,
+       ar.eps AS eps,
+       ar.robust_accuracy AS robust_accuracy,
+       ar.n_samples AS n_samples
+FROM attack_runs ar
+JOIN models m ON m.id = ar.model_id
+JOIN datasets d ON d.id = ar.dataset_id
+WHERE ar.family <> 'corruption'
+UNION ALL
+SELECT ar.run_id, m.name, d.name, ar.attack, ar.family, ar.norm, 0.0,
+       AVG(CASE WHEN so.clean_pred = so.label THEN 1.0 ELSE 0.0 END), COUNT(*)
+FROM attack_runs ar
+JOIN models m ON m.id = ar.model_id
+JOIN datasets d ON d.id = ar.dataset_id
+JOIN sample_outcomes so ON so.attack_run_id = ar.id
+WHERE ar.family <> 'corruption'
+  AND ar.id IN (SELECT MIN(id) FROM attack_runs GROUP BY run_id, model_id, dataset_id, attack)
+GROUP BY ar.id, ar.run_id, m.name, d.name, ar.attack, ar.family, ar.norm
+"""
+
+VIEWS = (RESULTS_VIEW, ACCURACY_CURVES_VIEW)

@@ -67,7 +67,8 @@ class ResultStore:
                 event.listen(self.engine, "connect", _sqlite_foreign_keys)
             schema.Base.metadata.create_all(self.engine)
             with self.engine.begin() as connection:
-                connection.execute(text(schema.RESULTS_VIEW))
+                for view in schema.VIEWS:
+                    connection.execute(text(view))
         except (SQLAlchemyError, ImportError) as exc:
             raise ConfigError(f"cannot open the results database {url!r}: {exc}") from exc
         self.url = url
@@ -99,9 +100,11 @@ class ResultStore:
     def unit_values(self, key: str) -> list[MetricValue]:
         """The metric values a finished unit stored (shown again on ``--resume``)."""
         with Session(self.engine) as session:
+            latest = session.get(schema.Unit, key)
             rows = session.scalars(
                 select(schema.MetricValueRow)
                 .where(schema.MetricValueRow.unit_key == key)
+                .where(schema.MetricValueRow.run_id == (latest.run_id if latest else None))
                 .order_by(schema.MetricValueRow.id)
             )
             return [
@@ -131,7 +134,13 @@ class ResultStore:
         """Write a unit, its attack run, outcomes and values in one transaction."""
         with Session(self.engine) as session, session.begin():
             model_id, dataset_id = self._subject_ids(session, subject)
-            session.add(schema.Unit(key=key, run_id=run_id, description=description))
+            # A unit run again without --resume (same key) now points at its latest run; the
+            # earlier run's rows stay, so history is kept and --resume shows the latest values.
+            session.merge(
+                schema.Unit(
+                    key=key, run_id=run_id, description=description, finished_at=schema.utcnow()
+                )
+            )
             session.flush()
             attack_run_id = None
             if attack is not None:

@@ -45,3 +45,25 @@ def metric_rows(values: Sequence[MetricValue]) -> tuple[list[str], list[tuple]]:
         (v.metric, v.attack or "", v.eps, v.value, v.direction.value, v.n_samples) for v in values
     ]
     return columns, rows
+
+
+CURVE_METRICS = ("aab", "aaw", "robust-accuracy")  # one number; later names take precedence
+
+
+def curve_rows(values: Sequence[MetricValue]) -> tuple[list[str], list[tuple]] | None:
+    """Accuracy against budget: one row per attack, one column per budget (eps 0 = ``ca``),
+    from robust accuracy, or AAW / AAB where the plan asked for those only.
+
+    ``None`` when the run has no robust-accuracy values to draw a curve from.
+    """
+    points: dict[tuple[str | None, float | None], float] = {}
+    for metric in CURVE_METRICS:
+        points.update({(v.attack, v.eps): v.value for v in values if v.metric == metric})
+    if not points:
+        return None
+    clean = next((v.value for v in values if v.metric == "ca"), None)
+    budgets = sorted({eps for _, eps in points if eps is not None})
+    attacks = list(dict.fromkeys(attack for attack, _ in points))
+    columns = ["attack", "eps 0 (ca)", *(f"eps {eps:g}" for eps in budgets)]
+    rows = [(attack, clean, *(points.get((attack, eps)) for eps in budgets)) for attack in attacks]
+    return columns, rows
