@@ -278,3 +278,12 @@ def test_embedded_train_split_is_the_first_500_of_each_class_of_mnist_train():
 def test_embedded_unknown_split_names_the_valid_ones():
     with pytest.raises(ConfigError, match="'test', 'train'"):
         EmbeddedMnist().load(None, "validation")
+
+
+def test_profile_loading_error_says_how_to_fix_it():
+    def no_train_split():
+        raise ConfigError("dataset 'x' has no 'train' split")
+
+    ctx = EvaluationContext(pixel_model(), dataset(TEST, "t"), None, load_profile=no_train_split)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="no 'train' split.*'profile_dataset'"):
+        clean(KMultisectionNeuronCoverage).compute(ctx)

@@ -166,7 +166,13 @@ class NeuronArtifacts:
                     "neuron coverage needs profile data for the neuron bounds; set the plan's "
                     "'profile_dataset' (default: the train split of the evaluated dataset)"
                 )
-            profile = self.load_profile()
+            try:
+                profile = self.load_profile()
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"could not load the profile data for the neuron bounds: {exc} Set the "
+                    "plan's 'profile_dataset' to data the model was trained on (its train split)"
+                ) from None
             outputs, sizes = neuron_outputs(self.predictor, profile.x, layers, self.batch_size)
             self._sizes[layers] = sizes
             return NeuronBounds.from_outputs(layers, sizes, outputs)
