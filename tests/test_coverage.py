@@ -287,3 +287,51 @@ def test_profile_loading_error_says_how_to_fix_it():
     ctx = EvaluationContext(pixel_model(), dataset(TEST, "t"), None, load_profile=no_train_split)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="no 'train' split.*'profile_dataset'"):
         clean(KMultisectionNeuronCoverage).compute(ctx)
+
+
+def reference_coverages(values: np.ndarray, low: np.ndarray, high: np.ndarray, sizes, k: int):
+    """DeepGauge's definitions neuron by neuron with Python sets (slow, obviously right)."""
+    sections, upper, lower = 0, 0, 0
+    for n in range(values.shape[1]):
+        hit = set()
+        for v in values[:, n]:
+            if low[n] <= v <= high[n]:
+                if high[n] == low[n]:
+                    hit.update(range(k))
+                else:
+                    hit.add(min(int((v - low[n]) / (high[n] - low[n]) * k), k - 1))
+        sections += len(hit)
+        upper += bool((values[:, n] > high[n]).any())
+        lower += bool((values[:, n] < low[n]).any())
+    top, start = set(), 0
+    for size in sizes:
+        for row in values[:, start : start + size]:
+            top.update(start + i for i in sorted(range(size), key=lambda i: -row[i])[:2])
+        start += size
+    n_neurons = values.shape[1]
+    return {
+        "kmncov": sections / (k * n_neurons),
+        "nbcov": (upper + lower) / (2 * n_neurons),
+        "snacov": upper / n_neurons,
+        "tkncov": len(top) / n_neurons,
+    }
+
+
+def test_zoo_coverage_matches_a_neuron_by_neuron_reference(
+    zoo_predictor, train_subset, mnist_subset
+):
+    ctx = zoo_context(zoo_predictor, mnist_subset(60), train_subset)
+    layers = default_layers(zoo_predictor)
+    values = ctx.neuron_outputs(layers).double().numpy()
+    bounds = ctx.neurons.bounds(layers)
+    expected = reference_coverages(
+        values, bounds.low.double().numpy(), bounds.high.double().numpy(), bounds.sizes, k=5
+    )
+    got = {
+        "kmncov": clean(KMultisectionNeuronCoverage, k=5).compute(ctx).value,
+        "nbcov": clean(NeuronBoundaryCoverage).compute(ctx).value,
+        "snacov": clean(StrongNeuronActivationCoverage).compute(ctx).value,
+        "tkncov": clean(TopKNeuronCoverage, k=2).compute(ctx).value,
+    }
+    assert got == pytest.approx(expected, abs=1e-12)
+    assert got["nbcov"] > 0 and 0 < got["kmncov"] < 1  # a non-trivial case
