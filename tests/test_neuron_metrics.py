@@ -109,7 +109,7 @@ def test_neuron_uncertainty_by_hand(ctx):
 
 def test_layers_can_be_chosen(ctx):
     values = NeuronSensitivity(layers=["4"]).compute(ctx, SPEC, 1.0)
-    assert [v.metric for v in values] == ["neuron-sensitivity(layers=('4',),layer=4)"]
+    assert [v.metric for v in values] == ["neuron-sensitivity(layer=4)"]
 
 
 def test_zoo_neuron_metrics_invariants(zoo_predictor, mnist_subset):

@@ -57,8 +57,12 @@ class NeuronMetric(Metric):
         eps: float | None,
         **details: Any,
     ) -> MetricValue:
-        """One layer's value, labelled e.g. ``neuron-sensitivity(layer=4)``: one row per layer."""
+        """One layer's value, labelled e.g. ``neuron-sensitivity(layer=4)``: one row per layer.
+
+        The watched-layer list stays out of the label: a layer's value does not depend on it.
+        """
         record = self.value(value, n_samples, attack, eps, layer=layer, **details)
-        base = record.metric
-        label = f"{base[:-1]},layer={layer})" if base.endswith(")") else f"{base}(layer={layer})"
+        settings = self.config.model_dump(exclude_defaults=True, exclude={"layers"})
+        settings["layer"] = layer
+        label = f"{self.name}({','.join(f'{k}={v}' for k, v in settings.items())})"
         return record.model_copy(update={"metric": label})
