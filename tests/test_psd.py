@@ -123,6 +123,9 @@ def test_metric_averages_over_successful_examples_only():
     assert value.n_samples == 1
     assert value.value == pytest.approx(0.4 * 255, rel=1e-5)
     assert value.direction.value == "higher"
+    chunked = EvaluationContext(predictor, data, lambda s: FixedAttack(clean, adv), batch_size=1)
+    again = PerturbationSensitivityDistance().compute(chunked, AttackSpec(name="fixed"), 1.0)
+    assert again.value == value.value
 
 
 def test_even_region_is_a_clear_error():

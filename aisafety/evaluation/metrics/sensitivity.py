@@ -84,7 +84,14 @@ class PerturbationSensitivityDistance(Metric):
         mask = successful_mask(result)
         if not mask.any():
             return self.value(float("nan"), 0, attack, eps)
-        distances = perturbation_sensitivity_distance(
-            result.x[mask], result.x_adv[mask], **self.config.model_dump()
+        x, x_adv = result.x[mask], result.x_adv[mask]
+        step = ctx.batch_size  # float64 copies of a whole large set would not fit in memory
+        distances = torch.cat(
+            [
+                perturbation_sensitivity_distance(
+                    x[i : i + step], x_adv[i : i + step], **self.config.model_dump()
+                )
+                for i in range(0, len(x), step)
+            ]
         )
-        return self.value(distances.mean(), int(mask.sum()), attack, eps)
+        return self.value(distances.mean(), len(x), attack, eps)
