@@ -87,7 +87,8 @@ def jpeg_round_trip(
 
 def _code_colour(rgb: torch.Tensor, quality: int, rounding: Rounding) -> torch.Tensor:
     height, width = rgb.shape[-2:]
-    ycc = _mix(rgb, RGB_TO_YCBCR) + torch.tensor([0.0, 128.0, 128.0]).view(1, 3, 1, 1)
+    offset = torch.tensor([0.0, 128.0, 128.0], device=rgb.device).view(1, 3, 1, 1)
+    ycc = _mix(rgb, RGB_TO_YCBCR) + offset
     ycc = rounding(ycc).clamp(0, 255)
     luma = _code_plane(ycc[:, 0], quality, LUMINANCE_TABLE, rounding)
     # 4:2:0: average 2x2 blocks of the edge-replicated image, code at half size, upsample.
@@ -102,7 +103,7 @@ def _code_colour(rgb: torch.Tensor, quality: int, rounding: Rounding) -> torch.T
 
 
 def _mix(x: torch.Tensor, matrix: tuple[tuple[float, ...], ...]) -> torch.Tensor:
-    return torch.einsum("oc,nchw->nohw", torch.tensor(matrix, dtype=x.dtype), x)
+    return torch.einsum("oc,nchw->nohw", torch.tensor(matrix, dtype=x.dtype, device=x.device), x)
 
 
 def _code_plane(

@@ -16,6 +16,7 @@ et al. (2019) on smoothed classifiers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,9 +73,7 @@ class RandomizedSmoothing(InputDefense):
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         counts = self.votes(x).to(torch.float32)
-        shares = torch.log(counts + 0.5) - torch.log(
-            torch.tensor(self.config.samples + self.num_classes / 2)
-        )
+        shares = torch.log(counts + 0.5) - math.log(self.config.samples + self.num_classes / 2)
         if not is_attacker_pass(x):
             return shares
         if not self.config.bpda:
