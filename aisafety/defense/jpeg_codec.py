@@ -97,7 +97,8 @@ def _code_colour(rgb: torch.Tensor, quality: int, rounding: Rounding) -> torch.T
     coded = torch.stack(
         [_code_plane(chroma[:, c], quality, CHROMINANCE_TABLE, rounding) for c in (0, 1)], 1
     )
-    upsampled = F.interpolate(coded, scale_factor=2, mode="bilinear", align_corners=False)
+    # libjpeg's "fancy" upsampling: weights 3/4 and 1/4 (bilinear), integer samples.
+    upsampled = rounding(F.interpolate(coded, scale_factor=2, mode="bilinear", align_corners=False))
     ycc = torch.cat([luma.unsqueeze(1), upsampled[..., :height, :width] - 128], dim=1)
     return rounding(_mix(ycc, YCBCR_TO_RGB)).clamp(0, 255)
 
