@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -421,3 +422,42 @@ def test_result_does_not_depend_on_chunking(zoo_predictor, mnist_subset):
     chunked = attack(zoo_predictor, x, y, 0.2, chunk_size=32)
     assert torch.equal(whole.x_adv, chunked.x_adv)
     assert torch.equal(whole.success, chunked.success)
+
+
+# --- the listing ---------------------------------------------------------------------------------
+
+# what each family may need from the model: white-box attacks gradients, black-box ones scores
+# or labels only, transfer and corruptions no more than labels
+FAMILY_NEEDS = {
+    AttackFamily.GRADIENT: {Capability.GRADIENTS},
+    AttackFamily.SCORE: {Capability.SCORES},
+    AttackFamily.DECISION: {Capability.LABELS},
+    AttackFamily.TRANSFER: {Capability.LABELS},
+    AttackFamily.CORRUPTION: {Capability.LABELS},
+}
+
+
+def test_list_attacks_json_shows_family_norm_and_capability_of_every_attack(capsys):
+    """``aisafety list attacks --format json`` has one entry per registered attack, with the
+    class's own family, norm and required capability, each a valid value."""
+    from aisafety.cli import main
+    from aisafety.plugins import default_registry
+
+    assert main(["list", "attacks", "--format", "json"]) == 0
+    listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)}
+    registry = default_registry()
+    assert set(listed) == set(registry.names("attack"))
+    for name, entry in listed.items():
+        cls = registry.get("attack", name)
+        family, requires = AttackFamily(entry["family"]), Capability(entry["requires"])
+        assert (family, requires) == (cls.family, cls.requires), name
+        assert requires in FAMILY_NEEDS[family], (name, family, requires)
+        # a budget has a norm; corruptions have a severity instead
+        if family is AttackFamily.CORRUPTION:
+            assert entry["norm"] is None, name
+        else:
+            assert Norm(entry["norm"]) is cls.norm, name
+    assert {AttackFamily(e["family"]) for e in listed.values()} == set(AttackFamily)
+    corruptions = [n for n, e in listed.items() if e["family"] == "corruption"]
+    assert len(corruptions) == 19
+    assert {"fgsm", "pgd-linf", "pgd-l2", "pgd-l1", "square-linf", "boundary"} <= set(listed)

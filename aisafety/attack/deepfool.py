@@ -78,8 +78,12 @@ class _DeepFool(Attack):
                 r = (dist_l + 1e-4)[:, None] * w_l / size_l[:, None]
             else:
                 r = (dist_l + 1e-4)[:, None] * w_l.sign()
-            r_tot[active] += r.view(-1, *x.shape[1:])
-            x_adv[active] = (x[active] + (1 + cfg.overshoot) * r_tot[active]).clamp(0, 1)
+            x_clean = x[active]
+            moved = (x_clean + (1 + cfg.overshoot) * (r_tot[active] + r.view_as(x_clean))).clamp(0, 1)
+            x_adv[active] = moved
+            # re-base r_tot on the clipped iterate: a component the box cut off must not stay
+            # buried in r_tot, where a later step would first have to undo it (ART does this)
+            r_tot[active] = (moved - x_clean) / (1 + cfg.overshoot)
             steps[active] += 1
         return x_adv, steps
 
