@@ -18,6 +18,7 @@ from aisafety.database.datasets.base import LoadedDataset
 from aisafety.evaluation.corrupted import (
     SequencePredictions,
     corrupted_predictions,
+    sample_subset,
     sequence_predictions,
 )
 from aisafety.evaluation.neurons import NeuronArtifacts
@@ -49,8 +50,8 @@ class EvaluationContext:
         self._adversarial: dict[tuple[str, float], AttackResult] = {}
         self.reference_predictor = reference  # the baseline of defense-cost metrics and mFR
         self.seed = seed
-        self._corrupted: dict[tuple[str, int], torch.Tensor] = {}
-        self._sequences: dict[tuple[str, int], SequencePredictions] = {}
+        self._corrupted: dict[tuple[str, int, int | None], torch.Tensor] = {}
+        self._sequences: dict[tuple[str, int, int | None], SequencePredictions] = {}
         self.attack_runs: Counter[tuple[str, float]] = Counter()
 
     @property
@@ -102,27 +103,36 @@ class EvaluationContext:
             raise missing_reference("this metric")
         return ReferenceOutputs.compute(self.reference_predictor, self.x, self.batch_size)
 
-    def corrupted(self, name: str, severity: int) -> torch.Tensor:
-        """The model's predicted labels on the data corrupted by ``name`` at ``severity``."""
-        key = (name, int(severity))
+    def corrupted(self, name: str, severity: int, samples: int | None = None) -> torch.Tensor:
+        """The model's predicted labels on the data (or on ``subset(samples)`` of it) corrupted
+        by ``name`` at ``severity``."""
+        key = (name, int(severity), samples)
         if key not in self._corrupted:
             self._corrupted[key] = corrupted_predictions(
-                self.predictor, self.x, name, severity, self.seed, self.batch_size
-            )
+                self.predictor, self.x[self.subset(samples)], name, severity, self.seed,
+                self.batch_size,
+            )  # fmt: skip
         return self._corrupted[key]
 
-    def flip_sequence(self, name: str, n_frames: int) -> SequencePredictions:
-        """Per-frame labels on perturbation sequence ``name``: the model's and the reference's."""
-        key = (name, int(n_frames))
+    def flip_sequence(
+        self, name: str, n_frames: int, samples: int | None = None
+    ) -> SequencePredictions:
+        """Per-frame labels on perturbation sequence ``name`` of the data (or of
+        ``subset(samples)``): the model's and the reference's, in one pass."""
+        key = (name, int(n_frames), samples)
         if key not in self._sequences:
             models = [self.predictor]
             if self.reference_predictor is not None:
                 models.append(self.reference_predictor)
             labels = sequence_predictions(
-                models, self.x, name, n_frames, self.seed, self.batch_size
+                models, self.x[self.subset(samples)], name, n_frames, self.seed, self.batch_size
             )
             self._sequences[key] = SequencePredictions(name, labels[0], (labels[1:] or [None])[0])
         return self._sequences[key]
+
+    def subset(self, samples: int | None) -> torch.Tensor:
+        """Indices of at most ``samples`` samples, drawn with the plan's seed (sorted)."""
+        return sample_subset(len(self.y), samples, self.seed)
 
     def adversarial(self, spec: AttackSpec, eps: float) -> AttackResult:
         """The attack's result over the whole dataset at budget ``eps`` (computed once)."""

@@ -23,6 +23,14 @@ from aisafety.prediction.base import Predictor
 SEQUENCE_CHUNK = 64  # images per generated chunk: 64 x 31 frames of CIFAR-10 is ~24 MB
 
 
+def sample_subset(n: int, samples: int | None, seed: int) -> torch.Tensor:
+    """Sorted indices of ``samples`` of ``n`` items drawn with ``seed`` (all when None)."""
+    if samples is None or samples >= n:
+        return torch.arange(n)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return order[:samples].sort().values
+
+
 def corrupted_predictions(
     predictor: Predictor, x: torch.Tensor, name: str, severity: int, seed: int, batch_size: int
 ) -> torch.Tensor:

@@ -171,17 +171,19 @@ def steps_to_boundary(
     points = x[owner].clone()
     steps = torch.full((n,), max_steps + 1, dtype=torch.long, device=device)
     active = torch.ones(len(owner), dtype=torch.bool, device=device)
-    for step in range(1, max_steps + 1):
+    for step in range(max_steps + 1):
         rows = torch.nonzero(active).flatten()
         if not len(rows):
             break
-        grad, _ = cross_entropy_gradient(predictor, points[rows], targets[rows])
-        points[rows] = (points[rows] - step_size * grad.sign()).clamp(0.0, 1.0)
-        with torch.inference_mode():
-            pred = predictor._logits(points[rows]).argmax(1)
-        done = owner[rows][pred != y[owner[rows]]].unique()
+        # the logits at the current points come with the gradient: one forward pass per step
+        grad, logits = cross_entropy_gradient(predictor, points[rows], targets[rows])
+        done = owner[rows][logits.argmax(1) != y[owner[rows]]].unique()
         steps[done] = step  # a sample leaves the batch at its first flip: this is its minimum
-        active &= ~torch.isin(owner, done)
+        moving = ~torch.isin(owner[rows], done)
+        active[rows[~moving]] = False
+        if step < max_steps:
+            rows = rows[moving]
+            points[rows] = (points[rows] - step_size * grad[moving].sign()).clamp(0.0, 1.0)
     return steps.cpu()
 
 

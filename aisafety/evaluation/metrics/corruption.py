@@ -27,6 +27,7 @@ class CorruptionConfig(PluginConfig):
         default=tuple(CORRUPTIONS), min_length=1, description="corruption names; default all 19"
     )
     severities: tuple[int, ...] = Field(default=SEVERITIES, min_length=1)
+    samples: int | None = Field(default=None, gt=0, description="at most this many samples")
 
     @field_validator("corruptions")
     @classmethod
@@ -47,13 +48,21 @@ class CorruptionConfig(PluginConfig):
 
 def corruption_errors(ctx: EvaluationContext, config: CorruptionConfig) -> torch.Tensor:
     """E_{s,c}: the error rate per corruption (rows) and severity (columns)."""
+    y = ctx.y[ctx.subset(config.samples)]
     return torch.tensor(
         [
-            [float((ctx.corrupted(c, s) != ctx.y).double().mean()) for s in config.severities]
+            [
+                float((ctx.corrupted(c, s, config.samples) != y).double().mean())
+                for s in config.severities
+            ]
             for c in config.corruptions
         ],
         dtype=torch.float64,
     )
+
+
+def clean_error(ctx: EvaluationContext, samples: int | None) -> float:
+    return 1.0 - float(ctx.clean_correct[ctx.subset(samples)].double().mean())
 
 
 class MeanCorruptionError(Metric):
@@ -70,7 +79,7 @@ class MeanCorruptionError(Metric):
         per_corruption = self.per_corruption(ctx, corruption_errors(ctx, self.config))
         return self.value(
             per_corruption.mean(),
-            len(ctx.y),
+            len(ctx.subset(self.config.samples)),
             per_corruption=dict(zip(self.config.corruptions, per_corruption.tolist(), strict=True)),
             severities=list(self.config.severities),
         )
@@ -88,8 +97,7 @@ class RelativeMeanCorruptionError(MeanCorruptionError):
     description = "Mean over corruptions of the summed increase of error over the clean error"
 
     def per_corruption(self, ctx: EvaluationContext, errors: torch.Tensor) -> torch.Tensor:
-        clean_error = 1.0 - float(ctx.clean_correct.double().mean())
-        return (errors - clean_error).sum(1)
+        return (errors - clean_error(ctx, self.config.samples)).sum(1)
 
 
 class SequenceConfig(PluginConfig):
@@ -97,6 +105,7 @@ class SequenceConfig(PluginConfig):
         default=tuple(SEQUENCES), min_length=1, description="sequence names; default all 11"
     )
     n_frames: int = Field(default=31, ge=2, description="frames per sequence (CIFAR-10-P: 31)")
+    samples: int | None = Field(default=None, gt=0, description="at most this many samples")
 
     @field_validator("sequences")
     @classmethod
@@ -120,7 +129,7 @@ class MeanFlipProbability(Metric):
     def flip_probabilities(self, ctx: EvaluationContext, reference: bool) -> dict[str, float]:
         out = {}
         for name in self.config.sequences:
-            labels = ctx.flip_sequence(name, self.config.n_frames)
+            labels = ctx.flip_sequence(name, self.config.n_frames, self.config.samples)
             seq = labels.reference if reference else labels.model
             out[name] = flip_probability(seq, labels.compares_to_first_frame)
         return out
@@ -128,7 +137,8 @@ class MeanFlipProbability(Metric):
     def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
         fp = self.flip_probabilities(ctx, reference=False)
         value = sum(fp.values()) / len(fp)
-        return self.value(value, len(ctx.y), per_sequence=fp, n_frames=self.config.n_frames)
+        n = len(ctx.subset(self.config.samples))
+        return self.value(value, n, per_sequence=fp, n_frames=self.config.n_frames)
 
 
 class MeanFlipRate(MeanFlipProbability):
@@ -152,7 +162,7 @@ class MeanFlipRate(MeanFlipProbability):
         value = sum(rates.values()) / len(rates) if rates else math.nan
         return self.value(
             value,
-            len(ctx.y),
+            len(ctx.subset(self.config.samples)),
             per_sequence=rates,
             undefined=[c for c in fp if c not in rates],
             reference=ctx.reference.name,
