@@ -113,8 +113,11 @@ def test_mfr_exact_from_hand_set_frames(monkeypatch):
         "gaussian_noise": ([[0, 0, 1, 0], [1, 1, 1, 1]], [[0, 1, 1, 0], [1, 1, 1, 1]]),  # 1/6, 2/6
     }
 
+    calls: list[str] = []
+
     def fake(predictors, x, name, n_frames, seed, batch_size):
         assert len(predictors) == 2  # one pass over the sequence for model and reference
+        calls.append(name)
         return [torch.tensor(labels) for labels in frames[name]]
 
     monkeypatch.setattr(context_module, "sequence_predictions", fake)
@@ -124,6 +127,7 @@ def test_mfr_exact_from_hand_set_frames(monkeypatch):
     value = MeanFlipRate(config).compute(ctx)
     assert value.value == pytest.approx(((1 / 6) / (3 / 6) + (1 / 6) / (2 / 6)) / 2)
     assert MeanFlipProbability(config).compute(ctx).value == pytest.approx(1 / 6)
+    assert sorted(calls) == ["gaussian_noise", "rotate"]  # mFR and mFP share each sequence
 
 
 def test_model_against_itself_has_mfr_one(zoo_predictor, mnist_subset):
@@ -160,3 +164,16 @@ def test_unknown_corruption_or_severity_is_a_clear_error():
         MeanCorruptionError({"severities": [0, 6]})
     with pytest.raises(ConfigError, match="unknown perturbation sequence"):
         MeanFlipRate({"sequences": ["wobble"]})
+
+
+def test_samples_cap_is_the_metric_on_that_subset(zoo_predictor, mnist_subset):
+    data = mnist_subset(60)
+    ctx = EvaluationContext(zoo_predictor, data, lambda s: None)
+    index = ctx.subset(25)
+    assert len(index) == 25 and torch.equal(index, ctx.subset(25))
+    sub = LoadedDataset("sub", data.x[index], data.y[index], data.classes)
+    small = EvaluationContext(zoo_predictor, sub, lambda s: None)
+    config = {"corruptions": ["shot_noise", "fog"], "severities": [2, 5]}
+    capped = RelativeMeanCorruptionError({**config, "samples": 25}).compute(ctx)
+    assert capped.n_samples == 25
+    assert capped.value == RelativeMeanCorruptionError(config).compute(small).value
