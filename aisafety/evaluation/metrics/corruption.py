@@ -155,7 +155,7 @@ class MeanFlipRate(MeanFlipProbability):
     needs_reference = True
 
     def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
-        ctx.reference  # noqa: B018 - a clear error if the plan has no reference model
+        reference = ctx.reference.name  # first: a clear error if the plan has no reference
         fp = self.flip_probabilities(ctx, reference=False)
         base = self.flip_probabilities(ctx, reference=True)
         rates = {c: fp[c] / base[c] for c in fp if base[c] > 0}
@@ -165,6 +165,6 @@ class MeanFlipRate(MeanFlipProbability):
             len(ctx.subset(self.config.samples)),
             per_sequence=rates,
             undefined=[c for c in fp if c not in rates],
-            reference=ctx.reference.name,
+            reference=reference,
             n_frames=self.config.n_frames,
         )
