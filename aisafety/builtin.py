@@ -31,6 +31,7 @@ from aisafety.defense.median_filter import MedianFilter
 from aisafety.defense.randomized_smoothing import RandomizedSmoothing
 from aisafety.defense.resize_pad import RandomResizePad
 from aisafety.defense.spatial_smoothing import SpatialSmoothing
+from aisafety.defense.training.catalog import TRAINING_DEFENSES
 from aisafety.evaluation.metrics.accuracy import (
     AdversarialAccuracyBlackBox,
     AdversarialAccuracyWhiteBox,
@@ -41,6 +42,7 @@ from aisafety.evaluation.metrics.boundary import (
     EmpiricalBoundaryDistance,
     EmpiricalBoundaryDistance2,
 )
+from aisafety.evaluation.metrics.certified import IBPCertifiedAccuracy
 from aisafety.evaluation.metrics.confidence import (
     AverageConfidenceAdversarialClass,
     AverageConfidenceTrueClass,
@@ -113,6 +115,7 @@ def aisafety_defenses() -> list[type]:
         JpegCompression,
         RandomResizePad,
         RandomizedSmoothing,
+        *TRAINING_DEFENSES,
     ]
 
 
@@ -148,6 +151,7 @@ def aisafety_metrics() -> list[type]:
         TopKNeuronCoverage,
         NeuronSensitivity,
         NeuronUncertainty,
+        IBPCertifiedAccuracy,
     ]
 
 

@@ -119,6 +119,7 @@ def cmd_zoo(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
+        init_from=args.init_from,
     )
     registry = default_registry()
     train_set = load_data(
@@ -210,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     zt.add_argument("--name", default="mnist-cnn")
     zt.add_argument("--architecture", default="mnist-cnn")
     zt.add_argument("--out", default="zoo", help="folder for checkpoint + manifest.json")
-    zt.add_argument("--defense", default="standard", help="standard or pgd-at")
+    zt.add_argument(
+        "--defense", default="standard", help="a training defense: aisafety list defenses"
+    )
     zt.add_argument(
         "--defense-config", default="{}", help='JSON settings, e.g. \'{"eps": 0.3, "steps": 10}\''
     )
@@ -218,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     zt.add_argument("--batch-size", type=int, default=128)
     zt.add_argument("--lr", type=float, default=1e-3)
     zt.add_argument("--seed", type=int, default=0)
+    zt.add_argument("--init-from", help="zoo model to fine-tune from (pinned by sha256)")
     zt.add_argument("--quiet", action="store_true")
     zoo.set_defaults(func=cmd_zoo)
     return parser

@@ -20,7 +20,25 @@ def mnist_cnn() -> nn.Module:
     )  # fmt: skip
 
 
-ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {"mnist-cnn": mnist_cnn}
+def mnist_cnn_strided() -> nn.Module:
+    """mnist-cnn with stride-2 convolutions instead of max-pooling (~170k parameters).
+
+    CROWN-IBP's backward bound needs layers it can relax linearly; like the small MNIST
+    models of Zhang et al. (2020) this downsamples with strided convolutions.
+    """
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 4, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 4, stride=2, padding=1), nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 100), nn.ReLU(),
+        nn.Linear(100, 10),
+    )  # fmt: skip
+
+
+ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
+    "mnist-cnn": mnist_cnn,
+    "mnist-cnn-strided": mnist_cnn_strided,
+}
 
 
 def build(name: str) -> nn.Module:

@@ -1,21 +1,28 @@
-"""Training a zoo model from a dataset folder: standard or PGD adversarial training."""
+"""Training a zoo model from a dataset folder with any registered training defense."""
 
 from __future__ import annotations
 
 import io
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from aisafety.config_base import build_config
 from aisafety.database.architectures import build
 from aisafety.database.datasets.base import LoadedDataset
-from aisafety.database.zoo import TrainingRecipe, ZooEntry, sha256_bytes, write_manifest_entry
-from aisafety.defense.adversarial_training import PGDTrainingConfig, budget_at, pgd_examples
-from aisafety.errors import ConfigError
+from aisafety.database.zoo import (
+    TrainingRecipe,
+    ZooEntry,
+    load_zoo_state,
+    sha256_bytes,
+    write_manifest_entry,
+)
+from aisafety.defense.training.base import TrainingDefense, TrainingStep
+from aisafety.errors import ConfigError, IntegrityError, UnknownNameError
+from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import Normalize
 
 
@@ -29,31 +36,55 @@ def accuracy(network: nn.Module, data: LoadedDataset, batch_size: int = 1000) ->
     return correct / len(data)
 
 
-TRAINING_DEFENSES = ("standard", "pgd-at")
+def pgd_robust_accuracy(
+    predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 40
+) -> float:
+    """Accuracy under the platform's l-inf PGD (random start, step 2.5 eps / steps, seed 0)."""
+    from aisafety.attack.pgd import PGDLinf
+
+    return PGDLinf({"steps": steps})(predictor, x, y, eps).robust_accuracy
 
 
-def train(recipe: TrainingRecipe, train_set: LoadedDataset, quiet: bool = False) -> nn.Module:
-    """Train ``recipe.architecture`` on ``train_set``; returns the module.
+def training_defense(name: str, config: dict[str, Any]) -> TrainingDefense:
+    """The registered training defense ``name`` built with ``config``."""
+    from aisafety.plugins import default_registry
 
-    ``standard``: cross-entropy on clean inputs. ``pgd-at``: cross-entropy on PGD examples
-    (``recipe.defense_config``: eps, steps, step_size, warmup_epochs).
-    """
-    if recipe.optimizer != "adam":
-        raise ConfigError(f"optimizer {recipe.optimizer!r} is not supported; use 'adam'")
-    if recipe.defense not in TRAINING_DEFENSES:
+    registry = default_registry()
+    known = [
+        n for n in registry.names("defense")
+        if issubclass(registry.get("defense", n), TrainingDefense)
+    ]  # fmt: skip
+    if name not in known:
+        raise UnknownNameError("training defense", name, known)
+    return registry.get("defense", name)(config)
+
+
+def initial_weights(recipe: TrainingRecipe) -> dict[str, torch.Tensor]:
+    """The zoo weights a fine-tuning recipe starts from, refused if they are not the pinned ones."""
+    entry, state = load_zoo_state(str(recipe.init_from))
+    if entry.architecture != recipe.architecture:
         raise ConfigError(
-            f"training defense {recipe.defense!r} is unknown; known: {', '.join(TRAINING_DEFENSES)}"
+            f"init_from {recipe.init_from!r} is a {entry.architecture!r} model, the recipe "
+            f"trains {recipe.architecture!r}; pick an entry of the same architecture"
         )
-    adversarial = (
-        build_config("training defense 'pgd-at'", PGDTrainingConfig, recipe.defense_config)
-        if recipe.defense == "pgd-at"
-        else None
-    )
-    torch.manual_seed(recipe.seed)
-    module = build(recipe.architecture)
-    network = nn.Sequential(Normalize(recipe.mean, recipe.std), module)
+    if recipe.init_sha256 is not None and entry.sha256 != recipe.init_sha256:
+        raise IntegrityError(
+            f"init_from {recipe.init_from!r} has sha256 {entry.sha256[:12]}…, the recipe pins "
+            f"{recipe.init_sha256[:12]}…; restore that checkpoint or retrain it from its recipe"
+        )
+    return state
+
+
+def fit(
+    network: nn.Module,
+    defense: TrainingDefense,
+    train_set: LoadedDataset,
+    recipe: TrainingRecipe,
+    generator: torch.Generator,
+    quiet: bool = False,
+) -> None:
+    """The one training loop: Adam with a one-cycle schedule on ``defense.loss``."""
     optimiser = torch.optim.Adam(network.parameters(), lr=recipe.lr)
-    generator = torch.Generator().manual_seed(recipe.seed)
     steps_per_epoch = -(-len(train_set) // recipe.batch_size)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimiser, max_lr=recipe.lr, total_steps=recipe.epochs * steps_per_epoch
@@ -63,19 +94,38 @@ def train(recipe: TrainingRecipe, train_set: LoadedDataset, quiet: bool = False)
         order = torch.randperm(len(train_set), generator=generator)
         batches = order.split(recipe.batch_size)
         for step, index in enumerate(
-            tqdm(batches, desc=f"epoch {epoch + 1}/{recipe.epochs}", disable=quiet)
+            tqdm(batches, desc=f"{defense.name} epoch {epoch + 1}/{recipe.epochs}", disable=quiet)
         ):
-            x, y = train_set.x[index], train_set.y[index]
-            if adversarial is not None:
-                eps = budget_at(adversarial, epoch + step / len(batches))
-                x = pgd_examples(
-                    network, x, y, eps, adversarial.steps, adversarial.step_size, generator
-                )
-            loss = nn.functional.cross_entropy(network(x), y)
+            where = TrainingStep(epoch + step / len(batches), recipe.epochs, generator)
+            loss = defense.loss(network, train_set.x[index], train_set.y[index], where)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
             schedule.step()
+    network.eval()
+
+
+def train(recipe: TrainingRecipe, train_set: LoadedDataset, quiet: bool = False) -> nn.Module:
+    """Train ``recipe.architecture`` on ``train_set`` with ``recipe.defense``; returns the module.
+
+    The seed fixes initialisation, data order and every random draw of the defense, so a
+    recipe trains the same model again (up to floating-point non-determinism).
+    """
+    if recipe.optimizer != "adam":
+        raise ConfigError(f"optimizer {recipe.optimizer!r} is not supported; use 'adam'")
+    defense = training_defense(recipe.defense, recipe.defense_config)
+    torch.manual_seed(recipe.seed)
+    module = build(recipe.architecture)
+    if recipe.init_from is not None:
+        module.load_state_dict(initial_weights(recipe))
+    network = nn.Sequential(Normalize(recipe.mean, recipe.std), module)
+    generator = torch.Generator().manual_seed(recipe.seed)
+
+    def run(net: nn.Module, stage: TrainingDefense) -> None:
+        fit(net, stage, train_set, recipe, generator, quiet)
+
+    defense.prepare(network, run)
+    run(network, defense)
     return module.eval()
 
 
@@ -89,6 +139,9 @@ def train_zoo_entry(
 ) -> ZooEntry:
     """Train, measure clean accuracy on ``test_set``, write checkpoint + manifest entry."""
     started = time.time()
+    if recipe.init_from is not None and recipe.init_sha256 is None:
+        pinned = load_zoo_state(recipe.init_from)[0].sha256
+        recipe = recipe.model_copy(update={"init_sha256": pinned})
     module = train(recipe, train_set, quiet=quiet)
     network = nn.Sequential(Normalize(recipe.mean, recipe.std), module)
     buffer = io.BytesIO()

@@ -42,6 +42,9 @@ class TrainingRecipe(StrictModel):
     seed: int = 0
     mean: tuple[float, ...] = (0.1307,)
     std: tuple[float, ...] = (0.3081,)
+    # Fine-tuning: start from this zoo entry's weights, pinned by their sha256.
+    init_from: str | None = None
+    init_sha256: str | None = None
 
 
 class ZooEntry(StrictModel):
@@ -96,7 +99,8 @@ def list_models() -> dict[str, tuple[ZooEntry, Traversable | Path]]:
     return found
 
 
-def load_zoo_model(name: str, device: str | torch.device = "cpu") -> TorchPredictor:
+def load_zoo_state(name: str) -> tuple[ZooEntry, dict[str, torch.Tensor]]:
+    """The manifest entry and the sha256-checked state dict of zoo model ``name``."""
     models = list_models()
     if name not in models:
         raise UnknownNameError("zoo model", name, models)
@@ -108,7 +112,11 @@ def load_zoo_model(name: str, device: str | torch.device = "cpu") -> TorchPredic
             f"zoo model {name!r}: {entry.file} has sha256 {digest[:12]}…, the manifest says "
             f"{entry.sha256[:12]}…; the file is corrupt or was replaced — reinstall or retrain it"
         )
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    return entry, torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def load_zoo_model(name: str, device: str | torch.device = "cpu") -> TorchPredictor:
+    entry, state = load_zoo_state(name)
     module = build(entry.architecture)
     module.load_state_dict(state)
     return TorchPredictor(

@@ -1,8 +1,8 @@
 """PGD adversarial training (Madry et al., 2018): fit the worst case inside the eps-ball.
 
-Used by ``aisafety zoo train --defense pgd-at``. The inner maximisation is l-inf PGD with a
-random start; the budget ramps up linearly over ``warmup_epochs`` (a common stabiliser for
-small networks, e.g. Gowal et al. 2018), then stays at ``eps``.
+Shared by the training defenses in ``aisafety.defense.training``. The inner maximisation is
+l-inf PGD with a random start; the budget ramps up linearly over ``warmup_epochs`` (a common
+stabiliser for small networks, e.g. Gowal et al. 2018), then stays at ``eps``.
 """
 
 from __future__ import annotations
@@ -46,8 +46,13 @@ def pgd_examples(
     return x_adv.detach()
 
 
+def linear_warmup(eps: float, warmup_epochs: float, progress_epochs: float) -> float:
+    """eps after ``progress_epochs`` epochs when it ramps from 0 over ``warmup_epochs``."""
+    if warmup_epochs <= 0:
+        return eps
+    return eps * min(1.0, progress_epochs / warmup_epochs)
+
+
 def budget_at(config: PGDTrainingConfig, progress_epochs: float) -> float:
     """eps after ``progress_epochs`` epochs of training (linear warm-up)."""
-    if config.warmup_epochs <= 0:
-        return config.eps
-    return config.eps * min(1.0, progress_epochs / config.warmup_epochs)
+    return linear_warmup(config.eps, config.warmup_epochs, progress_epochs)

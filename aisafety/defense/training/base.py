@@ -1,0 +1,71 @@
+"""The training-defense concept: a registered class that turns a batch into a loss.
+
+``aisafety.database.training`` owns the loop (data order, optimiser, schedule); a defense
+only says what to minimise on each batch, so every defense trains, seeds and records its
+recipe the same way. A defense needing a stage before the loop (distillation's teacher)
+does it in ``prepare``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from aisafety.config_base import PluginConfig, build_config
+from aisafety.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """Where training is: ``progress`` in epochs (fractional) out of ``epochs``."""
+
+    progress: float
+    epochs: int
+    generator: torch.Generator
+
+
+# fit(network, defense, epochs) runs the shared loop; prepare() uses it for extra stages.
+FitFunction = Callable[[nn.Module, "TrainingDefense"], None]
+
+
+class TrainingDefense(ABC):
+    """Produces a model (with the recipe that made it) rather than wrapping one."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type[PluginConfig]] = PluginConfig
+
+    def __init__(self, config: dict[str, Any] | None = None, *extra: Any, **overrides: Any):
+        if extra or not (config is None or isinstance(config, dict)):
+            raise ConfigError(
+                f"defense {self.name!r} is a training defense: it produces a model instead of "
+                f"wrapping one; train it with 'aisafety zoo train --defense {self.name}' and "
+                "evaluate the zoo model it writes"
+            )
+        self.config = build_config(
+            f"training defense {self.name!r}", self.Config, {**(config or {}), **overrides}
+        )
+
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        defaults = {k: f.default for k, f in cls.Config.model_fields.items()}
+        return {
+            "name": cls.name,
+            "kind": "training",
+            "description": cls.description,
+            "config": defaults,
+        }
+
+    def prepare(self, network: nn.Module, fit: FitFunction) -> None:  # noqa: B027
+        """Run any stage the main loop needs first (default: none)."""
+
+    @abstractmethod
+    def loss(
+        self, network: nn.Module, x: torch.Tensor, y: torch.Tensor, step: TrainingStep
+    ) -> torch.Tensor:
+        """Scalar loss of one batch (``x`` in [0, 1]; ``network`` includes normalisation)."""

@@ -1,0 +1,24 @@
+"""Every built-in training defense, in the order ``aisafety list defenses`` shows them."""
+
+from __future__ import annotations
+
+from aisafety.defense.training.distillation import DefensiveDistillation
+from aisafety.defense.training.fgsm_at import FGSMAdversarialTraining
+from aisafety.defense.training.gaussian_augmentation import GaussianAugmentation
+from aisafety.defense.training.hypervolume import HypervolumeTraining
+from aisafety.defense.training.ibp import CrownIBPTraining, IBPTraining
+from aisafety.defense.training.pgd_at import PGDAdversarialTraining
+from aisafety.defense.training.standard import StandardTraining
+from aisafety.defense.training.trades import Trades
+
+TRAINING_DEFENSES: list[type] = [
+    StandardTraining,
+    PGDAdversarialTraining,
+    FGSMAdversarialTraining,
+    Trades,
+    DefensiveDistillation,
+    GaussianAugmentation,
+    IBPTraining,
+    CrownIBPTraining,
+    HypervolumeTraining,
+]

@@ -1,0 +1,82 @@
+"""Adversarial hypervolume (AH) training (Algorithm 2 of the adversarial-hypervolume paper).
+
+Epoch t of T trains at the ascending budget eps_t = t * eps / T. Each batch is joined by
+its "frontier" examples D': K steps of l-inf PGD of size eta_1 inside B(x, eps_t) that
+lower the model's confidence margin p_y - max_{j != y} p_j (the paper's confidence
+objective), and TRADES at eps_t is then trained on D u D'. The paper's extra diffusion
+synthetic data is not part of this recipe (it is the "w/o data" ablation).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from aisafety.config_base import PluginConfig
+from aisafety.defense.training.base import TrainingDefense, TrainingStep
+from aisafety.defense.training.trades import kl_examples, trades_loss
+
+
+class HypervolumeTrainingConfig(PluginConfig):
+    eps: float = Field(default=0.3, ge=0, description="final budget, reached in the last epoch")
+    frontier_steps: int = Field(default=10, gt=0, description="K, PGD steps for D'")
+    frontier_step_size: float = Field(default=0.05, gt=0, description="eta_1")
+    steps: int = Field(default=10, gt=0, description="TRADES inner steps")
+    step_size: float = Field(default=0.05, gt=0, description="TRADES inner step")
+    beta: float = Field(default=6.0, ge=0)
+
+
+def ascending_budget(eps: float, progress: float, epochs: int) -> float:
+    """eps_t = t eps / T for the 1-based epoch t that ``progress`` lies in."""
+    epoch = min(epochs, math.floor(progress) + 1)
+    return epoch * eps / epochs
+
+
+def confidence_margin(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """p_y - max_{j != y} p_j per sample: negative once the sample is misclassified."""
+    probs = F.softmax(logits, 1)
+    true = probs.gather(1, y.unsqueeze(1)).squeeze(1)
+    other = probs.scatter(1, y.unsqueeze(1), -1.0).amax(1)
+    return true - other
+
+
+def frontier_examples(
+    network: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    eps: float,
+    steps: int,
+    step_size: float,
+) -> torch.Tensor:
+    """PGD that descends the confidence margin inside the eps-ball (from x, as Algorithm 2)."""
+    was_training = network.training
+    network.eval()
+    x_adv = x.clone()
+    for _ in range(steps):
+        x_adv.requires_grad_(True)
+        margin = confidence_margin(network(x_adv), y).sum()
+        (grad,) = torch.autograd.grad(margin, x_adv)
+        x_adv = x_adv.detach() - step_size * grad.sign()
+        x_adv = torch.min(torch.max(x_adv, x - eps), x + eps).clamp(0, 1)
+    network.train(was_training)
+    return x_adv.detach()
+
+
+class HypervolumeTraining(TrainingDefense):
+    name = "adversarial-hypervolume"
+    description = "AH training: ascending budget, confidence-frontier examples, TRADES on D u D'"
+    Config = HypervolumeTrainingConfig
+
+    def loss(
+        self, network: nn.Module, x: torch.Tensor, y: torch.Tensor, step: TrainingStep
+    ) -> torch.Tensor:
+        c = self.config
+        eps = ascending_budget(c.eps, step.progress, step.epochs)
+        frontier = frontier_examples(network, x, y, eps, c.frontier_steps, c.frontier_step_size)
+        x_all, y_all = torch.cat([x, frontier]), torch.cat([y, y])
+        x_adv = kl_examples(network, x_all, eps, c.steps, c.step_size, step.generator)
+        return trades_loss(network, x_all, x_adv, y_all, c.beta)
