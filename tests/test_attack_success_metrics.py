@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from aisafety.attack.base import Attack
+from aisafety.attack.pgd import PGDLinf
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.store import ResultStore
 from aisafety.evaluation.context import EvaluationContext
@@ -64,9 +65,7 @@ def test_robust_accuracy_and_asr_by_hand():
 
 
 def test_robust_accuracy_is_aaw_for_a_white_box_attack(zoo_predictor, mnist_subset):
-    ctx = EvaluationContext(
-        zoo_predictor, mnist_subset(64), lambda s: _pgd()
-    )
+    ctx = EvaluationContext(zoo_predictor, mnist_subset(64), lambda s: PGDLinf(steps=5))
     spec = AttackSpec(name="pgd-linf", config={"steps": 5}, eps=0.2)
     ra = RobustAccuracy().compute(ctx, spec, 0.2).value
     assert ra == AdversarialAccuracyWhiteBox().compute(ctx, spec, 0.2).value
@@ -75,12 +74,6 @@ def test_robust_accuracy_is_aaw_for_a_white_box_attack(zoo_predictor, mnist_subs
     # every clean-right sample the attack does not flip is robust, and only those are
     assert ra == pytest.approx(clean * (1 - asr.value), abs=1e-12)
     assert sum(ctx.attack_runs.values()) == 1
-
-
-def _pgd():
-    from aisafety.attack.pgd import PGDLinf
-
-    return PGDLinf(steps=5)
 
 
 def test_accuracy_curve_is_one_sql_query():
@@ -96,5 +89,5 @@ def test_accuracy_curve_is_one_sql_query():
     _, rows = store.query("SELECT attack, eps, robust_accuracy FROM accuracy_curves ORDER BY eps")
     assert [(r[0], r[1]) for r in rows] == [("fgsm", e) for e in (0.0, 0.1, 0.2, 0.3)]
     assert rows[0][2] == pytest.approx(values[("ca", None)])  # eps 0: the clean accuracy
-    for attack, eps, accuracy in rows[1:]:
+    for _attack, eps, accuracy in rows[1:]:
         assert accuracy == pytest.approx(values[("robust-accuracy", eps)])
