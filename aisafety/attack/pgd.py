@@ -42,6 +42,8 @@ class PGDLinf(Attack):
             noise = torch.rand(x.shape, generator=self.generator(x.device), device=x.device)
             x_adv = (x + (2 * noise - 1) * eps).clamp(0, 1)
         steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
+        # the l-inf ball intersected with [0, 1], once: each step is then one clamp
+        lower, upper = (x - eps).clamp_min(0), (x + eps).clamp_max(1)
         # Without early stop every sample stays active: a slice keeps the updates in place.
         active: torch.Tensor | slice = (
             torch.arange(len(x), device=x.device) if cfg.early_stop else slice(None)
@@ -55,6 +57,5 @@ class PGDLinf(Attack):
                     break
             steps[active] += 1
             moved = x_adv[active] + alpha * grad.sign()
-            x_clean = x[active]
-            x_adv[active] = torch.min(torch.max(moved, x_clean - eps), x_clean + eps).clamp(0, 1)
+            x_adv[active] = torch.clamp(moved, lower[active], upper[active])
         return x_adv, steps
