@@ -35,7 +35,7 @@ class AttackConfig(PluginConfig):
         default=None,
         gt=0,
         description="split larger batches into chunks of this size; "
-        f"default {CPU_CHUNK} on CPU, the whole batch on GPU",
+        f"default {CPU_CHUNK} on CPU (1024 for Square), the whole batch on GPU",
     )
 
 
@@ -48,6 +48,9 @@ class Attack(ABC):
     requires: ClassVar[Capability]
     description: ClassVar[str] = ""
     Config: ClassVar[type[AttackConfig]] = AttackConfig
+    # default chunk on CPU; query attacks whose samples drop out as they succeed (Square) set
+    # a larger one: each chunk runs its own long tail of tiny batches for its hardest samples
+    cpu_chunk: ClassVar[int] = CPU_CHUNK
 
     def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
         self.config = build_config(
@@ -85,7 +88,7 @@ class Attack(ABC):
         self._check(predictor, x, y, eps)
         size = chunk_size or self.config.chunk_size
         if size is None:
-            size = CPU_CHUNK if predictor.device.type == "cpu" else len(x)
+            size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
         self._generators: dict[str, torch.Generator] = {}
         try:
             chunks = list(zip(x.split(size), y.split(size), strict=True))

@@ -71,6 +71,9 @@ class SquareLinf(Attack):
     requires = Capability.SCORES
     description = "Square Attack, l-inf, score-based random search (Andriushchenko et al. 2020)"
     Config = SquareConfig
+    # bench/attacks.py, 512 MNIST images at eps 0.3 on 2 cores: 42.6 img/s whole, 34.7 in
+    # chunks of 128 (four long tails of few-sample queries instead of one)
+    cpu_chunk = 1024
 
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
