@@ -186,3 +186,26 @@ def test_zoo_meets_the_defense_targets_it_claims():
         # Below the 0.85 target: CPU-limited fine-tuning, see docs/defenses.md.
         assert metrics[name]["pgd40_robust_accuracy_eps0.3"] >= 0.80
     assert metrics["mnist-cnn-strided-crown-ibp"]["ibp_certified_accuracy_eps0.1"] >= 0.70
+
+
+@pytest.mark.slow
+def test_zoo_train_reproduces_a_shipped_entry_from_its_recipe(tmp_path):
+    """The cheapest defended entry, retrained from its manifest recipe: within 1 point."""
+    entry = list_models()["mnist-cnn-gaussian-0.25"][0]
+    if not SHARED_MNIST.is_dir():
+        pytest.skip(f"MNIST not found at {SHARED_MNIST}")
+    r = entry.recipe
+    code = main(
+        [
+            "zoo", "train", "--data-dir", str(SHARED_MNIST), "--name", "again",
+            "--out", str(tmp_path), "--defense", r.defense,
+            "--defense-config", json.dumps(r.defense_config), "--epochs", str(r.epochs),
+            "--batch-size", str(r.batch_size), "--lr", str(r.lr), "--seed", str(r.seed),
+            "--quiet",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    again = json.loads((tmp_path / "manifest.json").read_text())["again"]
+    assert again["metrics"]["clean_accuracy"] == pytest.approx(
+        entry.metrics["clean_accuracy"], abs=0.01
+    )
