@@ -18,8 +18,8 @@ R+FGSM, MI-FGSM or APGD. torchattacks' C&W has no binary search over c, so it is
 with our C&W run for one round, ART's and Foolbox's with five.
 
 Cost: the default run (FGSM, PGD l-inf, PGD l2 on both models, 200 images) takes about
-half a minute on 2 idle cores (a few minutes on a loaded machine); the rest (``-m slow``)
-takes 15-20 minutes, most of it in ART's C&W and DeepFool and the APGD rows on 1,000 images.
+half a minute on 2 idle cores (2.5 minutes on a loaded one); the rest (``-m slow``) took
+about 45 minutes on the loaded machine, 15 of them in ART's C&W on the PGD-trained model.
 """
 
 from __future__ import annotations
