@@ -13,6 +13,7 @@ import torchattacks
 from aisafety.attack.base import Attack
 from aisafety.attack.fgsm import FGSM
 from aisafety.attack.pgd import PGDLinf
+from aisafety.attack.pgd_l2 import project_l2
 from aisafety.attack.projection import project, project_l1
 from aisafety.errors import CapabilityError, ConfigError, InputError
 from aisafety.interfaces import AttackFamily, Capability, Norm
@@ -297,6 +298,20 @@ def test_project_l2_is_a_radial_shrink():
     assert torch.allclose(out, expected, atol=1e-6)  # same direction, shrunk
 
 
+def test_attack_step_l2_projection_clips_to_the_box_first_then_shrinks_onto_the_ball():
+    """``project_l2`` (PGD-l2's and APGD-l2's step) lies in both sets and, on saturated
+    pixels, keeps the full budget that ball-then-box would clip away."""
+    x = torch.zeros(1, 1, 2, 2)
+    x[0, 0, 0, 0] = 1.0  # a saturated pixel; a step pushing it up is clipped away
+    step = torch.tensor([[[[1.0, 1.0], [0.0, 0.0]]]])
+    out = project_l2(x + step, x, 0.5)
+    assert out.min() >= 0 and out.max() <= 1
+    assert float((out - x).norm()) == pytest.approx(0.5)  # whole budget on the free pixel
+    assert float(out[0, 0, 0, 1]) == pytest.approx(0.5)
+    ball_then_box = project(x + step, x, 0.5, Norm.L2)  # the base class's radial shrink
+    assert float((ball_then_box - x).norm()) == pytest.approx(0.5 / 2**0.5, abs=1e-6)
+
+
 def test_project_linf_clamps_to_ball_then_box():
     x = torch.tensor([[[[0.5, 0.95, 0.02, 0.5]]]])
     candidate = torch.tensor([[[[0.9, 1.3, -0.5, 0.45]]]])
@@ -422,6 +437,27 @@ def test_result_does_not_depend_on_chunking(zoo_predictor, mnist_subset):
     chunked = attack(zoo_predictor, x, y, 0.2, chunk_size=32)
     assert torch.equal(whole.x_adv, chunked.x_adv)
     assert torch.equal(whole.success, chunked.success)
+
+
+def test_clean_logits_handed_over_are_used_and_match_a_standalone_call(zoo_predictor, mnist_subset):
+    """An evaluation hands over the clean logits it computed once: the result is the same as
+    a standalone call's, which computes them itself; the chunks get their own rows."""
+    data = mnist_subset(48)
+    x, y = data.x, data.y
+    attack = PGDLinf(steps=3, seed=1)
+    alone = attack(zoo_predictor, x, y, 0.1, chunk_size=16)
+    given = attack(zoo_predictor, x, y, 0.1, chunk_size=16, clean_logits=alone.clean_logits)
+    assert torch.equal(given.clean_logits, alone.clean_logits)
+    assert torch.equal(given.x_adv, alone.x_adv) and torch.equal(given.success, alone.success)
+    marked = alone.clean_logits + torch.arange(48.0)[:, None]  # row i shifted by i
+    shifted = attack(zoo_predictor, x, y, 0.1, chunk_size=16, clean_logits=marked)
+    assert torch.equal(shifted.clean_logits, marked)
+
+
+def test_clean_logits_of_the_wrong_shape_raise_input_error(zoo_predictor, batch):
+    x, y = batch
+    with pytest.raises(InputError, match="clean_logits must have shape"):
+        PGDLinf(steps=1)(zoo_predictor, x, y, 0.1, clean_logits=torch.zeros(len(x) - 1, 10))
 
 
 # --- the listing ---------------------------------------------------------------------------------

@@ -81,34 +81,51 @@ class Attack(ABC):
         eps: float,
         chunk_size: int | None = None,
         progress: bool = False,
+        clean_logits: torch.Tensor | None = None,
     ) -> AttackResult:
         """Attack ``x`` at budget ``eps``, in chunks; one random stream runs across chunks,
-        so a sample's result does not depend on how the batch was split."""
+        so a sample's result does not depend on how the batch was split.
+
+        ``clean_logits``: the model's logits on ``x`` where the caller has them already (an
+        evaluation computes them once for every attack and budget); without them each call
+        spends one forward pass on the clean batch.
+        """
         predictor.require(self.requires, f"attack {self.name!r}")
         self._check(predictor, x, y, eps)
+        self._check_clean_logits(predictor, x, clean_logits)
         size = chunk_size or self.config.chunk_size
         if size is None:
             size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
         self._generators: dict[str, torch.Generator] = {}
         try:
-            chunks = list(zip(x.split(size), y.split(size), strict=True))
+            given = clean_logits.split(size) if clean_logits is not None else [None] * len(x)
+            chunks = list(zip(x.split(size), y.split(size), given, strict=False))
             parts = [
-                self._attack_chunk(predictor, xc, yc, eps)
-                for xc, yc in tqdm(chunks, desc=f"{self.name} eps={eps:g}", disable=not progress)
+                self._attack_chunk(predictor, xc, yc, eps, lc)
+                for xc, yc, lc in tqdm(
+                    chunks, desc=f"{self.name} eps={eps:g}", disable=not progress
+                )
             ]
         finally:
             self._generators = {}
         return parts[0] if len(parts) == 1 else AttackResult.concat(parts)
 
     def _attack_chunk(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self,
+        predictor: Predictor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        eps: float,
+        clean_logits: torch.Tensor | None = None,
     ) -> AttackResult:
         x, y = x.to(predictor.device), y.to(predictor.device, torch.long)
         started = time.perf_counter()
         candidate, steps = self.perturb(predictor, x, y, eps)
         x_adv = project(candidate.detach(), x, eps, self.norm)
         with torch.inference_mode():
-            clean_logits = predictor.logits(x)
+            clean_logits = (
+                predictor.logits(x) if clean_logits is None else clean_logits.to(x.device)
+            )
             adv_logits = predictor.logits(x_adv)
         return AttackResult(
             attack=self.name,
@@ -128,6 +145,16 @@ class Attack(ABC):
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, budgets: Sequence[float]
     ) -> list[AttackResult]:
         return [self(predictor, x, y, eps) for eps in budgets]
+
+    def _check_clean_logits(
+        self, predictor: Predictor, x: torch.Tensor, clean_logits: torch.Tensor | None
+    ) -> None:
+        expected = (x.shape[0], predictor.num_classes)
+        if clean_logits is not None and tuple(clean_logits.shape) != expected:
+            raise InputError(
+                f"attack {self.name!r}: clean_logits must have shape {expected} (one row of "
+                f"logits per input), got {tuple(clean_logits.shape)}; or leave them out"
+            )
 
     def _check(self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float) -> None:
         predictor.check_input(x)

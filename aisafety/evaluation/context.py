@@ -146,6 +146,7 @@ class EvaluationContext:
                 eps,
                 chunk_size=self.batch_size,
                 progress=not self.quiet,
+                clean_logits=self.clean_logits,
             )
             self._adversarial[key] = self._to_cpu(result)
             self.attack_runs[key] += 1
