@@ -7,12 +7,16 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aisafety.config import default_plan, load_plan
 from aisafety.database.store import DEFAULT_URL, ResultStore
-from aisafety.errors import AISafetyError, ConfigError
+from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
 from aisafety.plugins import default_registry
 from aisafety.report.table import curve_rows, metric_rows, render
+
+if TYPE_CHECKING:
+    from aisafety.database.zoo import TrainingRecipe
 
 LIST_KINDS = {
     "attacks": "attack",
@@ -101,39 +105,80 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     if args.zoo_command == "list":
         return cmd_list(argparse.Namespace(kind="models", format=args.format))
     from aisafety.database.training import train_zoo_entry
-    from aisafety.database.zoo import TrainingRecipe
     from aisafety.interfaces import DatasetSpec
     from aisafety.loading import load_data
 
-    try:
-        defense_config = json.loads(args.defense_config)
-    except json.JSONDecodeError as exc:
-        example = '{"eps": 0.3}'
-        raise ConfigError(f"--defense-config is not JSON ({exc}); e.g. '{example}'") from None
-    recipe = TrainingRecipe(
-        architecture=args.architecture,
-        dataset=args.dataset,
-        defense=args.defense,
-        defense_config=defense_config,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        init_from=args.init_from,
-    )
+    recipe, robust_eps, certified_eps = zoo_recipe(args)
     registry = default_registry()
     train_set = load_data(
-        DatasetSpec(name=args.dataset, path=args.data_dir, split="train"), registry
+        DatasetSpec(name=recipe.dataset, path=args.data_dir, split="train"), registry
     )
-    test_set = load_data(DatasetSpec(name=args.dataset, path=args.data_dir, split="test"), registry)
-    entry = train_zoo_entry(args.name, recipe, train_set, test_set, Path(args.out), args.quiet)
+    test_set = load_data(
+        DatasetSpec(name=recipe.dataset, path=args.data_dir, split="test"), registry
+    )
+    name = args.name or args.recipe_of or "mnist-cnn"
+    entry = train_zoo_entry(
+        name, recipe, train_set, test_set, Path(args.out), args.quiet, robust_eps, certified_eps
+    )
+    measured = ", ".join(
+        f"{key} {value:.4f}" for key, value in entry.metrics.items() if "accuracy" in key
+    )
     print(
-        f"trained {entry.name}: clean accuracy {entry.metrics['clean_accuracy']:.4f} on "
-        f"{len(test_set)} test images; wrote {Path(args.out) / entry.file} "
+        f"trained {entry.name}: {measured} ({len(test_set)} test images; robustness on "
+        f"{entry.metrics.get('robust_samples', 0):.0f}); wrote {Path(args.out) / entry.file} "
         f"(sha256 {entry.sha256[:12]}…)"
     )
     print(f"use it with: AISAFETY_ZOO_PATH={args.out} aisafety evaluate ...")
     return 0
+
+
+def zoo_recipe(
+    args: argparse.Namespace,
+) -> tuple[TrainingRecipe, list[float] | None, list[float] | None]:
+    """The recipe ``zoo train`` runs: ``--recipe-of``'s (a shipped entry's, to reproduce it)
+    or the defaults, with every option given on the command line overriding it; and the
+    robust and certified budgets (``--robust-eps`` / ``--certified-eps``, else the entry's
+    recorded ones, else None: the training defaults)."""
+    from aisafety.database.zoo import TrainingRecipe, list_models
+
+    base, recorded = TrainingRecipe(), {}
+    if args.recipe_of is not None:
+        entries = list_models()
+        if args.recipe_of not in entries:
+            raise UnknownNameError("zoo model", args.recipe_of, sorted(entries))
+        entry = entries[args.recipe_of][0]
+        base = entry.recipe
+        for kind in ("pgd40_robust", "ibp_certified"):
+            prefix = f"{kind}_accuracy_eps"
+            recorded[kind] = [
+                float(key.removeprefix(prefix)) for key in entry.metrics if key.startswith(prefix)
+            ]
+    given = {
+        field: getattr(args, field)
+        for field in ("architecture", "dataset", "defense", "epochs", "batch_size", "lr", "seed")
+        if getattr(args, field) is not None
+    }
+    if args.defense_config is not None:
+        given["defense_config"] = parse_json_option("--defense-config", args.defense_config)
+    if args.init_from is not None:
+        given |= {"init_from": args.init_from, "init_sha256": None}
+    for field in ("mean", "std"):
+        if getattr(args, field) is not None:
+            given[field] = tuple(getattr(args, field))
+    recipe = TrainingRecipe(**{**base.model_dump(), **given})
+    robust = args.robust_eps if args.robust_eps is not None else recorded.get("pgd40_robust")
+    certified = (
+        args.certified_eps if args.certified_eps is not None else recorded.get("ibp_certified")
+    )
+    return recipe, robust, certified
+
+
+def parse_json_option(option: str, text: str) -> dict:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        example = '{"eps": 0.3}'
+        raise ConfigError(f"{option} is not JSON ({exc}); e.g. '{example}'") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -207,21 +252,35 @@ def build_parser() -> argparse.ArgumentParser:
     zl.add_argument("--format", choices=["table", "json"], default="table")
     zt = zsub.add_parser("train", help="train a zoo model from a dataset folder")
     zt.add_argument("--data-dir", required=True, help="folder of the dataset's files")
-    zt.add_argument("--dataset", default="mnist")
-    zt.add_argument("--name", default="mnist-cnn")
-    zt.add_argument("--architecture", default="mnist-cnn")
+    zt.add_argument(
+        "--recipe-of", metavar="ZOO_MODEL",
+        help="start from this zoo entry's recipe (reproduce it); other options override it",
+    )  # fmt: skip
+    zt.add_argument("--dataset", help="default mnist")
+    zt.add_argument("--name", help="entry name (default: --recipe-of's, else mnist-cnn)")
+    zt.add_argument("--architecture", help="default mnist-cnn")
     zt.add_argument("--out", default="zoo", help="folder for checkpoint + manifest.json")
     zt.add_argument(
-        "--defense", default="standard", help="a training defense: aisafety list defenses"
+        "--defense", help="a training defense: aisafety list defenses (default standard)"
     )
-    zt.add_argument(
-        "--defense-config", default="{}", help='JSON settings, e.g. \'{"eps": 0.3, "steps": 10}\''
-    )
-    zt.add_argument("--epochs", type=int, default=3)
-    zt.add_argument("--batch-size", type=int, default=128)
-    zt.add_argument("--lr", type=float, default=1e-3)
-    zt.add_argument("--seed", type=int, default=0)
+    zt.add_argument("--defense-config", help='JSON settings, e.g. \'{"eps": 0.3, "steps": 10}\'')
+    zt.add_argument("--epochs", type=int, help="default 3")
+    zt.add_argument("--batch-size", type=int, help="default 128")
+    zt.add_argument("--lr", type=float, help="default 1e-3 (Adam, one-cycle schedule)")
+    zt.add_argument("--seed", type=int, help="default 0")
+    zt.add_argument("--mean", type=float, nargs="+", help="per-channel input mean (MNIST's)")
+    zt.add_argument("--std", type=float, nargs="+", help="per-channel input std (MNIST's)")
     zt.add_argument("--init-from", help="zoo model to fine-tune from (pinned by sha256)")
+    zt.add_argument(
+        "--robust-eps", type=float, nargs="*",
+        help="l-inf budgets for PGD-40 robust accuracy on 1,000 test images (default: the "
+        "training eps)",
+    )  # fmt: skip
+    zt.add_argument(
+        "--certified-eps", type=float, nargs="*",
+        help="l-inf budgets for IBP-certified accuracy on the same images (default: the "
+        "training eps for ibp / crown-ibp, none otherwise)",
+    )  # fmt: skip
     zt.add_argument("--quiet", action="store_true")
     zoo.set_defaults(func=cmd_zoo)
     return parser

@@ -59,11 +59,17 @@ def test_unknown_zoo_model_lists_known_ones():
         load_zoo_model("resnet-9000")
 
 
-def test_zoo_train_writes_checkpoint_and_manifest_that_load(tmp_path, monkeypatch):
+def _tiny_npz_dataset(folder: Path) -> None:
+    """The embedded 1,000 images as an npz dataset: 500 to train on, 500 to test."""
     data = EmbeddedMnist().load(None, "test")
     x = (data.x[:, 0] * 255).round().to(torch.uint8).numpy()
-    np.savez(tmp_path / "train.npz", x=x[::2], y=data.y[::2].numpy())
-    np.savez(tmp_path / "test.npz", x=x[1::2], y=data.y[1::2].numpy())
+    np.savez(folder / "train.npz", x=x[::2], y=data.y[::2].numpy())
+    np.savez(folder / "test.npz", x=x[1::2], y=data.y[1::2].numpy())
+
+
+def test_zoo_train_writes_checkpoint_and_manifest_that_load(tmp_path, monkeypatch):
+    data = EmbeddedMnist().load(None, "test")
+    _tiny_npz_dataset(tmp_path)
     out = tmp_path / "zoo"
     code = main(
         [
@@ -80,6 +86,32 @@ def test_zoo_train_writes_checkpoint_and_manifest_that_load(tmp_path, monkeypatc
     with torch.inference_mode():
         accuracy = (predictor.predict(data.x[1::2]) == data.y[1::2]).float().mean().item()
     assert accuracy == pytest.approx(manifest["metrics"]["clean_accuracy"], abs=1e-6)
+
+
+def test_zoo_train_records_robust_and_certified_accuracy_at_the_training_eps(tmp_path, monkeypatch):
+    from aisafety.database.training import pgd_robust_accuracy
+
+    _tiny_npz_dataset(tmp_path)
+    out = tmp_path / "zoo"
+    code = main(
+        ["zoo", "train", "--dataset", "npz", "--data-dir", str(tmp_path), "--name", "tiny-ibp",
+         "--out", str(out), "--epochs", "1", "--defense", "ibp", "--defense-config",
+         '{"eps": 0.1}', "--quiet"]
+    )  # fmt: skip
+    assert code == 0
+    metrics = json.loads((out / "manifest.json").read_text())["tiny-ibp"]["metrics"]
+    assert metrics["robust_samples"] == 500  # the npz test split: 500 images, all classes
+    certified = metrics["ibp_certified_accuracy_eps0.1"]
+    robust = metrics["pgd40_robust_accuracy_eps0.1"]
+    assert 0 <= certified <= robust <= metrics["clean_accuracy"]
+    test = tmp_path / "test.npz"
+    with np.load(test) as arrays:
+        x = torch.from_numpy(arrays["x"]).float().div(255)[:, None]
+        y = torch.from_numpy(arrays["y"]).long()
+    monkeypatch.setenv("AISAFETY_ZOO_PATH", str(out))
+    # the whole 500-image split, in file order: the same images and random stream as recorded
+    again = pgd_robust_accuracy(load_zoo_model("tiny-ibp"), x, y, 0.1)
+    assert again == pytest.approx(robust, abs=1e-9)
 
 
 def test_pgd_trained_model_is_robust_where_the_vanilla_one_is_not():
@@ -187,24 +219,56 @@ def test_zoo_meets_the_defense_targets_it_claims():
     assert metrics["mnist-cnn-strided-crown-ibp"]["ibp_certified_accuracy_eps0.1"] >= 0.70
 
 
-@pytest.mark.slow
-def test_zoo_train_reproduces_a_shipped_entry_from_its_recipe(tmp_path):
-    """The cheapest defended entry, retrained from its manifest recipe: within 1 point."""
-    entry = list_models()["mnist-cnn-gaussian-0.25"][0]
+def _reproduce(name: str, out: Path) -> tuple[dict, dict]:
+    """``aisafety zoo train --recipe-of name``: the shipped metrics and the retrained ones."""
     if not SHARED_MNIST.is_dir():
         pytest.skip(f"MNIST not found at {SHARED_MNIST}")
-    r = entry.recipe
     code = main(
-        [
-            "zoo", "train", "--data-dir", str(SHARED_MNIST), "--name", "again",
-            "--out", str(tmp_path), "--defense", r.defense,
-            "--defense-config", json.dumps(r.defense_config), "--epochs", str(r.epochs),
-            "--batch-size", str(r.batch_size), "--lr", str(r.lr), "--seed", str(r.seed),
-            "--quiet",
-        ]
+        ["zoo", "train", "--recipe-of", name, "--data-dir", str(SHARED_MNIST), "--out", str(out),
+         "--quiet"]
     )  # fmt: skip
     assert code == 0
-    again = json.loads((tmp_path / "manifest.json").read_text())["again"]
-    assert again["metrics"]["clean_accuracy"] == pytest.approx(
-        entry.metrics["clean_accuracy"], abs=0.01
+    again = json.loads((out / "manifest.json").read_text())[name]
+    shipped = list_models()[name][0]
+    assert again["recipe"] == shipped.recipe.model_dump(mode="json")
+    return shipped.metrics, again["metrics"]
+
+
+def _assert_within_one_point(shipped: dict, again: dict) -> None:
+    measured = [key for key in shipped if "accuracy" in key]
+    assert {"clean_accuracy", "pgd40_robust_accuracy_eps0.1"} <= set(measured) <= set(again)
+    for key in measured:
+        assert again[key] == pytest.approx(shipped[key], abs=0.01), key
+
+
+def test_zoo_train_reproduces_the_vanilla_entry_from_its_recipe(tmp_path):
+    """``mnist-cnn`` (3 epochs, no attack in the loop: the cheapest entry) retrained from its
+    manifest recipe: clean and PGD-40 robust accuracy at 0.1 and 0.3 within 1 point."""
+    _assert_within_one_point(*_reproduce("mnist-cnn", tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mnist-cnn-gaussian-0.25", "mnist-cnn-pgd-at"])
+def test_zoo_train_reproduces_a_defended_entry_from_its_recipe(tmp_path, name):
+    """Defended entries retrained from their recipes: every recorded accuracy within 1 point."""
+    _assert_within_one_point(*_reproduce(name, tmp_path))
+
+
+def test_recipe_of_takes_the_entry_recipe_and_budgets_and_options_override_them():
+    from aisafety.cli import build_parser, zoo_recipe
+
+    def parse(*options: str):
+        return zoo_recipe(build_parser().parse_args(["zoo", "train", "--data-dir", ".", *options]))
+
+    shipped = list_models()["mnist-cnn-strided-crown-ibp"][0]
+    recipe, robust, certified = parse("--recipe-of", "mnist-cnn-strided-crown-ibp")
+    assert recipe == shipped.recipe and robust == [0.1] and certified == [0.1]
+    recipe, robust, certified = parse(
+        "--recipe-of", "mnist-cnn-strided-crown-ibp", "--epochs", "1", "--robust-eps", "0.2", "0.3"
     )
+    assert recipe.epochs == 1 and recipe.defense == "crown-ibp" and robust == [0.2, 0.3]
+    recipe, robust, certified = parse("--defense", "pgd-at", "--defense-config", '{"eps": 0.3}')
+    assert recipe.architecture == "mnist-cnn" and recipe.defense_config == {"eps": 0.3}
+    assert robust is None and certified is None  # the training eps, decided by train_zoo_entry
+    with pytest.raises(UnknownNameError, match="mnist-cnn-pgd-at"):
+        parse("--recipe-of", "mnist-cnn-pgd")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from aisafety.database.zoo import (
 from aisafety.defense.training.base import TrainingDefense, TrainingStep
 from aisafety.errors import ConfigError, IntegrityError, UnknownNameError
 from aisafety.prediction.base import Predictor
-from aisafety.prediction.torch_module import Normalize
+from aisafety.prediction.torch_module import Normalize, TorchPredictor
 
 
 def accuracy(network: nn.Module, data: LoadedDataset, batch_size: int = 1000) -> float:
@@ -43,6 +44,48 @@ def pgd_robust_accuracy(
     from aisafety.attack.pgd import PGDLinf
 
     return PGDLinf({"steps": steps})(predictor, x, y, eps).robust_accuracy
+
+
+# Training defenses whose models are built to be certified: their entries record IBP too.
+CERTIFIED_TRAINING = ("ibp", "crown-ibp")
+
+
+def robustness_metrics(
+    predictor: Predictor,
+    data: LoadedDataset,
+    robust_eps: Sequence[float],
+    certified_eps: Sequence[float] = (),
+) -> dict[str, float]:
+    """The manifest's robustness numbers on ``data`` (the fixed 1,000-image subset of
+    ``robustness_subset``): PGD-40 robust accuracy at each l-inf budget of ``robust_eps``,
+    IBP-certified accuracy at each of ``certified_eps``."""
+    from aisafety.evaluation.metrics.certified import ibp_certified_mask
+
+    metrics = {"robust_samples": float(len(data))} if robust_eps or certified_eps else {}
+    for eps in robust_eps:
+        metrics[f"pgd40_robust_accuracy_eps{eps:g}"] = pgd_robust_accuracy(
+            predictor, data.x, data.y, eps
+        )
+    for eps in certified_eps:
+        mask = ibp_certified_mask(predictor.network, data.x, data.y, eps)
+        metrics[f"ibp_certified_accuracy_eps{eps:g}"] = mask.double().mean().item()
+    return metrics
+
+
+def robustness_subset(dataset: str, test_set: LoadedDataset) -> LoadedDataset:
+    """The 1,000 test images robustness is measured on: the shipped MNIST subset for MNIST
+    (what ``aisafety evaluate`` attacks), else a class-balanced 1,000 of the test set."""
+    if dataset == "mnist":
+        from aisafety.database.datasets.embedded import EmbeddedMnist
+
+        return EmbeddedMnist().load(None, "test")
+    return test_set.balanced_subset(min(1000, len(test_set)), 0)
+
+
+def training_eps(recipe: TrainingRecipe) -> list[float]:
+    """The budget a recipe trains for (its defense's ``eps``), the default robustness budget."""
+    eps = recipe.defense_config.get("eps")
+    return [float(eps)] if isinstance(eps, int | float) and eps > 0 else []
 
 
 def training_defense(name: str, config: dict[str, Any]) -> TrainingDefense:
@@ -136,13 +179,18 @@ def train_zoo_entry(
     test_set: LoadedDataset,
     out_dir: Path,
     quiet: bool = False,
+    robust_eps: Sequence[float] | None = None,
+    certified_eps: Sequence[float] | None = None,
 ) -> ZooEntry:
-    """Train, measure clean accuracy on ``test_set``, write checkpoint + manifest entry."""
+    """Train, measure clean accuracy on ``test_set`` and robustness (``robustness_metrics``;
+    default budgets: the training eps, certified only for certified training), write
+    checkpoint + manifest entry."""
     started = time.time()
     if recipe.init_from is not None and recipe.init_sha256 is None:
         pinned = load_zoo_state(recipe.init_from)[0].sha256
         recipe = recipe.model_copy(update={"init_sha256": pinned})
     module = train(recipe, train_set, quiet=quiet)
+    train_seconds = round(time.time() - started, 1)
     network = nn.Sequential(Normalize(recipe.mean, recipe.std), module)
     buffer = io.BytesIO()
     torch.save(module.state_dict(), buffer)
@@ -150,6 +198,20 @@ def train_zoo_entry(
     out_dir.mkdir(parents=True, exist_ok=True)
     file = f"{name}.pt"
     (out_dir / file).write_bytes(data)
+    if robust_eps is None:
+        robust_eps = training_eps(recipe)
+    if certified_eps is None:
+        certified_eps = training_eps(recipe) if recipe.defense in CERTIFIED_TRAINING else []
+    predictor = TorchPredictor(
+        module, train_set.x.shape[1:], len(train_set.classes), name=name,
+        mean=recipe.mean, std=recipe.std,
+    )  # fmt: skip
+    robustness = robustness_metrics(
+        predictor,
+        robustness_subset(recipe.dataset, test_set),
+        robust_eps,
+        certified_eps,
+    )
     entry = ZooEntry(
         name=name,
         file=file,
@@ -164,7 +226,8 @@ def train_zoo_entry(
         metrics={
             "clean_accuracy": accuracy(network, test_set),
             "test_samples": float(len(test_set)),
-            "train_seconds": round(time.time() - started, 1),
+            **robustness,
+            "train_seconds": train_seconds,
         },
     )
     write_manifest_entry(out_dir, entry)
