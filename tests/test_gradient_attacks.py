@@ -309,6 +309,17 @@ def test_cw_gets_close_to_the_minimal_l2_perturbation_of_a_linear_model(linear_m
     assert distance[Norm.L2] <= size <= 1.05 * distance[Norm.L2]
 
 
+def test_cw_result_of_a_sample_does_not_depend_on_its_batch(zoo_predictor, mnist_subset):
+    """Early abort is decided per sample: chunks of 8 give what one batch of 32 gives, and
+    the samples stop after different numbers of steps."""
+    data = mnist_subset(32)
+    attack = CWL2(binary_search_steps=2, steps=40)
+    whole = attack(zoo_predictor, data.x, data.y, math.inf, chunk_size=32)
+    chunked = attack(zoo_predictor, data.x, data.y, math.inf, chunk_size=8)
+    assert torch.allclose(whole.x_adv, chunked.x_adv, atol=1e-5)
+    assert torch.equal(whole.steps, chunked.steps) and len(set(whole.steps.tolist())) > 1
+
+
 # --- peer reference: torchattacks at identical settings ----------------------------------------
 
 
