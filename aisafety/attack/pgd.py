@@ -56,6 +56,9 @@ class PGDLinf(Attack):
                 if not len(active):  # type: ignore[arg-type]
                     break
             steps[active] += 1
-            moved = x_adv[active] + alpha * grad.sign()
-            x_adv[active] = torch.clamp(moved, lower[active], upper[active])
+            if cfg.early_stop:
+                moved = x_adv[active] + alpha * grad.sign()
+                x_adv[active] = torch.clamp(moved, lower[active], upper[active])
+            else:  # in place: no temporaries on the hot path
+                x_adv.add_(grad.sign_(), alpha=alpha).clamp_(lower, upper)
         return x_adv, steps
