@@ -59,6 +59,6 @@ class PGDLinf(Attack):
             if cfg.early_stop:
                 moved = x_adv[active] + alpha * grad.sign()
                 x_adv[active] = torch.clamp(moved, lower[active], upper[active])
-            else:  # in place: no temporaries on the hot path
-                x_adv.add_(grad.sign_(), alpha=alpha).clamp_(lower, upper)
+            else:  # x_adv in place (the gradient may be an expanded view: not touched)
+                x_adv.add_(grad.sign(), alpha=alpha).clamp_(lower, upper)
         return x_adv, steps
