@@ -264,7 +264,7 @@ def test_recipe_of_takes_the_entry_recipe_and_budgets_and_options_override_them(
 
     shipped = list_models()["mnist-cnn-strided-crown-ibp"][0]
     recipe, robust, certified = parse("--recipe-of", "mnist-cnn-strided-crown-ibp")
-    assert recipe == shipped.recipe and robust == [0.1] and certified == [0.1]
+    assert recipe == shipped.recipe and robust == [0.1, 0.2] and certified == [0.1, 0.2]
     recipe, robust, certified = parse(
         "--recipe-of", "mnist-cnn-strided-crown-ibp", "--epochs", "1", "--robust-eps", "0.2", "0.3"
     )
