@@ -7,6 +7,8 @@ stabiliser for small networks, e.g. Gowal et al. 2018), then stays at ``eps``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -31,15 +33,35 @@ def pgd_examples(
     step_size: float,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """Adversarial inputs for training: gradients flow to x only, parameters are untouched."""
+    """Adversarial inputs for training: PGD on the cross-entropy from a random start."""
+    noise = torch.rand(x.shape, generator=generator, device=x.device)
+    x_start = (x + (2 * noise - 1) * eps).clamp(0, 1)
+
+    def objective(logits: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, y, reduction="sum")
+
+    return ascend_linf(network, objective, x, x_start, eps, steps, step_size)
+
+
+def ascend_linf(
+    network: nn.Module,
+    objective: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    x_start: torch.Tensor,
+    eps: float,
+    steps: int,
+    step_size: float,
+) -> torch.Tensor:
+    """The inner maximisation every adversarial training shares: ``steps`` signed-gradient
+    steps from ``x_start`` that raise ``objective(network(x_adv))`` (a scalar) inside the
+    l-inf eps-ball around ``x`` and [0, 1]. The network runs in eval mode (batch-norm
+    statistics untouched) and gradients flow to the input only, not to the parameters."""
     was_training = network.training
     network.eval()
-    noise = torch.rand(x.shape, generator=generator, device=x.device)
-    x_adv = (x + (2 * noise - 1) * eps).clamp(0, 1)
+    x_adv = x_start
     for _ in range(steps):
         x_adv.requires_grad_(True)
-        loss = F.cross_entropy(network(x_adv), y, reduction="sum")
-        (grad,) = torch.autograd.grad(loss, x_adv)
+        (grad,) = torch.autograd.grad(objective(network(x_adv)), x_adv)
         x_adv = x_adv.detach() + step_size * grad.sign()
         x_adv = torch.min(torch.max(x_adv, x - eps), x + eps).clamp(0, 1)
     network.train(was_training)

@@ -17,6 +17,7 @@ from pydantic import Field
 from torch import nn
 
 from aisafety.config_base import PluginConfig
+from aisafety.defense.adversarial_training import ascend_linf
 from aisafety.defense.training.base import TrainingDefense, TrainingStep
 from aisafety.defense.training.trades import kl_examples, trades_loss
 
@@ -53,17 +54,11 @@ def frontier_examples(
     step_size: float,
 ) -> torch.Tensor:
     """PGD that descends the confidence margin inside the eps-ball (from x, as Algorithm 2)."""
-    was_training = network.training
-    network.eval()
-    x_adv = x.clone()
-    for _ in range(steps):
-        x_adv.requires_grad_(True)
-        margin = confidence_margin(network(x_adv), y).sum()
-        (grad,) = torch.autograd.grad(margin, x_adv)
-        x_adv = x_adv.detach() - step_size * grad.sign()
-        x_adv = torch.min(torch.max(x_adv, x - eps), x + eps).clamp(0, 1)
-    network.train(was_training)
-    return x_adv.detach()
+
+    def objective(logits: torch.Tensor) -> torch.Tensor:
+        return -confidence_margin(logits, y).sum()
+
+    return ascend_linf(network, objective, x, x.clone(), eps, steps, step_size)
 
 
 class HypervolumeTraining(TrainingDefense):

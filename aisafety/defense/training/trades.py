@@ -13,7 +13,7 @@ from pydantic import Field
 from torch import nn
 
 from aisafety.config_base import PluginConfig
-from aisafety.defense.adversarial_training import linear_warmup
+from aisafety.defense.adversarial_training import ascend_linf, linear_warmup
 from aisafety.defense.training.base import TrainingDefense, TrainingStep
 
 
@@ -46,15 +46,14 @@ def kl_examples(
     network.eval()
     with torch.no_grad():
         clean = network(x)
-    noise = torch.randn(x.shape, generator=generator, device=x.device)
-    x_adv = (x + 0.001 * noise).clamp(0, 1)
-    for _ in range(steps):
-        x_adv.requires_grad_(True)
-        (grad,) = torch.autograd.grad(robustness_kl(clean, network(x_adv)), x_adv)
-        x_adv = x_adv.detach() + step_size * grad.sign()
-        x_adv = torch.min(torch.max(x_adv, x - eps), x + eps).clamp(0, 1)
     network.train(was_training)
-    return x_adv.detach()
+    noise = torch.randn(x.shape, generator=generator, device=x.device)
+    x_start = (x + 0.001 * noise).clamp(0, 1)
+
+    def objective(logits: torch.Tensor) -> torch.Tensor:
+        return robustness_kl(clean, logits)
+
+    return ascend_linf(network, objective, x, x_start, eps, steps, step_size)
 
 
 def trades_loss(
