@@ -13,8 +13,8 @@ import torchattacks
 from aisafety.attack.base import Attack
 from aisafety.attack.fgsm import FGSM
 from aisafety.attack.pgd import PGDLinf
-from aisafety.attack.pgd_l2 import project_l2
 from aisafety.attack.projection import project, project_l1
+from aisafety.attack.threat import L2Threat
 from aisafety.errors import CapabilityError, ConfigError, InputError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -285,6 +285,7 @@ def test_project_l2_is_a_radial_shrink():
     gen = torch.Generator().manual_seed(1)
     x = torch.full((8, 1, 4, 4), 0.5)
     delta = 0.2 * torch.randn(8, 1, 4, 4, generator=gen)
+    delta = (x + delta).clamp(0, 1) - x  # in the box: the box-first order shrinks radially
     delta[0] *= 1e-3  # inside the ball: unchanged
     eps = 0.3
     out = project(x + delta, x, eps, Norm.L2) - x
@@ -298,18 +299,20 @@ def test_project_l2_is_a_radial_shrink():
     assert torch.allclose(out, expected, atol=1e-6)  # same direction, shrunk
 
 
-def test_attack_step_l2_projection_clips_to_the_box_first_then_shrinks_onto_the_ball():
-    """``project_l2`` (PGD-l2's and APGD-l2's step) lies in both sets and, on saturated
-    pixels, keeps the full budget that ball-then-box would clip away."""
+def test_l2_projection_clips_to_the_box_first_then_shrinks_onto_the_ball():
+    """The l2 threat model's projection (every l2 attack's step, and the base class's final
+    guarantee) lies in both sets and, on saturated pixels, keeps the full budget that
+    ball-then-box would clip away."""
     x = torch.zeros(1, 1, 2, 2)
     x[0, 0, 0, 0] = 1.0  # a saturated pixel; a step pushing it up is clipped away
     step = torch.tensor([[[[1.0, 1.0], [0.0, 0.0]]]])
-    out = project_l2(x + step, x, 0.5)
+    out = L2Threat().project(x + step, x, 0.5)
     assert out.min() >= 0 and out.max() <= 1
     assert float((out - x).norm()) == pytest.approx(0.5)  # whole budget on the free pixel
     assert float(out[0, 0, 0, 1]) == pytest.approx(0.5)
-    ball_then_box = project(x + step, x, 0.5, Norm.L2)  # the base class's radial shrink
+    ball_then_box = (x + step * 0.5 / float(step.norm())).clamp(0, 1)
     assert float((ball_then_box - x).norm()) == pytest.approx(0.5 / 2**0.5, abs=1e-6)
+    assert torch.equal(project(x + step, x, 0.5, Norm.L2), out)  # the same in the base class
 
 
 def test_project_linf_clamps_to_ball_then_box():

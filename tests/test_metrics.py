@@ -391,9 +391,9 @@ class CountingPGD(PGDLinf):
 
     calls = 0
 
-    def perturb(self, predictor, x, y, eps):
+    def perturb(self, predictor, x, y, eps, call):
         self.calls += 1
-        return super().perturb(predictor, x, y, eps)
+        return super().perturb(predictor, x, y, eps, call)
 
 
 def test_context_runs_each_attack_once_per_budget(zoo_predictor, mnist_subset):

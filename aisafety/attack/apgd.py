@@ -27,17 +27,16 @@ separate names because the norm is part of an attack's identity.
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
-from aisafety.attack.bim import clip_linf
-from aisafety.attack.gradients import loss_gradient, normalized, require_finite_budget
+from aisafety.attack.call import AttackCall
+from aisafety.attack.gradients import loss_gradient, require_finite_budget
 from aisafety.attack.losses import LOSSES
-from aisafety.attack.pgd_l2 import project_l2
+from aisafety.attack.threat import per_sample
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -77,12 +76,13 @@ class _APGD(Attack):
     requires = Capability.GRADIENTS
     Config = APGDConfig
     loss: ClassVar[str]
+    targeted = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         require_finite_budget(self.name, eps)
-        generator = self.generator(x.device)
+        generator = call.generator
         x_out = x.clone()
         best_loss = torch.full((len(x),), -torch.inf, device=x.device)
         fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
@@ -91,8 +91,9 @@ class _APGD(Attack):
             todo = (~fooled).nonzero().squeeze(1)
             if not len(todo):
                 break
+            target = None if call.target is None else call.target[todo]
             x_best, x_adv, run_fooled, loss, moves = self._run(
-                predictor, x[todo], y[todo], eps, generator
+                predictor, x[todo], y[todo], eps, generator, target
             )
             steps[todo] += moves
             keep = run_fooled | (loss > best_loss[todo])
@@ -103,21 +104,6 @@ class _APGD(Attack):
             fooled[todo] = run_fooled
         return x_out, steps
 
-    # --- the pieces that depend on the norm --------------------------------------------------
-
-    def _project(self, z: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
-        return clip_linf(z, x, eps) if self.norm is Norm.LINF else project_l2(z, x, eps)
-
-    def _direction(self, grad: torch.Tensor) -> torch.Tensor:
-        return grad.sign() if self.norm is Norm.LINF else normalized(grad, 2)
-
-    def _random_start(self, x: torch.Tensor, eps: float, generator: torch.Generator):
-        if self.norm is Norm.LINF:
-            t = 2 * torch.rand(x.shape, generator=generator, device=x.device) - 1
-            return (x + eps * normalized(t, math.inf)).clamp(0, 1)
-        t = torch.randn(x.shape, generator=generator, device=x.device)
-        return (x + eps * normalized(t, 2)).clamp(0, 1)
-
     # --- one run -----------------------------------------------------------------------------
 
     def _run(
@@ -127,19 +113,24 @@ class _APGD(Attack):
         y: torch.Tensor,
         eps: float,
         generator: torch.Generator,
+        target: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One APGD run: best-loss points, adversarial points, fooled, best loss, moves."""
+        """One APGD run: best-loss points, adversarial points, fooled, best loss, moves.
+
+        With ``target`` the loss is the targeted one (towards ``target``); fooled still
+        means misclassified, as in AutoAttack's APGD-T."""
         cfg = self.config
         n, device = len(x), x.device
         loss_fn = LOSSES[self.loss]
+        threat = self.threat
 
-        def per_sample(values: torch.Tensor) -> torch.Tensor:
-            return values.view(-1, *([1] * (x.dim() - 1)))
+        def aim(rows: torch.Tensor | slice) -> torch.Tensor | None:
+            return None if target is None else target[rows]
 
-        x_adv = self._random_start(x, eps, generator)
-        grad, logits, loss = loss_gradient(predictor, x_adv, y, loss_fn)
+        x_adv = threat.random_start(x, eps, generator, surface=True)
+        grad, logits, loss = loss_gradient(predictor, x_adv, y, loss_fn, target)
         fooled = logits.argmax(1) != y
-        x_found = torch.where(per_sample(fooled), x_adv, x)
+        x_found = torch.where(per_sample(fooled, x), x_adv, x)
         x_best, loss_best, grad_best = x_adv.clone(), loss.clone(), grad.clone()
         x_prev, loss_prev = x_adv.clone(), loss.clone()
         eta = torch.full((n,), 2.0 * eps, device=device)
@@ -156,11 +147,12 @@ class _APGD(Attack):
             if not len(idx):
                 break
             xa, x0 = x_adv[idx], x[idx]
-            z = self._project(xa + per_sample(eta[idx]) * self._direction(grad[idx]), x0, eps)
+            step = per_sample(eta[idx], xa) * threat.ascent(grad[idx])
+            z = threat.project(xa + step, x0, eps)
             a = cfg.momentum if k > 0 else 1.0
-            x_new = self._project(xa + a * (z - xa) + (1 - a) * (xa - x_prev[idx]), x0, eps)
+            x_new = threat.project(xa + a * (z - xa) + (1 - a) * (xa - x_prev[idx]), x0, eps)
             x_prev[idx], x_adv[idx] = xa, x_new
-            g, logits, current = loss_gradient(predictor, x_new, y[idx], loss_fn)
+            g, logits, current = loss_gradient(predictor, x_new, y[idx], loss_fn, aim(idx))
             grad[idx] = g
             moves[idx] += 1
 

@@ -1,13 +1,18 @@
 """The Attack base class: configuration at construction, budgets at call time.
 
-Subclasses implement ``perturb``. The base class checks the model's capabilities and the
-inputs, projects whatever ``perturb`` returns back into the budget and the [0, 1] box, and
-re-evaluates the model itself, so no attack can report a success that is over budget or
-that the model does not confirm.
+Subclasses implement ``perturb(predictor, x, y, eps, call)``; the instance holds only its
+configuration, and what varies per call (random stream, clean logits, targets, which samples)
+arrives in ``call`` (``aisafety.attack.call.AttackCall``). The base class checks the model's
+capabilities and the inputs, computes the clean logits once, hands ``perturb`` only the
+samples still to do (query attacks skip those the model already gets wrong), projects
+whatever ``perturb`` returns back into the budget and the [0, 1] box, and re-evaluates the
+model itself, so no attack can report a success that is over budget or that the model does
+not confirm.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -17,8 +22,10 @@ import torch
 from pydantic import Field
 from tqdm import tqdm
 
+from aisafety.attack.call import AttackCall
 from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
+from aisafety.attack.threat import ThreatModel, threat_model
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.errors import InputError
 from aisafety.interfaces import AttackFamily, Capability, Norm
@@ -51,6 +58,18 @@ class Attack(ABC):
     # default chunk on CPU; query attacks whose samples drop out as they succeed (Square) set
     # a larger one: each chunk runs its own long tail of tiny batches for its hardest samples
     cpu_chunk: ClassVar[int] = CPU_CHUNK
+    # whether ``perturb`` honours ``call.target`` (moves each sample towards its target class)
+    targeted: ClassVar[bool] = False
+    # query attacks spend no query on a sample the model already gets wrong (nor at eps 0):
+    # the base class leaves such samples clean with 0 steps
+    skips_misclassified: ClassVar[bool] = False
+    # plugins written for the older ``perturb(predictor, x, y, eps)`` get no ``call``
+    _takes_call: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        parameters = inspect.signature(cls.perturb).parameters
+        cls._takes_call = "call" in parameters or len(parameters) > 5
 
     def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
         self.config = build_config(
@@ -64,12 +83,29 @@ class Attack(ABC):
             "family": cls.family.value,
             "norm": cls.norm.value if cls.norm else None,
             "requires": cls.requires.value,
+            "targeted": cls.targeted,
             "description": cls.description,
         }
 
+    @property
+    def threat(self) -> ThreatModel:
+        """The geometry of this attack's budget (projection, random start, ascent)."""
+        if self.norm is None:
+            raise TypeError(f"attack {self.name!r} declares no norm, so it has no threat model")
+        return threat_model(self.norm)
+
+    def random_seed(self) -> int:
+        """The seed of each call's random stream."""
+        return self.config.seed
+
     @abstractmethod
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self,
+        predictor: Predictor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        eps: float,
+        call: AttackCall,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return candidate adversarial inputs and the steps (or queries) spent per sample."""
 
@@ -82,32 +118,46 @@ class Attack(ABC):
         chunk_size: int | None = None,
         progress: bool = False,
         clean_logits: torch.Tensor | None = None,
+        target: torch.Tensor | None = None,
+        todo: torch.Tensor | None = None,
     ) -> AttackResult:
-        """Attack ``x`` at budget ``eps``, in chunks; one random stream runs across chunks,
-        so a sample's result does not depend on how the batch was split.
+        """Attack ``x`` at budget ``eps``, in chunks; one random stream runs across chunks.
 
         ``clean_logits``: the model's logits on ``x`` where the caller has them already (an
-        evaluation computes them once for every attack and budget); without them each call
-        spends one forward pass on the clean batch.
+        evaluation computes them once for every attack and budget); without them each chunk
+        spends one forward pass on the clean batch. ``target``: a class per sample to move
+        towards (attacks with ``targeted``); ``todo``: a boolean mask of the samples to attack
+        (the others come back unchanged with 0 steps).
         """
         predictor.require(self.requires, f"attack {self.name!r}")
         self._check(predictor, x, y, eps)
         self._check_clean_logits(predictor, x, clean_logits)
+        self._check_target(predictor, y, target)
+        self._check_todo(x, todo)
         size = chunk_size or self.config.chunk_size
         if size is None:
             size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
-        self._generators: dict[str, torch.Generator] = {}
-        try:
-            given = clean_logits.split(size) if clean_logits is not None else [None] * len(x)
-            chunks = list(zip(x.split(size), y.split(size), given, strict=False))
-            parts = [
-                self._attack_chunk(predictor, xc, yc, eps, lc)
-                for xc, yc, lc in tqdm(
-                    chunks, desc=f"{self.name} eps={eps:g}", disable=not progress
-                )
-            ]
-        finally:
-            self._generators = {}
+        generator = torch.Generator(device=predictor.device).manual_seed(self.random_seed())
+        samples = torch.arange(len(x))
+
+        def split(values: torch.Tensor | None) -> list[torch.Tensor | None]:
+            return list(values.split(size)) if values is not None else [None] * len(x)
+
+        chunks = list(
+            zip(
+                x.split(size),
+                y.split(size),
+                samples.split(size),
+                split(clean_logits),
+                split(target),
+                split(todo),
+                strict=False,
+            )
+        )
+        parts = [
+            self._attack_chunk(predictor, xc, yc, eps, generator, *rest)
+            for xc, yc, *rest in tqdm(chunks, desc=f"{self.name} eps={eps:g}", disable=not progress)
+        ]
         return parts[0] if len(parts) == 1 else AttackResult.concat(parts)
 
     def _attack_chunk(
@@ -116,16 +166,24 @@ class Attack(ABC):
         x: torch.Tensor,
         y: torch.Tensor,
         eps: float,
-        clean_logits: torch.Tensor | None = None,
+        generator: torch.Generator,
+        samples: torch.Tensor,
+        clean_logits: torch.Tensor | None,
+        target: torch.Tensor | None,
+        todo: torch.Tensor | None,
     ) -> AttackResult:
-        x, y = x.to(predictor.device), y.to(predictor.device, torch.long)
+        device = predictor.device
+        x, y = x.to(device), y.to(device, torch.long)
         started = time.perf_counter()
-        candidate, steps = self.perturb(predictor, x, y, eps)
+        with torch.no_grad():
+            clean_logits = predictor.logits(x) if clean_logits is None else clean_logits.to(device)
+        if target is not None:
+            target = target.to(device, torch.long)
+        call = AttackCall(generator, samples.to(device), clean_logits, target)
+        todo = None if todo is None else todo.to(device)
+        candidate, steps = self.perturb_todo(predictor, x, y, eps, call, todo)
         x_adv = project(candidate.detach(), x, eps, self.norm)
         with torch.inference_mode():
-            clean_logits = (
-                predictor.logits(x) if clean_logits is None else clean_logits.to(x.device)
-            )
             adv_logits = predictor.logits(x_adv)
         return AttackResult(
             attack=self.name,
@@ -139,7 +197,45 @@ class Attack(ABC):
             success=adv_logits.argmax(1) != y,
             steps=steps.to(torch.long),
             seconds=time.perf_counter() - started,
+            target=target,
         )
+
+    def perturb_todo(
+        self,
+        predictor: Predictor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        eps: float,
+        call: AttackCall,
+        todo: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``perturb`` on the samples still to do; the others stay clean with 0 steps.
+
+        The samples to do are those in ``todo`` (all by default) and, for an attack that
+        ``skips_misclassified``, only those the model classifies correctly (none at eps 0).
+        """
+        if self.skips_misclassified:
+            correct = call.clean_logits.argmax(1) == y
+            if eps == 0:
+                correct = torch.zeros_like(correct)
+            todo = correct if todo is None else todo & correct
+        if todo is None:
+            return self._perturb(predictor, x, y, eps, call)
+        rows = torch.nonzero(todo).squeeze(1)
+        x_adv = x.clone()
+        steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
+        if len(rows):
+            part, used = self._perturb(predictor, x[rows], y[rows], eps, call.select(rows))
+            x_adv[rows] = part.to(x_adv.dtype)
+            steps[rows] = used.to(torch.long)
+        return x_adv, steps
+
+    def _perturb(
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._takes_call:
+            return self.perturb(predictor, x, y, eps, call)
+        return self.perturb(predictor, x, y, eps)  # type: ignore[call-arg]
 
     def run_budgets(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, budgets: Sequence[float]
@@ -154,6 +250,48 @@ class Attack(ABC):
             raise InputError(
                 f"attack {self.name!r}: clean_logits must have shape {expected} (one row of "
                 f"logits per input), got {tuple(clean_logits.shape)}; or leave them out"
+            )
+
+    def supports_targets(self) -> bool:
+        return self.targeted and self._takes_call
+
+    def _check_target(
+        self, predictor: Predictor, y: torch.Tensor, target: torch.Tensor | None
+    ) -> None:
+        if target is None:
+            return
+        if not self.supports_targets():
+            raise InputError(
+                f"attack {self.name!r} is untargeted only: it cannot move samples towards a "
+                "target class; leave target out, or use an attack that supports targets "
+                "(`aisafety attacks --json` lists them as targeted: true)"
+            )
+        if target.dtype == torch.bool or target.is_floating_point() or target.is_complex():
+            raise InputError(
+                f"attack {self.name!r}: targets must be integer class indices, got dtype "
+                f"{target.dtype}; use target.long()"
+            )
+        if tuple(target.shape) != tuple(y.shape):
+            raise InputError(
+                f"attack {self.name!r}: targets must have shape {tuple(y.shape)} (one class "
+                f"per sample), got {tuple(target.shape)}"
+            )
+        if target.numel() and (target.min() < 0 or target.max() >= predictor.num_classes):
+            raise InputError(
+                f"attack {self.name!r}: targets must lie in 0..{predictor.num_classes - 1}, "
+                f"got {int(target.min())}..{int(target.max())}"
+            )
+        if bool((target.to(y.device) == y).any()):
+            raise InputError(
+                f"attack {self.name!r}: a target equals the sample's true label (sample "
+                f"{int((target.to(y.device) == y).nonzero()[0])}); a target must be another class"
+            )
+
+    def _check_todo(self, x: torch.Tensor, todo: torch.Tensor | None) -> None:
+        if todo is not None and (todo.dtype != torch.bool or tuple(todo.shape) != (len(x),)):
+            raise InputError(
+                f"attack {self.name!r}: todo must be a boolean mask of shape ({len(x)},), got "
+                f"dtype {todo.dtype} and shape {tuple(todo.shape)}"
             )
 
     def _check(self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float) -> None:
@@ -175,14 +313,3 @@ class Attack(ABC):
             )
         if not eps >= 0:
             raise InputError(f"attack {self.name!r}: budget eps={eps} must be >= 0")
-
-    def generator(self, device: torch.device) -> torch.Generator:
-        """The call's random stream, seeded with ``config.seed``: the same config and seed
-        give the same result, and chunks of one call draw consecutive numbers."""
-        key = str(device)
-        active = getattr(self, "_generators", None)
-        if active is None:
-            return torch.Generator(device=device).manual_seed(self.config.seed)
-        if key not in active:
-            active[key] = torch.Generator(device=device).manual_seed(self.config.seed)
-        return active[key]

@@ -14,6 +14,7 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.attack.gradients import iterate, require_finite_budget
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -29,11 +30,6 @@ class BIMConfig(AttackConfig):
     )
 
 
-def clip_linf(x_adv: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Clip_{x, eps}: the l-inf ball around ``x`` intersected with [0, 1]."""
-    return torch.min(torch.max(x_adv, x - eps), x + eps).clamp(0, 1)
-
-
 class BIM(Attack):
     name = "bim"
     family = AttackFamily.GRADIENT
@@ -41,15 +37,17 @@ class BIM(Attack):
     requires = Capability.GRADIENTS
     description = "Basic Iterative Method (iterative FGSM), l-inf (Kurakin et al. 2017)"
     Config = BIMConfig
+    targeted = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         require_finite_budget(self.name, eps)
         cfg = self.config
         alpha = cfg.step_size if cfg.step_size is not None else 1.25 * eps / cfg.steps
+        threat = self.threat
 
         def update(active, x_adv, grad):
-            return clip_linf(x_adv + alpha * grad.sign(), x[active], eps)
+            return threat.project(x_adv + alpha * threat.ascent(grad), x[active], eps)
 
-        return iterate(predictor, x, y, cfg.steps, cfg.early_stop, update)
+        return iterate(predictor, x, y, cfg.steps, cfg.early_stop, update, call.target)

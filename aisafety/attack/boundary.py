@@ -41,8 +41,8 @@ The base class projects the result into the l2 ball of the budget ``eps``: with 
 cannot change its success at that budget.
 
 ``steps`` counts the model queries spent per sample (noise draws, bisection, candidates).
-One extra query on the clean batch finds the samples already misclassified, which are left as
-they are with 0 queries.
+Samples the model already misclassifies (by the call's clean logits) are left as they are with
+0 queries (``Attack.skips_misclassified``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -113,23 +114,13 @@ class BoundaryAttack(Attack):
     requires = Capability.LABELS
     description = "Boundary Attack, l2, decision-based random walk (Brendel et al. 2018)"
     Config = BoundaryConfig
+    skips_misclassified = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = len(x)
-        queries = torch.zeros(n, dtype=torch.long, device=x.device)
-        x_best = x.clone()
-        if n == 0 or eps == 0:
-            return x_best, queries
         with torch.inference_mode():
-            todo = torch.nonzero(predictor.predict(x) == y).squeeze(1)
-            if not len(todo):
-                return x_best, queries
-            best, used = self._walk(predictor, x[todo], y[todo], eps)
-        x_best[todo] = best
-        queries[todo] = used
-        return x_best, queries
+            return self._walk(predictor, x, y, eps, call.generator)
 
     def _start(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
@@ -168,10 +159,14 @@ class BoundaryAttack(Attack):
         return start, found, used
 
     def _walk(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self,
+        predictor: Predictor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        eps: float,
+        gen: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        gen = self.generator(x.device)
         best, found, used = self._start(predictor, x, y, gen)
         m = len(x)
         spherical = torch.full((m,), cfg.spherical_step, device=x.device)

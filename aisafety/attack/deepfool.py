@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.attack.gradients import class_jacobian
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -48,11 +49,10 @@ class _DeepFool(Attack):
     Config = DeepFoolConfig
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        with torch.inference_mode():
-            clean_logits = predictor._logits(x)
+        clean_logits = call.clean_logits
         k = min(cfg.candidates, clean_logits.shape[1])
         others = clean_logits.masked_fill(F.one_hot(y, clean_logits.shape[1]).bool(), -torch.inf)
         classes = torch.cat([y[:, None], others.topk(k - 1, dim=1).indices], dim=1)

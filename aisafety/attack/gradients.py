@@ -8,40 +8,45 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from aisafety.attack.losses import LossFn
 from aisafety.errors import InputError
 from aisafety.prediction.base import Predictor
 
 
 def cross_entropy_gradient(
-    predictor: Predictor, x: torch.Tensor, y: torch.Tensor
+    predictor: Predictor, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """d(sum of CE losses)/dx and the logits, in one forward and one backward pass.
 
     Summing (not averaging) keeps each sample's gradient independent of the batch size.
     ``_logits`` skips the input check: the attack checked the clean batch once already.
+    With ``target``, the gradient of ``-CE(logits, target)``: ascending it moves towards the
+    target class (the negation is exact, so a targeted step is the mirror of a descent step).
     """
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
         logits = predictor._logits(x)
-        loss = F.cross_entropy(logits, y, reduction="sum")
+        loss = F.cross_entropy(logits, y if target is None else target, reduction="sum")
         (grad,) = torch.autograd.grad(loss, x)
-    return grad, logits.detach()
+    return (grad if target is None else -grad), logits.detach()
 
 
 def loss_gradient(
     predictor: Predictor,
     x: torch.Tensor,
     y: torch.Tensor,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    loss_fn: LossFn,
+    target: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """d(sum of per-sample losses)/dx, the logits and the per-sample losses (all detached).
 
-    ``loss_fn(logits, y)`` returns one loss per sample (see ``aisafety.attack.losses``).
+    ``loss_fn(logits, y, target)`` returns one loss per sample to maximise (see
+    ``aisafety.attack.losses``; ``target`` is None for an untargeted attack).
     """
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
         logits = predictor._logits(x)
-        loss = loss_fn(logits, y)
+        loss = loss_fn(logits, y) if target is None else loss_fn(logits, y, target)
         (grad,) = torch.autograd.grad(loss.sum(), x)
     return grad, logits.detach(), loss.detach()
 
@@ -75,6 +80,7 @@ def iterate(
     steps: int,
     early_stop: bool,
     update: Callable[[torch.Tensor | slice, torch.Tensor, torch.Tensor], torch.Tensor],
+    target: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The loop shared by iterative cross-entropy attacks (BIM, MI-FGSM, PGD-l2, PGD-l1).
 
@@ -87,6 +93,8 @@ def iterate(
     final iterate, unless an iterate the loop evaluated was misclassified: then the last such
     iterate (as APGD does), so a later step that wanders back to the true class cannot undo
     a success the attack already found. The logits come with the gradient, so this is free.
+    With ``target`` the gradient is that of ``-CE(target)`` (towards the target class);
+    success and early stop are still misclassification.
     """
     x_adv = x_start.clone()
     found = torch.zeros(len(x_adv), dtype=torch.bool, device=x_adv.device)
@@ -97,7 +105,8 @@ def iterate(
     )
     for _ in range(steps):
         current = x_adv[active]
-        grad, logits = cross_entropy_gradient(predictor, current, y[active])
+        aim = None if target is None else target[active]
+        grad, logits = cross_entropy_gradient(predictor, current, y[active], aim)
         wrong = logits.argmax(1) != y[active]
         if early_stop:
             active, grad = active[~wrong], grad[~wrong]  # type: ignore[index]
@@ -109,12 +118,6 @@ def iterate(
         moves[active] += 1
         x_adv[active] = update(active, x_adv[active], grad)
     return torch.where(found.view(-1, *([1] * (x_adv.dim() - 1))), x_found, x_adv), moves
-
-
-def normalized(v: torch.Tensor, p: float) -> torch.Tensor:
-    """``v`` divided per sample by its l_p norm; an all-zero sample stays zero (no NaN)."""
-    size = torch.linalg.vector_norm(v.flatten(1), ord=p, dim=1).clamp_min(1e-12)
-    return v / size.view(-1, *([1] * (v.dim() - 1)))
 
 
 def require_finite_budget(attack: str, eps: float) -> None:

@@ -1,7 +1,8 @@
 """Per-sample attack losses on logits: larger means closer to (or further into) misclassification.
 
 Every function maps ``(logits (n, C), y (n,))`` to a loss of shape ``(n,)`` that an untargeted
-attack *maximises*:
+attack *maximises*; given ``target`` (n,) as well, to the loss a targeted attack maximises
+(rising as the target class gains on the others):
 
 - ``cross_entropy``: the usual softmax cross-entropy of the true class;
 - ``dlr``: the Difference of Logits Ratio of Croce & Hein (ICML 2020, eq. 5),
@@ -9,6 +10,9 @@ attack *maximises*:
   decreasing order; invariant to shifting and rescaling the logits;
 - ``margin``: ``max_{i != y} z_i - z_y`` (the Carlini & Wagner 2017 f_6 loss without the
   clamp); positive exactly when the sample is misclassified.
+
+Targeted: ``-CE(logits, t)``; the targeted DLR of Croce & Hein (eq. 6),
+``-(z_y - z_t) / (z_pi1 - (z_pi3 + z_pi4) / 2)``; the margin ``z_t - max_{i != t} z_i``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFn = Callable[..., torch.Tensor]  # (logits, y) or (logits, y, target) -> (n,)
 
 
 def true_and_best_other(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,23 +32,38 @@ def true_and_best_other(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Te
     return true, others.amax(1)
 
 
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def cross_entropy(
+    logits: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None = None
+) -> torch.Tensor:
+    if target is not None:
+        return -F.cross_entropy(logits, target, reduction="none")
     return F.cross_entropy(logits, y, reduction="none")
 
 
-def dlr(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Difference of Logits Ratio (Croce & Hein 2020); needs at least 3 classes to be ratio-like.
+def dlr(logits: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+    """Difference of Logits Ratio (Croce & Hein 2020); needs at least 3 classes to be ratio-like
+    (4 for the targeted one, whose denominator averages the third and fourth logits).
 
-    With 2 classes the denominator falls back to ``z_pi1 - z_pi2``. The ``1e-12`` keeps the
-    ratio finite when the top logits tie.
+    With fewer classes the denominator falls back to the lowest logits there are. The
+    ``1e-12`` keeps the ratio finite when the top logits tie.
     """
-    true, other = true_and_best_other(logits, y)
     ordered = logits.sort(dim=1, descending=True).values
+    if target is not None:
+        true, aim = logits.gather(1, y[:, None]), logits.gather(1, target[:, None])
+        last = logits.shape[1] - 1
+        lower = (ordered[:, min(2, last)] + ordered[:, min(3, last)]) / 2
+        return -(true - aim).squeeze(1) / (ordered[:, 0] - lower + 1e-12)
+    true, other = true_and_best_other(logits, y)
     third = ordered[:, min(2, logits.shape[1] - 1)]
     return -(true - other) / (ordered[:, 0] - third + 1e-12)
 
 
-def margin(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def margin(
+    logits: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None = None
+) -> torch.Tensor:
+    if target is not None:
+        aim, best_other = true_and_best_other(logits, target)
+        return aim - best_other
     true, other = true_and_best_other(logits, y)
     return other - true
 

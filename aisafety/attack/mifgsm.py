@@ -14,8 +14,9 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
-from aisafety.attack.bim import clip_linf
-from aisafety.attack.gradients import iterate, normalized, require_finite_budget
+from aisafety.attack.call import AttackCall
+from aisafety.attack.gradients import iterate, require_finite_budget
+from aisafety.attack.threat import normalized
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -38,18 +39,20 @@ class MIFGSM(Attack):
     requires = Capability.GRADIENTS
     description = "Momentum iterative FGSM, l-inf (Dong et al. 2018)"
     Config = MIFGSMConfig
+    targeted = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         require_finite_budget(self.name, eps)
         cfg = self.config
         alpha = cfg.step_size if cfg.step_size is not None else eps / cfg.steps
         momentum = torch.zeros_like(x)
+        threat = self.threat
 
         def update(active, x_adv, grad):
             g = cfg.decay * momentum[active] + normalized(grad, 1)
             momentum[active] = g
-            return clip_linf(x_adv + alpha * g.sign(), x[active], eps)
+            return threat.project(x_adv + alpha * threat.ascent(g), x[active], eps)
 
-        return iterate(predictor, x, y, cfg.steps, cfg.early_stop, update)
+        return iterate(predictor, x, y, cfg.steps, cfg.early_stop, update, call.target)

@@ -33,8 +33,8 @@ the search to move them. On the zoo's MNIST CNN (32 test images, eps 0.3, 10 ite
 30 draws, lr 0.1) the robust accuracy is 0.84 with 1e-6, 0.25 with 0.1 and 0.06 with 0.3.
 
 ``steps`` counts the model queries spent per sample on perturbed inputs (``population + 1``
-per iteration); one extra query on the clean batch finds the samples already misclassified,
-which are left as they are with 0 queries.
+per iteration); samples the model already misclassifies (by the call's clean logits) are left
+as they are with 0 queries (``Attack.skips_misclassified``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.attack.square import margin_loss
+from aisafety.attack.threat import LinfThreat
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -76,23 +78,16 @@ class NAttack(Attack):
     requires = Capability.SCORES
     description = "NATTACK, Gaussian search distribution learnt by NES, l-inf (Li et al. 2019)"
     Config = NAttackConfig
+    skips_misclassified = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        gen = self.generator(x.device)
-        n = len(x)
-        queries = torch.zeros(n, dtype=torch.long, device=x.device)
-        x_best = x.clone()
-        if n == 0 or eps == 0:
-            return x_best, queries
+        gen = call.generator
         with torch.inference_mode():
-            todo = torch.nonzero(predictor.logits(x).argmax(1) == y).squeeze(1)
-            if not len(todo):
-                return x_best, queries
-            x0, y0 = x[todo], y[todo]
-            m = len(todo)
+            x0, y0 = x, y
+            m = len(x)
             z0 = torch.atanh((2 * x0 - 1) * (1 - cfg.box_shrink))
             mu = cfg.init_std * torch.randn(x0.shape, generator=gen, device=x.device)
             found = x0.clone()
@@ -129,9 +124,7 @@ class NAttack(Attack):
             # samples never fooled end at their mean's image
             if len(active):
                 found[active] = self._image(z0[active] + mu[active], x0[active], eps)
-        x_best[todo] = found
-        queries[todo] = used
-        return x_best, queries
+        return found, used
 
     def _update(
         self,
@@ -168,7 +161,7 @@ class NAttack(Attack):
     def _image(z: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
         """``(tanh(z) + 1) / 2`` projected into the l-inf ball of ``eps`` around ``x``."""
         img = (torch.tanh(z) + 1) / 2
-        return (x + (img - x).clamp(-eps, eps)).clamp(0, 1)
+        return LinfThreat.contain_delta(img - x, x, eps)
 
     def _logits(self, predictor: Predictor, batch: torch.Tensor) -> torch.Tensor:
         return torch.cat([predictor.logits(part) for part in batch.split(self.config.max_batch)])

@@ -6,7 +6,9 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.attack.gradients import cross_entropy_gradient
+from aisafety.attack.threat import LinfThreat
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -31,25 +33,27 @@ class PGDLinf(Attack):
     requires = Capability.GRADIENTS
     description = "Projected gradient descent, l-inf, random start (Madry et al. 2018)"
     Config = PGDConfig
+    targeted = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         alpha = cfg.step_size if cfg.step_size is not None else 2.5 * eps / cfg.steps
         x_adv = x.clone()
         if cfg.random_start:
-            noise = torch.rand(x.shape, generator=self.generator(x.device), device=x.device)
-            x_adv = (x + (2 * noise - 1) * eps).clamp(0, 1)
+            x_adv = self.threat.random_start(x, eps, call.generator)
         steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
         # the l-inf ball intersected with [0, 1], once: each step is then one clamp
-        lower, upper = (x - eps).clamp_min(0), (x + eps).clamp_max(1)
+        lower, upper = LinfThreat.bounds(x, eps)
+        target = call.target
         # Without early stop every sample stays active: a slice keeps the updates in place.
         active: torch.Tensor | slice = (
             torch.arange(len(x), device=x.device) if cfg.early_stop else slice(None)
         )
         for _ in range(cfg.steps):
-            grad, logits = cross_entropy_gradient(predictor, x_adv[active], y[active])
+            aim = None if target is None else target[active]
+            grad, logits = cross_entropy_gradient(predictor, x_adv[active], y[active], aim)
             if cfg.early_stop:
                 still = logits.argmax(1) == y[active]
                 active, grad = active[still], grad[still]  # type: ignore[index]

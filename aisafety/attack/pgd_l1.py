@@ -29,8 +29,9 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
-from aisafety.attack.gradients import iterate, normalized, require_finite_budget
-from aisafety.attack.projection import project_l1
+from aisafety.attack.call import AttackCall
+from aisafety.attack.gradients import iterate, require_finite_budget
+from aisafety.attack.threat import normalized
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -83,15 +84,6 @@ def sparse_direction(
     return normalized(flat.sign() * keep, 1).view_as(grad)
 
 
-def random_l1_ball(x: torch.Tensor, eps: float, generator: torch.Generator) -> torch.Tensor:
-    """Random points of the l1 ball: uniform direction, radius uniform in [0, eps]."""
-    exponential = -torch.rand(x.shape, generator=generator, device=x.device).log()
-    signs = torch.randint(0, 2, x.shape, generator=generator, device=x.device) * 2 - 1
-    radius = eps * torch.rand(len(x), generator=generator, device=x.device)
-    direction = normalized(exponential * signs, 1)
-    return x + direction * radius.view(-1, *([1] * (x.dim() - 1)))
-
-
 class PGDL1(Attack):
     name = "pgd-l1"
     family = AttackFamily.GRADIENT
@@ -99,21 +91,21 @@ class PGDL1(Attack):
     requires = Capability.GRADIENTS
     description = "SLIDE, sparse l1 descent with l1-ball projection (Tramèr & Boneh 2019)"
     Config = SLIDEConfig
+    targeted = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         require_finite_budget(self.name, eps)
         cfg = self.config
         alpha = cfg.step_size if cfg.step_size is not None else eps / 10
+        threat = self.threat
         x_start = x
         if cfg.random_start:
-            x_start = random_l1_ball(x, eps, self.generator(x.device)).clamp(0, 1)
+            x_start = threat.random_start(x, eps, call.generator)
 
         def update(active, x_adv, grad):
             direction = sparse_direction(grad, x_adv, cfg.sparsity, cfg.clip_grad)
-            x_clean = x[active]
-            moved = x_adv + alpha * direction
-            return (x_clean + project_l1(moved - x_clean, eps)).clamp(0, 1)
+            return threat.project(x_adv + alpha * direction, x[active], eps)
 
-        return iterate(predictor, x_start, y, cfg.steps, cfg.early_stop, update)
+        return iterate(predictor, x_start, y, cfg.steps, cfg.early_stop, update, call.target)

@@ -35,6 +35,8 @@ class AttackResult:
     success: torch.Tensor
     steps: torch.Tensor
     seconds: float
+    # the class each sample was pushed towards (targeted calls); success stays misclassification
+    target: torch.Tensor | None = None
 
     @property
     def clean_pred(self) -> torch.Tensor:
@@ -43,6 +45,13 @@ class AttackResult:
     @property
     def adv_pred(self) -> torch.Tensor:
         return self.adv_logits.argmax(1)
+
+    @property
+    def hit_target(self) -> torch.Tensor:
+        """Per sample, whether the adversarial input is classified as its target class."""
+        if self.target is None:
+            raise ValueError(f"attack {self.attack!r} ran untargeted: it has no targets")
+        return self.adv_pred == self.target
 
     @property
     def norms(self) -> dict[str, torch.Tensor]:
@@ -63,7 +72,9 @@ class AttackResult:
         merged = {}
         for f in fields(cls):
             values = [getattr(p, f.name) for p in parts]
-            if isinstance(values[0], torch.Tensor):
+            if values[0] is None:
+                merged[f.name] = None
+            elif isinstance(values[0], torch.Tensor):
                 merged[f.name] = torch.cat(values)
             elif f.name == "seconds":
                 merged[f.name] = sum(values)

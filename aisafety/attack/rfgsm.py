@@ -15,6 +15,7 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.attack.gradients import cross_entropy_gradient, require_finite_budget
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -33,14 +34,15 @@ class RFGSM(Attack):
     requires = Capability.GRADIENTS
     description = "R+FGSM: random sign step, then an FGSM step, l-inf (Tramèr et al. 2018)"
     Config = RFGSMConfig
+    targeted = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         require_finite_budget(self.name, eps)
         alpha = self.config.alpha_ratio * eps
-        noise = torch.randn(x.shape, generator=self.generator(x.device), device=x.device)
+        noise = torch.randn(x.shape, generator=call.generator, device=x.device)
         x_start = (x + alpha * noise.sign()).clamp(0, 1)
-        grad, _ = cross_entropy_gradient(predictor, x_start, y)
+        grad, _ = cross_entropy_gradient(predictor, x_start, y, call.target)
         steps = torch.ones(len(x), dtype=torch.long, device=x.device)
-        return x_start + (eps - alpha) * grad.sign(), steps
+        return x_start + (eps - alpha) * self.threat.ascent(grad), steps

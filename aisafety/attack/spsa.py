@@ -19,9 +19,10 @@ are clipped into [0, 1] before they are queried (a predictor takes only [0, 1] i
 pixel on the box's edge the difference is then one-sided, with the same sign.
 
 ``steps`` counts the model queries spent per sample on perturbed inputs: ``2 * samples``
-for the gradient estimate plus one for the new iterate, per Adam step. One extra query on the
-clean batch finds the samples that are already misclassified: they are left as they are with
-0 queries. The attack returns, per sample, the iterate with the lowest margin it queried.
+for the gradient estimate plus one for the new iterate, per Adam step. Samples the model
+already misclassifies (by the call's clean logits) are left as they are with 0 queries
+(``Attack.skips_misclassified``). The attack returns, per sample, the iterate with the lowest
+margin it queried.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.attack.square import margin_loss
+from aisafety.attack.threat import LinfThreat
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -65,29 +68,21 @@ class SPSA(Attack):
     requires = Capability.SCORES
     description = "SPSA gradient estimate + Adam, l-inf, score-based (Uesato et al. 2018)"
     Config = SPSAConfig
+    skips_misclassified = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        gen = self.generator(x.device)
-        n = len(x)
-        queries = torch.zeros(n, dtype=torch.long, device=x.device)
-        x_best = x.clone()
-        if n == 0 or eps == 0:
-            return x_best, queries
+        gen = call.generator
         with torch.inference_mode():
-            clean_logits = predictor.logits(x)
-            todo = torch.nonzero(clean_logits.argmax(1) == y).squeeze(1)
-            if not len(todo):
-                return x_best, queries
-            x0, y0 = x[todo], y[todo]
-            m = len(todo)
+            x0, y0 = x, y
+            m = len(x)
             delta = torch.zeros_like(x0)  # the perturbation Adam optimises
             moment1 = torch.zeros_like(x0)
             moment2 = torch.zeros_like(x0)
             best = x0.clone()
-            best_margin = margin_loss(clean_logits[todo], y0)
+            best_margin = margin_loss(call.clean_logits, y0)
             used = torch.zeros(m, dtype=torch.long, device=x.device)
             active = torch.arange(m, device=x.device)
             per_step = 2 * cfg.samples + 1
@@ -99,8 +94,7 @@ class SPSA(Attack):
                 moment1[active], moment2[active] = m1, m2
                 step = (m1 / (1 - cfg.beta1**t)) / ((m2 / (1 - cfg.beta2**t)).sqrt() + cfg.adam_eps)
                 # descend the margin, then project into the ball and the box
-                moved = (delta[active] - cfg.lr * step).clamp(-eps, eps)
-                x_new = (x0[active] + moved).clamp(0, 1)
+                x_new = LinfThreat.contain_delta(delta[active] - cfg.lr * step, x0[active], eps)
                 delta[active] = x_new - x0[active]
                 logits = predictor.logits(x_new)
                 used[active] += per_step
@@ -112,9 +106,7 @@ class SPSA(Attack):
                     active = active[logits.argmax(1) == y0[active]]
                     if not len(active):
                         break
-        x_best[todo] = best
-        queries[todo] = used
-        return x_best, queries
+        return best, used
 
     def _estimate(
         self, predictor: Predictor, point: torch.Tensor, y: torch.Tensor, gen: torch.Generator

@@ -21,8 +21,8 @@ With ``queries`` = n the reference runs n iterations after the initial query (n 
 here the initial query counts, as in ``square-linf``.
 
 ``steps`` counts the queries spent per sample on perturbed inputs, the initial pattern included.
-One extra query on the clean batch finds the samples that are already misclassified: they are
-left as they are with 0 queries.
+Samples the model already misclassifies (by the call's clean logits) are left as they are with
+0 queries (``Attack.skips_misclassified``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.attack.square import margin_loss, p_selection
 from aisafety.errors import InputError
 from aisafety.interfaces import AttackFamily, Capability, Norm
@@ -140,28 +141,21 @@ class SquareL2(Attack):
     requires = Capability.SCORES
     description = "Square Attack, l2, score-based random search (Andriushchenko et al. 2020)"
     Config = SquareL2Config
+    skips_misclassified = True
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not math.isfinite(eps):
             raise InputError(f"attack {self.name!r} needs a finite budget, got eps={eps}")
         cfg = self.config
-        gen = self.generator(x.device)
+        gen = call.generator
         n, c, h, w = x.shape
-        queries = torch.zeros(n, dtype=torch.long, device=x.device)
-        x_best = x.clone()
-        if n == 0 or eps == 0:
-            return x_best, queries
         with torch.inference_mode():
-            clean_margin = margin_loss(predictor.logits(x), y)
-            todo = torch.nonzero(clean_margin > 0).squeeze(1)
-            if not len(todo):
-                return x_best, queries
-            x0, y0 = x[todo], y[todo]
+            x0, y0 = x, y
             best = to_sphere(x0, self._initial(x0, gen), eps)
             margin = margin_loss(predictor.logits(best), y0)
-            used = torch.ones(len(todo), dtype=torch.long, device=x.device)
+            used = torch.ones(n, dtype=torch.long, device=x.device)
             side_max = max(min(h, w) - 1, 1)
             for iteration in range(cfg.queries - 1):
                 active = torch.nonzero(margin > 0).squeeze(1)
@@ -182,9 +176,7 @@ class SquareL2(Attack):
                 margin[active] = torch.where(improved, new_margin, margin[active])
                 best[active] = torch.where(improved[:, None, None, None], proposal, best_cur)
                 used[active] += 1
-        x_best[todo] = best
-        queries[todo] = used
-        return x_best, queries
+        return best, used
 
     @staticmethod
     def _corner(

@@ -10,9 +10,10 @@ by the final evaluation, so the attack needs nothing of the target beyond its la
 The norm of a transfer attack is its inner attack's: ``TransferAttack.norm`` (the class
 attribute, l-inf, used when attacks are listed) describes the default ``pgd-linf``; an
 instance sets ``self.norm`` to the inner attack's norm, and the base class projects into that
-budget. The inner attack draws from this call's random stream, seeded with the inner attack's
-seed (``attack_config["seed"]``, default this attack's ``seed``), so crafting on a surrogate
-that *is* the target gives exactly the inner attack's own result.
+budget. The inner attack runs on this call (its random stream, its targets, its samples)
+with the surrogate's clean logits; the stream is seeded with the inner attack's seed
+(``attack_config["seed"]``, default this attack's ``seed``), so crafting on a surrogate that
+*is* the target gives exactly the inner attack's own result.
 
 ``steps`` reports the inner attack's steps (or queries) on the surrogate per sample; the
 target costs no queries.
@@ -26,6 +27,7 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -70,10 +72,14 @@ class TransferAttack(Attack):
             "attack", cfg.attack, {"seed": cfg.seed, **cfg.attack_config}
         )
         self.norm = self.inner.norm  # type: ignore[misc]  # the instance's budget is the inner's
+        self.targeted = self.inner.supports_targets()  # type: ignore[misc]
         models = list_models()
         if cfg.surrogate not in models:
             raise UnknownNameError("zoo model", cfg.surrogate, models)
         self._surrogates: dict[str, Predictor] = {}
+
+    def random_seed(self) -> int:
+        return self.inner.random_seed()
 
     def surrogate(self, device: torch.device) -> Predictor:
         """The surrogate model on ``device``, loaded once (sha256-checked by the zoo)."""
@@ -85,7 +91,7 @@ class TransferAttack(Attack):
         return self._surrogates[key]
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         surrogate = self.surrogate(predictor.device)
         self._check_surrogate(surrogate, predictor)
@@ -93,12 +99,9 @@ class TransferAttack(Attack):
             self.inner.requires,
             f"attack 'transfer' (inner attack {self.inner.name!r} on surrogate)",
         )
-        # The inner attack shares this call's generators, so one stream runs across chunks.
-        self.inner._generators = getattr(self, "_generators", None)  # type: ignore[assignment]
-        try:
-            return self.inner.perturb(surrogate, x, y, eps)
-        finally:
-            self.inner.__dict__.pop("_generators", None)
+        with torch.no_grad():
+            surrogate_logits = surrogate.logits(x)
+        return self.inner.perturb_todo(surrogate, x, y, eps, call.with_logits(surrogate_logits))
 
     def _check_surrogate(self, surrogate: Predictor, target: Predictor) -> None:
         if tuple(surrogate.input_shape) != tuple(target.input_shape):

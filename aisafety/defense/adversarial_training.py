@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from aisafety.attack.threat import LinfThreat
 from aisafety.config_base import PluginConfig
 
 
@@ -34,8 +35,7 @@ def pgd_examples(
     generator: torch.Generator,
 ) -> torch.Tensor:
     """Adversarial inputs for training: PGD on the cross-entropy from a random start."""
-    noise = torch.rand(x.shape, generator=generator, device=x.device)
-    x_start = (x + (2 * noise - 1) * eps).clamp(0, 1)
+    x_start = LinfThreat().random_start(x, eps, generator)
 
     def objective(logits: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, y, reduction="sum")
@@ -58,12 +58,14 @@ def ascend_linf(
     statistics untouched) and gradients flow to the input only, not to the parameters."""
     was_training = network.training
     network.eval()
+    threat = LinfThreat()
+    lower, upper = threat.bounds(x, eps)
     x_adv = x_start
     for _ in range(steps):
         x_adv.requires_grad_(True)
         (grad,) = torch.autograd.grad(objective(network(x_adv)), x_adv)
-        x_adv = x_adv.detach() + step_size * grad.sign()
-        x_adv = torch.min(torch.max(x_adv, x - eps), x + eps).clamp(0, 1)
+        x_adv = x_adv.detach() + step_size * threat.ascent(grad)
+        x_adv = torch.clamp(x_adv, lower, upper)
     network.train(was_training)
     return x_adv.detach()
 

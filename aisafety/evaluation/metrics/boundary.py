@@ -14,7 +14,7 @@ import math
 import torch
 from pydantic import Field
 
-from aisafety.attack.gradients import cross_entropy_gradient
+from aisafety.attack.bim import BIM
 from aisafety.config_base import PluginConfig
 from aisafety.evaluation.base import Metric
 from aisafety.evaluation.context import EvaluationContext
@@ -158,33 +158,22 @@ def steps_to_boundary(
     """Per sample, the fewest targeted-BIM steps towards any class j != y after which the
     prediction is no longer y (``max_steps + 1`` when none within the limit).
 
-    All k - 1 targets of a sample run as rows of one batch; a sample leaves the batch as soon
-    as one of its targets flips the prediction, since only the minimum is needed.
+    Every (sample, target) pair is one row of a targeted ``bim`` call with early stop: a row
+    stops moving at its first misclassified iterate, so its step count is the number of
+    steps that changed the prediction. The budget eps = 1 spans the whole [0, 1] box, so
+    only the box limits a step, as in the paper's unbounded search.
     """
-    device = predictor.device
-    x, y = x.to(device), y.to(device)
     n, k = len(x), predictor.num_classes
-    targets = torch.arange(k, device=device).repeat(n)
-    owner = torch.arange(n, device=device).repeat_interleave(k)
-    keep = targets != y[owner]
+    targets = torch.arange(k).repeat(n)
+    owner = torch.arange(n).repeat_interleave(k)
+    keep = targets != y.cpu()[owner]
     targets, owner = targets[keep], owner[keep]
-    points = x[owner].clone()
-    steps = torch.full((n,), max_steps + 1, dtype=torch.long, device=device)
-    active = torch.ones(len(owner), dtype=torch.bool, device=device)
-    for step in range(max_steps + 1):
-        rows = torch.nonzero(active).flatten()
-        if not len(rows):
-            break
-        # the logits at the current points come with the gradient: one forward pass per step
-        grad, logits = cross_entropy_gradient(predictor, points[rows], targets[rows])
-        done = owner[rows][logits.argmax(1) != y[owner[rows]]].unique()
-        steps[done] = step  # a sample leaves the batch at its first flip: this is its minimum
-        moving = ~torch.isin(owner[rows], done)
-        active[rows[~moving]] = False
-        if step < max_steps:
-            rows = rows[moving]
-            points[rows] = (points[rows] - step_size * grad[moving].sign()).clamp(0.0, 1.0)
-    return steps.cpu()
+    bim = BIM(steps=max_steps, step_size=step_size, early_stop=True)
+    result = bim(predictor, x[owner], y[owner], 1.0, chunk_size=len(owner), target=targets)
+    flipped = result.success.cpu()
+    row_steps = torch.where(flipped, result.steps.cpu(), max_steps + 1)
+    steps = torch.full((n,), max_steps + 1, dtype=torch.long)
+    return steps.scatter_reduce(0, owner, row_steps, reduce="amin")
 
 
 class EmpiricalBoundaryDistance2(Metric):
