@@ -74,6 +74,11 @@ from aisafety.evaluation.metrics.imperceptibility import (
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
 from aisafety.evaluation.metrics.noise_insensitivity import EmpiricalNoiseInsensitivity
 from aisafety.evaluation.metrics.sensitivity import PerturbationSensitivityDistance
+from aisafety.evaluation.metrics.smoothed import (
+    SmoothedAbstentionRate,
+    SmoothedAverageCertifiedRadius,
+    SmoothedCertifiedAccuracy,
+)
 from aisafety.hookspecs import hookimpl
 
 
@@ -152,6 +157,9 @@ def aisafety_metrics() -> list[type]:
         NeuronSensitivity,
         NeuronUncertainty,
         IBPCertifiedAccuracy,
+        SmoothedCertifiedAccuracy,
+        SmoothedAverageCertifiedRadius,
+        SmoothedAbstentionRate,
     ]
 
 

@@ -1,0 +1,1 @@
+"""Robustness verification: certificates that no perturbation in a ball changes the answer."""
