@@ -48,6 +48,41 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(render(*curve))
     if record.resumed_units:
         print(f"({record.resumed_units} finished unit(s) taken from the database)")
+    if args.format == "table":
+        print_sanity_checks(store, record.run_id)
+    return 0
+
+
+def print_sanity_checks(store: ResultStore, run_id: int) -> None:
+    """The gradient-masking checklist of the run just stored (aisafety/report/sanity.py)."""
+    from aisafety.report.data import load_run
+    from aisafety.report.sanity import sanity_checks, summary_line
+
+    checks = sanity_checks(load_run(store, run_id))
+    if checks:
+        warned = sum(c.status == "warn" for c in checks)
+        print(f"\nsanity checks ({warned} warning(s); details: aisafety report {run_id}):")
+        print("\n".join(summary_line(c) for c in checks))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from aisafety.report.data import latest_run_id
+    from aisafety.report.html import build_comparison, build_report, resolve_runs
+
+    store = ResultStore(args.db)
+    if args.compare:
+        run_ids = resolve_runs(store, args.compare)
+        html = build_comparison(store, run_ids)
+    else:
+        if args.run_id is not None and args.latest:
+            raise ConfigError("give a RUN_ID or --latest, not both")
+        run_ids = [args.run_id if args.run_id is not None else latest_run_id(store)]
+        html = build_report(store, run_ids[0])
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html, encoding="utf-8")
+    what = f"runs {', '.join(map(str, run_ids))}" if args.compare else f"run {run_ids[0]}"
+    print(f"wrote {out} ({what}, {len(html) / 1024:.0f} KiB)")
     return 0
 
 
@@ -231,6 +266,17 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument("--db", default=DEFAULT_URL)
     qu.add_argument("--format", choices=["table", "csv", "json"], default="table")
     qu.set_defaults(func=cmd_query)
+
+    rp = sub.add_parser("report", help="write the HTML report of a run (or a comparison)")
+    rp.add_argument("run_id", nargs="?", type=int, help="run id (default: the latest run)")
+    rp.add_argument("--latest", action="store_true", help="the latest run (the default)")
+    rp.add_argument(
+        "--compare", nargs="+", metavar="RUN",
+        help="leaderboard of these run ids or model names (a model name: its latest run)",
+    )  # fmt: skip
+    rp.add_argument("-o", "--output", default="report.html", help="default report.html")
+    rp.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")
+    rp.set_defaults(func=cmd_report)
 
     sv = sub.add_parser("serve", help="serve a model over the Open Inference Protocol v2 (REST)")
     sv.add_argument("model", help="zoo model name, .onnx file or TorchScript archive (.pt)")
