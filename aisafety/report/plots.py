@@ -84,11 +84,17 @@ def line_plot(
 
 
 def heatmap(
-    title: str, rows: Sequence[str], columns: Sequence[str], values: np.ndarray, label: str
+    title: str,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    values: np.ndarray,
+    label: str,
+    xlabel: str = "",
 ) -> Plot:
     fig, ax = _pyplot().subplots(figsize=(1.2 + 0.7 * len(columns), 0.9 + 0.32 * len(rows)))
     image = ax.imshow(values, cmap="Reds", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(columns)), columns)
+    ax.set_xlabel(xlabel)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     for (i, j), v in np.ndenumerate(values):
         if not np.isnan(v):
@@ -126,6 +132,8 @@ def example_grid(
             ax.imshow(np.clip(_as_image(image), 0, 1), **grey)
             ax.set_xticks([])
             ax.set_yticks([])
-            ax.set_xlabel(name if i else f"{name}\n{caption}", fontsize=7)
+            ax.set_xlabel(name, fontsize=7)
+            if i == 0:
+                ax.set_title(caption, fontsize=7)
     fig.suptitle(title, fontsize=10)
     return Plot(title, figure_uri(fig), f"{title}: {n} samples")

@@ -201,9 +201,10 @@ class Corruptions(ReportSection):
                 heatmap(
                     f"{model}: corruption error",
                     names,
-                    [f"severity {s}" for s in severities],
+                    [str(s) for s in severities],
                     values,
                     "error rate",
+                    "severity",
                 )
             )
         if not plots:
