@@ -67,6 +67,8 @@ from aisafety.evaluation.metrics.defense_cost import (
     ClassificationRectifyRatio,
     ClassificationSacrificeRatio,
 )
+from aisafety.evaluation.metrics.feature_separation import RobustnessDifferenceIndex, Roby
+from aisafety.evaluation.metrics.hypervolume import AdversarialHypervolume
 from aisafety.evaluation.metrics.imperceptibility import (
     AverageLpDistortion,
     AverageStructuralSimilarity,
@@ -152,6 +154,9 @@ def aisafety_metrics() -> list[type]:
         NeuronSensitivity,
         NeuronUncertainty,
         IBPCertifiedAccuracy,
+        RobustnessDifferenceIndex,
+        Roby,
+        AdversarialHypervolume,
     ]
 
 
