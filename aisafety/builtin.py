@@ -37,28 +37,22 @@ from aisafety.evaluation.metrics.accuracy import (
     AdversarialAccuracyWhiteBox,
     CleanAccuracy,
 )
-from aisafety.evaluation.metrics.attack_success import AttackSuccessRate, RobustAccuracy
-from aisafety.evaluation.metrics.boundary import (
-    EmpiricalBoundaryDistance,
-    EmpiricalBoundaryDistance2,
-)
-from aisafety.evaluation.metrics.certified import IBPCertifiedAccuracy
-from aisafety.evaluation.metrics.confidence import (
+from aisafety.evaluation.metrics.adversarial_confidence import (
     AverageConfidenceAdversarialClass,
     AverageConfidenceTrueClass,
     NoiseToleranceEstimation,
 )
+from aisafety.evaluation.metrics.attack_success import AttackSuccessRate, RobustAccuracy
+from aisafety.evaluation.metrics.boundary_distance import (
+    EmpiricalBoundaryDistance,
+    EmpiricalBoundaryDistance2,
+)
+from aisafety.evaluation.metrics.certified import IBPCertifiedAccuracy
 from aisafety.evaluation.metrics.corruption import (
     MeanCorruptionError,
     MeanFlipProbability,
     MeanFlipRate,
     RelativeMeanCorruptionError,
-)
-from aisafety.evaluation.metrics.coverage import (
-    KMultisectionNeuronCoverage,
-    NeuronBoundaryCoverage,
-    StrongNeuronActivationCoverage,
-    TopKNeuronCoverage,
 )
 from aisafety.evaluation.metrics.defense_cost import (
     ClassificationAccuracyVariance,
@@ -72,8 +66,14 @@ from aisafety.evaluation.metrics.imperceptibility import (
     AverageStructuralSimilarity,
 )
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
+from aisafety.evaluation.metrics.neuron_coverage import (
+    KMultisectionNeuronCoverage,
+    NeuronBoundaryCoverage,
+    StrongNeuronActivationCoverage,
+    TopKNeuronCoverage,
+)
 from aisafety.evaluation.metrics.noise_insensitivity import EmpiricalNoiseInsensitivity
-from aisafety.evaluation.metrics.sensitivity import PerturbationSensitivityDistance
+from aisafety.evaluation.metrics.perturbation_sensitivity import PerturbationSensitivityDistance
 from aisafety.hookspecs import hookimpl
 
 

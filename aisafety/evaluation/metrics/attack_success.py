@@ -2,16 +2,18 @@
 
 Stored once per budget, so one SQL query over ``results`` (or the ``accuracy_curves`` view)
 gives the accuracy-vs-budget curve of each attack.
+
+Registered metrics: ``asr``, ``robust-accuracy``.
 """
 
 from __future__ import annotations
 
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import AttackMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
 
 
-class RobustAccuracy(Metric):
+class RobustAccuracy(AttackMetric):
     """The fraction of all samples still classified correctly under the attack; AAW and AAB
     are the same number restricted to white-box or black-box attacks."""
 
@@ -19,7 +21,6 @@ class RobustAccuracy(Metric):
     description = "Accuracy on the adversarial examples of any attack, per budget"
     direction = Direction.HIGHER
     unit = "fraction"
-    per_attack = True
     requires = Capability.LABELS
 
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
@@ -27,7 +28,7 @@ class RobustAccuracy(Metric):
         return self.value(result.robust_accuracy, len(result.y), attack, eps)
 
 
-class AttackSuccessRate(Metric):
+class AttackSuccessRate(AttackMetric):
     """Among samples the model classifies correctly when clean, the fraction the attack turns
     wrong. Clean mistakes are left out: they are no success of the attack (the stored
     ``attack_runs.success_rate`` counts them, it is 1 - robust accuracy)."""
@@ -36,7 +37,6 @@ class AttackSuccessRate(Metric):
     description = "Fraction of clean-correct samples that the attack makes misclassified"
     direction = Direction.LOWER
     unit = "fraction"
-    per_attack = True
     requires = Capability.LABELS
 
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
