@@ -5,7 +5,6 @@ from __future__ import annotations
 from aisafety.attack.apgd import APGDCE, APGDCEL2, APGDDLR, APGDDLRL2, APGDMargin, APGDMarginL2
 from aisafety.attack.bim import BIM
 from aisafety.attack.boundary import BoundaryAttack
-from aisafety.attack.corruptions import CORRUPTION_ATTACKS
 from aisafety.attack.cw import CWL2
 from aisafety.attack.deepfool import DeepFoolL2, DeepFoolLinf
 from aisafety.attack.fgsm import FGSM
@@ -19,6 +18,7 @@ from aisafety.attack.spsa import SPSA
 from aisafety.attack.square import SquareLinf
 from aisafety.attack.square_l2 import SquareL2
 from aisafety.attack.transfer import TransferAttack
+from aisafety.corruption import CORRUPTION_ATTACKS
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset

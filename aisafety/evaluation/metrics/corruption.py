@@ -15,8 +15,8 @@ import math
 import torch
 from pydantic import Field, field_validator
 
-from aisafety.attack.corruptions import CORRUPTIONS, SEQUENCES, SEVERITIES
 from aisafety.config_base import PluginConfig
+from aisafety.corruption import CORRUPTIONS, SEQUENCES, SEVERITIES
 from aisafety.errors import UnknownNameError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
