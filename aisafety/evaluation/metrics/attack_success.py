@@ -2,6 +2,8 @@
 
 Stored once per budget, so one SQL query over ``results`` (or the ``accuracy_curves`` view)
 gives the accuracy-vs-budget curve of each attack.
+
+Registered metrics: ``asr``, ``robust-accuracy``.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from typing import Literal
 from pydantic import Field
 
 from aisafety.config_base import PluginConfig
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import AttackMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
 
 
-class RobustAccuracy(Metric):
+class RobustAccuracy(AttackMetric):
     """The fraction of all samples still classified correctly under the attack; AAW and AAB
     are the same number restricted to white-box or black-box attacks."""
 
@@ -24,7 +26,6 @@ class RobustAccuracy(Metric):
     description = "Accuracy on the adversarial examples of any attack, per budget"
     direction = Direction.HIGHER
     unit = "fraction"
-    per_attack = True
     requires = Capability.LABELS
 
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
@@ -40,7 +41,7 @@ class AttackSuccessConfig(PluginConfig):
     )
 
 
-class AttackSuccessRate(Metric):
+class AttackSuccessRate(AttackMetric):
     """Among samples the model classifies correctly when clean, the fraction the attack turns
     wrong. Clean mistakes are left out: they are no success of the attack (the stored
     ``attack_runs.success_rate`` counts them, it is 1 - robust accuracy).
@@ -53,7 +54,6 @@ class AttackSuccessRate(Metric):
     description = "Fraction of clean-correct samples that the attack makes misclassified"
     direction = Direction.LOWER
     unit = "fraction"
-    per_attack = True
     requires = Capability.LABELS
     Config = AttackSuccessConfig
 

@@ -6,6 +6,8 @@ supplement A writes it, the baseline RDI improves on). Both group the feature ve
 model's *predicted* label (the partition the model learned, not the true one), need only clean
 data and cost one forward pass. Classes the model never predicts are left out (K counts the
 predicted classes).
+
+Registered metrics: ``rdi``, ``roby``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import torch
 from pydantic import Field
 
 from aisafety.config_base import PluginConfig
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.features import HEAD_INPUT, extract_features
-from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
+from aisafety.interfaces import Capability, Direction, MetricValue
 
 
 @dataclass(frozen=True)
@@ -98,15 +100,13 @@ class FeatureConfig(PluginConfig):
     )
 
 
-class _FeatureSeparation(Metric):
+class _FeatureSeparation(CleanMetric):
     requires = Capability.ACTIVATIONS
     category = "attack-independent"
     Config = FeatureConfig
     key: str
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         features = extract_features(ctx.predictor, ctx.x, self.config.layer, ctx.batch_size)
         parts = self.formula(features.vectors, features.predicted)
         details = {k: v for k, v in parts.items() if k != self.key}

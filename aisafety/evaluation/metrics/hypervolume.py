@@ -9,6 +9,8 @@ the frontier points (eq. 4, the union of the boxes [0, t_i] x [0, F_i]). For the
 frontier that is the right Riemann sum sum_i (t_i - t_{i-1}) F_i, the paper's "product of the
 interval's length and the maximum objective value at the end of the interval". A sample
 misclassified at budget 0 has AH = 0; a model whose margin stays at 1 has AH = 1.
+
+Registered metric: ``adversarial-hypervolume`` (a clean metric: it runs its own search).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import torch
 from pydantic import Field
 
 from aisafety.config_base import PluginConfig
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.frontier import Frontier, adversarial_frontier
-from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue, Norm
+from aisafety.interfaces import Capability, Direction, MetricValue, Norm
 
 
 def hypervolume(levels: torch.Tensor, frontier: torch.Tensor) -> torch.Tensor:
@@ -48,7 +50,7 @@ class HypervolumeConfig(PluginConfig):
     samples: int | None = Field(default=None, gt=0, description="at most this many samples")
 
 
-class AdversarialHypervolume(Metric):
+class AdversarialHypervolume(CleanMetric):
     name = "adversarial-hypervolume"
     description = "Mean area under the per-sample adversarial frontier (margin against budget)"
     direction = Direction.HIGHER
@@ -73,9 +75,7 @@ class AdversarialHypervolume(Metric):
             torch.cat([p.gradients for p in parts]),
         )
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         found = self.frontier(ctx)
         levels = torch.tensor(found.budgets, dtype=torch.float64) / self.config.eps_max
         per_sample = hypervolume(levels, found.margins[:, 1:])
