@@ -53,6 +53,8 @@ REPORT_PLAN = {
     ],
     "metrics": [
         "ca", "robust-accuracy", "zero-gradient-rate",
+        {"name": "adversarial-hypervolume",
+         "config": {"budgets": 4, "steps": 3, "samples": 30}},
         {"name": "ibp-certified-accuracy", "config": {"eps": 0.01}},
         {"name": "ibp-certified-accuracy", "config": {"eps": 0.05}},
         {"name": "mce", "config": {"corruptions": ["gaussian_noise", "contrast"],

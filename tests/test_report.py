@@ -42,14 +42,13 @@ def test_report_has_every_section_and_interval(report_db):
     url, run_id = report_db
     html = build_report(ResultStore(url), run_id)
     for section in ("provenance", "models", "sanity", "metrics", "curves", "corruptions",
-                    "certified", "examples"):  # fmt: skip
+                    "certified", "frontier", "examples"):  # fmt: skip
         assert f'id="{section}"' in html, section
-    assert 'id="frontier"' not in html  # no frontier stored: the section is left out
     assert "http://" not in html and "https://" not in html  # self-contained
     plots = html.count('<img class="plot" src="data:image/png;base64,')
     assert plots == int(re.search(r'data-plots="(\d+)"', html).group(1))
-    # 1 curve (l-inf) + 1 corruption heatmap + 1 certified curve + 4 example grids
-    assert plots == 7
+    # 1 curve (l-inf) + 1 corruption heatmap + 1 certified curve + 1 frontier + 4 examples
+    assert plots == 8
     data = load_run(ResultStore(url), run_id)
     ca = next(m for m in data.metrics if m.metric == "ca")
     low, high = clopper_pearson(round(ca.value * ca.n_samples), ca.n_samples)

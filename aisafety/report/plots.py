@@ -137,3 +137,18 @@ def example_grid(
                 ax.set_title(caption, fontsize=7)
     fig.suptitle(title, fontsize=10)
     return Plot(title, figure_uri(fig), f"{title}: {n} samples")
+
+
+def frontier_plot(title: str, budgets: list[float], rows: np.ndarray, shown: int) -> Plot:
+    """Per-sample frontiers (margin against budget) in grey, their mean in black."""
+    fig, ax = _pyplot().subplots(figsize=(5.6, 3.6))
+    for row in rows[:shown]:
+        ax.plot(budgets, row, color="0.6", linewidth=0.6, alpha=0.6)
+    ax.plot(budgets, rows.mean(0), color="black", linewidth=2, label=f"mean of {len(rows)}")
+    ax.axhline(0, color="tab:red", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("eps")
+    ax.set_ylabel("margin reached")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=10)
+    return Plot(title, figure_uri(fig), f"{title}: {len(rows)} per-sample frontiers")

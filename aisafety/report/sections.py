@@ -265,43 +265,42 @@ class CertifiedCurves(ReportSection):
         )
 
 
-def _frontier_points(details: dict) -> tuple[list[float], list[float]] | None:
-    """A stored frontier: {"eps": [...], "accuracy": [...]} or [[eps, accuracy], ...]."""
-    frontier = details.get("frontier")
-    if isinstance(frontier, dict):
-        xs = frontier.get("eps") or frontier.get("budgets") or frontier.get("x")
-        ys = frontier.get("accuracy") or frontier.get("robust_accuracy") or frontier.get("y")
-        if isinstance(xs, list) and isinstance(ys, list) and xs and len(xs) == len(ys):
-            return [float(x) for x in xs], [float(y) for y in ys]
-    if (
-        isinstance(frontier, list)
-        and frontier
-        and all(isinstance(p, list | tuple) and len(p) == 2 for p in frontier)
-    ):
-        return [float(p[0]) for p in frontier], [float(p[1]) for p in frontier]
-    return None
+def _frontiers(details: dict) -> tuple[list[float], np.ndarray] | None:
+    """A stored per-sample frontier: ``budgets`` (k,) and ``frontier`` (n, k) rows of the
+    margin reached at each budget (adversarial-hypervolume's details)."""
+    budgets, frontier = details.get("budgets"), details.get("frontier")
+    if not isinstance(budgets, list) or not isinstance(frontier, list) or not frontier:
+        return None
+    rows = np.asarray(frontier, dtype=float)
+    if rows.ndim != 2 or rows.shape[1] != len(budgets):
+        return None
+    return [float(b) for b in budgets], rows
 
 
 class Frontier(ReportSection):
-    name, title, order = "frontier", "Adversarial hypervolume frontier", 80
+    name, title, order = "frontier", "Adversarial frontier", 80
+    shown = 60  # per-sample lines drawn (all of them make a grey blur)
 
     def render(self, report: Report) -> str | None:
+        from aisafety.report.plots import frontier_plot
+
         plots = []
-        for model in report.data.model_names:
-            series = []
-            for m in report.data.metrics:
-                points = _frontier_points(m.details) if m.model == model else None
-                if points is not None:
-                    series.append(Series(f"{m.metric} = {m.value:.4g}", *points, style="-"))
-            if series:
+        for m in report.data.metrics:
+            found = _frontiers(m.details)
+            if found is not None:
+                budgets, rows = found
+                value = "nan" if m.value is None else f"{m.value:.4g}"
                 plots.append(
-                    line_plot(
-                        f"{model}: frontier", series, "eps", "confidence / accuracy", ylim=None
-                    )
+                    frontier_plot(f"{m.model}: {m.metric} = {value}", budgets, rows, self.shown)
                 )
         if not plots:
             return None
-        return report.template("plots.html.j2", plots=plots, note="")
+        return report.template(
+            "plots.html.j2",
+            plots=plots,
+            note="grey: the margin each sample keeps as the budget grows (its frontier; "
+            "below 0 it is misclassified); black: the mean over samples.",
+        )
 
 
 class Examples(ReportSection):

@@ -1,4 +1,5 @@
-"""The share of samples whose loss gradient is zero or not finite: a gradient-masking sign.
+"""``zero-gradient-rate``: the share of samples whose loss gradient is zero or not finite, a
+gradient-masking sign.
 
 A white-box attack that follows the cross-entropy gradient learns nothing where that
 gradient is exactly zero (a saturated softmax underflows: defensive distillation, Carlini &
@@ -11,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from aisafety.attack.gradients import cross_entropy_gradient
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
+from aisafety.interfaces import Capability, Direction, MetricValue
 
 
 def dead_gradient_mask(predictor, x: torch.Tensor, y: torch.Tensor, batch: int) -> torch.Tensor:
@@ -28,7 +29,7 @@ def dead_gradient_mask(predictor, x: torch.Tensor, y: torch.Tensor, batch: int) 
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
 
 
-class ZeroGradientRate(Metric):
+class ZeroGradientRate(CleanMetric):
     name = "zero-gradient-rate"
     description = "Share of correctly classified samples whose input loss gradient is 0 or NaN"
     direction = Direction.LOWER
@@ -36,9 +37,7 @@ class ZeroGradientRate(Metric):
     category = "diagnostic"
     requires = Capability.GRADIENTS
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         correct = ctx.clean_correct
         dead = dead_gradient_mask(ctx.predictor, ctx.x[correct], ctx.y[correct], ctx.batch_size)
         n = int(correct.sum())
