@@ -27,10 +27,13 @@ RETRY_PAUSE_S = 0.5  # first pause between attempts; doubles each time
 
 T = TypeVar("T")
 
-# Errors worth another attempt: a lock held by another process, or a schema object another
-# process created between our check and our statement.
+# Errors worth another attempt: a lock held by another process, or a row or schema object
+# another process created between our check and our insert (a model or dataset row written
+# by a concurrent run: the next attempt finds it).
 _TRANSIENT = (
     "locked", "busy", "deadlock", "could not serialize", "already exists", "duplicate column",
+    "unique constraint failed: models.", "unique constraint failed: datasets.",
+    'unique constraint "models_', 'unique constraint "datasets_',
 )  # fmt: skip
 
 
