@@ -42,7 +42,11 @@ from aisafety.evaluation.metrics.boundary import (
     EmpiricalBoundaryDistance,
     EmpiricalBoundaryDistance2,
 )
-from aisafety.evaluation.metrics.certified import IBPCertifiedAccuracy
+from aisafety.evaluation.metrics.certified import (
+    AverageCertifiedRadius,
+    CertifiedAccuracy,
+    IBPCertifiedAccuracy,
+)
 from aisafety.evaluation.metrics.confidence import (
     AverageConfidenceAdversarialClass,
     AverageConfidenceTrueClass,
@@ -75,6 +79,8 @@ from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertai
 from aisafety.evaluation.metrics.noise_insensitivity import EmpiricalNoiseInsensitivity
 from aisafety.evaluation.metrics.sensitivity import PerturbationSensitivityDistance
 from aisafety.hookspecs import hookimpl
+from aisafety.verification.incomplete import INCOMPLETE
+from aisafety.verification.milp import CompleteVerifier
 
 
 @hookimpl
@@ -152,6 +158,8 @@ def aisafety_metrics() -> list[type]:
         NeuronSensitivity,
         NeuronUncertainty,
         IBPCertifiedAccuracy,
+        CertifiedAccuracy,
+        AverageCertifiedRadius,
     ]
 
 
@@ -166,3 +174,8 @@ def aisafety_datasets() -> list[type]:
         ImageFolderDataset,
         NpzDataset,
     ]
+
+
+@hookimpl
+def aisafety_verifiers() -> list[type]:
+    return [*INCOMPLETE, CompleteVerifier]

@@ -23,6 +23,7 @@ LIST_KINDS = {
     "defenses": "defense",
     "metrics": "metric",
     "datasets": "dataset",
+    "verifiers": "verifier",
 }
 
 

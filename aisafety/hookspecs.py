@@ -31,3 +31,8 @@ def aisafety_metrics() -> list[type]:
 @hookspec
 def aisafety_datasets() -> list[type]:
     """Return ``aisafety.database.datasets.base.DatasetSource`` subclasses."""
+
+
+@hookspec
+def aisafety_verifiers() -> list[type]:
+    """Return ``aisafety.verification.base.Verifier`` subclasses."""
