@@ -5,7 +5,6 @@ from __future__ import annotations
 from aisafety.attack.apgd import APGDCE, APGDCEL2, APGDDLR, APGDDLRL2, APGDMargin, APGDMarginL2
 from aisafety.attack.bim import BIM
 from aisafety.attack.boundary import BoundaryAttack
-from aisafety.attack.corruptions import CORRUPTION_ATTACKS
 from aisafety.attack.cw import CWL2
 from aisafety.attack.deepfool import DeepFoolL2, DeepFoolLinf
 from aisafety.attack.fgsm import FGSM
@@ -19,6 +18,7 @@ from aisafety.attack.spsa import SPSA
 from aisafety.attack.square import SquareLinf
 from aisafety.attack.square_l2 import SquareL2
 from aisafety.attack.transfer import TransferAttack
+from aisafety.corruption import CORRUPTION_ATTACKS
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
@@ -37,8 +37,13 @@ from aisafety.evaluation.metrics.accuracy import (
     AdversarialAccuracyWhiteBox,
     CleanAccuracy,
 )
+from aisafety.evaluation.metrics.adversarial_confidence import (
+    AverageConfidenceAdversarialClass,
+    AverageConfidenceTrueClass,
+    NoiseToleranceEstimation,
+)
 from aisafety.evaluation.metrics.attack_success import AttackSuccessRate, RobustAccuracy
-from aisafety.evaluation.metrics.boundary import (
+from aisafety.evaluation.metrics.boundary_distance import (
     EmpiricalBoundaryDistance,
     EmpiricalBoundaryDistance2,
 )
@@ -47,22 +52,11 @@ from aisafety.evaluation.metrics.certified import (
     CertifiedAccuracy,
     IBPCertifiedAccuracy,
 )
-from aisafety.evaluation.metrics.confidence import (
-    AverageConfidenceAdversarialClass,
-    AverageConfidenceTrueClass,
-    NoiseToleranceEstimation,
-)
 from aisafety.evaluation.metrics.corruption import (
     MeanCorruptionError,
     MeanFlipProbability,
     MeanFlipRate,
     RelativeMeanCorruptionError,
-)
-from aisafety.evaluation.metrics.coverage import (
-    KMultisectionNeuronCoverage,
-    NeuronBoundaryCoverage,
-    StrongNeuronActivationCoverage,
-    TopKNeuronCoverage,
 )
 from aisafety.evaluation.metrics.defense_cost import (
     ClassificationAccuracyVariance,
@@ -71,13 +65,21 @@ from aisafety.evaluation.metrics.defense_cost import (
     ClassificationRectifyRatio,
     ClassificationSacrificeRatio,
 )
+from aisafety.evaluation.metrics.feature_separation import RobustnessDifferenceIndex, Roby
+from aisafety.evaluation.metrics.hypervolume import AdversarialHypervolume
 from aisafety.evaluation.metrics.imperceptibility import (
     AverageLpDistortion,
     AverageStructuralSimilarity,
 )
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
+from aisafety.evaluation.metrics.neuron_coverage import (
+    KMultisectionNeuronCoverage,
+    NeuronBoundaryCoverage,
+    StrongNeuronActivationCoverage,
+    TopKNeuronCoverage,
+)
 from aisafety.evaluation.metrics.noise_insensitivity import EmpiricalNoiseInsensitivity
-from aisafety.evaluation.metrics.sensitivity import PerturbationSensitivityDistance
+from aisafety.evaluation.metrics.perturbation_sensitivity import PerturbationSensitivityDistance
 from aisafety.hookspecs import hookimpl
 from aisafety.verification.incomplete import INCOMPLETE
 from aisafety.verification.milp import CompleteVerifier
@@ -160,6 +162,9 @@ def aisafety_metrics() -> list[type]:
         IBPCertifiedAccuracy,
         CertifiedAccuracy,
         AverageCertifiedRadius,
+        RobustnessDifferenceIndex,
+        Roby,
+        AdversarialHypervolume,
     ]
 
 

@@ -10,6 +10,9 @@
   smallest counterexample a box-PGD finds by the same search (an upper bound).
 
 Per-sample verdicts, margins and seconds go to the ``verification_samples`` table.
+
+Registered metrics: ``certified-accuracy``, ``ibp-certified-accuracy``,
+``average-certified-radius``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pydantic import Field
 from aisafety.config_base import PluginConfig
 from aisafety.database.schema import SAMPLES
 from aisafety.errors import AISafetyError, CapabilityError
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
 from aisafety.verification.falsify import pgd_on_rows, replay
@@ -63,7 +66,7 @@ class CertifiedConfig(PluginConfig):
     attack_config: dict[str, Any] = Field(default_factory=dict)
 
 
-class CertifiedAccuracy(Metric):
+class CertifiedAccuracy(CleanMetric):
     name = "certified-accuracy"
     description = "Fraction of samples a verifier proves robust in the l-inf eps-ball (lower bound)"
     direction = Direction.HIGHER
@@ -76,9 +79,7 @@ class CertifiedAccuracy(Metric):
         super().__init__(config, **overrides)
         self.verifier = make_verifier(self.config.verifier, self.config.verifier_config)
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         graph = predictor_graph(ctx.predictor, self.name)
         self.verifier.check(graph)
         eps = self.config.eps
@@ -125,7 +126,7 @@ class RadiusConfig(PluginConfig):
     attack_steps: int = Field(default=50, ge=1, description="box-PGD steps of the upper bound")
 
 
-class AverageCertifiedRadius(Metric):
+class AverageCertifiedRadius(CleanMetric):
     name = "average-certified-radius"
     description = "Mean largest l-inf radius a verifier certifies per sample (binary search)"
     direction = Direction.HIGHER
@@ -138,9 +139,7 @@ class AverageCertifiedRadius(Metric):
         super().__init__(config, **overrides)
         self.verifier = make_verifier(self.config.verifier, self.config.verifier_config)
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         graph = predictor_graph(ctx.predictor, self.name)
         self.verifier.check(graph)
         x, y = ctx.x.cpu(), ctx.y.cpu()
