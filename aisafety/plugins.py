@@ -25,6 +25,7 @@ KINDS = {
     "metric": "aisafety_metrics",
     "dataset": "aisafety_datasets",
     "verifier": "aisafety_verifiers",
+    "report_section": "aisafety_report_sections",
 }
 BUILTIN = "aisafety.builtin"
 
