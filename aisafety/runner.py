@@ -14,9 +14,10 @@ import logging
 import torch
 
 from aisafety.attack.base import Attack
+from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
-from aisafety.errors import CapabilityError
-from aisafety.evaluation.base import Metric
+from aisafety.errors import CapabilityError, PluginError
+from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.reference import missing_reference
 from aisafety.interfaces import (
@@ -24,6 +25,7 @@ from aisafety.interfaces import (
     AttackSpec,
     DatasetSpec,
     EvaluationPlan,
+    MetricSpec,
     MetricValue,
     RunRecord,
 )
@@ -60,9 +62,7 @@ class Runner:
         self.quiet = quiet
         # Build every attack and metric now: a bad name or config fails before any work.
         self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
-        self.metrics: list[Metric] = [
-            self.registry.create("metric", s.name, s.config) for s in plan.metrics
-        ]
+        self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
         if baseline_users and plan.reference_model is None:
             raise missing_reference(f"metric {baseline_users[0]!r}")
@@ -70,6 +70,16 @@ class Runner:
 
     def _make_attack(self, spec: AttackSpec) -> Attack:
         return self.registry.create("attack", spec.name, spec.config)
+
+    def _make_metric(self, spec: MetricSpec) -> Metric:
+        metric = self.registry.create("metric", spec.name, spec.config)
+        if not isinstance(metric, CleanMetric | AttackMetric):
+            source = self.registry.sources["metric"].get(spec.name, "?")
+            raise PluginError(
+                f"metric {spec.name!r} (from {source!r}) is neither a CleanMetric nor an "
+                "AttackMetric; subclass one of aisafety.evaluation.base's two metric kinds"
+            )
+        return metric
 
     def run(self) -> RunRecord:
         plan = self.plan
@@ -104,13 +114,17 @@ class Runner:
         resumed = 0
         status = "failed"
         try:
-            for key, description, compute in self._units(subject, context, run_id):
-                if key in done:
-                    values += self.store.unit_values(key)
-                    resumed += 1
-                    continue
-                values += compute(key, description)
+            with terminate_as_interrupt():
+                for key, description, compute in self._units(subject, context, run_id):
+                    if key in done:
+                        values += self.store.unit_values(key)
+                        resumed += 1
+                        continue
+                    values += compute(key, description)
             status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
         finally:
             self.store.finish_run(run_id, status)
         return RunRecord(
@@ -154,7 +168,7 @@ class Runner:
             base += (self._reference_fingerprint,)
         if self.plan.profile_dataset is not None:  # other neuron bounds, other coverage
             base += (self.plan.profile_dataset.key(),)
-        clean = [m for m in self.metrics if not m.per_attack]
+        clean = [m for m in self.metrics if isinstance(m, CleanMetric)]
         if clean:
             key = _key(base, "clean", [m.label() for m in clean])
 
@@ -166,7 +180,11 @@ class Runner:
             yield key, f"clean metrics on {subject.dataset_name}", compute_clean
         for spec in self.plan.attacks:
             attack = self.attacks[spec.key()]
-            metrics = [m for m in self.metrics if m.per_attack and m.applies_to(attack.family)]
+            metrics = [
+                m
+                for m in self.metrics
+                if isinstance(m, AttackMetric) and m.applies_to(attack.family)
+            ]
             for eps in spec.eps:
                 key = _key(base, spec.key(), eps, [m.label() for m in metrics])
                 yield (

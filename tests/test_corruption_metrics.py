@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from aisafety.attack.corruptions.attacks import GaussianNoise
+from aisafety.corruption.attacks import GaussianNoise
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError
 from aisafety.evaluation import context as context_module

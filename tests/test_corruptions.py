@@ -24,7 +24,8 @@ from skimage.filters import gaussian
 from skimage.transform import warp
 
 from aisafety.attack.base import Attack
-from aisafety.attack.corruptions import (
+from aisafety.attack.result import AttackResult
+from aisafety.corruption import (
     CATEGORIES,
     CORRUPTION_ATTACKS,
     CORRUPTIONS,
@@ -36,10 +37,9 @@ from aisafety.attack.corruptions import (
     sequence,
     weather,
 )
-from aisafety.attack.corruptions.blur import disk_kernel
-from aisafety.attack.corruptions.digital import shift_value
-from aisafety.attack.corruptions.sequences import sweep
-from aisafety.attack.result import AttackResult
+from aisafety.corruption.blur import disk_kernel
+from aisafety.corruption.digital import shift_value
+from aisafety.corruption.sequences import sweep
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.errors import ConfigError, InputError, UnknownNameError
 from aisafety.interfaces import AttackFamily, Capability

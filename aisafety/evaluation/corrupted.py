@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aisafety.attack.corruptions import NOISE_SEQUENCES, corrupt, sequence
+from aisafety.corruption import NOISE_SEQUENCES, corrupt, sequence
 from aisafety.evaluation.inference import batched_predictions
 from aisafety.prediction.base import Predictor
 

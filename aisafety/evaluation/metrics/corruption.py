@@ -4,6 +4,8 @@ After Hendrycks & Dietterich (ICLR 2019), in the unnormalised form the AISafety 
 (eqs. 12-14): no AlexNet baseline for mCE and RmCE. mFR divides by the flip probability of the
 plan's reference model, as eq. 14's FP^base asks. Every corrupted set and sequence is an
 artifact of the context, so mCE and RmCE share the 19 x 5 sets and mFR and mFP the sequences.
+
+Registered metrics: ``mce``, ``mfp``, ``mfr``, ``rmce``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import math
 import torch
 from pydantic import Field, field_validator
 
-from aisafety.attack.corruptions import CORRUPTIONS, SEQUENCES, SEVERITIES
 from aisafety.config_base import PluginConfig
+from aisafety.corruption import CORRUPTIONS, SEQUENCES, SEVERITIES
 from aisafety.errors import UnknownNameError
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.corrupted import flip_probability
 from aisafety.interfaces import Capability, Direction, MetricValue
@@ -65,7 +67,7 @@ def clean_error(ctx: EvaluationContext, samples: int | None) -> float:
     return 1.0 - float(ctx.clean_correct[ctx.subset(samples)].double().mean())
 
 
-class MeanCorruptionError(Metric):
+class MeanCorruptionError(CleanMetric):
     """AISafety eq. 12: CE_c = sum over severities of E_{s,c}; mCE = mean over corruptions."""
 
     name = "mce"
@@ -75,13 +77,16 @@ class MeanCorruptionError(Metric):
     requires = Capability.LABELS
     Config = CorruptionConfig
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
-        per_corruption = self.per_corruption(ctx, corruption_errors(ctx, self.config))
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
+        errors = corruption_errors(ctx, self.config)
+        per_corruption = self.per_corruption(ctx, errors)
         return self.value(
             per_corruption.mean(),
             len(ctx.subset(self.config.samples)),
             per_corruption=dict(zip(self.config.corruptions, per_corruption.tolist(), strict=True)),
             severities=list(self.config.severities),
+            # E_{s,c} itself, for the report's error-per-type-and-severity plot
+            errors=dict(zip(self.config.corruptions, errors.tolist(), strict=True)),
         )
 
     def per_corruption(self, ctx: EvaluationContext, errors: torch.Tensor) -> torch.Tensor:
@@ -116,7 +121,7 @@ class SequenceConfig(PluginConfig):
         return names
 
 
-class MeanFlipProbability(Metric):
+class MeanFlipProbability(CleanMetric):
     """Eq. 14's flip probability FP_c, averaged over sequences, without a baseline."""
 
     name = "mfp"
@@ -134,7 +139,7 @@ class MeanFlipProbability(Metric):
             out[name] = flip_probability(seq, labels.compares_to_first_frame)
         return out
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         fp = self.flip_probabilities(ctx, reference=False)
         value = sum(fp.values()) / len(fp)
         n = len(ctx.subset(self.config.samples))
@@ -154,7 +159,7 @@ class MeanFlipRate(MeanFlipProbability):
     unit = "ratio"
     needs_reference = True
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         reference = ctx.reference.name  # first: a clear error if the plan has no reference
         fp = self.flip_probabilities(ctx, reference=False)
         base = self.flip_probabilities(ctx, reference=True)

@@ -28,9 +28,9 @@ from pydantic import Field
 from aisafety.config_base import PluginConfig
 from aisafety.defense.randomized_smoothing import RandomizedSmoothing
 from aisafety.errors import ConfigError
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
+from aisafety.interfaces import Capability, Direction, MetricValue
 from aisafety.verification.smoothing.certify import Bound, Certificates, certify
 from aisafety.verification.smoothing.noise import Noise
 
@@ -94,7 +94,7 @@ def certificates(ctx: EvaluationContext, c: SmoothedCertificationConfig) -> tupl
     return key, ctx.cached(("smoothing-certificates", key), run)
 
 
-class SmoothedMetric(Metric):
+class SmoothedMetric(CleanMetric):
     direction = Direction.HIGHER
     category = "certified"
     requires = Capability.LABELS
@@ -121,9 +121,7 @@ class SmoothedCertifiedAccuracy(SmoothedMetric):
     unit = "fraction"
     Config = SmoothedCertifiedAccuracyConfig
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> list[MetricValue]:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         y, cert, details = self.summary(ctx)
         return [
             self.value(cert.certified_correct(y, r).mean(), len(y), eps=r, **details)
@@ -136,9 +134,7 @@ class SmoothedAverageCertifiedRadius(SmoothedMetric):
     description = "Mean certified radius of the smoothed classifier, 0 when wrong or abstaining"
     unit = "radius"
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         y, cert, details = self.summary(ctx)
         return self.value(
             np.where(cert.prediction == y, cert.radius, 0.0).mean(), len(y), **details
@@ -151,8 +147,6 @@ class SmoothedAbstentionRate(SmoothedMetric):
     direction = Direction.LOWER
     unit = "fraction"
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         y, cert, details = self.summary(ctx)
         return self.value(cert.abstained.mean(), len(y), **details)

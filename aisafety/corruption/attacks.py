@@ -14,7 +14,7 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
-from aisafety.attack.corruptions.base import CORRUPTIONS, corrupt
+from aisafety.corruption.base import CORRUPTIONS, corrupt
 from aisafety.interfaces import AttackFamily, Capability
 from aisafety.prediction.base import Predictor
 

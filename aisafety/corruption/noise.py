@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from aisafety.attack.corruptions import params
+from aisafety.corruption import params
 
 Tensor = torch.Tensor
 

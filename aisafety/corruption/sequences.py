@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import torch
 
-from aisafety.attack.corruptions import filters, params
-from aisafety.attack.corruptions.base import check_images
-from aisafety.attack.corruptions.digital import shift_value
-from aisafety.attack.corruptions.noise import gaussian, poisson, speckle
+from aisafety.corruption import filters, params
+from aisafety.corruption.base import check_images
+from aisafety.corruption.digital import shift_value
+from aisafety.corruption.noise import gaussian, poisson, speckle
 from aisafety.errors import ConfigError, UnknownNameError
 
 Tensor = torch.Tensor

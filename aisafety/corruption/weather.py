@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from aisafety.attack.corruptions import filters, params
-from aisafety.attack.corruptions.blur import uniform
+from aisafety.corruption import filters, params
+from aisafety.corruption.blur import uniform
 
 Tensor = torch.Tensor
 

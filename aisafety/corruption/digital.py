@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from aisafety.attack.corruptions import filters, params
+from aisafety.corruption import filters, params
 
 Tensor = torch.Tensor
 

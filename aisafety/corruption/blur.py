@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import torch
 
-from aisafety.attack.corruptions import filters, params
+from aisafety.corruption import filters, params
 
 Tensor = torch.Tensor
 

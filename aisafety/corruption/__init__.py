@@ -10,9 +10,9 @@
 Tables and every deviation from the reference code: ``docs/corruptions.md``.
 """
 
-from aisafety.attack.corruptions.attacks import CORRUPTION_ATTACKS, Corruption, CorruptionConfig
-from aisafety.attack.corruptions.base import CATEGORIES, CORRUPTIONS, SEVERITIES, corrupt
-from aisafety.attack.corruptions.sequences import NOISE_SEQUENCES, SEQUENCES, sequence
+from aisafety.corruption.attacks import CORRUPTION_ATTACKS, Corruption, CorruptionConfig
+from aisafety.corruption.base import CATEGORIES, CORRUPTIONS, SEVERITIES, corrupt
+from aisafety.corruption.sequences import NOISE_SEQUENCES, SEQUENCES, sequence
 
 __all__ = [
     "CATEGORIES",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from aisafety.attack.corruptions import blur, digital, noise, weather
+from aisafety.corruption import blur, digital, noise, weather
 from aisafety.errors import ConfigError, InputError, UnknownNameError
 
 Tensor = torch.Tensor
