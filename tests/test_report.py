@@ -6,6 +6,7 @@ import re
 import shutil
 
 import numpy as np
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -143,3 +144,37 @@ def test_old_database_without_new_tables_still_reports(report_db, tmp_path):
     assert 'id="examples"' not in html
     with Session(store.engine) as session:
         assert session.scalar(select(func.count()).select_from(schema.AttackRun)) > 0
+
+
+def test_seeds_give_one_run_each_and_mean_std(tmp_path, capsys):
+    import statistics
+
+    import yaml
+
+    plan = tmp_path / "seeds.yaml"
+    plan.write_text(
+        yaml.safe_dump({
+            "dataset": {"name": "mnist-embedded", "limit": 40},
+            "attacks": [{"name": "pgd-linf", "config": {"steps": 3}, "eps": [0.1]}],
+            "metrics": ["ca", "robust-accuracy"],
+            "seeds": [0, 1, 2],
+        })
+    )  # fmt: skip
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    assert main(["evaluate", str(plan), "--db", db, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "report over the seeds: aisafety report --compare 1 2 3" in out
+    store = ResultStore(db)
+    runs = [load_run(store, i) for i in (1, 2, 3)]
+    assert [r.seed for r in runs] == [0, 1, 2]
+    robust = [next(m.value for m in r.metrics if m.metric == "robust-accuracy") for r in runs]
+    row = next(line for line in out.splitlines() if line.startswith("robust-accuracy"))
+    assert f"{statistics.fmean(robust):.4g}" in row
+    out_file = tmp_path / "seeds.html"
+    assert main(["report", "--compare", "1", "2", "3", "--db", db, "-o", str(out_file)]) == 0
+    html = out_file.read_text()
+    assert f"{statistics.fmean(robust):.4g} ± {statistics.stdev(robust):.2g}" in html
+    with pytest.raises(Exception, match="distinct"):
+        from aisafety.config import plan_from_dict
+
+        plan_from_dict({"seeds": [1, 1]})
