@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aisafety.config import default_plan, load_plan
+from aisafety.config import default_plan, load_plan, plan_from_dict
+from aisafety.database.read_only import query_read_only, read_only_engine
 from aisafety.database.store import DEFAULT_URL, ResultStore
 from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
+from aisafety.interfaces import EvaluationPlan
 from aisafety.plugins import default_registry
 from aisafety.report.table import curve_rows, metric_rows, render
 
@@ -30,13 +32,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aisafety.runner import Runner
 
     plan = load_plan(args.config) if args.config else default_plan()
-    overrides = {}
-    if args.device:
-        overrides["device"] = args.device
-    if args.limit:
-        overrides["dataset"] = plan.dataset.model_copy(update={"limit": args.limit})
-    if overrides:
-        plan = plan.model_copy(update=overrides)
+    plan = apply_overrides(plan, device=args.device, limit=args.limit)
     store = ResultStore(args.db)
     if plan.seeds:
         return evaluate_seeds(plan, store, args)
@@ -96,7 +92,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from aisafety.report.data import latest_run_id
     from aisafety.report.html import build_comparison, build_report, resolve_runs
 
-    store = ResultStore(args.db)
+    store = ResultStore(args.db, create=False)  # a mistyped --db must not make an empty one
     if args.compare:
         run_ids = resolve_runs(store, args.compare)
         html = build_comparison(store, run_ids)
@@ -120,12 +116,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from aisafety.runner import Runner
 
     plan = load_plan(args.config) if args.config else default_plan()
-    if args.limit:
-        plan = plan.model_copy(
-            update={"dataset": plan.dataset.model_copy(update={"limit": args.limit})}
-        )
-    if args.device:
-        plan = plan.model_copy(update={"device": args.device})
+    plan = apply_overrides(plan, device=args.device, limit=args.limit)
     if len(set(args.models)) < 2:
         raise ConfigError(f"compare needs at least two different models, got {args.models}")
     baseline = args.baseline or args.models[0]
@@ -167,6 +158,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
             args.format,
         ))  # fmt: skip
     return 0
+
+
+def apply_overrides(plan: EvaluationPlan, device: str | None, limit: int | None) -> EvaluationPlan:
+    """The plan with command-line options applied, validated like the plan file itself."""
+    raw = plan.model_dump(mode="json", exclude_unset=True)
+    if device is not None:
+        raw["device"] = device
+    if limit is not None:
+        raw["dataset"] = {**raw.get("dataset", {}), "limit": limit}
+    return plan_from_dict(raw, "the plan with the command-line options (--device, --limit)")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -214,7 +215,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    columns, rows = ResultStore(args.db).query(args.sql)
+    columns, rows = query_read_only(read_only_engine(args.db), args.sql)
     print(render(columns, rows, args.format))
     return 0
 
@@ -358,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plugins", help="list loaded plugins, their origin and failures")
     pl.set_defaults(func=cmd_plugins)
 
-    qu = sub.add_parser("query", help="run SQL against the results database")
+    qu = sub.add_parser("query", help="run read-only SQL against the results database")
     qu.add_argument("sql")
     qu.add_argument("--db", default=DEFAULT_URL)
     qu.add_argument("--format", choices=["table", "csv", "json"], default="table")

@@ -14,6 +14,7 @@ import logging
 import torch
 
 from aisafety.attack.base import Attack
+from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
 from aisafety.errors import CapabilityError, PluginError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
@@ -119,13 +120,17 @@ class Runner:
         resumed = 0
         status = "failed"
         try:
-            for key, description, compute in self._units(subject, context, run_id):
-                if key in done:
-                    values += self.store.unit_values(key)
-                    resumed += 1
-                    continue
-                values += compute(key, description)
+            with terminate_as_interrupt():
+                for key, description, compute in self._units(subject, context, run_id):
+                    if key in done:
+                        values += self.store.unit_values(key)
+                        resumed += 1
+                        continue
+                    values += compute(key, description)
             status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
         finally:
             self.store.finish_run(run_id, status)
         return RunRecord(

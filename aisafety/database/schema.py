@@ -40,6 +40,10 @@ class Run(Base):
     seed: Mapped[int] = mapped_column(Integer)
     device: Mapped[str] = mapped_column(String(16))
     plan: Mapped[dict] = mapped_column(JSON)
+    # Who runs it: a 'running' run whose process is gone on this host was killed (kill -9,
+    # power loss) and is marked 'interrupted' by the next run that starts.
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
 
 
 class Model(Base):
@@ -71,6 +75,10 @@ class Unit(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     description: Mapped[str] = mapped_column(String(400))
     finished_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # The rows the unit wrote: it counts as finished only while all of them are there, so a
+    # dropped or emptied table cannot make ``--resume`` skip work whose results are gone.
+    n_values: Mapped[int | None] = mapped_column(Integer)
+    n_outcomes: Mapped[int | None] = mapped_column(Integer)
 
 
 class AttackRun(Base):
