@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,7 +67,12 @@ def test_cli_report_latest_and_errors(report_db, tmp_path, capsys):
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert main(["report", "999", "--db", url, "-o", str(out)]) == 2
     assert "run 999 is not in" in capsys.readouterr().err
+    missing = f"sqlite:///{tmp_path / 'missing.db'}"
+    assert main(["report", "--db", missing, "-o", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()  # reporting never creates a database
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    ResultStore(empty)
     assert main(["report", "--db", empty, "-o", str(out)]) == 2
     assert "holds no runs yet" in capsys.readouterr().err
     assert main(["report", "--compare", "no-such-model", "--db", url, "-o", str(out)]) == 2
@@ -134,7 +140,10 @@ def test_a_plugin_adds_a_report_section(report_db):
 def test_old_database_without_new_tables_still_reports(report_db, tmp_path):
     url, run_id = report_db
     copy = tmp_path / "old.db"  # the session's database stays as it is for the other tests
-    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    for suffix in ("", "-wal"):  # SQLite in WAL mode keeps recent rows beside the file
+        source = url.removeprefix("sqlite:///") + suffix
+        if Path(source).exists():
+            shutil.copy(source, f"{copy}{suffix}")
     store = ResultStore(f"sqlite:///{copy}")
     with Session(store.engine) as session, session.begin():
         session.query(schema.ExampleImage).delete()
