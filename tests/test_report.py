@@ -55,6 +55,9 @@ def test_report_has_every_section_and_interval(report_db):
     ca = next(m for m in data.metrics if m.metric == "ca")
     low, high = clopper_pearson(round(ca.value * ca.n_samples), ca.n_samples)
     assert f"[{low:.4f}, {high:.4f}]" in html
+    radius = next(m for m in data.metrics if m.name == "average-certified-radius")
+    assert len(data.radii[radius.id]) == radius.n_samples  # per-sample radii, read back
+    assert "per-sample radii" in html
     fingerprint = data.models[0]["fingerprint"]
     assert fingerprint in html and "mnist-embedded" in html
 
