@@ -29,6 +29,7 @@ from aisafety.interfaces import (
     MetricValue,
     RunRecord,
 )
+from aisafety.limits import check_budgets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.plugins import Registry, default_registry
 from aisafety.version import __version__
@@ -75,7 +76,9 @@ class Runner:
         config = dict(spec.config)
         if "seed" in getattr(cls.Config, "model_fields", {}):
             config.setdefault("seed", self.plan.seed)
-        return self.registry.create("attack", spec.name, config)
+        attack = self.registry.create("attack", spec.name, config)
+        check_work_limits(spec, getattr(attack, "config", None), self.plan.limits)
+        return attack
 
     def _make_metric(self, spec: MetricSpec) -> Metric:
         metric = self.registry.create("metric", spec.name, spec.config)
@@ -98,6 +101,10 @@ class Runner:
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
+        for spec in plan.attacks:
+            check_budgets(
+                spec, getattr(self.attacks[spec.key()], "norm", None), predictor.input_shape
+            )
         subject = Subject(
             model_name=predictor.name,
             model_fingerprint=_key(weights, [d.model_dump(mode="json") for d in plan.defenses]),
