@@ -14,6 +14,7 @@ import logging
 import torch
 
 from aisafety.attack.base import Attack
+from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.store import ResultStore, Subject
 from aisafety.errors import CapabilityError
 from aisafety.evaluation.base import Metric
@@ -22,6 +23,7 @@ from aisafety.evaluation.reference import missing_reference
 from aisafety.interfaces import (
     AttackFamily,
     AttackSpec,
+    CorruptionsSpec,
     DatasetSpec,
     EvaluationPlan,
     MetricValue,
@@ -69,7 +71,10 @@ class Runner:
         self._reference_fingerprint: str | None = None
 
     def _make_attack(self, spec: AttackSpec) -> Attack:
-        return self.registry.create("attack", spec.name, spec.config)
+        attack = self.registry.create("attack", spec.name, spec.config)
+        if attack.family is AttackFamily.CORRUPTION:
+            warn_corruption_as_attack(spec.name)
+        return attack
 
     def run(self) -> RunRecord:
         plan = self.plan
@@ -96,7 +101,7 @@ class Runner:
         context = EvaluationContext(
             predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet,
             load_profile=lambda: load_data(self._profile_spec(), self.registry),
-            reference=reference, seed=plan.seed,
+            reference=reference, seed=plan.seed, corruptions=plan.corruptions,
         )  # fmt: skip
         run_id = self.store.start_run(plan, __version__, str(device))
         done = self.store.finished_units() if self.resume else set()
@@ -154,6 +159,8 @@ class Runner:
             base += (self._reference_fingerprint,)
         if self.plan.profile_dataset is not None:  # other neuron bounds, other coverage
             base += (self.plan.profile_dataset.key(),)
+        if self.plan.corruptions != CorruptionsSpec():  # other corrupted sets, other mCE
+            base += (self.plan.corruptions.key(),)
         clean = [m for m in self.metrics if not m.per_attack]
         if clean:
             key = _key(base, "clean", [m.label() for m in clean])
