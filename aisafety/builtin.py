@@ -13,6 +13,7 @@ from aisafety.attack.nattack import NAttack
 from aisafety.attack.pgd import PGDLinf
 from aisafety.attack.pgd_l1 import PGDL1
 from aisafety.attack.pgd_l2 import PGDL2
+from aisafety.attack.random_noise import RandomNoise
 from aisafety.attack.rfgsm import RFGSM
 from aisafety.attack.spsa import SPSA
 from aisafety.attack.square import SquareLinf
@@ -37,28 +38,22 @@ from aisafety.evaluation.metrics.accuracy import (
     AdversarialAccuracyWhiteBox,
     CleanAccuracy,
 )
-from aisafety.evaluation.metrics.attack_success import AttackSuccessRate, RobustAccuracy
-from aisafety.evaluation.metrics.boundary import (
-    EmpiricalBoundaryDistance,
-    EmpiricalBoundaryDistance2,
-)
-from aisafety.evaluation.metrics.certified import IBPCertifiedAccuracy
-from aisafety.evaluation.metrics.confidence import (
+from aisafety.evaluation.metrics.adversarial_confidence import (
     AverageConfidenceAdversarialClass,
     AverageConfidenceTrueClass,
     NoiseToleranceEstimation,
 )
+from aisafety.evaluation.metrics.attack_success import AttackSuccessRate, RobustAccuracy
+from aisafety.evaluation.metrics.boundary_distance import (
+    EmpiricalBoundaryDistance,
+    EmpiricalBoundaryDistance2,
+)
+from aisafety.evaluation.metrics.certified import IBPCertifiedAccuracy
 from aisafety.evaluation.metrics.corruption import (
     MeanCorruptionError,
     MeanFlipProbability,
     MeanFlipRate,
     RelativeMeanCorruptionError,
-)
-from aisafety.evaluation.metrics.coverage import (
-    KMultisectionNeuronCoverage,
-    NeuronBoundaryCoverage,
-    StrongNeuronActivationCoverage,
-    TopKNeuronCoverage,
 )
 from aisafety.evaluation.metrics.defense_cost import (
     ClassificationAccuracyVariance,
@@ -67,13 +62,22 @@ from aisafety.evaluation.metrics.defense_cost import (
     ClassificationRectifyRatio,
     ClassificationSacrificeRatio,
 )
+from aisafety.evaluation.metrics.feature_separation import RobustnessDifferenceIndex, Roby
+from aisafety.evaluation.metrics.gradient_health import ZeroGradientRate
+from aisafety.evaluation.metrics.hypervolume import AdversarialHypervolume
 from aisafety.evaluation.metrics.imperceptibility import (
     AverageLpDistortion,
     AverageStructuralSimilarity,
 )
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
+from aisafety.evaluation.metrics.neuron_coverage import (
+    KMultisectionNeuronCoverage,
+    NeuronBoundaryCoverage,
+    StrongNeuronActivationCoverage,
+    TopKNeuronCoverage,
+)
 from aisafety.evaluation.metrics.noise_insensitivity import EmpiricalNoiseInsensitivity
-from aisafety.evaluation.metrics.sensitivity import PerturbationSensitivityDistance
+from aisafety.evaluation.metrics.perturbation_sensitivity import PerturbationSensitivityDistance
 from aisafety.hookspecs import hookimpl
 
 
@@ -81,6 +85,7 @@ from aisafety.hookspecs import hookimpl
 def aisafety_attacks() -> list[type]:
     return [
         FGSM,
+        RandomNoise,
         RFGSM,
         BIM,
         PGDLinf,
@@ -123,6 +128,7 @@ def aisafety_defenses() -> list[type]:
 def aisafety_metrics() -> list[type]:
     return [
         CleanAccuracy,
+        ZeroGradientRate,
         AdversarialAccuracyWhiteBox,
         AdversarialAccuracyBlackBox,
         AverageConfidenceAdversarialClass,
@@ -152,6 +158,9 @@ def aisafety_metrics() -> list[type]:
         NeuronSensitivity,
         NeuronUncertainty,
         IBPCertifiedAccuracy,
+        RobustnessDifferenceIndex,
+        Roby,
+        AdversarialHypervolume,
     ]
 
 
@@ -166,3 +175,10 @@ def aisafety_datasets() -> list[type]:
         ImageFolderDataset,
         NpzDataset,
     ]
+
+
+@hookimpl
+def aisafety_report_sections() -> list[type]:
+    from aisafety.report.sections import BUILTIN_SECTIONS
+
+    return list(BUILTIN_SECTIONS)

@@ -44,3 +44,7 @@ class PluginError(AISafetyError):
 
 class IntegrityError(AISafetyError):
     """A shipped or downloaded file does not match its recorded checksum."""
+
+
+class StoreError(AISafetyError):
+    """The results database cannot be read or written (busy, missing, read-only)."""

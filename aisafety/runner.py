@@ -15,9 +15,10 @@ import torch
 
 from aisafety.attack.base import Attack
 from aisafety.corruption.plan import warn_corruption_as_attack
+from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
-from aisafety.errors import CapabilityError
-from aisafety.evaluation.base import Metric
+from aisafety.errors import CapabilityError, PluginError
+from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.reference import missing_reference
 from aisafety.interfaces import (
@@ -26,6 +27,7 @@ from aisafety.interfaces import (
     CorruptionsSpec,
     DatasetSpec,
     EvaluationPlan,
+    MetricSpec,
     MetricValue,
     RunRecord,
 )
@@ -62,9 +64,7 @@ class Runner:
         self.quiet = quiet
         # Build every attack and metric now: a bad name or config fails before any work.
         self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
-        self.metrics: list[Metric] = [
-            self.registry.create("metric", s.name, s.config) for s in plan.metrics
-        ]
+        self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
         if baseline_users and plan.reference_model is None:
             raise missing_reference(f"metric {baseline_users[0]!r}")
@@ -75,6 +75,16 @@ class Runner:
         if attack.family is AttackFamily.CORRUPTION:
             warn_corruption_as_attack(spec.name)
         return attack
+
+    def _make_metric(self, spec: MetricSpec) -> Metric:
+        metric = self.registry.create("metric", spec.name, spec.config)
+        if not isinstance(metric, CleanMetric | AttackMetric):
+            source = self.registry.sources["metric"].get(spec.name, "?")
+            raise PluginError(
+                f"metric {spec.name!r} (from {source!r}) is neither a CleanMetric nor an "
+                "AttackMetric; subclass one of aisafety.evaluation.base's two metric kinds"
+            )
+        return metric
 
     def run(self) -> RunRecord:
         plan = self.plan
@@ -109,13 +119,17 @@ class Runner:
         resumed = 0
         status = "failed"
         try:
-            for key, description, compute in self._units(subject, context, run_id):
-                if key in done:
-                    values += self.store.unit_values(key)
-                    resumed += 1
-                    continue
-                values += compute(key, description)
+            with terminate_as_interrupt():
+                for key, description, compute in self._units(subject, context, run_id):
+                    if key in done:
+                        values += self.store.unit_values(key)
+                        resumed += 1
+                        continue
+                    values += compute(key, description)
             status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
         finally:
             self.store.finish_run(run_id, status)
         return RunRecord(
@@ -161,7 +175,7 @@ class Runner:
             base += (self.plan.profile_dataset.key(),)
         if self.plan.corruptions != CorruptionsSpec():  # other corrupted sets, other mCE
             base += (self.plan.corruptions.key(),)
-        clean = [m for m in self.metrics if not m.per_attack]
+        clean = [m for m in self.metrics if isinstance(m, CleanMetric)]
         if clean:
             key = _key(base, "clean", [m.label() for m in clean])
 
@@ -173,7 +187,11 @@ class Runner:
             yield key, f"clean metrics on {subject.dataset_name}", compute_clean
         for spec in self.plan.attacks:
             attack = self.attacks[spec.key()]
-            metrics = [m for m in self.metrics if m.per_attack and m.applies_to(attack.family)]
+            metrics = [
+                m
+                for m in self.metrics
+                if isinstance(m, AttackMetric) and m.applies_to(attack.family)
+            ]
             for eps in spec.eps:
                 key = _key(base, spec.key(), eps, [m.label() for m in metrics])
                 yield (

@@ -4,6 +4,8 @@ A sample counts when it is classified correctly *and* interval bound propagation
 f_y(x') - f_j(x') > 0 for every j != y and every x' in the eps-ball around x intersected
 with [0, 1] (Gowal et al. 2018, with the margin folded into the last layer). The bound is
 sound, so certified accuracy <= robust accuracy under any attack <= clean accuracy.
+
+Registered metrics: ``ibp-certified-accuracy``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from pydantic import Field
 from aisafety.config_base import PluginConfig
 from aisafety.defense.training.ibp import certified, ibp_margin_bounds
 from aisafety.errors import CapabilityError
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
+from aisafety.interfaces import Capability, Direction, MetricValue
 
 
 class CertifiedConfig(PluginConfig):
@@ -34,7 +36,7 @@ def ibp_certified_mask(
         ])  # fmt: skip
 
 
-class IBPCertifiedAccuracy(Metric):
+class IBPCertifiedAccuracy(CleanMetric):
     name = "ibp-certified-accuracy"
     description = "Fraction of samples whose l-inf eps-ball IBP certifies (a verified lower bound)"
     direction = Direction.HIGHER
@@ -43,9 +45,7 @@ class IBPCertifiedAccuracy(Metric):
     requires = Capability.GRADIENTS  # white-box: needs the weights, not only outputs
     Config = CertifiedConfig
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         network = getattr(ctx.predictor, "network", None)
         if not isinstance(network, torch.nn.Module):
             raise CapabilityError(

@@ -4,6 +4,8 @@ After Hendrycks & Dietterich (ICLR 2019), in the unnormalised form the AISafety 
 (eqs. 12-14): no AlexNet baseline for mCE and RmCE. mFR divides by the flip probability of the
 plan's reference model, as eq. 14's FP^base asks. Every corrupted set and sequence is an
 artifact of the context, so mCE and RmCE share the 19 x 5 sets and mFR and mFP the sequences.
+
+Registered metrics: ``mce``, ``mfp``, ``mfr``, ``rmce``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pydantic import Field, field_validator
 from aisafety.config_base import PluginConfig
 from aisafety.corruption import CORRUPTIONS, SEQUENCES, SEVERITIES
 from aisafety.errors import UnknownNameError
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.corrupted import flip_probability
 from aisafety.interfaces import Capability, Direction, MetricValue
@@ -105,7 +107,7 @@ def clean_error(ctx: EvaluationContext, samples: int | None) -> float:
     return 1.0 - float(ctx.clean_correct[ctx.subset(samples)].double().mean())
 
 
-class MeanCorruptionError(Metric):
+class MeanCorruptionError(CleanMetric):
     """AISafety eq. 12: CE_c = sum over severities of E_{s,c}; mCE = mean over corruptions."""
 
     name = "mce"
@@ -115,15 +117,18 @@ class MeanCorruptionError(Metric):
     requires = Capability.LABELS
     Config = CorruptionConfig
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         sets = corruption_sets(ctx, self.config)
-        per_corruption = self.per_corruption(ctx, corruption_errors(ctx, sets), sets.samples)
+        errors = corruption_errors(ctx, sets)
+        per_corruption = self.per_corruption(ctx, errors, sets.samples)
         return self.value(
             per_corruption.mean(),
             len(ctx.subset(sets.samples)),
             per_corruption=dict(zip(sets.names, per_corruption.tolist(), strict=True)),
             severities=list(sets.severities),
             table=ctx.corruptions.table,
+            # E_{s,c} itself, for the report's error-per-type-and-severity plot
+            errors=dict(zip(sets.names, errors.tolist(), strict=True)),
         )
 
     def per_corruption(
@@ -162,7 +167,7 @@ class SequenceConfig(PluginConfig):
         return names
 
 
-class MeanFlipProbability(Metric):
+class MeanFlipProbability(CleanMetric):
     """Eq. 14's flip probability FP_c, averaged over sequences, without a baseline."""
 
     name = "mfp"
@@ -180,7 +185,7 @@ class MeanFlipProbability(Metric):
             out[name] = flip_probability(seq, labels.compares_to_first_frame)
         return out
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         fp = self.flip_probabilities(ctx, reference=False)
         value = sum(fp.values()) / len(fp)
         n = len(ctx.subset(self.config.samples))
@@ -200,7 +205,7 @@ class MeanFlipRate(MeanFlipProbability):
     unit = "ratio"
     needs_reference = True
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         reference = ctx.reference.name  # first: a clear error if the plan has no reference
         fp = self.flip_probabilities(ctx, reference=False)
         base = self.flip_probabilities(ctx, reference=True)

@@ -5,6 +5,8 @@ Both measure correctly classified samples only: a misclassified sample is on the
 of the boundary already (distance 0 would say nothing about the model's margin). A search
 that never changes the prediction within its limit counts as the limit (a lower bound); how
 often that happened is in ``details['censored']``.
+
+Registered metrics: ``ebd``, ``ebd2``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pydantic import Field
 
 from aisafety.attack.gradients import cross_entropy_gradient
 from aisafety.config_base import PluginConfig
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.inference import batched_predictions
 from aisafety.interfaces import Capability, Direction, MetricValue
@@ -112,7 +114,7 @@ class EBDConfig(PluginConfig):
     seed: int = 0
 
 
-class EmpiricalBoundaryDistance(Metric):
+class EmpiricalBoundaryDistance(CleanMetric):
     """AISafety eq. 20: the mean over samples of the minimum, over m random orthogonal
     directions, of the RMS distance to the nearest prediction change."""
 
@@ -124,7 +126,7 @@ class EmpiricalBoundaryDistance(Metric):
     requires = Capability.LABELS
     Config = EBDConfig
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         cfg = self.config
         index = evaluated_samples(ctx, cfg.samples, cfg.seed)
         generator = torch.Generator().manual_seed(cfg.seed)
@@ -187,7 +189,7 @@ def steps_to_boundary(
     return steps.cpu()
 
 
-class EmpiricalBoundaryDistance2(Metric):
+class EmpiricalBoundaryDistance2(CleanMetric):
     """EBD-2 (AISafety, Table V): the boundary distance counted in steps of a targeted BIM of
     step ``alpha`` towards each other class; per sample the fewest steps over the classes."""
 
@@ -199,7 +201,7 @@ class EmpiricalBoundaryDistance2(Metric):
     requires = Capability.GRADIENTS
     Config = EBD2Config
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         cfg = self.config
         index = evaluated_samples(ctx, cfg.samples, cfg.seed)
         parts = [

@@ -1,10 +1,13 @@
-"""Confidence metrics over successful adversarial examples: ACAC, ACTC, NTE (DEEPSEC)."""
+"""Confidence metrics over successful adversarial examples: ACAC, ACTC, NTE (DEEPSEC).
+
+Registered metrics: ``acac``, ``actc``, ``nte``.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import AttackMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.metrics.successful import successful_mask
 from aisafety.interfaces import AttackSpec, Direction, MetricValue
@@ -16,7 +19,7 @@ def _successful_probs(ctx: EvaluationContext, attack: AttackSpec, eps: float):
     return torch.softmax(result.adv_logits[mask].double(), dim=1), result.y[mask]
 
 
-class AverageConfidenceAdversarialClass(Metric):
+class AverageConfidenceAdversarialClass(AttackMetric):
     """AISafety eq. 9 writes P_{y_i}; its text and DEEPSEC define the adversarial class."""
 
     name = "acac"
@@ -25,7 +28,6 @@ class AverageConfidenceAdversarialClass(Metric):
     )
     direction = Direction.LOWER
     unit = "probability"
-    per_attack = True
 
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
         probs, _ = _successful_probs(ctx, attack, eps)
@@ -33,12 +35,11 @@ class AverageConfidenceAdversarialClass(Metric):
         return self.value(value, len(probs), attack, eps)
 
 
-class AverageConfidenceTrueClass(Metric):
+class AverageConfidenceTrueClass(AttackMetric):
     name = "actc"
     description = "Mean confidence of the true class over successful adversarial examples"
     direction = Direction.HIGHER
     unit = "probability"
-    per_attack = True
 
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
         probs, y = _successful_probs(ctx, attack, eps)
@@ -46,16 +47,16 @@ class AverageConfidenceTrueClass(Metric):
         return self.value(value, len(probs), attack, eps)
 
 
-class NoiseToleranceEstimation(Metric):
+class NoiseToleranceEstimation(AttackMetric):
     """Gap between the adversarial class and the runner-up (DEEPSEC): how much more noise the
-    example tolerates before flipping again. Eq. 11's max includes the adversarial class
-    itself, which would make it always 0; we take the max over the *other* classes."""
+    example tolerates before flipping again. Eq. 11 subscripts the *clean* prediction f(x_i)
+    and averages over all n; we use the adversarial class f(A(x_i)) and the m successful
+    examples, as its text and DEEPSEC do (docs/metrics.md, NTE)."""
 
     name = "nte"
     description = "Mean gap between the adversarial class's probability and the next highest"
     direction = Direction.LOWER
     unit = "probability"
-    per_attack = True
 
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
         probs, _ = _successful_probs(ctx, attack, eps)

@@ -4,6 +4,8 @@ Contrast masking (Legge & Foley 1980): a change is harder to see in a busy regio
 flat one. Luo et al. (2018) weight each pixel's perturbation by Sen(R(x_j)) = 1 / std(R(x_j)),
 R(x_j) the square region around pixel j of the clean image; AISafety eq. 6 sums these over
 pixels and averages over examples.
+
+Registered metrics: ``psd``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 
 from aisafety.config_base import PluginConfig
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import AttackMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.metrics.successful import successful_mask
 from aisafety.interfaces import AttackSpec, Direction, MetricValue
@@ -65,7 +67,7 @@ class PSDConfig(PluginConfig):
         return value
 
 
-class PerturbationSensitivityDistance(Metric):
+class PerturbationSensitivityDistance(AttackMetric):
     """AISafety eq. 6 (Luo et al. 2018), averaged over successful examples like ALD and ASS."""
 
     name = "psd"
@@ -76,7 +78,6 @@ class PerturbationSensitivityDistance(Metric):
     direction = Direction.HIGHER  # the attacker needed a more visible change: more robust
     unit = "weighted l1"
     category = "data"
-    per_attack = True
     Config = PSDConfig
 
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:

@@ -5,6 +5,8 @@ the profile (training) data; TKNCov counts neurons that are ever among the k mos
 their layer. All four read the cached (n, N) neuron-value matrix and work on every neuron at
 once. They describe the *test set's* thoroughness, not the model's robustness: direction
 ``neutral``.
+
+Registered metrics: ``kmncov``, ``nbcov``, ``snacov``, ``tkncov``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 from pydantic import Field
 
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.evaluation.metrics.neuron_base import NeuronMetric, NeuronMetricConfig
+from aisafety.evaluation.metrics.neuron_base import NeuronDataMetric, NeuronMetricConfig
 from aisafety.evaluation.neurons import NeuronBounds
 from aisafety.interfaces import AttackSpec, Direction, MetricValue
 
@@ -60,7 +62,7 @@ def top_k_neurons(outputs: torch.Tensor, sizes: tuple[int, ...], k: int) -> torc
     return hit
 
 
-class CoverageMetric(NeuronMetric):
+class CoverageMetric(NeuronDataMetric):
     direction = Direction.NEUTRAL
     unit = "fraction"
     category = "data"
@@ -86,8 +88,8 @@ class KMultisectionNeuronCoverage(CoverageMetric):
     description = "k-multisection neuron coverage: share of the k sections of each neuron's training range that the inputs hit"  # noqa: E501
     Config = KMNConfig
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
+    def measure(
+        self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
     ) -> MetricValue:
         bounds, outputs = self.bounds_and_outputs(ctx, attack, eps)
         covered = covered_sections(outputs, bounds, self.config.k)
@@ -100,8 +102,8 @@ class NeuronBoundaryCoverage(CoverageMetric):
     name = "nbcov"
     description = "Neuron boundary coverage: share of neuron corner cases (above or below the training range) the inputs hit"  # noqa: E501
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
+    def measure(
+        self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
     ) -> MetricValue:
         bounds, outputs = self.bounds_and_outputs(ctx, attack, eps)
         upper, lower = corner_neurons(outputs, bounds)
@@ -115,8 +117,8 @@ class StrongNeuronActivationCoverage(CoverageMetric):
     name = "snacov"
     description = "Strong neuron activation coverage: share of neurons the inputs drive above their training maximum"  # noqa: E501
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
+    def measure(
+        self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
     ) -> MetricValue:
         bounds, outputs = self.bounds_and_outputs(ctx, attack, eps)
         upper, _ = corner_neurons(outputs, bounds)
@@ -135,8 +137,8 @@ class TopKNeuronCoverage(CoverageMetric):
     description = "Top-k neuron coverage: share of neurons that are among the k most active of their layer for some input"  # noqa: E501
     Config = TKNConfig
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
+    def measure(
+        self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
     ) -> MetricValue:
         layers, outputs = self.outputs(ctx, attack, eps)
         hit = top_k_neurons(outputs, ctx.neurons.sizes(layers), self.config.k)
