@@ -25,6 +25,7 @@ LIST_KINDS = {
     "defenses": "defense",
     "metrics": "metric",
     "datasets": "dataset",
+    "verifiers": "verifier",
 }
 
 

@@ -24,6 +24,7 @@ KINDS = {
     "defense": "aisafety_defenses",
     "metric": "aisafety_metrics",
     "dataset": "aisafety_datasets",
+    "verifier": "aisafety_verifiers",
     "report_section": "aisafety_report_sections",
 }
 BUILTIN = "aisafety.builtin"

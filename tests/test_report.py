@@ -66,6 +66,10 @@ def test_cli_report_latest_and_errors(report_db, tmp_path, capsys):
     assert main(["report", "999", "--db", url, "-o", str(out)]) == 2
     assert "run 999 is not in" in capsys.readouterr().err
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert main(["report", "--db", empty, "-o", str(out)]) == 2  # a mistyped --db: no file
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "empty.db").exists()
+    ResultStore(empty)  # an existing database without runs
     assert main(["report", "--db", empty, "-o", str(out)]) == 2
     assert "holds no runs yet" in capsys.readouterr().err
     assert main(["report", "--compare", "no-such-model", "--db", url, "-o", str(out)]) == 2

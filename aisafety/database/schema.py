@@ -137,6 +137,23 @@ class SampleOutcome(Base):
     true_conf_adv: Mapped[float] = mapped_column(Float)
 
 
+SAMPLES = "samples"  # the MetricValue details key whose list becomes verification_samples rows
+
+
+class VerificationSample(Base):
+    """One sample's verdict under a certified metric (details["samples"] of its value)."""
+
+    __tablename__ = "verification_samples"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    metric_value_id: Mapped[int] = mapped_column(ForeignKey("metric_values.id"), index=True)
+    sample_index: Mapped[int] = mapped_column(Integer)
+    label: Mapped[int] = mapped_column(Integer)
+    verdict: Mapped[str] = mapped_column(String(16))  # certified / falsified / unknown / radius
+    margin: Mapped[float | None] = mapped_column(Float)  # proved bound (radius for ACR)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    attack: Mapped[dict] = mapped_column(JSON)  # the attack's outcome on this sample
+
+
 class RunEnvironment(Base):
     """Where a run ran (the report's provenance): one row per run, written at its start."""
 
