@@ -14,7 +14,7 @@ from aisafety.database.read_only import query_read_only, read_only_engine
 from aisafety.database.store import DEFAULT_URL, ResultStore
 from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
 from aisafety.interfaces import EvaluationPlan
-from aisafety.plugins import default_registry
+from aisafety.plugins import default_registry, warn_failures
 from aisafety.report.table import curve_rows, metric_rows, render
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    warn_failures(default_registry())
     store = ResultStore(args.db)
     record = Runner(plan, store, resume=args.resume, quiet=args.quiet).run()
     columns, rows = metric_rows(record.values)
@@ -91,6 +92,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    warn_failures(default_registry())
     if len(set(args.models)) < 2:
         raise ConfigError(f"compare needs at least two different models, got {args.models}")
     baseline = args.baseline or args.models[0]

@@ -31,6 +31,7 @@ from aisafety.interfaces import (
     MetricValue,
     RunRecord,
 )
+from aisafety.limits import check_budgets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.plugins import Registry, default_registry
 from aisafety.version import __version__
@@ -72,6 +73,7 @@ class Runner:
 
     def _make_attack(self, spec: AttackSpec) -> Attack:
         attack = self.registry.create("attack", spec.name, spec.config)
+        check_work_limits(spec, getattr(attack, "config", None), self.plan.limits)
         if attack.family is AttackFamily.CORRUPTION:
             warn_corruption_as_attack(spec.name)
         return attack
@@ -97,6 +99,10 @@ class Runner:
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
+        for spec in plan.attacks:
+            check_budgets(
+                spec, getattr(self.attacks[spec.key()], "norm", None), predictor.input_shape
+            )
         subject = Subject(
             model_name=predictor.name,
             model_fingerprint=_key(weights, [d.model_dump(mode="json") for d in plan.defenses]),
