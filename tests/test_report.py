@@ -133,10 +133,8 @@ def test_a_plugin_adds_a_report_section(report_db):
     url, run_id = report_db
     html = build_report(ResultStore(url), run_id, registry)
     assert 'id="third-party"' in html and f"runs: {run_id}" in html
-    # placed by its order: after provenance (10), before the model cards (20)
-    assert (
-        html.index('id="provenance"') < html.index('id="third-party"') < html.index('id="models"')
-    )
+    # placed by its order: after the model cards (10), before the sanity checks (20)
+    assert html.index('id="models"') < html.index('id="third-party"') < html.index('id="sanity"')
     assert "this section failed: RuntimeError: boom" in html
 
 
