@@ -20,7 +20,13 @@ from sqlalchemy.orm import Session
 
 from aisafety.attack.result import AttackResult
 from aisafety.database import schema
-from aisafety.database.engine import check_url, create_schema, open_engine, with_retries
+from aisafety.database.engine import (
+    check_url,
+    checkpoint,
+    create_schema,
+    open_engine,
+    with_retries,
+)
 from aisafety.database.read_only import query_read_only
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
@@ -87,6 +93,7 @@ class ResultStore:
                 run.finished_at = schema.utcnow()
 
         with_retries(f"mark run {run_id} {status} in {self.url}", finish)
+        checkpoint(self.engine)
 
     # units ------------------------------------------------------------------------------
     def finished_units(self) -> set[str]:
@@ -134,6 +141,7 @@ class ResultStore:
             f"store unit {description!r} in {self.url}",
             lambda: self._write_unit(run_id, key, description, subject, values, version, attack),
         )
+        checkpoint(self.engine)
 
     def _write_unit(
         self,
