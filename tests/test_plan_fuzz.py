@@ -53,7 +53,7 @@ values = st.recursive(
 plans = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), values, max_size=7)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(plans)
 def test_any_plan_validates_or_raises_config_error(raw):
     try:
@@ -69,7 +69,7 @@ yaml_text = st.text(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=yaml_text | st.text(max_size=40), data=st.binary(max_size=40), suffix=st.sampled_from(
     [".yaml", ".toml", ".json"]))  # fmt: skip
 def test_any_plan_file_loads_or_raises_config_error(text, data, suffix):
