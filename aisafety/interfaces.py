@@ -219,6 +219,29 @@ class MetricSpec(StrictModel):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
+SEVERITY_TABLES = ("auto", "cifar10-c", "tiny-imagenet-c", "imagenet-c")
+
+
+class CorruptionsSpec(StrictModel):
+    """The plan's ``corruptions:`` section: the corrupted sets (name x severity) that the
+    corruption metrics (mce, rmce) evaluate, and the severity table they are drawn from
+    (``auto``: by image size; docs/corruptions.md). Names are checked against the
+    corruption registry when the metrics are built."""
+
+    names: tuple[str, ...] | None = Field(default=None, min_length=1)  # None: all 19
+    severities: tuple[int, ...] = Field(default=(1, 2, 3, 4, 5), min_length=1)
+    table: Literal[SEVERITY_TABLES] = "auto"
+    samples: int | None = Field(default=None, gt=0)  # at most this many samples
+
+    @field_validator("severities")
+    @classmethod
+    def _severities_in_range(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in values if s not in (1, 2, 3, 4, 5)]
+        if bad:
+            raise ValueError(f"severities {bad} are not in 1..5")
+        return values
+
+
 class WorkLimits(StrictModel):
     """Upper bounds on an attack's iterations, queries and restarts (``steps: 1e12`` is an
     error, not a run that never ends); raise them in the plan's ``limits`` section."""
@@ -242,11 +265,23 @@ class EvaluationPlan(StrictModel):
     defenses: tuple[DefenseSpec, ...] = ()
     attacks: tuple[AttackSpec, ...] = ()
     metrics: tuple[MetricSpec, ...] = ()
+    corruptions: CorruptionsSpec = CorruptionsSpec()
     batch_size: int = Field(default=128, gt=0, le=1_000_000, strict=True)
     seed: Seed = 0
+    # Run the whole plan once per seed (``seeds: [0, 1, 2]``), one stored run each; the
+    # seed drives every random choice, attacks' included unless an attack sets its own.
+    # ``aisafety report --compare`` of those runs shows each metric as mean +- std.
+    seeds: tuple[Seed, ...] | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Raise these to run a bigger attack on purpose; below them a typo cannot run for days.
     limits: WorkLimits = WorkLimits()
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or len(set(value)) != len(value)):
+            raise ValueError(f"seeds must be a non-empty list of distinct integers, got {value}")
+        return value
 
     @field_validator("attacks", "metrics", "defenses", mode="before")
     @classmethod

@@ -1,8 +1,10 @@
 """The corruption registry and ``corrupt``, the one entry point to all 19 corruptions.
 
-Every corruption is a function ``f(x, severity, generator) -> Tensor`` on a batch
+Every corruption is a function ``f(x, severity, generator, table) -> Tensor`` on a batch
 (N, C, H, W) in [0, 1] that draws all its randomness from ``generator`` (a
-``torch.Generator`` on the batch's device); ``corrupt`` validates, seeds, and clamps.
+``torch.Generator`` on the batch's device) and reads its parameters from ``table`` (one of
+the reference's three severity tables); ``corrupt`` validates, picks the table, seeds, and
+clamps.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from collections.abc import Callable
 import torch
 
 from aisafety.corruption import blur, digital, noise, weather
+from aisafety.corruption.params import TABLES, SeverityTable, table_for_size
 from aisafety.errors import ConfigError, InputError, UnknownNameError
 
 Tensor = torch.Tensor
-CorruptionFn = Callable[[Tensor, int, torch.Generator], Tensor]
+CorruptionFn = Callable[[Tensor, int, torch.Generator, SeverityTable], Tensor]
 
 # Hendrycks & Dietterich's four groups of 15 (ImageNet-C) plus the four held-out
 # "validation" corruptions (speckle noise, Gaussian blur, spatter, saturate).
@@ -77,9 +80,21 @@ def check_severity(severity: int) -> int:
     return int(severity)
 
 
-def corrupt(x: Tensor, name: str, severity: int, seed: int = 0) -> Tensor:
+def resolve_table(table: str, height: int, width: int) -> SeverityTable:
+    """The severity table named ``table``; ``auto`` picks the one made for the nearest image
+    size (``params.table_for_size``)."""
+    if table == "auto":
+        return table_for_size(height, width)
+    if table not in TABLES:
+        raise UnknownNameError("severity table", table, ["auto", *TABLES])
+    return TABLES[table]
+
+
+def corrupt(x: Tensor, name: str, severity: int, seed: int = 0, table: str = "auto") -> Tensor:
     """Corrupt a batch (N, C, H, W) in [0, 1] with ``name`` at ``severity`` (1..5).
 
+    ``table``: ``cifar10-c``, ``tiny-imagenet-c``, ``imagenet-c``, or ``auto`` (by image
+    size: up to 45 px CIFAR-10-C, up to 119 px Tiny-ImageNet-C, else ImageNet-C).
     Deterministic for a given batch, seed and device; the result has the input's shape,
     dtype and device and lies in [0, 1]. No gradient flows through it.
     """
@@ -87,9 +102,10 @@ def corrupt(x: Tensor, name: str, severity: int, seed: int = 0) -> Tensor:
         raise UnknownNameError("corruption", name, CORRUPTIONS)
     severity = check_severity(severity)
     check_images(x, f"corruption {name!r}")
+    chosen = resolve_table(table, *x.shape[-2:])
     if x.numel() == 0:
         return x.detach().clone()
     generator = torch.Generator(device=x.device).manual_seed(int(seed))
     with torch.no_grad():
-        out = CORRUPTIONS[name](x.detach(), severity, generator)
+        out = CORRUPTIONS[name](x.detach(), severity, generator, chosen)
     return out.clamp(0.0, 1.0).to(x.dtype)

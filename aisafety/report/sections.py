@@ -215,6 +215,13 @@ class Corruptions(ReportSection):
 RADIUS = re.compile(r"(?:eps|radius|sigma)=([0-9.eE+-]+)")
 
 
+def _without_radius(label: str) -> str:
+    """``certified-accuracy(eps=0.1,verifier=ibp)`` -> ``certified-accuracy(verifier=ibp)``:
+    one curve per metric and settings, its points the radii."""
+    inner = re.sub(r"(?:eps|radius)=[^,)]*,?", "", label).replace(",)", ")")
+    return inner.replace("()", "")
+
+
 def _radius(metric) -> float | None:
     if metric.eps is not None:
         return float(metric.eps)
@@ -236,13 +243,22 @@ class CertifiedCurves(ReportSection):
                 curve = m.details.get("curve") if isinstance(m.details, dict) else None
                 if m.model != model or "certified" not in m.name:
                     continue
+                if m.model == model and m.id in report.data.radii:
+                    radii = report.data.radii[m.id]
+                    # from just above 0: a misclassified sample has radius 0 too
+                    top = max(float(np.nanmax(radii)), 1e-6) * 1.05
+                    grid = np.linspace(top / 40, top, 40)
+                    curves[f"{m.metric} (per-sample radii)"] += [
+                        (float(r), float((radii >= r).mean()), len(radii)) for r in grid
+                    ]
+                    continue
                 if isinstance(curve, dict) and "radius" in curve and "accuracy" in curve:
                     curves[m.metric] += [
                         (float(r), float(v), m.n_samples)
                         for r, v in zip(curve["radius"], curve["accuracy"], strict=False)
                     ]
                 elif m.value is not None and (r := _radius(m)) is not None:
-                    curves[m.name].append((r, m.value, m.n_samples))
+                    curves[_without_radius(m.metric)].append((r, m.value, m.n_samples))
             series = [
                 Series(name, *map(list, zip(*sorted(points), strict=True)))
                 for name, points in curves.items()
