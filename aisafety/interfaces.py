@@ -268,9 +268,20 @@ class EvaluationPlan(StrictModel):
     corruptions: CorruptionsSpec = CorruptionsSpec()
     batch_size: int = Field(default=128, gt=0, le=1_000_000, strict=True)
     seed: Seed = 0
+    # Run the whole plan once per seed (``seeds: [0, 1, 2]``), one stored run each; the
+    # seed drives every random choice, attacks' included unless an attack sets its own.
+    # ``aisafety report --compare`` of those runs shows each metric as mean +- std.
+    seeds: tuple[Seed, ...] | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Raise these to run a bigger attack on purpose; below them a typo cannot run for days.
     limits: WorkLimits = WorkLimits()
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or len(set(value)) != len(value)):
+            raise ValueError(f"seeds must be a non-empty list of distinct integers, got {value}")
+        return value
 
     @field_validator("attacks", "metrics", "defenses", mode="before")
     @classmethod

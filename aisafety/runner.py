@@ -72,7 +72,13 @@ class Runner:
         self._reference_fingerprint: str | None = None
 
     def _make_attack(self, spec: AttackSpec) -> Attack:
-        attack = self.registry.create("attack", spec.name, spec.config)
+        """The plan's seed seeds an attack that does not set its own (runs over ``seeds``
+        then differ in the attacks' random starts too, not only in the data order)."""
+        cls = self.registry.get("attack", spec.name)
+        config = dict(spec.config)
+        if "seed" in getattr(cls.Config, "model_fields", {}):
+            config.setdefault("seed", self.plan.seed)
+        attack = self.registry.create("attack", spec.name, config)
         check_work_limits(spec, getattr(attack, "config", None), self.plan.limits)
         if attack.family is AttackFamily.CORRUPTION:
             warn_corruption_as_attack(spec.name)
