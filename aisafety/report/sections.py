@@ -104,11 +104,9 @@ class MetricTable(ReportSection):
     def render(self, report: Report) -> str | None:
         rows = []
         for m in report.data.metrics:
-            ci = (
-                rate_interval(m.value, m.n_samples)
-                if is_rate(m.unit, m.value, m.n_samples)
-                else None
-            )
+            ci = m.ci  # stored; derived from value and n for runs stored before it was
+            if ci is None and is_rate(m.unit, m.value, m.n_samples):
+                ci = rate_interval(m.value, m.n_samples)
             rows.append({"m": m, "ci": ci})
         if not rows:
             return None
