@@ -87,9 +87,10 @@ def test_crown_on_a_two_layer_net_matches_the_hand_computation():
     assert lower_bounds("crown", graph, prop).item() == pytest.approx(-0.1, abs=1e-9)
     assert lower_bounds("fast-lin", graph, prop).item() == pytest.approx(-0.1, abs=1e-9)
     assert lower_bounds("ibp", graph, prop).item() == pytest.approx(-0.3, abs=1e-9)
-    result = make_verifier("complete").verify(graph, prop)
+    result = make_verifier("complete", {"exact": True}).verify(graph, prop)
     assert result.verdicts == [Verdict.CERTIFIED]
     assert result.margins.item() == pytest.approx(0.1, abs=1e-6)
+    assert make_verifier("complete").verify(graph, prop).verdicts == [Verdict.CERTIFIED]
     # row f0 - f1 = 2 h1 - 3 h2 + 0.5: CROWN's lower line for h1 is 0 (u = -l) -> -1.9,
     # reached at x = (0.6, 0.6) where h1 = 0 and h2 = 0.8: falsified there
     prop = robustness_property(torch.tensor([[0.5, 0.5]]), torch.tensor([0]), 0.1, 2)
