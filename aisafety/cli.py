@@ -205,6 +205,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from aisafety.verification.vnncomp import run_verify
+
+    return run_verify(args.network, args.spec, args.verifier, args.timeout)
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
     registry = default_registry()
     rows = [
@@ -392,6 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch-size", type=int, default=1024)
     sv.add_argument("--quiet", action="store_true", help="do not log requests")
     sv.set_defaults(func=cmd_serve)
+
+    vf = sub.add_parser("verify", help="verify a VNN-COMP instance: NET.onnx SPEC.vnnlib")
+    vf.add_argument("network", help="ONNX network")
+    vf.add_argument("spec", help="VNN-LIB property")
+    vf.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    vf.add_argument("--verifier", default="complete", help="see `aisafety list verifiers`")
+    vf.set_defaults(func=cmd_verify)
 
     zoo = sub.add_parser("zoo", help="train or list zoo models")
     zsub = zoo.add_subparsers(dest="zoo_command", required=True)

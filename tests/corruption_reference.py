@@ -19,6 +19,7 @@ the reference applies when it stores the dataset.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 from functools import lru_cache
 from io import BytesIO
 from pathlib import Path
@@ -131,10 +132,12 @@ TABLES = {"cifar10-c": CIFAR10_C, "imagenet-c": IMAGENET_C}
 
 
 def frost_directory() -> Path:
-    """The frost photographs as the ``imagecorruptions`` package ships them."""
-    import imagecorruptions
-
-    return Path(imagecorruptions.__file__).parent / "frost"
+    """The frost photographs as the ``imagecorruptions`` package ships them (found without
+    importing it: its import needs ``pkg_resources``)."""
+    spec = importlib.util.find_spec("imagecorruptions")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the frost photographs come with imagecorruptions (test extra)")
+    return Path(spec.submodule_search_locations[0]) / "frost"
 
 
 # --- helpers ---------------------------------------------------------------------------------

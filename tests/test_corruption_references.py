@@ -131,7 +131,21 @@ def test_glass_blur_and_saturate_on_grey_digits_as_the_reference(cifar_sized):
 
 @pytest.fixture(scope="module")
 def imagecorruptions(request):
-    """The package, with the two library calls renamed since it was written."""
+    """The package, with the library calls renamed or removed since it was written: skimage's
+    ``multichannel``, ``np.float_``, and setuptools' ``pkg_resources.resource_filename``."""
+    import importlib.util
+    import sys
+    import types
+    from pathlib import Path
+
+    if importlib.util.find_spec("pkg_resources") is None:  # setuptools >= 81 dropped it
+        shim = types.ModuleType("pkg_resources")
+
+        def resource_filename(package: str, name: str) -> str:
+            return str(Path(sys.modules[package].__file__).parent / name)
+
+        shim.resource_filename = resource_filename
+        sys.modules["pkg_resources"] = shim
     package = pytest.importorskip("imagecorruptions")
     from imagecorruptions import corruptions as module
     from skimage.filters import gaussian

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.stats import binomtest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -49,8 +50,10 @@ def test_report_has_every_section_and_interval(report_db):
     assert "http://" not in html and "https://" not in html  # self-contained
     plots = html.count('<img class="plot" src="data:image/png;base64,')
     assert plots == int(re.search(r'data-plots="(\d+)"', html).group(1))
-    # 1 curve (l-inf) + 1 corruption heatmap + 1 certified curve + 1 frontier + 4 examples
-    assert plots == 8
+    # 1 curve (l-inf) + 1 corruption heatmap + 1 certified curve + 1 frontier + 2 examples
+    # (fgsm, pgd-linf; random noise has none)
+    assert plots == 6
+    assert "corruption error: 3 x 3 cells" in html  # 3 corruptions x 3 severities
     data = load_run(ResultStore(url), run_id)
     ca = next(m for m in data.metrics if m.metric == "ca")
     low, high = clopper_pearson(round(ca.value * ca.n_samples), ca.n_samples)
@@ -58,6 +61,9 @@ def test_report_has_every_section_and_interval(report_db):
     radius = next(m for m in data.metrics if m.name == "average-certified-radius")
     assert len(data.radii[radius.id]) == radius.n_samples  # per-sample radii, read back
     assert "per-sample radii" in html
+    ci = binomtest(round(ca.value * ca.n_samples), ca.n_samples).proportion_ci(method="exact")
+    assert ca.ci == pytest.approx((ci.low, ci.high), abs=1e-12)  # stored with the value
+    assert all((m.ci is not None) == (m.unit == "fraction") for m in data.metrics)
     fingerprint = data.models[0]["fingerprint"]
     assert fingerprint in html and "mnist-embedded" in html
 
@@ -133,10 +139,8 @@ def test_a_plugin_adds_a_report_section(report_db):
     url, run_id = report_db
     html = build_report(ResultStore(url), run_id, registry)
     assert 'id="third-party"' in html and f"runs: {run_id}" in html
-    # placed by its order: after provenance (10), before the model cards (20)
-    assert (
-        html.index('id="provenance"') < html.index('id="third-party"') < html.index('id="models"')
-    )
+    # placed by its order: after the model cards (10), before the sanity checks (20)
+    assert html.index('id="models"') < html.index('id="third-party"') < html.index('id="sanity"')
     assert "this section failed: RuntimeError: boom" in html
 
 

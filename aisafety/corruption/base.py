@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from aisafety.corruption import blur, digital, noise, weather
+from aisafety.corruption import blur, digital, filters, noise, weather
 from aisafety.corruption.params import TABLES, SeverityTable, table_for_size
 from aisafety.errors import ConfigError, InputError, UnknownNameError
 
@@ -94,7 +94,9 @@ def corrupt(x: Tensor, name: str, severity: int, seed: int = 0, table: str = "au
     """Corrupt a batch (N, C, H, W) in [0, 1] with ``name`` at ``severity`` (1..5).
 
     ``table``: ``cifar10-c``, ``tiny-imagenet-c``, ``imagenet-c``, or ``auto`` (by image
-    size: up to 45 px CIFAR-10-C, up to 119 px Tiny-ImageNet-C, else ImageNet-C).
+    size: up to 45 px CIFAR-10-C, up to 119 px Tiny-ImageNet-C, else ImageNet-C). A grey
+    image (C = 1) is corrupted as three equal channels and returned as the luma
+    (``grey_level``), as the reference would treat a grey photograph.
     Deterministic for a given batch, seed and device; the result has the input's shape,
     dtype and device and lies in [0, 1]. No gradient flows through it.
     """
@@ -106,6 +108,18 @@ def corrupt(x: Tensor, name: str, severity: int, seed: int = 0, table: str = "au
     if x.numel() == 0:
         return x.detach().clone()
     generator = torch.Generator(device=x.device).manual_seed(int(seed))
+    grey = x.shape[1] == 1
     with torch.no_grad():
-        out = CORRUPTIONS[name](x.detach(), severity, generator, chosen)
-    return out.clamp(0.0, 1.0).to(x.dtype)
+        images = x.detach().expand(-1, 3, -1, -1).contiguous() if grey else x.detach()
+        out = CORRUPTIONS[name](images, severity, generator, chosen).clamp(0.0, 1.0)
+        if grey:
+            out = grey_level(out)
+    return out.to(x.dtype)
+
+
+def grey_level(rgb: Tensor) -> Tensor:
+    """One channel back from a corrupted grey image: the reference only takes RGB, so a grey
+    image goes through it as three equal channels and comes back as the ITU-R 601 luma of the
+    (clipped) result; where the three channels stayed equal, that channel itself, exactly."""
+    same = (rgb[:, :1] == rgb[:, 1:2]) & (rgb[:, 1:2] == rgb[:, 2:3])
+    return torch.where(same, rgb[:, :1], filters.luminance(rgb))

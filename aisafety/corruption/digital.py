@@ -50,23 +50,17 @@ def saturate(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTabl
     so a positive ``b`` (the two highest severities) tints it red: ``(V, V (1 - S'), V (1 - S'))``,
     as the reference does.
 
-    Grey (one channel): the image is treated as the reference treats a grey photograph, three
-    equal channels, and the result is brought back to one channel as its ITU-R 601 luma. Grey
-    pixels have no saturation to scale, so nothing changes where ``b = 0``; where ``b > 0`` the
-    red tint darkens the luma to ``V (0.299 + 0.701 (1 - b))``.
+    Grey images arrive here as three equal channels (``base.corrupt``): nothing changes where
+    ``b = 0``; where ``b > 0`` the red tint darkens their luma to ``V (0.299 + 0.701 (1 - b))``.
     """
     scale, shift = table.saturate[severity - 1]
-    grey = x.shape[1] == 1
-    if grey:
-        x = x.expand(-1, 3, -1, -1)
     value = x.amax(1, keepdim=True)
     delta = value - x.amin(1, keepdim=True)
     sat = torch.where(value > 0, delta / value.clamp_min(1e-12), 0.0)
     new_sat = (sat * scale + shift).clamp(0, 1)
     coloured = value - (value - x) * (new_sat / sat.clamp_min(1e-12))
     red = torch.cat([value, value * (1 - new_sat), value * (1 - new_sat)], dim=1)
-    out = torch.where(sat > 0, coloured, red)
-    return filters.luminance(out) if grey else out
+    return torch.where(sat > 0, coloured, red)
 
 
 @lru_cache(maxsize=64)

@@ -33,6 +33,7 @@ class MetricRow:
     n_samples: int
     details: dict[str, Any]
     id: int = 0
+    ci: tuple[float, float] | None = None  # the stored 95% interval of a rate
 
     @property
     def name(self) -> str:
@@ -145,6 +146,7 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
                 n_samples=r.n_samples,
                 details=r.details or {},
                 id=r.id,
+                ci=None if r.ci_low is None else (r.ci_low, r.ci_high),
             )
             for r in session.scalars(
                 select(schema.MetricValueRow)

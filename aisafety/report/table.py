@@ -41,10 +41,17 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "ta
 
 
 def metric_rows(values: Sequence[MetricValue]) -> tuple[list[str], list[tuple]]:
-    columns = ["metric", "attack", "eps", "value", "better", "n"]
-    rows = [
-        (v.metric, v.attack or "", v.eps, v.value, v.direction.value, v.n_samples) for v in values
-    ]
+    """One row per value; rates (unit "fraction") with their 95% Clopper-Pearson interval."""
+    from aisafety.report.intervals import is_rate, rate_interval
+
+    columns = ["metric", "attack", "eps", "value", "ci95_low", "ci95_high", "better", "n"]
+    rows = []
+    for v in values:
+        ci = rate_interval(v.value, v.n_samples) if is_rate(v.unit, v.value, v.n_samples) else None
+        low, high = ci if ci else (None, None)
+        rows.append(
+            (v.metric, v.attack or "", v.eps, v.value, low, high, v.direction.value, v.n_samples)
+        )
     return columns, rows
 
 
