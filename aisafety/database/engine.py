@@ -90,6 +90,14 @@ def _enable_wal(engine: Engine) -> None:
         connection.exec_driver_sql("PRAGMA journal_mode=WAL")
 
 
+def checkpoint(engine: Engine) -> None:
+    """Copy committed WAL pages into the database file (SQLite), without waiting for readers,
+    so that a plain copy of the ``.db`` file taken between units holds every finished unit."""
+    if engine.dialect.name == "sqlite" and sqlite_file(str(engine.url)) is not None:
+        with engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+
+
 def create_schema(engine: Engine, metadata: MetaData, views: Iterable[str]) -> None:
     """Tables, indexes, missing columns and views, each statement safe to race."""
 

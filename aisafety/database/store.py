@@ -20,7 +20,13 @@ from sqlalchemy.orm import Session
 
 from aisafety.attack.result import AttackResult
 from aisafety.database import schema
-from aisafety.database.engine import check_url, create_schema, open_engine, with_retries
+from aisafety.database.engine import (
+    check_url,
+    checkpoint,
+    create_schema,
+    open_engine,
+    with_retries,
+)
 from aisafety.database.read_only import query_read_only
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
@@ -87,6 +93,7 @@ class ResultStore:
                 run.finished_at = schema.utcnow()
 
         with_retries(f"mark run {run_id} {status} in {self.url}", finish)
+        checkpoint(self.engine)
 
     # units ------------------------------------------------------------------------------
     def finished_units(self) -> set[str]:
@@ -134,6 +141,7 @@ class ResultStore:
             f"store unit {description!r} in {self.url}",
             lambda: self._write_unit(run_id, key, description, subject, values, version, attack),
         )
+        checkpoint(self.engine)
 
     def _write_unit(
         self,
@@ -165,7 +173,7 @@ class ResultStore:
                 attack_run_id = self._add_attack_run(
                     session, run_id, key, model_id, dataset_id, *attack
                 )
-            session.add_all(
+            rows = [
                 schema.MetricValueRow(
                     run_id=run_id,
                     unit_key=key,
@@ -179,11 +187,14 @@ class ResultStore:
                     attack=v.attack,
                     eps=v.eps,
                     n_samples=v.n_samples,
-                    details=v.details,
+                    details={k: d for k, d in v.details.items() if k != schema.SAMPLES},
                     platform_version=version,
+                    **_interval(v),
                 )
                 for v in values
-            )
+            ]
+            session.add_all(rows)
+            _add_sample_verdicts(session, rows, values)
 
     def _subject_ids(self, session: Session, s: Subject) -> tuple[int, int]:
         model = session.scalar(
@@ -289,6 +300,20 @@ def _mark_dead_runs(session: Session) -> None:
             run.status = "interrupted"
 
 
+def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]) -> None:
+    """Per-sample verdicts of certified metrics (details["samples"]) as table rows."""
+    if not any(schema.SAMPLES in v.details for v in values):
+        return
+    session.flush()  # the metric rows' ids
+    verdicts = [
+        {"metric_value_id": row.id, "sample_index": s["sample_index"], "label": s["label"],
+         "verdict": s["verdict"], "margin": s["margin"], "seconds": s["seconds"],
+         "attack": {k: x for k, x in s.items() if k.startswith("attack")}}
+        for row, v in zip(rows, values, strict=True) for s in v.details.get(schema.SAMPLES, [])
+    ]  # fmt: skip
+    session.execute(insert(schema.VerificationSample), verdicts)
+
+
 def _outcome_rows(attack_run_id: int, result: AttackResult) -> list[dict[str, Any]]:
     """Per-sample rows, built from whole tensors (one ``tolist`` per column)."""
     norms = result.norms
@@ -346,3 +371,13 @@ def _environment(run_id: int) -> schema.RunEnvironment:
         torch=torch.__version__[:32],
         cpu_count=os.cpu_count() or 0,
     )
+
+
+def _interval(v: MetricValue) -> dict[str, float | None]:
+    """The stored 95% Clopper-Pearson interval of a rate; None for other metrics."""
+    from aisafety.report.intervals import is_rate, rate_interval
+
+    if not is_rate(v.unit, v.value, v.n_samples):
+        return {"ci_low": None, "ci_high": None}
+    low, high = rate_interval(v.value, v.n_samples)
+    return {"ci_low": low, "ci_high": high}
