@@ -14,7 +14,7 @@ from aisafety.database.read_only import query_read_only, read_only_engine
 from aisafety.database.store import DEFAULT_URL, ResultStore
 from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
 from aisafety.interfaces import EvaluationPlan
-from aisafety.plugins import default_registry
+from aisafety.plugins import default_registry, warn_failures
 from aisafety.report.table import curve_rows, metric_rows, render
 
 if TYPE_CHECKING:
@@ -34,7 +34,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    warn_failures(default_registry())
     store = ResultStore(args.db)
+    if plan.seeds:
+        return evaluate_seeds(plan, store, args)
     record = Runner(plan, store, resume=args.resume, quiet=args.quiet).run()
     columns, rows = metric_rows(record.values)
     print(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
@@ -47,6 +50,31 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"({record.resumed_units} finished unit(s) taken from the database)")
     if args.format == "table":
         print_sanity_checks(store, record.run_id)
+    return 0
+
+
+def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
+    """``seeds: [0, 1, 2]``: one run per seed, then each metric's mean +- std over them."""
+    from aisafety.report.table import seed_rows
+    from aisafety.runner import Runner
+
+    records = [
+        Runner(plan.model_copy(update={"seed": seed}), store, resume=args.resume,
+               quiet=args.quiet).run()
+        for seed in plan.seeds
+    ]  # fmt: skip
+    run_ids = [r.run_id for r in records]
+    print(
+        f"model {plan.model.name} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
+        f"{', '.join(map(str, run_ids))}, db {args.db})"
+    )
+    per_seed = [(seed, r.values) for seed, r in zip(plan.seeds, records, strict=True)]
+    columns, rows = seed_rows(per_seed)
+    print(render(columns, rows, args.format))
+    if args.format == "table":
+        for run_id in run_ids:
+            print_sanity_checks(store, run_id)
+        print(f"\nreport over the seeds: aisafety report --compare {' '.join(map(str, run_ids))}")
     return 0
 
 
@@ -91,6 +119,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    warn_failures(default_registry())
     if len(set(args.models)) < 2:
         raise ConfigError(f"compare needs at least two different models, got {args.models}")
     baseline = args.baseline or args.models[0]
@@ -174,6 +203,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         columns = list(entries[0]) if entries else ["name"]
         print(render(columns, [[e.get(c) for c in columns] for e in entries]))
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from aisafety.verification.vnncomp import run_verify
+
+    return run_verify(args.network, args.spec, args.verifier, args.timeout)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -363,6 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch-size", type=int, default=1024)
     sv.add_argument("--quiet", action="store_true", help="do not log requests")
     sv.set_defaults(func=cmd_serve)
+
+    vf = sub.add_parser("verify", help="verify a VNN-COMP instance: NET.onnx SPEC.vnnlib")
+    vf.add_argument("network", help="ONNX network")
+    vf.add_argument("spec", help="VNN-LIB property")
+    vf.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    vf.add_argument("--verifier", default="complete", help="see `aisafety list verifiers`")
+    vf.set_defaults(func=cmd_verify)
 
     zoo = sub.add_parser("zoo", help="train or list zoo models")
     zsub = zoo.add_subparsers(dest="zoo_command", required=True)

@@ -48,3 +48,7 @@ class IntegrityError(AISafetyError):
 
 class StoreError(AISafetyError):
     """The results database cannot be read or written (busy, missing, read-only)."""
+
+
+class ModelOutputError(AISafetyError):
+    """A model returned scores of the wrong shape, or NaN/inf scores."""

@@ -2,11 +2,14 @@
 
 Built-ins are registered first, then every entry point of the ``aisafety`` group. A plugin
 that fails to import, or whose hook raises, is recorded with its traceback and skipped; the
-others still load. Two plugins providing one name is an error naming both sources.
+others still load. A name provided twice keeps its first owner (built-ins come first) and the
+clash is recorded as a failure naming both sources, shown by ``aisafety plugins`` and warned
+about by the commands that run plans.
 """
 
 from __future__ import annotations
 
+import sys
 import traceback
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -66,15 +69,24 @@ class Registry:
         """Instantiate ``name`` with ``config`` (``args`` go first, e.g. a wrapped predictor)."""
         return self.get(kind, name)(*args, config)
 
-    def add(self, kind: str, cls: type, source: str) -> None:
+    def add(self, kind: str, cls: type, source: str, origin: str = "") -> None:
+        """Register ``cls``; a name taken already keeps its first owner (built-ins load
+        first), and the clash is recorded as a failure of ``source`` instead of stopping
+        every command."""
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
             raise PluginError(f"plugin {source!r} gives a {kind} class {cls!r} without a 'name'")
         if name in self.classes[kind]:
-            raise PluginError(
-                f"{kind} {name!r} is registered twice: by {self.sources[kind][name]!r} and by "
-                f"{source!r}; uninstall one of them or rename its {kind}"
+            self.failures.append(
+                PluginFailure(
+                    source,
+                    origin or source,
+                    f"{kind} {name!r} is registered twice: by {self.sources[kind][name]!r} and "
+                    f"by {source!r}; {source!r}'s {kind} is skipped. Rename it or uninstall "
+                    "one of them",
+                )
             )
+            return
         self.classes[kind][name] = cls
         self.sources[kind][name] = source
 
@@ -128,9 +140,20 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
         return
     for kind, classes in provides.items():
         for cls in classes:
-            registry.add(kind, cls, name)
+            registry.add(kind, cls, name, origin)
     names = {kind: [c.name for c in classes] for kind, classes in provides.items()}
     registry.plugins.append(PluginInfo(name, origin, names))
+
+
+def warn_failures(registry: Registry) -> None:
+    """One line per broken or clashing plugin on stderr (details: ``aisafety plugins``)."""
+    for failure in registry.failures:
+        last = failure.error.strip().splitlines()[-1] if failure.error.strip() else "?"
+        print(
+            f"warning: plugin {failure.name!r} ({failure.origin}): {last} "
+            "(details: aisafety plugins)",
+            file=sys.stderr,
+        )
 
 
 @lru_cache(maxsize=1)

@@ -117,6 +117,10 @@ class MetricValueRow(Base):
     details: Mapped[dict] = mapped_column(JSON)
     platform_version: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # 95% Clopper-Pearson interval of a rate (unit "fraction") over its n samples; NULL for
+    # other metrics (aisafety/report/intervals.py)
+    ci_low: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ci_high: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class SampleOutcome(Base):

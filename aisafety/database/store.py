@@ -196,6 +196,7 @@ class ResultStore:
                         if k not in (schema.SAMPLES, "per_sample")
                     },
                     platform_version=version,
+                    **_interval(v),
                 )
                 for v in values
             ]
@@ -407,3 +408,13 @@ def _environment(run_id: int) -> schema.RunEnvironment:
         torch=torch.__version__[:32],
         cpu_count=os.cpu_count() or 0,
     )
+
+
+def _interval(v: MetricValue) -> dict[str, float | None]:
+    """The stored 95% Clopper-Pearson interval of a rate; None for other metrics."""
+    from aisafety.report.intervals import is_rate, rate_interval
+
+    if not is_rate(v.unit, v.value, v.n_samples):
+        return {"ci_low": None, "ci_high": None}
+    low, high = rate_interval(v.value, v.n_samples)
+    return {"ci_low": low, "ci_high": high}

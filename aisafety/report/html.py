@@ -126,25 +126,29 @@ def _category(metric: str, registry: Registry) -> str:
 
 def _columns(runs: list[RunData], registry: Registry) -> dict[tuple, Column]:
     columns: dict[tuple, Column] = {}
+    # models evaluated on different data are never ranked in one column
+    several = len({d["name"] for data in runs for d in data.datasets}) > 1
     for data in runs:
         for m in data.metrics:
             if m.value is None or math.isnan(m.value):
                 continue
-            key = (m.metric, m.attack, m.eps)
+            key = (m.metric, m.attack, m.eps, m.dataset)
             label = m.metric + (f" | {m.attack}" if m.attack else "")
             label += f" @{m.eps:g}" if m.eps is not None else ""
+            label += f" [{m.dataset}]" if several else ""
             column = columns.setdefault(
                 key, Column(_category(m.name, registry), label, m.unit, m.direction)
             )
             column.values[m.model].append(m.value)
         for model in data.model_names:
+            dataset = data.datasets[0]["name"] if data.datasets else ""
             for (norm, eps), (acc, _) in worst_case_of(data, model).items():
-                key = ("worst-case", norm, eps)
+                key = ("worst-case", norm, eps, dataset)
                 column = columns.setdefault(
                     key,
                     Column(
                         "worst case over attacks",
-                        f"robust accuracy {norm} @{eps:g}",
+                        f"robust accuracy {norm} @{eps:g}" + (f" [{dataset}]" if several else ""),
                         "fraction",
                         "higher",
                     ),
@@ -170,7 +174,9 @@ def _cell(values: list[float]) -> str:
     return f"{statistics.fmean(values):.4g} ± {statistics.stdev(values):.2g}"
 
 
-def leaderboard(runs: list[RunData], registry: Registry) -> list[dict[str, Any]]:
+def leaderboard(
+    runs: list[RunData], registry: Registry, checks: list[Check] = ()
+) -> list[dict[str, Any]]:
     """One table per metric family: a row per model, a column per metric, ranked."""
     columns = _columns(runs, registry)
     models = list(dict.fromkeys(m for data in runs for m in data.model_names))
@@ -196,6 +202,7 @@ def leaderboard(runs: list[RunData], registry: Registry) -> list[dict[str, Any]]
                 {
                     "model": model,
                     "runs": ", ".join(run_ids[model]),
+                    "warnings": sum(c.status == "warn" and c.model == model for c in checks),
                     "mean_rank": statistics.fmean(mine) if mine else math.inf,
                     "cells": cells,
                 }
@@ -242,7 +249,7 @@ def build_comparison(
         RenderedSection(
             "leaderboard",
             "Leaderboard",
-            report.template("leaderboard.html.j2", families=leaderboard(runs, registry)),
+            report.template("leaderboard.html.j2", families=leaderboard(runs, registry, checks)),
         ),
         RenderedSection(
             "curves",

@@ -62,7 +62,7 @@ class Verifier(ABC):
     ) -> VerificationResult:
         """Verdicts for every sample; ``model`` (the predictor) replays counterexamples."""
         self.check(graph)
-        model = model or graph.forward
+        model = model or (lambda x: graph.forward(x.to(graph.dtype)))
         parts = []
         for start in range(0, len(prop), self.config.batch_size):
             parts.append(
@@ -88,7 +88,8 @@ class Verifier(ABC):
             Verdict.CERTIFIED if c else Verdict.FALSIFIED if f else Verdict.UNKNOWN
             for c, f in zip(certified.tolist(), falsified.tolist(), strict=True)
         ]
-        return VerificationResult(self.name, verdicts, margins.float(), seconds, counter)
+        notes = ["bounds too loose" if v is Verdict.UNKNOWN else "" for v in verdicts]
+        return VerificationResult(self.name, verdicts, margins.float(), seconds, counter, notes)
 
     @staticmethod
     def _candidates(prop: Property, bounds: torch.Tensor, coeff: torch.Tensor | None):

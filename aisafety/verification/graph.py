@@ -131,10 +131,16 @@ def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) ->
         if node.op == "get_attr":
             values[node] = _attr(traced, node.target)
             continue
-        if node.op == "call_method":
-            values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
-        else:
-            values[node] = target(*args, **kwargs)
+        try:
+            if node.op == "call_method":
+                values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                values[node] = target(*args, **kwargs)
+        except Exception as exc:  # wrong input shape for this network, most often
+            raise VerificationError(
+                f"model {model!r} fails on inputs of shape {tuple(input_shape)} at node "
+                f"{node.name!r} ({type(exc).__name__}: {exc}); give the input shape it takes"
+            ) from None
         traced_inputs = [n for n in node.all_input_nodes if n in index]
         if not traced_inputs:
             continue  # a constant: folded into the ops that use it

@@ -53,6 +53,13 @@ class Encoding:
     out_const: np.ndarray
     n_inputs: int
 
+    def constraints(self) -> list[LinearConstraint]:
+        if not self.rows:
+            return []
+        matrix = vstack(self.rows).tocsr()
+        return [LinearConstraint(matrix, np.concatenate(self.row_lower),
+                                 np.concatenate(self.row_upper))]  # fmt: skip
+
 
 def encode(graph: BoundGraph, boxes: list[Box], relax: bool = False) -> Encoding:
     """The MILP (or LP with ``relax``) of one sample (boxes of batch size 1)."""
@@ -134,14 +141,9 @@ def minimise_row(
     """(lower bound proved, best value found, its input point or None) of ``row . f + offset``."""
     cost = enc.out_matrix @ row
     const = float(enc.out_const @ row + offset)
-    constraints = (
-        [LinearConstraint(vstack(enc.rows).tocsr(), np.concatenate(enc.row_lower),
-                          np.concatenate(enc.row_upper))]
-        if enc.rows else []
-    )  # fmt: skip
     result = milp(
         cost, integrality=enc.integrality, bounds=Bounds(enc.lower, enc.upper),
-        constraints=constraints, options={"time_limit": max(time_limit, 0.01), "disp": False},
+        constraints=enc.constraints(), options={"time_limit": max(time_limit, 0.01), "disp": False},
     )  # fmt: skip
     if result.x is None:
         if result.status == 2:  # infeasible box: the property holds vacuously
@@ -156,10 +158,36 @@ def minimise_row(
     return bound, value, result.x[: enc.n_inputs]
 
 
+def decide_row(
+    enc: Encoding, row: np.ndarray, offset: float, time_limit: float, tolerance: float = 1e-5
+) -> tuple[float, float, np.ndarray | None]:
+    """Like ``minimise_row`` but only decides the sign: a feasibility MILP for a point with
+    ``row . f + offset <= tolerance``. Infeasible proves the row > ``tolerance`` (returned as
+    the bound; the tolerance also absorbs HiGHS's feasibility tolerance); HiGHS stops at the
+    first feasible point, which is usually far faster than proving the optimum."""
+    cost = enc.out_matrix @ row
+    const = float(enc.out_const @ row + offset)
+    cut = LinearConstraint(csr_matrix(cost[None]), -np.inf, tolerance - const)
+    result = milp(
+        np.zeros_like(cost), integrality=enc.integrality, bounds=Bounds(enc.lower, enc.upper),
+        constraints=[*enc.constraints(), cut],
+        options={"time_limit": max(time_limit, 0.01), "disp": False},
+    )  # fmt: skip
+    if result.status == 2:
+        return tolerance, float("inf"), None
+    if result.x is None:
+        return float("-inf"), float("inf"), None
+    return float("-inf"), float(cost @ result.x + const), result.x[: enc.n_inputs]
+
+
 class CompleteConfig(VerifierConfig):
     batch_size: int = Field(default=16, gt=0)
     attack_steps: int = Field(default=50, ge=0, description="box-PGD steps before the MILP")
     alpha_steps: int = Field(default=20, ge=0, description="alpha-CROWN steps for the bounds")
+    exact: bool = Field(
+        default=False,
+        description="minimise each row to optimality (exact margins) instead of deciding its sign",
+    )
 
 
 class CompleteVerifier(AlphaCrownVerifier):
@@ -170,6 +198,11 @@ class CompleteVerifier(AlphaCrownVerifier):
     )
     complete = True
     Config = CompleteConfig
+
+    def boxes(self, graph: BoundGraph, prop: Property):
+        """alpha-CROWN intermediate bounds: fewer unstable ReLUs, tighter big-M constants."""
+        steps = self.config.alpha_steps
+        return b.linear_boxes(graph, prop.lower, prop.upper, "adaptive", steps)
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)
@@ -187,30 +220,35 @@ class CompleteVerifier(AlphaCrownVerifier):
             bound, coeff = b.optimise_slopes(graph, boxes, prop.spec, self.config.alpha_steps, 0.1)
             bound = torch.maximum(bound, b.ibp_spec_lower(graph, boxes, prop.spec)) + prop.offset
         shared = (time.perf_counter() - began) / len(prop)
-        attack = pgd_on_rows(model, prop, self.config.attack_steps)
+        attack = pgd_on_rows(
+            lambda x: graph.forward(x.to(graph.dtype)), prop, self.config.attack_steps
+        )
         attacked = replay(model, prop, attack)
-        verdicts, margins, seconds = [], [], []
+        verdicts, margins, seconds, notes = [], [], [], []
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
         for s in range(len(prop)):
             start = time.perf_counter()
             sample_boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes]
-            verdict, margin, point = self._one(
+            verdict, margin, point, note = self._one(
                 graph, prop[s : s + 1], sample_boxes, bound[s], attacked[s], attack[s], model, start
             )
             if point is not None:
                 counter[s] = point
             verdicts.append(verdict)
+            notes.append(note)
             margins.append(margin)
             seconds.append(time.perf_counter() - start + shared)
         return VerificationResult(self.name, verdicts, torch.tensor(margins, dtype=torch.float32),
-                                  torch.tensor(seconds), counter)  # fmt: skip
+                                  torch.tensor(seconds), counter, notes)  # fmt: skip
 
     def _one(self, graph, prop, boxes, bound, attacked, attack_point, model, start):
-        """One sample: (verdict, margin, counterexample or None)."""
+        """One sample: (verdict, margin, counterexample or None, why unknown)."""
         if bound.min() > 0:
-            return Verdict.CERTIFIED, float(bound.min()), None
+            return Verdict.CERTIFIED, float(bound.min()), None, ""
         if attacked:
-            return Verdict.FALSIFIED, float("nan"), attack_point.float()
+            with torch.no_grad():
+                value = prop.rows(model(attack_point[None].float()).double()).min()
+            return Verdict.FALSIFIED, float(value), attack_point.float(), ""
         enc = encode(graph, boxes)
         proved = bound.clone()
         for k in torch.argsort(bound).tolist():
@@ -218,14 +256,16 @@ class CompleteVerifier(AlphaCrownVerifier):
                 continue
             left = self.config.timeout - (time.perf_counter() - start)
             if left <= 0:
-                return Verdict.UNKNOWN, float(proved.min()), None
+                return Verdict.UNKNOWN, float(proved.min()), None, "timeout"
             row = prop.spec[0, k].numpy()
-            low, value, point = minimise_row(enc, row, float(prop.offset[0, k]), left)
+            solve = minimise_row if self.config.exact else decide_row
+            low, value, point = solve(enc, row, float(prop.offset[0, k]), left)
             proved[k] = max(float(proved[k]), low)
             if point is not None and value <= 0:
                 candidate = torch.from_numpy(point).reshape(prop.lower.shape)
                 if replay(model, prop, candidate)[0]:
-                    return Verdict.FALSIFIED, value, candidate.float()[0]
+                    return Verdict.FALSIFIED, value, candidate.float()[0], ""
             if proved[k] <= 0:
-                return Verdict.UNKNOWN, float(proved.min()), None
-        return Verdict.CERTIFIED, float(proved.min()), None
+                why = "timeout" if point is None or value > 0 else "MILP point did not replay"
+                return Verdict.UNKNOWN, float(proved.min()), None, why
+        return Verdict.CERTIFIED, float(proved.min()), None, ""

@@ -51,10 +51,11 @@ class Op:
         raise NotImplementedError
 
     def to(self, dtype: torch.dtype) -> None:
-        """Cast stored tensors (weights, constants) to ``dtype``."""
+        """Cast stored tensors (weights, constants) to ``dtype``; a copy in another dtype is
+        detached (verification), the same dtype keeps the network's parameter (training)."""
         for key, value in vars(self).items():
             if isinstance(value, torch.Tensor) and value.is_floating_point():
-                setattr(self, key, value.to(dtype))
+                setattr(self, key, value if value.dtype == dtype else value.detach().to(dtype))
 
 
 @dataclass

@@ -20,7 +20,8 @@ class VerificationResult:
 
     ``margin`` is the verifier's proved lower bound of min_k (C f + d)_k on the box (the
     exact minimum when a complete verifier settles); ``counterexamples`` holds the
-    violating input of each falsified sample (NaN elsewhere).
+    violating input of each falsified sample (NaN elsewhere); ``notes`` says per sample why
+    an unknown one is unknown (``timeout`` or ``bounds too loose``).
     """
 
     verifier: str
