@@ -41,7 +41,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("threat and bounds", ("aisafety.attack", "aisafety.verification")),
     ("corruptions and defenses", ("aisafety.corruption", "aisafety.defense")),
     ("evaluation", ("aisafety.evaluation",)),
-    ("results", ("aisafety.database.store", "aisafety.database.schema", "aisafety.report")),
+    (
+        "results",
+        (
+            "aisafety.database.store",
+            "aisafety.database.schema",
+            "aisafety.database.compare",
+            "aisafety.report",
+        ),
+    ),
     ("registry", ("aisafety.plugins", "aisafety.builtin")),
     (
         "application",
