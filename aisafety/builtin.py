@@ -14,6 +14,7 @@ from aisafety.attack.nattack import NAttack
 from aisafety.attack.pgd import PGDLinf
 from aisafety.attack.pgd_l1 import PGDL1
 from aisafety.attack.pgd_l2 import PGDL2
+from aisafety.attack.random_noise import RandomNoise
 from aisafety.attack.rfgsm import RFGSM
 from aisafety.attack.spsa import SPSA
 from aisafety.attack.square import SquareLinf
@@ -62,6 +63,9 @@ from aisafety.evaluation.metrics.defense_cost import (
     ClassificationRectifyRatio,
     ClassificationSacrificeRatio,
 )
+from aisafety.evaluation.metrics.feature_separation import RobustnessDifferenceIndex, Roby
+from aisafety.evaluation.metrics.gradient_health import ZeroGradientRate
+from aisafety.evaluation.metrics.hypervolume import AdversarialHypervolume
 from aisafety.evaluation.metrics.imperceptibility import (
     AverageLpDistortion,
     AverageStructuralSimilarity,
@@ -82,6 +86,7 @@ from aisafety.hookspecs import hookimpl
 def aisafety_attacks() -> list[type]:
     return [
         FGSM,
+        RandomNoise,
         RFGSM,
         BIM,
         PGDLinf,
@@ -128,6 +133,7 @@ def aisafety_training_defenses() -> list[type]:
 def aisafety_metrics() -> list[type]:
     return [
         CleanAccuracy,
+        ZeroGradientRate,
         AdversarialAccuracyWhiteBox,
         AdversarialAccuracyBlackBox,
         AverageConfidenceAdversarialClass,
@@ -157,6 +163,9 @@ def aisafety_metrics() -> list[type]:
         NeuronSensitivity,
         NeuronUncertainty,
         IBPCertifiedAccuracy,
+        RobustnessDifferenceIndex,
+        Roby,
+        AdversarialHypervolume,
     ]
 
 
@@ -171,3 +180,10 @@ def aisafety_datasets() -> list[type]:
         ImageFolderDataset,
         NpzDataset,
     ]
+
+
+@hookimpl
+def aisafety_report_sections() -> list[type]:
+    from aisafety.report.sections import BUILTIN_SECTIONS
+
+    return list(BUILTIN_SECTIONS)

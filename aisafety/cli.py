@@ -49,6 +49,97 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(render(*curve))
     if record.resumed_units:
         print(f"({record.resumed_units} finished unit(s) taken from the database)")
+    if args.format == "table":
+        print_sanity_checks(store, record.run_id)
+    return 0
+
+
+def print_sanity_checks(store: ResultStore, run_id: int) -> None:
+    """The gradient-masking checklist of the run just stored (aisafety/report/sanity.py)."""
+    from aisafety.report.data import load_run
+    from aisafety.report.sanity import sanity_checks, summary_line
+
+    checks = sanity_checks(load_run(store, run_id))
+    if checks:
+        warned = sum(c.status == "warn" for c in checks)
+        print(f"\nsanity checks ({warned} warning(s); details: aisafety report {run_id}):")
+        print("\n".join(summary_line(c) for c in checks))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from aisafety.report.data import latest_run_id
+    from aisafety.report.html import build_comparison, build_report, resolve_runs
+
+    store = ResultStore(args.db)
+    if args.compare:
+        run_ids = resolve_runs(store, args.compare)
+        html = build_comparison(store, run_ids)
+    else:
+        if args.run_id is not None and args.latest:
+            raise ConfigError("give a RUN_ID or --latest, not both")
+        run_ids = [args.run_id if args.run_id is not None else latest_run_id(store)]
+        html = build_report(store, run_ids[0])
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html, encoding="utf-8")
+    what = f"runs {', '.join(map(str, run_ids))}" if args.compare else f"run {run_ids[0]}"
+    print(f"wrote {out} ({what}, {len(html) / 1024:.0f} KiB)")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Evaluate several models with one plan; rank correlations between its metrics."""
+    from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
+    from aisafety.interfaces import ModelSpec
+    from aisafety.runner import Runner
+
+    plan = load_plan(args.config) if args.config else default_plan()
+    if args.limit:
+        plan = plan.model_copy(
+            update={"dataset": plan.dataset.model_copy(update={"limit": args.limit})}
+        )
+    if args.device:
+        plan = plan.model_copy(update={"device": args.device})
+    if len(set(args.models)) < 2:
+        raise ConfigError(f"compare needs at least two different models, got {args.models}")
+    baseline = args.baseline or args.models[0]
+    if baseline not in args.models:
+        raise ConfigError(f"--baseline {baseline!r} is not among --models {args.models}")
+    store = ResultStore(args.db)
+    results = {}
+    for name in args.models:
+        model_plan = plan.model_copy(update={"model": ModelSpec(name=name)})
+        record = Runner(model_plan, store, resume=args.resume, quiet=args.quiet).run()
+        results[name] = list(record.values)
+    columns = metric_columns(results)
+    table = [[name, *(c.values.get(name) for c in columns)] for name in args.models]
+    print(f"{len(args.models)} models on {plan.dataset.name} (db {args.db})")
+    print(
+        render(["model", *(f"{c.name} ({c.direction.value})" for c in columns)], table, args.format)
+    )
+    correlations = rank_correlations(columns)
+    print(
+        "\nrank correlations across models (raw values; 'lower is better' metrics agree "
+        "with accuracy when negative):"
+    )
+    print(render(
+        ["metric A", "metric B", "models", "spearman", "p", "kendall", "p"],
+        [(r.first, r.second, r.models, r.spearman, r.spearman_p, r.kendall, r.kendall_p)
+         for r in correlations],
+        args.format,
+    ))  # fmt: skip
+    tests = rank_sum_tests(results, baseline)
+    if tests:
+        print(
+            f"\nWilcoxon rank-sum test per sample against {baseline} (+ better, - worse, "
+            "= no difference at p 0.05):"
+        )
+        print(render(
+            ["metric", "model", "mean", f"{baseline} mean", "statistic", "p", "verdict"],
+            [(t.metric, t.model, t.model_mean, t.baseline_mean, t.statistic, t.p_value,
+              t.verdict) for t in tests],
+            args.format,
+        ))  # fmt: skip
     return 0
 
 
@@ -219,6 +310,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--format", choices=["table", "csv", "json"], default="table")
     ev.set_defaults(func=cmd_evaluate)
 
+    cp = sub.add_parser(
+        "compare", help="evaluate several models with one plan and rank-correlate its metrics"
+    )
+    cp.add_argument("config", nargs="?", help="YAML/TOML plan (its model is replaced)")
+    cp.add_argument("--models", nargs="+", required=True, help="zoo model names")
+    cp.add_argument("--baseline", help="model the per-sample tests compare with (default first)")
+    cp.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")
+    cp.add_argument("--resume", action="store_true", help="skip units already in the database")
+    cp.add_argument("--quiet", action="store_true", help="no progress bars")
+    cp.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    cp.add_argument("--limit", type=int, help="evaluate on at most N samples (class-balanced)")
+    cp.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    cp.set_defaults(func=cmd_compare)
+
     ls = sub.add_parser("list", help="list what is registered")
     ls.add_argument("kind", choices=[*LIST_KINDS, "models"])
     ls.add_argument("--format", choices=["table", "json"], default="table")
@@ -232,6 +337,17 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument("--db", default=DEFAULT_URL)
     qu.add_argument("--format", choices=["table", "csv", "json"], default="table")
     qu.set_defaults(func=cmd_query)
+
+    rp = sub.add_parser("report", help="write the HTML report of a run (or a comparison)")
+    rp.add_argument("run_id", nargs="?", type=int, help="run id (default: the latest run)")
+    rp.add_argument("--latest", action="store_true", help="the latest run (the default)")
+    rp.add_argument(
+        "--compare", nargs="+", metavar="RUN",
+        help="leaderboard of these run ids or model names (a model name: its latest run)",
+    )  # fmt: skip
+    rp.add_argument("-o", "--output", default="report.html", help="default report.html")
+    rp.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")
+    rp.set_defaults(func=cmd_report)
 
     sv = sub.add_parser("serve", help="serve a model over the Open Inference Protocol v2 (REST)")
     sv.add_argument("model", help="zoo model name, .onnx file or TorchScript archive (.pt)")

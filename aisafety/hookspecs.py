@@ -36,3 +36,9 @@ def aisafety_metrics() -> list[type]:
 @hookspec
 def aisafety_datasets() -> list[type]:
     """Return ``aisafety.database.datasets.base.DatasetSource`` subclasses."""
+
+
+@hookspec
+def aisafety_report_sections() -> list[type]:
+    """Return ``aisafety.report.sections.ReportSection`` subclasses (sections of the HTML
+    report, placed by their ``order``)."""

@@ -26,6 +26,7 @@ KINDS = {
     "training_defense": "aisafety_training_defenses",
     "metric": "aisafety_metrics",
     "dataset": "aisafety_datasets",
+    "report_section": "aisafety_report_sections",
 }
 BUILTIN = "aisafety.builtin"
 

@@ -59,6 +59,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.loading",
             "aisafety.runner",
             "aisafety.database.zoo_build",
+            "aisafety.report.html",  # builds pages from the registry's sections
+            "aisafety.report.sanity",  # reads attack defaults from the registry
             "aisafety.cli",
         ),
     ),

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     String,
     UniqueConstraint,
 )
@@ -126,6 +127,31 @@ class SampleOutcome(Base):
     linf: Mapped[float] = mapped_column(Float)
     true_conf_clean: Mapped[float] = mapped_column(Float)
     true_conf_adv: Mapped[float] = mapped_column(Float)
+
+
+class RunEnvironment(Base):
+    """Where a run ran (the report's provenance): one row per run, written at its start."""
+
+    __tablename__ = "run_environments"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(200))
+    platform: Mapped[str] = mapped_column(String(200))
+    python: Mapped[str] = mapped_column(String(32))
+    torch: Mapped[str] = mapped_column(String(32))
+    cpu_count: Mapped[int] = mapped_column(Integer)
+
+
+class ExampleImage(Base):
+    """A few inputs of each attack run, clean and adversarial (float16 arrays of ``shape``),
+    so the report can show them from the database alone; see ``store.EXAMPLES_PER_RUN``."""
+
+    __tablename__ = "example_images"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attack_run_id: Mapped[int] = mapped_column(ForeignKey("attack_runs.id"), index=True)
+    sample_index: Mapped[int] = mapped_column(Integer)
+    shape: Mapped[list] = mapped_column(JSON)
+    clean: Mapped[bytes] = mapped_column(LargeBinary)
+    adversarial: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 RESULTS_VIEW = """

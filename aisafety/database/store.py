@@ -23,6 +23,8 @@ from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
 
 DEFAULT_URL = "sqlite:///aisafety.db"
+# Inputs kept per attack run for the report's example panels: successful ones first.
+EXAMPLES_PER_RUN = 4
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class ResultStore:
             )
             session.add(run)
             session.flush()
+            session.add(_environment(run.id))
             return run.id
 
     def finish_run(self, run_id: int, status: str = "finished") -> None:
@@ -225,6 +228,7 @@ class ResultStore:
         session.add(row)
         session.flush()
         session.execute(insert(schema.SampleOutcome), _outcome_rows(row.id, result))
+        session.add_all(_example_rows(row.id, result))
         return row.id
 
     # queries ----------------------------------------------------------------------------
@@ -264,3 +268,37 @@ def _outcome_rows(attack_run_id: int, result: AttackResult) -> list[dict[str, An
         {"attack_run_id": attack_run_id, **dict(zip(columns, values, strict=True))}
         for values in zip(*columns.values(), strict=True)
     ]
+
+
+def _example_rows(attack_run_id: int, result: AttackResult) -> list[schema.ExampleImage]:
+    """The first ``EXAMPLES_PER_RUN`` samples the attack broke, then unbroken ones."""
+    order = torch.argsort((~result.success.bool()).to(torch.int8), stable=True)
+    rows = []
+    for i in order[:EXAMPLES_PER_RUN].tolist():
+        clean = result.x[i].detach().cpu().to(torch.float16).numpy()
+        adversarial = result.x_adv[i].detach().cpu().to(torch.float16).numpy()
+        rows.append(
+            schema.ExampleImage(
+                attack_run_id=attack_run_id,
+                sample_index=i,
+                shape=list(clean.shape),
+                clean=clean.tobytes(),
+                adversarial=adversarial.tobytes(),
+            )
+        )
+    return rows
+
+
+def _environment(run_id: int) -> schema.RunEnvironment:
+    import os
+    import platform
+    import socket
+
+    return schema.RunEnvironment(
+        run_id=run_id,
+        hostname=socket.gethostname()[:200],
+        platform=platform.platform()[:200],
+        python=platform.python_version(),
+        torch=torch.__version__[:32],
+        cpu_count=os.cpu_count() or 0,
+    )

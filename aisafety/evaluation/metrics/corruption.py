@@ -78,12 +78,15 @@ class MeanCorruptionError(CleanMetric):
     Config = CorruptionConfig
 
     def compute(self, ctx: EvaluationContext) -> MetricValue:
-        per_corruption = self.per_corruption(ctx, corruption_errors(ctx, self.config))
+        errors = corruption_errors(ctx, self.config)
+        per_corruption = self.per_corruption(ctx, errors)
         return self.value(
             per_corruption.mean(),
             len(ctx.subset(self.config.samples)),
             per_corruption=dict(zip(self.config.corruptions, per_corruption.tolist(), strict=True)),
             severities=list(self.config.severities),
+            # E_{s,c} itself, for the report's error-per-type-and-severity plot
+            errors=dict(zip(self.config.corruptions, errors.tolist(), strict=True)),
         )
 
     def per_corruption(self, ctx: EvaluationContext, errors: torch.Tensor) -> torch.Tensor:
