@@ -77,3 +77,13 @@ def test_exact_tells_apart_only_different_bits():
     assert exact(float("nan")) == exact(float("nan"))
     assert exact(-0.0) != exact(0.0)
     assert exact({"b": 1.0, "a": 2}) == exact('{"a": 2, "b": 1.0}')
+
+
+def test_details_are_compared_unless_left_out(two_runs, tmp_path):
+    extra = tmp_path / "extra.db"
+    extra.write_bytes(two_runs[1].read_bytes())
+    with sqlite3.connect(extra) as db:
+        db.execute("""UPDATE metric_values SET details = '{"new": 1}' WHERE metric = 'ca'""")
+    [changed] = compare(_url(two_runs[0]), _url(extra))[1]
+    assert "ca" in changed.key
+    assert compare(_url(two_runs[0]), _url(extra), details=False)[1] == []
