@@ -49,7 +49,11 @@ from aisafety.evaluation.metrics.boundary_distance import (
     EmpiricalBoundaryDistance,
     EmpiricalBoundaryDistance2,
 )
-from aisafety.evaluation.metrics.certified import IBPCertifiedAccuracy
+from aisafety.evaluation.metrics.certified import (
+    AverageCertifiedRadius,
+    CertifiedAccuracy,
+    IBPCertifiedAccuracy,
+)
 from aisafety.evaluation.metrics.corruption import (
     MeanCorruptionError,
     MeanFlipProbability,
@@ -80,6 +84,8 @@ from aisafety.evaluation.metrics.neuron_coverage import (
 from aisafety.evaluation.metrics.noise_insensitivity import EmpiricalNoiseInsensitivity
 from aisafety.evaluation.metrics.perturbation_sensitivity import PerturbationSensitivityDistance
 from aisafety.hookspecs import hookimpl
+from aisafety.verification.incomplete import INCOMPLETE
+from aisafety.verification.milp import CompleteVerifier
 
 
 @hookimpl
@@ -163,6 +169,8 @@ def aisafety_metrics() -> list[type]:
         NeuronSensitivity,
         NeuronUncertainty,
         IBPCertifiedAccuracy,
+        CertifiedAccuracy,
+        AverageCertifiedRadius,
         RobustnessDifferenceIndex,
         Roby,
         AdversarialHypervolume,
@@ -180,6 +188,11 @@ def aisafety_datasets() -> list[type]:
         ImageFolderDataset,
         NpzDataset,
     ]
+
+
+@hookimpl
+def aisafety_verifiers() -> list[type]:
+    return [*INCOMPLETE, CompleteVerifier]
 
 
 @hookimpl

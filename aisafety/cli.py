@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aisafety.config import default_plan, load_plan
+from aisafety.config import default_plan, load_plan, plan_from_dict
+from aisafety.database.read_only import query_read_only, read_only_engine
 from aisafety.database.store import DEFAULT_URL, ResultStore
 from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
-from aisafety.plugins import default_registry
+from aisafety.interfaces import EvaluationPlan
+from aisafety.plugins import default_registry, warn_failures
 from aisafety.report.table import curve_rows, metric_rows, render
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ LIST_KINDS = {
     "defenses": ("defense", "training_defense"),
     "metrics": ("metric",),
     "datasets": ("dataset",),
+    "verifiers": ("verifier",),
 }
 
 
@@ -31,14 +34,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aisafety.runner import Runner
 
     plan = load_plan(args.config) if args.config else default_plan()
-    overrides = {}
-    if args.device:
-        overrides["device"] = args.device
-    if args.limit:
-        overrides["dataset"] = plan.dataset.model_copy(update={"limit": args.limit})
-    if overrides:
-        plan = plan.model_copy(update=overrides)
+    plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    warn_failures(default_registry())
     store = ResultStore(args.db)
+    if plan.seeds:
+        return evaluate_seeds(plan, store, args)
     record = Runner(plan, store, resume=args.resume, quiet=args.quiet).run()
     columns, rows = metric_rows(record.values)
     print(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
@@ -51,6 +51,31 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"({record.resumed_units} finished unit(s) taken from the database)")
     if args.format == "table":
         print_sanity_checks(store, record.run_id)
+    return 0
+
+
+def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
+    """``seeds: [0, 1, 2]``: one run per seed, then each metric's mean +- std over them."""
+    from aisafety.report.table import seed_rows
+    from aisafety.runner import Runner
+
+    records = [
+        Runner(plan.model_copy(update={"seed": seed}), store, resume=args.resume,
+               quiet=args.quiet).run()
+        for seed in plan.seeds
+    ]  # fmt: skip
+    run_ids = [r.run_id for r in records]
+    print(
+        f"model {plan.model.name} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
+        f"{', '.join(map(str, run_ids))}, db {args.db})"
+    )
+    per_seed = [(seed, r.values) for seed, r in zip(plan.seeds, records, strict=True)]
+    columns, rows = seed_rows(per_seed)
+    print(render(columns, rows, args.format))
+    if args.format == "table":
+        for run_id in run_ids:
+            print_sanity_checks(store, run_id)
+        print(f"\nreport over the seeds: aisafety report --compare {' '.join(map(str, run_ids))}")
     return 0
 
 
@@ -70,7 +95,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from aisafety.report.data import latest_run_id
     from aisafety.report.html import build_comparison, build_report, resolve_runs
 
-    store = ResultStore(args.db)
+    store = ResultStore(args.db, create=False)  # a mistyped --db must not make an empty one
     if args.compare:
         run_ids = resolve_runs(store, args.compare)
         html = build_comparison(store, run_ids)
@@ -94,12 +119,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from aisafety.runner import Runner
 
     plan = load_plan(args.config) if args.config else default_plan()
-    if args.limit:
-        plan = plan.model_copy(
-            update={"dataset": plan.dataset.model_copy(update={"limit": args.limit})}
-        )
-    if args.device:
-        plan = plan.model_copy(update={"device": args.device})
+    plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    warn_failures(default_registry())
     if len(set(args.models)) < 2:
         raise ConfigError(f"compare needs at least two different models, got {args.models}")
     baseline = args.baseline or args.models[0]
@@ -143,6 +164,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def apply_overrides(plan: EvaluationPlan, device: str | None, limit: int | None) -> EvaluationPlan:
+    """The plan with command-line options applied, validated like the plan file itself."""
+    raw = plan.model_dump(mode="json", exclude_unset=True)
+    if device is not None:
+        raw["device"] = device
+    if limit is not None:
+        raw["dataset"] = {**raw.get("dataset", {}), "limit": limit}
+    return plan_from_dict(raw, "the plan with the command-line options (--device, --limit)")
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     if args.kind == "models":
         from aisafety.database.zoo import list_models
@@ -175,6 +206,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from aisafety.verification.vnncomp import run_verify
+
+    return run_verify(args.network, args.spec, args.verifier, args.timeout)
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
     registry = default_registry()
     rows = [
@@ -188,7 +225,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    columns, rows = ResultStore(args.db).query(args.sql)
+    columns, rows = query_read_only(read_only_engine(args.db), args.sql)
     print(render(columns, rows, args.format))
     return 0
 
@@ -332,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plugins", help="list loaded plugins, their origin and failures")
     pl.set_defaults(func=cmd_plugins)
 
-    qu = sub.add_parser("query", help="run SQL against the results database")
+    qu = sub.add_parser("query", help="run read-only SQL against the results database")
     qu.add_argument("sql")
     qu.add_argument("--db", default=DEFAULT_URL)
     qu.add_argument("--format", choices=["table", "csv", "json"], default="table")
@@ -362,6 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch-size", type=int, default=1024)
     sv.add_argument("--quiet", action="store_true", help="do not log requests")
     sv.set_defaults(func=cmd_serve)
+
+    vf = sub.add_parser("verify", help="verify a VNN-COMP instance: NET.onnx SPEC.vnnlib")
+    vf.add_argument("network", help="ONNX network")
+    vf.add_argument("spec", help="VNN-LIB property")
+    vf.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    vf.add_argument("--verifier", default="complete", help="see `aisafety list verifiers`")
+    vf.set_defaults(func=cmd_verify)
 
     zoo = sub.add_parser("zoo", help="train or list zoo models")
     zsub = zoo.add_subparsers(dest="zoo_command", required=True)

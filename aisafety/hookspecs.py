@@ -39,6 +39,11 @@ def aisafety_datasets() -> list[type]:
 
 
 @hookspec
+def aisafety_verifiers() -> list[type]:
+    """Return ``aisafety.verification.base.Verifier`` subclasses."""
+
+
+@hookspec
 def aisafety_report_sections() -> list[type]:
     """Return ``aisafety.report.sections.ReportSection`` subclasses (sections of the HTML
     report, placed by their ``order``)."""

@@ -2,11 +2,14 @@
 
 Built-ins are registered first, then every entry point of the ``aisafety`` group. A plugin
 that fails to import, or whose hook raises, is recorded with its traceback and skipped; the
-others still load. Two plugins providing one name is an error naming both sources.
+others still load. A name provided twice keeps its first owner (built-ins come first) and the
+clash is recorded as a failure naming both sources, shown by ``aisafety plugins`` and warned
+about by the commands that run plans.
 """
 
 from __future__ import annotations
 
+import sys
 import traceback
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -26,6 +29,7 @@ KINDS = {
     "training_defense": "aisafety_training_defenses",
     "metric": "aisafety_metrics",
     "dataset": "aisafety_datasets",
+    "verifier": "aisafety_verifiers",
     "report_section": "aisafety_report_sections",
 }
 BUILTIN = "aisafety.builtin"
@@ -81,18 +85,27 @@ class Registry:
             return cls(*args, config, registry=self)
         return cls(*args, config)
 
-    def add(self, kind: str, cls: type, source: str) -> None:
+    def add(self, kind: str, cls: type, source: str, origin: str = "") -> None:
+        """Register ``cls``; a name taken already keeps its first owner (built-ins load
+        first), and the clash is recorded as a failure of ``source`` instead of stopping
+        every command."""
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
             raise PluginError(f"plugin {source!r} gives a {kind} class {cls!r} without a 'name'")
         label = kind.replace("_", " ")
-        _check_defense_hook(kind, cls, source)
-        for other in _SHARED_NAMESPACE.get(kind, (kind,)):
-            if name in self.classes[other]:
-                raise PluginError(
-                    f"{label} {name!r} is registered twice: by {self.sources[other][name]!r} "
-                    f"and by {source!r}; uninstall one of them or rename its {label}"
-                )
+        problem = _misfiled_defense(kind, cls)
+        taken = [
+            other for other in _SHARED_NAMESPACE.get(kind, (kind,)) if name in self.classes[other]
+        ]
+        if taken:
+            problem = (
+                f"{label} {name!r} is registered twice: by {self.sources[taken[0]][name]!r} and "
+                f"by {source!r}; {source!r}'s {label} is skipped. Rename it or uninstall "
+                "one of them"
+            )
+        if problem:
+            self.failures.append(PluginFailure(source, origin or source, problem))
+            return
         self.classes[kind][name] = cls
         self.sources[kind][name] = source
 
@@ -104,20 +117,21 @@ _SHARED_NAMESPACE = {
 }
 
 
-def _check_defense_hook(kind: str, cls: type, source: str) -> None:
-    """A training defense answers ``aisafety_training_defenses``, an input defense
-    ``aisafety_defenses``: the wrong hook would make it unusable where it is looked up."""
+def _misfiled_defense(kind: str, cls: type) -> str | None:
+    """Why ``cls`` is returned from the wrong defense hook, or None: a training defense
+    answers ``aisafety_training_defenses``, an input defense ``aisafety_defenses``."""
     is_training = isinstance(cls, type) and issubclass(cls, TrainingDefense)
     if kind == "defense" and is_training:
-        raise PluginError(
-            f"plugin {source!r} returns training defense {cls.name!r} from aisafety_defenses; "
+        return (
+            f"training defense {cls.name!r} is returned from aisafety_defenses and is skipped; "
             "return it from the aisafety_training_defenses hook instead"
         )
     if kind == "training_defense" and not is_training:
-        raise PluginError(
-            f"plugin {source!r} returns {cls!r} from aisafety_training_defenses, which takes "
-            "TrainingDefense subclasses only; return input defenses from aisafety_defenses"
+        return (
+            f"{cls!r} is returned from aisafety_training_defenses, which takes TrainingDefense "
+            "subclasses only, and is skipped; return input defenses from aisafety_defenses"
         )
+    return None
 
 
 def _entry_point_plugins() -> list[tuple[str, str, ModuleType | None, str | None]]:
@@ -169,9 +183,20 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
         return
     for kind, classes in provides.items():
         for cls in classes:
-            registry.add(kind, cls, name)
+            registry.add(kind, cls, name, origin)
     names = {kind: [c.name for c in classes] for kind, classes in provides.items()}
     registry.plugins.append(PluginInfo(name, origin, names))
+
+
+def warn_failures(registry: Registry) -> None:
+    """One line per broken or clashing plugin on stderr (details: ``aisafety plugins``)."""
+    for failure in registry.failures:
+        last = failure.error.strip().splitlines()[-1] if failure.error.strip() else "?"
+        print(
+            f"warning: plugin {failure.name!r} ({failure.origin}): {last} "
+            "(details: aisafety plugins)",
+            file=sys.stderr,
+        )
 
 
 @lru_cache(maxsize=1)

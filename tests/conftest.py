@@ -48,18 +48,20 @@ REPORT_PLAN = {
         {"name": "fgsm", "eps": [0.1, 0.2, 0.3]},
         {"name": "pgd-linf", "config": {"steps": 5}, "eps": [0.1, 0.3]},
         {"name": "random-noise", "config": {"draws": 2}, "eps": [0.1, 0.3]},
-        {"name": "fog", "config": {"severity": 1}},
-        {"name": "fog", "config": {"severity": 4}},
     ],
     "metrics": [
         "ca", "robust-accuracy", "zero-gradient-rate",
         {"name": "adversarial-hypervolume",
          "config": {"budgets": 4, "steps": 3, "samples": 30}},
         {"name": "ibp-certified-accuracy", "config": {"eps": 0.01}},
+        {"name": "average-certified-radius",
+         "config": {"verifier": "ibp", "max_radius": 0.05, "precision": 0.01,
+                    "attack_steps": 3}},
         {"name": "ibp-certified-accuracy", "config": {"eps": 0.05}},
-        {"name": "mce", "config": {"corruptions": ["gaussian_noise", "contrast"],
-                                   "severities": [1, 3, 5], "samples": 60}},
+        "mce",
     ],
+    "corruptions": {"names": ["gaussian_noise", "contrast", "fog"], "severities": [1, 3, 5],
+                    "samples": 60},
 }  # fmt: skip
 
 

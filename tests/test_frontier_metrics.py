@@ -247,3 +247,71 @@ def test_compare_command_runs_two_models(tmp_path, capsys):
     assert "robust-accuracy @ fgsm eps=0.1" in out and "spearman" in out
     assert "Wilcoxon rank-sum" in out and "mnist-cnn-pgd-at" in out
     assert main(["compare", str(plan), "--models", "mnist-cnn", "--db", db]) == 2
+
+
+# --- AH training's frontier examples (eq. 3's clamp) ---------------------------------------
+
+
+def test_clamped_frontier_examples_stop_at_misclassification():
+    from aisafety.defense.training.hypervolume import frontier_examples
+
+    network = Linear2(torch.tensor([1.0, 1.0, 1.0, 1.0]), -2.0)  # class 1 when sum x > 2
+    x = torch.tensor([0.45, 0.56]).repeat_interleave(4).view(2, 1, 2, 2)  # sums 1.8 and 2.24
+    y = torch.tensor([1, 1])  # the first sample is already misclassified
+    clamped = frontier_examples(network, x, y, 0.2, steps=3, step_size=0.05, clamp_margin=True)
+    free = frontier_examples(network, x, y, 0.2, steps=3, step_size=0.05)
+    assert torch.equal(clamped[0], x[0])  # L_MAR_conf = 0 there: no gradient, no move
+    assert torch.allclose(free[0], x[0] - 0.15)  # the unclamped margin keeps descending
+    # the correct sample crosses the boundary at the second step (sum 2.24 -> 2.04 -> 1.84);
+    # clamped, it stops there
+    assert torch.allclose(clamped[1], x[1] - 0.1) and torch.allclose(free[1], x[1] - 0.15)
+
+
+# --- AH on the zoo: does it rank the trained-for-it model first? ----------------------------
+
+
+def _zoo_hypervolume(name: str, data) -> tuple[MetricValue, torch.Tensor]:
+    from aisafety.database.zoo import load_zoo_model
+
+    model = load_zoo_model(name)
+    ctx = EvaluationContext(model, data, lambda s: None)
+    value = AdversarialHypervolume(budgets=5, steps=5).compute(ctx)
+    with torch.no_grad():
+        clean = probability_margin(model.logits(data.x), data.y)
+    return value, clean
+
+
+@pytest.fixture(scope="module")
+def zoo_hypervolumes(mnist_subset):
+    data = mnist_subset(100)
+    return {name: _zoo_hypervolume(name, data) for name in ("mnist-cnn", "mnist-cnn-pgd-at")}
+
+
+def test_adversarial_training_raises_hypervolume_significantly(zoo_hypervolumes):
+    (vanilla, _), (pgd_at, _) = zoo_hypervolumes["mnist-cnn"], zoo_hypervolumes["mnist-cnn-pgd-at"]
+    p = stats.ranksums(pgd_at.details["per_sample"], vanilla.details["per_sample"]).pvalue
+    assert pgd_at.value > vanilla.value and p < 0.05
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured: the shipped mnist-cnn-ah (3 epochs) is correct but unconfident, mean "
+    "clean probability margin 0.14 (p_max 0.27) against mnist-cnn's 0.97, so its AH is lower "
+    "(0.088 vs 0.27 on 200 images) although its robust accuracy at 0.3 is far higher",
+)
+def test_ah_trained_model_beats_vanilla_on_hypervolume(zoo_hypervolumes, mnist_subset):
+    vanilla, _ = zoo_hypervolumes["mnist-cnn"]
+    ah, _ = _zoo_hypervolume("mnist-cnn-ah", mnist_subset(100))
+    p = stats.ranksums(ah.details["per_sample"], vanilla.details["per_sample"]).pvalue
+    assert ah.value > vanilla.value and p < 0.05
+
+
+def test_why_the_ah_model_scores_low(zoo_hypervolumes, mnist_subset):
+    vanilla, vanilla_clean = zoo_hypervolumes["mnist-cnn"]
+    ah, ah_clean = _zoo_hypervolume("mnist-cnn-ah", mnist_subset(100))
+    # it keeps far more samples correct at eps_max ...
+    at_max = "robust_accuracy_at_eps_max"
+    assert ah.details[at_max] > vanilla.details[at_max] + 0.3
+    # ... but with a small margin from the start: AH cannot exceed the mean clean margin
+    assert ah_clean.mean() < 0.3 < vanilla_clean.mean()
+    assert ah.value <= float(ah_clean.clamp_min(0).mean()) + 1e-6

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
+import pytest
+from scipy.stats import binomtest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -47,12 +50,20 @@ def test_report_has_every_section_and_interval(report_db):
     assert "http://" not in html and "https://" not in html  # self-contained
     plots = html.count('<img class="plot" src="data:image/png;base64,')
     assert plots == int(re.search(r'data-plots="(\d+)"', html).group(1))
-    # 1 curve (l-inf) + 1 corruption heatmap + 1 certified curve + 1 frontier + 4 examples
-    assert plots == 8
+    # 1 curve (l-inf) + 1 corruption heatmap + 1 certified curve + 1 frontier + 2 examples
+    # (fgsm, pgd-linf; random noise has none)
+    assert plots == 6
+    assert "corruption error: 3 x 3 cells" in html  # 3 corruptions x 3 severities
     data = load_run(ResultStore(url), run_id)
     ca = next(m for m in data.metrics if m.metric == "ca")
     low, high = clopper_pearson(round(ca.value * ca.n_samples), ca.n_samples)
     assert f"[{low:.4f}, {high:.4f}]" in html
+    radius = next(m for m in data.metrics if m.name == "average-certified-radius")
+    assert len(data.radii[radius.id]) == radius.n_samples  # per-sample radii, read back
+    assert "per-sample radii" in html
+    ci = binomtest(round(ca.value * ca.n_samples), ca.n_samples).proportion_ci(method="exact")
+    assert ca.ci == pytest.approx((ci.low, ci.high), abs=1e-12)  # stored with the value
+    assert all((m.ci is not None) == (m.unit == "fraction") for m in data.metrics)
     fingerprint = data.models[0]["fingerprint"]
     assert fingerprint in html and "mnist-embedded" in html
 
@@ -65,7 +76,12 @@ def test_cli_report_latest_and_errors(report_db, tmp_path, capsys):
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert main(["report", "999", "--db", url, "-o", str(out)]) == 2
     assert "run 999 is not in" in capsys.readouterr().err
+    missing = f"sqlite:///{tmp_path / 'missing.db'}"
+    assert main(["report", "--db", missing, "-o", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()  # reporting never creates a database
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    ResultStore(empty)
     assert main(["report", "--db", empty, "-o", str(out)]) == 2
     assert "holds no runs yet" in capsys.readouterr().err
     assert main(["report", "--compare", "no-such-model", "--db", url, "-o", str(out)]) == 2
@@ -123,17 +139,18 @@ def test_a_plugin_adds_a_report_section(report_db):
     url, run_id = report_db
     html = build_report(ResultStore(url), run_id, registry)
     assert 'id="third-party"' in html and f"runs: {run_id}" in html
-    # placed by its order: after provenance (10), before the model cards (20)
-    assert (
-        html.index('id="provenance"') < html.index('id="third-party"') < html.index('id="models"')
-    )
+    # placed by its order: after the model cards (10), before the sanity checks (20)
+    assert html.index('id="models"') < html.index('id="third-party"') < html.index('id="sanity"')
     assert "this section failed: RuntimeError: boom" in html
 
 
 def test_old_database_without_new_tables_still_reports(report_db, tmp_path):
     url, run_id = report_db
     copy = tmp_path / "old.db"  # the session's database stays as it is for the other tests
-    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    for suffix in ("", "-wal"):  # SQLite in WAL mode keeps recent rows beside the file
+        source = url.removeprefix("sqlite:///") + suffix
+        if Path(source).exists():
+            shutil.copy(source, f"{copy}{suffix}")
     store = ResultStore(f"sqlite:///{copy}")
     with Session(store.engine) as session, session.begin():
         session.query(schema.ExampleImage).delete()
@@ -143,3 +160,37 @@ def test_old_database_without_new_tables_still_reports(report_db, tmp_path):
     assert 'id="examples"' not in html
     with Session(store.engine) as session:
         assert session.scalar(select(func.count()).select_from(schema.AttackRun)) > 0
+
+
+def test_seeds_give_one_run_each_and_mean_std(tmp_path, capsys):
+    import statistics
+
+    import yaml
+
+    plan = tmp_path / "seeds.yaml"
+    plan.write_text(
+        yaml.safe_dump({
+            "dataset": {"name": "mnist-embedded", "limit": 40},
+            "attacks": [{"name": "pgd-linf", "config": {"steps": 3}, "eps": [0.1]}],
+            "metrics": ["ca", "robust-accuracy"],
+            "seeds": [0, 1, 2],
+        })
+    )  # fmt: skip
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    assert main(["evaluate", str(plan), "--db", db, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "report over the seeds: aisafety report --compare 1 2 3" in out
+    store = ResultStore(db)
+    runs = [load_run(store, i) for i in (1, 2, 3)]
+    assert [r.seed for r in runs] == [0, 1, 2]
+    robust = [next(m.value for m in r.metrics if m.metric == "robust-accuracy") for r in runs]
+    row = next(line for line in out.splitlines() if line.startswith("robust-accuracy"))
+    assert f"{statistics.fmean(robust):.4g}" in row
+    out_file = tmp_path / "seeds.html"
+    assert main(["report", "--compare", "1", "2", "3", "--db", db, "-o", str(out_file)]) == 0
+    html = out_file.read_text()
+    assert f"{statistics.fmean(robust):.4g} ± {statistics.stdev(robust):.2g}" in html
+    with pytest.raises(Exception, match="distinct"):
+        from aisafety.config import plan_from_dict
+
+        plan_from_dict({"seeds": [1, 1]})

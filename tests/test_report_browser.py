@@ -156,7 +156,7 @@ def test_report_renders_in_chromium(report_db, browser, tmp_path):
     page.write_text(build_report(ResultStore(url), run_id))
     state = check_page(browser, page, tmp_path / "report.png")
     assert browser.console_errors() == []
-    assert state["found"] == state["expected"] == 8
+    assert state["found"] == state["expected"] == 6
     assert state["empty"] == []
     sections = {"provenance", "sanity", "curves", "corruptions", "certified", "frontier"}
     assert sections | {"examples"} <= set(state["sections"])

@@ -8,19 +8,23 @@ per sample.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.corruption.base import CORRUPTIONS, corrupt
+from aisafety.corruption.params import TABLE_NAMES
 from aisafety.interfaces import AttackFamily, Capability
 from aisafety.prediction.base import Predictor
 
 
 class CorruptionConfig(AttackConfig):
     severity: int = Field(default=3, ge=1, le=5)
+    table: Literal[TABLE_NAMES] = Field(
+        default="auto", description="severity table; auto: by image size (docs/corruptions.md)"
+    )
 
 
 class Corruption(Attack):
@@ -37,14 +41,15 @@ class Corruption(Attack):
             raise TypeError(f"{cls.__name__}: no corruption named {cls.name!r}")
         label = cls.name.replace("_", " ")
         cls.description = (
-            f"{label} corruption, severity 1-5 (Hendrycks & Dietterich 2019, CIFAR-10-C tables);"
+            f"{label} corruption, severity 1-5 (Hendrycks & Dietterich 2019; CIFAR-10-C,"
+            " Tiny-ImageNet-C or ImageNet-C table);"
             " eps is ignored"
         )
 
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = corrupt(x, self.name, self.config.severity, self.config.seed)
+        out = corrupt(x, self.name, self.config.severity, self.config.seed, self.config.table)
         return out, torch.ones(len(x), dtype=torch.long, device=x.device)
 
 

@@ -1,8 +1,10 @@
 """The corruption registry and ``corrupt``, the one entry point to all 19 corruptions.
 
-Every corruption is a function ``f(x, severity, generator) -> Tensor`` on a batch
+Every corruption is a function ``f(x, severity, generator, table) -> Tensor`` on a batch
 (N, C, H, W) in [0, 1] that draws all its randomness from ``generator`` (a
-``torch.Generator`` on the batch's device); ``corrupt`` validates, seeds, and clamps.
+``torch.Generator`` on the batch's device) and reads its parameters from ``table`` (one of
+the reference's three severity tables); ``corrupt`` validates, picks the table, seeds, and
+clamps.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from collections.abc import Callable
 
 import torch
 
-from aisafety.corruption import blur, digital, noise, weather
+from aisafety.corruption import blur, digital, filters, noise, weather
+from aisafety.corruption.params import TABLES, SeverityTable, table_for_size
 from aisafety.errors import ConfigError, InputError, UnknownNameError
 
 Tensor = torch.Tensor
-CorruptionFn = Callable[[Tensor, int, torch.Generator], Tensor]
+CorruptionFn = Callable[[Tensor, int, torch.Generator, SeverityTable], Tensor]
 
 # Hendrycks & Dietterich's four groups of 15 (ImageNet-C) plus the four held-out
 # "validation" corruptions (speckle noise, Gaussian blur, spatter, saturate).
@@ -77,9 +80,23 @@ def check_severity(severity: int) -> int:
     return int(severity)
 
 
-def corrupt(x: Tensor, name: str, severity: int, seed: int = 0) -> Tensor:
+def resolve_table(table: str, height: int, width: int) -> SeverityTable:
+    """The severity table named ``table``; ``auto`` picks the one made for the nearest image
+    size (``params.table_for_size``)."""
+    if table == "auto":
+        return table_for_size(height, width)
+    if table not in TABLES:
+        raise UnknownNameError("severity table", table, ["auto", *TABLES])
+    return TABLES[table]
+
+
+def corrupt(x: Tensor, name: str, severity: int, seed: int = 0, table: str = "auto") -> Tensor:
     """Corrupt a batch (N, C, H, W) in [0, 1] with ``name`` at ``severity`` (1..5).
 
+    ``table``: ``cifar10-c``, ``tiny-imagenet-c``, ``imagenet-c``, or ``auto`` (by image
+    size: up to 45 px CIFAR-10-C, up to 119 px Tiny-ImageNet-C, else ImageNet-C). A grey
+    image (C = 1) is corrupted as three equal channels and returned as the luma
+    (``grey_level``), as the reference would treat a grey photograph.
     Deterministic for a given batch, seed and device; the result has the input's shape,
     dtype and device and lies in [0, 1]. No gradient flows through it.
     """
@@ -87,9 +104,22 @@ def corrupt(x: Tensor, name: str, severity: int, seed: int = 0) -> Tensor:
         raise UnknownNameError("corruption", name, CORRUPTIONS)
     severity = check_severity(severity)
     check_images(x, f"corruption {name!r}")
+    chosen = resolve_table(table, *x.shape[-2:])
     if x.numel() == 0:
         return x.detach().clone()
     generator = torch.Generator(device=x.device).manual_seed(int(seed))
+    grey = x.shape[1] == 1
     with torch.no_grad():
-        out = CORRUPTIONS[name](x.detach(), severity, generator)
-    return out.clamp(0.0, 1.0).to(x.dtype)
+        images = x.detach().expand(-1, 3, -1, -1).contiguous() if grey else x.detach()
+        out = CORRUPTIONS[name](images, severity, generator, chosen).clamp(0.0, 1.0)
+        if grey:
+            out = grey_level(out)
+    return out.to(x.dtype)
+
+
+def grey_level(rgb: Tensor) -> Tensor:
+    """One channel back from a corrupted grey image: the reference only takes RGB, so a grey
+    image goes through it as three equal channels and comes back as the ITU-R 601 luma of the
+    (clipped) result; where the three channels stayed equal, that channel itself, exactly."""
+    same = (rgb[:, :1] == rgb[:, 1:2]) & (rgb[:, 1:2] == rgb[:, 2:3])
+    return torch.where(same, rgb[:, :1], filters.luminance(rgb))

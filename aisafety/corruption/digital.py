@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from aisafety.corruption import filters, params
+from aisafety.corruption import filters
+from aisafety.corruption.params import SeverityTable
 
 Tensor = torch.Tensor
 
@@ -30,35 +31,29 @@ def shift_value(x: Tensor, shift: float) -> Tensor:
     return torch.where((x == value) | (value <= 0), new_value, scaled)
 
 
-def brightness(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
+def brightness(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
     """HSV ``V <- clip(V + c, 0, 1)``."""
-    return shift_value(x, params.BRIGHTNESS[severity - 1])
+    return shift_value(x, table.brightness[severity - 1])
 
 
-def contrast(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
+def contrast(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
     """``(x - m) * c + m`` with ``m`` the per-image, per-channel mean."""
     mean = x.mean(dim=(2, 3), keepdim=True)
-    return (x - mean) * params.CONTRAST[severity - 1] + mean
+    return (x - mean) * table.contrast[severity - 1] + mean
 
 
-def saturate(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
+def saturate(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
     """HSV ``S <- clip(S * a + b, 0, 1)``, hue and value kept.
 
     RGB: at fixed hue and value, ``V - channel`` is proportional to S, so each channel
     becomes ``V - (V - channel) * S' / S``. A grey pixel has S = 0 and hue 0 (red) in skimage,
-    so a positive ``b`` (severities 4, 5) tints it red: ``(V, V (1 - S'), V (1 - S'))``,
+    so a positive ``b`` (the two highest severities) tints it red: ``(V, V (1 - S'), V (1 - S'))``,
     as the reference does.
 
-    Grey (one channel): there is no hue, so the image is read as one hue whose brightest pixel
-    ``V = max(x)`` is the pure colour and every pixel is that colour's weakest channel,
-    ``S = (V - x) / V``; the result is that channel after the change, ``V (1 - S')``. Lowering
-    S lifts dark pixels towards V (severities 1, 2), raising it pushes them towards black.
+    Grey images arrive here as three equal channels (``base.corrupt``): nothing changes where
+    ``b = 0``; where ``b > 0`` the red tint darkens their luma to ``V (0.299 + 0.701 (1 - b))``.
     """
-    scale, shift = params.SATURATE[severity - 1]
-    if x.shape[1] == 1:
-        value = x.amax(dim=(2, 3), keepdim=True)
-        sat = (value - x) / value.clamp_min(1e-12)
-        return value * (1 - (sat * scale + shift).clamp(0, 1))
+    scale, shift = table.saturate[severity - 1]
     value = x.amax(1, keepdim=True)
     delta = value - x.amin(1, keepdim=True)
     sat = torch.where(value > 0, delta / value.clamp_min(1e-12), 0.0)
@@ -89,9 +84,9 @@ def pil_box_matrix(in_size: int, out_size: int) -> Tensor:
     return matrix
 
 
-def pixelate(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
+def pixelate(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
     """PIL BOX resize to ``int(size * c)`` and back, as one matrix per axis."""
-    factor = params.PIXELATE[severity - 1]
+    factor = table.pixelate[severity - 1]
     h, w = x.shape[-2:]
     small_h, small_w = max(1, int(h * factor)), max(1, int(w * factor))
     rows = pil_box_matrix(small_h, h) @ pil_box_matrix(h, small_h)
@@ -116,20 +111,24 @@ def jpeg(x: Tensor, quality: int) -> Tensor:
     return result / 255
 
 
-def jpeg_compression(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
-    return jpeg(x, params.JPEG_QUALITY[severity - 1])
+def jpeg_compression(
+    x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable
+) -> Tensor:
+    return jpeg(x, table.jpeg_compression[severity - 1])
 
 
-def elastic_transform(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
+def elastic_transform(
+    x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable
+) -> Tensor:
     """A random affine warp (reflected borders), then a smooth random displacement field.
 
-    Sizes are fractions of the shorter side S (the reference: of 32). Affine: the three
+    Sizes are fractions of the shorter side S (the reference: of its IMSIZE). Affine: the three
     points ``centre + (S//3, S//3)``, ``centre + (S//3, -S//3)``, ``centre - (S//3, S//3)``
     move by U(-a, a) each; OpenCV warpAffine (bilinear, BORDER_REFLECT_101). Field: U(-1, 1)
     per pixel, Gaussian-smoothed (sigma, truncate 3, scipy 'reflect'), times alpha;
     scipy map_coordinates (bilinear, 'reflect').
     """
-    alpha, sigma, jitter = (v * min(x.shape[-2:]) for v in params.ELASTIC[severity - 1])
+    alpha, sigma, jitter = (v * min(x.shape[-2:]) for v in table.elastic_transform[severity - 1])
     n, _, h, w = x.shape
     device = x.device
     square = min(h, w) // 3

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from aisafety.corruption import filters, params
 from aisafety.corruption.blur import uniform
+from aisafety.corruption.params import SeverityTable
 
 Tensor = torch.Tensor
 
@@ -24,59 +31,94 @@ def _fractal(like: Tensor, wibble_decay: float, gen: torch.Generator) -> Tensor:
     return maps[:, None, :h, :w].to(like.dtype)
 
 
-def fog(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
+def fog(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
     """``(x + c * fractal) * max(x) / (max(x) + c)``, the same fractal for every channel."""
-    strength, wibble_decay = params.FOG[severity - 1]
+    strength, wibble_decay = table.fog[severity - 1]
     peak = x.amax(dim=(1, 2, 3), keepdim=True)
     return (x + strength * _fractal(x, wibble_decay, gen)) * peak / (peak + strength)
 
 
-def snow(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
+def snow(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
     """Thresholded zoomed noise, motion-blurred at an angle ~ U(-135, -45) degrees, added
-    twice (the layer and its 180-degree rotation) to a whitened image."""
-    p = params.SNOW[severity - 1]
+    twice (the layer and its 180-degree rotation) to a whitened image.
+
+    The layer goes through ImageMagick as an 8-bit PNG in the reference: it is truncated to
+    8 bits before the blur and rounded to 8 bits after it, as here."""
+    p = table.snow[severity - 1]
     n, _, h, w = x.shape
     layer = p.mean + p.std * _randn((n, 1, h, w), gen, x)
     if p.zoom != 1:
         layer = filters.clipped_zoom(layer, p.zoom)
-    layer = torch.where(layer < p.threshold, 0.0, layer).clamp(0, 1)
+    layer = torch.floor(torch.where(layer < p.threshold, 0.0, layer).clamp(0, 1) * 255) / 255
     angle = uniform(n, -135.0, -45.0, gen, x.device)
     layer = filters.motion_blur(layer, p.blur_radius, p.blur_sigma, angle)
+    layer = torch.round(layer * 255) / 255
     whitened = torch.maximum(x, filters.luminance(x) * 1.5 + 0.5)
     x = p.blend * x + (1 - p.blend) * whitened
     return x + layer + layer.flip(-1, -2)
 
 
-def frost_texture(like: Tensor, gen: torch.Generator) -> Tensor:
-    """A procedural frost image (N, 1, H, W) in [0, 1], replacing the reference's photos.
-
-    Ice haze: a plasma fractal (wibble decay 1.5: rough, fine-grained). Crystals: sparse
-    bright seeds (3% of pixels) drawn out into needles by symmetric line blurs at three
-    random orientations per image. Texture = clip(0.45 * haze + 1.6 * needles), whose mean is
-    about 0.33 -- the reference's frost crops are bright, fine white structure on darker ice.
-    """
-    n, _, h, w = like.shape
-    haze = _fractal(like, 1.5, gen)
-    needles = torch.zeros((n, 1, h, w), dtype=like.dtype, device=like.device)
-    for _ in range(3):
-        u = torch.rand((n, 1, h, w), generator=gen, device=like.device, dtype=like.dtype)
-        seeds = torch.where(u < 0.03, 0.5 + u / 0.06, 0.0)  # brightness 0.5 .. 1
-        angle = uniform(n, 0.0, 180.0, gen, like.device)
-        needles += 0.5 * (
-            filters.motion_blur(seeds, 3, 1.5, angle)
-            + filters.motion_blur(seeds, 3, 1.5, angle + 180.0)
-        )
-    return (0.45 * haze + 1.6 * needles).clamp(0, 1)
+FROST_PHOTOS = 5  # the reference draws randint(5): frost1..frost5; frost6.jpg is never used
 
 
-FROST_RGB = (0.86, 0.93, 1.0)  # the photos' blue-white tint
+@lru_cache(maxsize=8)
+def frost_photo(index: int, scale: float) -> Tensor:
+    """Frost photograph ``index`` (1..5) as uint8 (3, H, W), resized by ``scale`` as the
+    reference does (OpenCV INTER_LINEAR, done once when the files were made; see
+    ``frost/NOTICE``)."""
+    tag = "full" if scale == 1.0 else f"x{scale:g}"
+    name = f"frost{index}_{tag}.png"
+    path = resources.files("aisafety.corruption").joinpath("frost", name)
+    if not path.is_file():
+        raise FileNotFoundError(f"frost photograph {name} is missing from aisafety/corruption")
+    with path.open("rb") as handle:
+        pixels = np.asarray(Image.open(handle).convert("RGB")).copy()
+    return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 
 
-def frost(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
-    """``a * x + b * frost`` with a procedural, blue-white frost texture (see frost_texture)."""
-    image, weight = params.FROST[severity - 1]
-    texture = frost_texture(x, gen) * filters.colour(FROST_RGB, x.shape[1], x)
-    return image * x + weight * texture
+def cover(photo: Tensor, h: int, w: int) -> Tensor:
+    """A photograph smaller than the image, enlarged to cover it: imagecorruptions' rule
+    (the larger of the two side ratios, times 1.1, bicubic); a large enough one as it is."""
+    ph, pw = photo.shape[-2:]
+    if ph >= h + 1 and pw >= w + 1:
+        return photo
+    factor = 1.1 * max(h / ph, w / pw, 1.0)
+    size = (math.ceil(ph * factor), math.ceil(pw * factor))
+    big = F.interpolate(photo[None].double(), size=size, mode="bicubic", align_corners=False)
+    return big[0].round().clamp(0, 255).to(torch.uint8)
+
+
+def frost_crops(n: int, h: int, w: int, scale: float, gen: torch.Generator, device) -> Tensor:
+    """One random H x W crop of a random frost photograph per image, (N, 3, H, W) in [0, 1].
+
+    As the reference: photograph ``randint(5)``, top-left corner ``randint(0, PH - H)``,
+    ``randint(0, PW - W)`` (the last position is never drawn)."""
+    photos = [cover(frost_photo(i + 1, scale), h, w).to(device) for i in range(FROST_PHOTOS)]
+    which = torch.randint(0, FROST_PHOTOS, (n,), generator=gen, device=device)
+    u = torch.rand((n, 2), generator=gen, device=device, dtype=torch.float64)
+    out = torch.empty((n, 3, h, w), dtype=torch.float64, device=device)
+    rows, cols = torch.arange(h, device=device), torch.arange(w, device=device)
+    for i, photo in enumerate(photos):
+        chosen = (which == i).nonzero().flatten()
+        if len(chosen) == 0:
+            continue
+        top = (u[chosen, 0] * (photo.shape[1] - h)).long()
+        left = (u[chosen, 1] * (photo.shape[2] - w)).long()
+        r = (top[:, None] + rows)[:, :, None]  # (k, H, 1)
+        c = (left[:, None] + cols)[:, None, :]  # (k, 1, W)
+        out[chosen] = photo[:, r, c].permute(1, 0, 2, 3).double() / 255
+    return out
+
+
+def frost(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
+    """``a * x + b * crop`` of one of the reference's frost photographs (its luma for grey
+    images), the photographs resized by the table's ``frost_scale`` first."""
+    image, weight = table.frost[severity - 1]
+    n, c, h, w = x.shape
+    crops = frost_crops(n, h, w, table.frost_scale, gen, x.device).to(x.dtype)
+    if c == 1:
+        crops = filters.luminance(crops)
+    return image * x + weight * crops
 
 
 TAN_22_5 = int(0.4142135623730950488 * (1 << 15) + 0.5)  # OpenCV's fixed-point tan(22.5)
@@ -199,9 +241,9 @@ def equalize_hist(x: Tensor) -> Tensor:
 EMBOSS = torch.tensor([[-2.0, -1.0, 0.0], [-1.0, 1.0, 1.0], [0.0, 1.0, 2.0]])
 
 
-def spatter(x: Tensor, severity: int, gen: torch.Generator) -> Tensor:
+def spatter(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
     """Water drops (severities 1-3) or mud (4-5) from a thresholded, blurred noise layer."""
-    p = params.SPATTER[severity - 1]
+    p = table.spatter[severity - 1]
     n, c, h, w = x.shape
     liquid = p.mean + p.std * _randn((n, 1, h, w), gen, x)
     liquid = filters.gaussian_blur(liquid, p.sigma)

@@ -40,6 +40,10 @@ class Run(Base):
     seed: Mapped[int] = mapped_column(Integer)
     device: Mapped[str] = mapped_column(String(16))
     plan: Mapped[dict] = mapped_column(JSON)
+    # Who runs it: a 'running' run whose process is gone on this host was killed (kill -9,
+    # power loss) and is marked 'interrupted' by the next run that starts.
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
 
 
 class Model(Base):
@@ -71,6 +75,10 @@ class Unit(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     description: Mapped[str] = mapped_column(String(400))
     finished_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # The rows the unit wrote: it counts as finished only while all of them are there, so a
+    # dropped or emptied table cannot make ``--resume`` skip work whose results are gone.
+    n_values: Mapped[int | None] = mapped_column(Integer)
+    n_outcomes: Mapped[int | None] = mapped_column(Integer)
 
 
 class AttackRun(Base):
@@ -109,6 +117,10 @@ class MetricValueRow(Base):
     details: Mapped[dict] = mapped_column(JSON)
     platform_version: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # 95% Clopper-Pearson interval of a rate (unit "fraction") over its n samples; NULL for
+    # other metrics (aisafety/report/intervals.py)
+    ci_low: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ci_high: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class SampleOutcome(Base):
@@ -127,6 +139,23 @@ class SampleOutcome(Base):
     linf: Mapped[float] = mapped_column(Float)
     true_conf_clean: Mapped[float] = mapped_column(Float)
     true_conf_adv: Mapped[float] = mapped_column(Float)
+
+
+SAMPLES = "samples"  # the MetricValue details key whose list becomes verification_samples rows
+
+
+class VerificationSample(Base):
+    """One sample's verdict under a certified metric (details["samples"] of its value)."""
+
+    __tablename__ = "verification_samples"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    metric_value_id: Mapped[int] = mapped_column(ForeignKey("metric_values.id"), index=True)
+    sample_index: Mapped[int] = mapped_column(Integer)
+    label: Mapped[int] = mapped_column(Integer)
+    verdict: Mapped[str] = mapped_column(String(16))  # certified / falsified / unknown / radius
+    margin: Mapped[float | None] = mapped_column(Float)  # proved bound (radius for ACR)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    attack: Mapped[dict] = mapped_column(JSON)  # the attack's outcome on this sample
 
 
 class RunEnvironment(Base):

@@ -23,7 +23,7 @@ from aisafety.evaluation.corrupted import (
 )
 from aisafety.evaluation.neurons import NeuronArtifacts
 from aisafety.evaluation.reference import ReferenceOutputs, missing_reference
-from aisafety.interfaces import AttackSpec
+from aisafety.interfaces import AttackSpec, CorruptionsSpec
 from aisafety.prediction.base import Predictor
 
 
@@ -40,6 +40,7 @@ class EvaluationContext:
         reference: Predictor | None = None,
         seed: int = 0,
         load_profile: Callable[[], LoadedDataset] | None = None,
+        corruptions: CorruptionsSpec | None = None,
     ):
         self.predictor = predictor
         self.data = data
@@ -53,6 +54,8 @@ class EvaluationContext:
         self._corrupted: dict[tuple[str, int, int | None], torch.Tensor] = {}
         self._sequences: dict[tuple[str, int, int | None], SequencePredictions] = {}
         self.attack_runs: Counter[tuple[str, float]] = Counter()
+        # the plan's corruptions: section: which corrupted sets, from which severity table
+        self.corruptions = corruptions or CorruptionsSpec()
 
     @property
     def x(self) -> torch.Tensor:
@@ -110,7 +113,7 @@ class EvaluationContext:
         if key not in self._corrupted:
             self._corrupted[key] = corrupted_predictions(
                 self.predictor, self.x[self.subset(samples)], name, severity, self.seed,
-                self.batch_size,
+                self.batch_size, self.corruptions.table,
             )  # fmt: skip
         return self._corrupted[key]
 

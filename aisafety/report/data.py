@@ -32,6 +32,8 @@ class MetricRow:
     unit: str
     n_samples: int
     details: dict[str, Any]
+    id: int = 0
+    ci: tuple[float, float] | None = None  # the stored 95% interval of a rate
 
     @property
     def name(self) -> str:
@@ -85,6 +87,8 @@ class RunData:
     # attack run id -> per-sample arrays (sample_index order): label, clean_pred, adv_pred
     outcomes: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     examples: dict[int, list[Example]] = field(default_factory=dict)
+    # metric value id -> per-sample certified radii (verdict "radius" rows of a verifier)
+    radii: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
     def wall_seconds(self) -> float | None:
@@ -141,6 +145,8 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
                 unit=r.unit,
                 n_samples=r.n_samples,
                 details=r.details or {},
+                id=r.id,
+                ci=None if r.ci_low is None else (r.ci_low, r.ci_high),
             )
             for r in session.scalars(
                 select(schema.MetricValueRow)
@@ -208,6 +214,7 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
             attack_runs=attack_runs,
             outcomes=_outcomes(session, ids),
             examples=_examples(session, ids),
+            radii=_radii(session, [m.id for m in metrics]),
         )
     return data
 
@@ -280,3 +287,18 @@ def _examples(session: Session, attack_run_ids: list[int]) -> dict[int, list[Exa
             )
         )
     return dict(out)
+
+
+def _radii(session: Session, metric_value_ids: list[int]) -> dict[int, np.ndarray]:
+    """Per-sample certified radii stored by radius metrics (e.g. average-certified-radius)."""
+    table = getattr(schema, "VerificationSample", None)
+    if table is None or not metric_value_ids:
+        return {}
+    grouped: dict[int, list[float]] = defaultdict(list)
+    for value_id, margin in session.execute(
+        select(table.metric_value_id, table.margin)
+        .where(table.metric_value_id.in_(metric_value_ids), table.verdict == "radius")
+        .order_by(table.metric_value_id, table.sample_index)
+    ):
+        grouped[value_id].append(np.nan if margin is None else margin)
+    return {k: np.asarray(v, dtype=float) for k, v in grouped.items()}

@@ -174,7 +174,9 @@ def _cell(values: list[float]) -> str:
     return f"{statistics.fmean(values):.4g} ± {statistics.stdev(values):.2g}"
 
 
-def leaderboard(runs: list[RunData], registry: Registry) -> list[dict[str, Any]]:
+def leaderboard(
+    runs: list[RunData], registry: Registry, checks: list[Check] = ()
+) -> list[dict[str, Any]]:
     """One table per metric family: a row per model, a column per metric, ranked."""
     columns = _columns(runs, registry)
     models = list(dict.fromkeys(m for data in runs for m in data.model_names))
@@ -246,7 +248,7 @@ def build_comparison(
         RenderedSection(
             "leaderboard",
             "Leaderboard",
-            report.template("leaderboard.html.j2", families=leaderboard(runs, registry)),
+            report.template("leaderboard.html.j2", families=leaderboard(runs, registry, checks)),
         ),
         RenderedSection(
             "curves",

@@ -46,7 +46,7 @@ class ReportSection:
 
 
 class Provenance(ReportSection):
-    name, title, order = "provenance", "Plan and provenance", 10
+    name, title, order = "provenance", "Plan and provenance", 90
 
     def render(self, report: ReportView) -> str:
         return report.template("provenance.html.j2", data=report.data)
@@ -79,7 +79,7 @@ def worst_case(report: ReportView, model: str) -> dict[tuple[str, float], tuple[
 
 
 class ModelCards(ReportSection):
-    name, title, order = "models", "Models", 20
+    name, title, order = "models", "Models", 10
 
     def render(self, report: ReportView) -> str | None:
         cards = []
@@ -92,6 +92,8 @@ class ModelCards(ReportSection):
                     "clean": clean_accuracy(report, name),
                     "worst": sorted(worst_case(report, name).items()),
                     "warnings": sum(c.status == "warn" for c in checks),
+                    "passed": sum(c.status == "pass" for c in checks),
+                    "skipped": sum(c.status == "skip" for c in checks),
                     "checks": len(checks),
                 }
             )
@@ -99,7 +101,7 @@ class ModelCards(ReportSection):
 
 
 class SanityChecks(ReportSection):
-    name, title, order = "sanity", "Sanity checks (gradient masking)", 30
+    name, title, order = "sanity", "Sanity checks (gradient masking)", 20
 
     def render(self, report: ReportView) -> str | None:
         if not report.checks:
@@ -108,16 +110,14 @@ class SanityChecks(ReportSection):
 
 
 class MetricTable(ReportSection):
-    name, title, order = "metrics", "Metrics", 40
+    name, title, order = "metrics", "Metrics", 80
 
     def render(self, report: ReportView) -> str | None:
         rows = []
         for m in report.data.metrics:
-            ci = (
-                rate_interval(m.value, m.n_samples)
-                if is_rate(m.unit, m.value, m.n_samples)
-                else None
-            )
+            ci = m.ci  # stored; derived from value and n for runs stored before it was
+            if ci is None and is_rate(m.unit, m.value, m.n_samples):
+                ci = rate_interval(m.value, m.n_samples)
             rows.append({"m": m, "ci": ci})
         if not rows:
             return None
@@ -125,7 +125,7 @@ class MetricTable(ReportSection):
 
 
 class RobustnessCurves(ReportSection):
-    name, title, order = "curves", "Robust accuracy against budget", 50
+    name, title, order = "curves", "Robust accuracy against budget", 30
 
     def render(self, report: ReportView) -> str | None:
         plots = []
@@ -185,7 +185,7 @@ def _severity(report: ReportView, config: dict, attack: str) -> int:
 
 
 class Corruptions(ReportSection):
-    name, title, order = "corruptions", "Corruption error per type and severity", 60
+    name, title, order = "corruptions", "Corruption error per type and severity", 40
 
     def render(self, report: ReportView) -> str | None:
         plots = []
@@ -224,6 +224,13 @@ class Corruptions(ReportSection):
 RADIUS = re.compile(r"(?:eps|radius|sigma)=([0-9.eE+-]+)")
 
 
+def _without_radius(label: str) -> str:
+    """``certified-accuracy(eps=0.1,verifier=ibp)`` -> ``certified-accuracy(verifier=ibp)``:
+    one curve per metric and settings, its points the radii."""
+    inner = re.sub(r"(?:eps|radius)=[^,)]*,?", "", label).replace(",)", ")")
+    return inner.replace("()", "")
+
+
 def _radius(metric) -> float | None:
     if metric.eps is not None:
         return float(metric.eps)
@@ -235,7 +242,7 @@ def _radius(metric) -> float | None:
 
 
 class CertifiedCurves(ReportSection):
-    name, title, order = "certified", "Certified accuracy", 70
+    name, title, order = "certified", "Certified accuracy", 50
 
     def render(self, report: ReportView) -> str | None:
         plots = []
@@ -245,13 +252,22 @@ class CertifiedCurves(ReportSection):
                 curve = m.details.get("curve") if isinstance(m.details, dict) else None
                 if m.model != model or "certified" not in m.name:
                     continue
+                if m.model == model and m.id in report.data.radii:
+                    radii = report.data.radii[m.id]
+                    # from just above 0: a misclassified sample has radius 0 too
+                    top = max(float(np.nanmax(radii)), 1e-6) * 1.05
+                    grid = np.linspace(top / 40, top, 40)
+                    curves[f"{m.metric} (per-sample radii)"] += [
+                        (float(r), float((radii >= r).mean()), len(radii)) for r in grid
+                    ]
+                    continue
                 if isinstance(curve, dict) and "radius" in curve and "accuracy" in curve:
                     curves[m.metric] += [
                         (float(r), float(v), m.n_samples)
                         for r, v in zip(curve["radius"], curve["accuracy"], strict=False)
                     ]
                 elif m.value is not None and (r := _radius(m)) is not None:
-                    curves[m.name].append((r, m.value, m.n_samples))
+                    curves[_without_radius(m.metric)].append((r, m.value, m.n_samples))
             series = [
                 Series(name, *map(list, zip(*sorted(points), strict=True)))
                 for name, points in curves.items()
@@ -287,7 +303,7 @@ def _frontiers(details: dict) -> tuple[list[float], np.ndarray] | None:
 
 
 class Frontier(ReportSection):
-    name, title, order = "frontier", "Adversarial frontier", 80
+    name, title, order = "frontier", "Adversarial frontier", 60
     shown = 60  # per-sample lines drawn (all of them make a grey blur)
 
     def render(self, report: ReportView) -> str | None:
@@ -313,7 +329,7 @@ class Frontier(ReportSection):
 
 
 class Examples(ReportSection):
-    name, title, order = "examples", "Example images", 90
+    name, title, order = "examples", "Example images", 70
 
     def render(self, report: ReportView) -> str | None:
         chosen = {}

@@ -49,8 +49,9 @@ class AverageConfidenceTrueClass(AttackMetric):
 
 class NoiseToleranceEstimation(AttackMetric):
     """Gap between the adversarial class and the runner-up (DEEPSEC): how much more noise the
-    example tolerates before flipping again. Eq. 11's max includes the adversarial class
-    itself, which would make it always 0; we take the max over the *other* classes."""
+    example tolerates before flipping again. Eq. 11 subscripts the *clean* prediction f(x_i)
+    and averages over all n; we use the adversarial class f(A(x_i)) and the m successful
+    examples, as its text and DEEPSEC do (docs/metrics.md, NTE)."""
 
     name = "nte"
     description = "Mean gap between the adversarial class's probability and the next highest"

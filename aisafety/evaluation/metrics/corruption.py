@@ -11,6 +11,8 @@ Registered metrics: ``mce``, ``mfp``, ``mfr``, ``rmce``.
 from __future__ import annotations
 
 import math
+import warnings
+from typing import NamedTuple
 
 import torch
 from pydantic import Field, field_validator
@@ -25,39 +27,77 @@ from aisafety.interfaces import Capability, Direction, MetricValue
 
 
 class CorruptionConfig(PluginConfig):
-    corruptions: tuple[str, ...] = Field(
-        default=tuple(CORRUPTIONS), min_length=1, description="corruption names; default all 19"
+    """Deprecated: the plan's ``corruptions:`` section says which sets to evaluate. Given here,
+    a field still overrides the section for this metric (with a warning)."""
+
+    corruptions: tuple[str, ...] | None = Field(
+        default=None, min_length=1, description="deprecated: the plan's corruptions.names"
     )
-    severities: tuple[int, ...] = Field(default=SEVERITIES, min_length=1)
-    samples: int | None = Field(default=None, gt=0, description="at most this many samples")
+    severities: tuple[int, ...] | None = Field(
+        default=None, min_length=1, description="deprecated: the plan's corruptions.severities"
+    )
+    samples: int | None = Field(
+        default=None, gt=0, description="deprecated: the plan's corruptions.samples"
+    )
 
     @field_validator("corruptions")
     @classmethod
-    def _known_corruptions(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        for name in names:
+    def _known_corruptions(cls, names: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for name in names or ():
             if name not in CORRUPTIONS:
                 raise UnknownNameError("corruption", name, CORRUPTIONS)
         return names
 
     @field_validator("severities")
     @classmethod
-    def _known_severities(cls, values: tuple[int, ...]) -> tuple[int, ...]:
-        bad = [s for s in values if s not in SEVERITIES]
+    def _known_severities(cls, values: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        bad = [s for s in values or () if s not in SEVERITIES]
         if bad:
             raise ValueError(f"severities {bad} are not in 1..5")
         return values
 
+    def model_post_init(self, context) -> None:
+        given = {"corruptions": "names", "severities": "severities", "samples": "samples"}
+        moved = [f"{k} -> corruptions.{v}" for k, v in given.items() if k in self.model_fields_set]
+        if moved:
+            warnings.warn(
+                "mce/rmce config keys are deprecated: put them in the plan's corruptions:"
+                f" section ({', '.join(moved)}); docs/configuration.md",
+                FutureWarning,
+                stacklevel=2,
+            )
 
-def corruption_errors(ctx: EvaluationContext, config: CorruptionConfig) -> torch.Tensor:
+
+class CorruptionSets(NamedTuple):
+    """What an mce/rmce computation covers: the metric's deprecated overrides, else the
+    plan's corruptions: section."""
+
+    names: tuple[str, ...]
+    severities: tuple[int, ...]
+    samples: int | None
+
+
+def corruption_sets(ctx: EvaluationContext, config: CorruptionConfig) -> CorruptionSets:
+    plan = ctx.corruptions
+    names = config.corruptions or plan.names or tuple(CORRUPTIONS)
+    for name in names:
+        if name not in CORRUPTIONS:
+            raise UnknownNameError("corruption", name, CORRUPTIONS)
+    severities = config.severities or plan.severities
+    samples = config.samples if "samples" in config.model_fields_set else plan.samples
+    return CorruptionSets(tuple(names), tuple(severities), samples)
+
+
+def corruption_errors(ctx: EvaluationContext, sets: CorruptionSets) -> torch.Tensor:
     """E_{s,c}: the error rate per corruption (rows) and severity (columns)."""
-    y = ctx.y[ctx.subset(config.samples)]
+    y = ctx.y[ctx.subset(sets.samples)]
     return torch.tensor(
         [
             [
-                float((ctx.corrupted(c, s, config.samples) != y).double().mean())
-                for s in config.severities
+                float((ctx.corrupted(c, s, sets.samples) != y).double().mean())
+                for s in sets.severities
             ]
-            for c in config.corruptions
+            for c in sets.names
         ],
         dtype=torch.float64,
     )
@@ -78,18 +118,22 @@ class MeanCorruptionError(CleanMetric):
     Config = CorruptionConfig
 
     def compute(self, ctx: EvaluationContext) -> MetricValue:
-        errors = corruption_errors(ctx, self.config)
-        per_corruption = self.per_corruption(ctx, errors)
+        sets = corruption_sets(ctx, self.config)
+        errors = corruption_errors(ctx, sets)
+        per_corruption = self.per_corruption(ctx, errors, sets.samples)
         return self.value(
             per_corruption.mean(),
-            len(ctx.subset(self.config.samples)),
-            per_corruption=dict(zip(self.config.corruptions, per_corruption.tolist(), strict=True)),
-            severities=list(self.config.severities),
+            len(ctx.subset(sets.samples)),
+            per_corruption=dict(zip(sets.names, per_corruption.tolist(), strict=True)),
+            severities=list(sets.severities),
+            table=ctx.corruptions.table,
             # E_{s,c} itself, for the report's error-per-type-and-severity plot
-            errors=dict(zip(self.config.corruptions, errors.tolist(), strict=True)),
+            errors=dict(zip(sets.names, errors.tolist(), strict=True)),
         )
 
-    def per_corruption(self, ctx: EvaluationContext, errors: torch.Tensor) -> torch.Tensor:
+    def per_corruption(
+        self, ctx: EvaluationContext, errors: torch.Tensor, samples: int | None
+    ) -> torch.Tensor:
         return errors.sum(1)
 
 
@@ -101,8 +145,10 @@ class RelativeMeanCorruptionError(MeanCorruptionError):
     name = "rmce"
     description = "Mean over corruptions of the summed increase of error over the clean error"
 
-    def per_corruption(self, ctx: EvaluationContext, errors: torch.Tensor) -> torch.Tensor:
-        return (errors - clean_error(ctx, self.config.samples)).sum(1)
+    def per_corruption(
+        self, ctx: EvaluationContext, errors: torch.Tensor, samples: int | None
+    ) -> torch.Tensor:
+        return (errors - clean_error(ctx, samples)).sum(1)
 
 
 class SequenceConfig(PluginConfig):
