@@ -130,25 +130,29 @@ def _category(metric: str, registry: Registry) -> str:
 
 def _columns(runs: list[RunData], registry: Registry) -> dict[tuple, Column]:
     columns: dict[tuple, Column] = {}
+    # models evaluated on different data are never ranked in one column
+    several = len({d["name"] for data in runs for d in data.datasets}) > 1
     for data in runs:
         for m in data.metrics:
             if m.value is None or math.isnan(m.value):
                 continue
-            key = (m.metric, m.attack, m.eps)
+            key = (m.metric, m.attack, m.eps, m.dataset)
             label = m.metric + (f" | {m.attack}" if m.attack else "")
             label += f" @{m.eps:g}" if m.eps is not None else ""
+            label += f" [{m.dataset}]" if several else ""
             column = columns.setdefault(
                 key, Column(_category(m.name, registry), label, m.unit, m.direction)
             )
             column.values[m.model].append(m.value)
         for model in data.model_names:
+            dataset = data.datasets[0]["name"] if data.datasets else ""
             for (norm, eps), (acc, _) in worst_case_of(data, model).items():
-                key = ("worst-case", norm, eps)
+                key = ("worst-case", norm, eps, dataset)
                 column = columns.setdefault(
                     key,
                     Column(
                         "worst case over attacks",
-                        f"robust accuracy {norm} @{eps:g}",
+                        f"robust accuracy {norm} @{eps:g}" + (f" [{dataset}]" if several else ""),
                         "fraction",
                         "higher",
                     ),
@@ -202,6 +206,7 @@ def leaderboard(
                 {
                     "model": model,
                     "runs": ", ".join(run_ids[model]),
+                    "warnings": sum(c.status == "warn" and c.model == model for c in checks),
                     "mean_rank": statistics.fmean(mine) if mine else math.inf,
                     "cells": cells,
                 }
