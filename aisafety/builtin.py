@@ -1,4 +1,5 @@
-"""The built-in attacks, defenses, metrics and datasets, registered like any plugin."""
+"""The built-in attacks, input and training defenses, metrics and datasets, registered like
+any plugin."""
 
 from __future__ import annotations
 
@@ -131,8 +132,12 @@ def aisafety_defenses() -> list[type]:
         JpegCompression,
         RandomResizePad,
         RandomizedSmoothing,
-        *TRAINING_DEFENSES,
     ]
+
+
+@hookimpl
+def aisafety_training_defenses() -> list[type]:
+    return TRAINING_DEFENSES
 
 
 @hookimpl
