@@ -1,11 +1,11 @@
-"""The built-in attacks, defenses, metrics and datasets, registered like any plugin."""
+"""The built-in attacks, input and training defenses, metrics and datasets, registered like
+any plugin."""
 
 from __future__ import annotations
 
 from aisafety.attack.apgd import APGDCE, APGDCEL2, APGDDLR, APGDDLRL2, APGDMargin, APGDMarginL2
 from aisafety.attack.bim import BIM
 from aisafety.attack.boundary import BoundaryAttack
-from aisafety.attack.corruptions import CORRUPTION_ATTACKS
 from aisafety.attack.cw import CWL2
 from aisafety.attack.deepfool import DeepFoolL2, DeepFoolLinf
 from aisafety.attack.fgsm import FGSM
@@ -14,11 +14,13 @@ from aisafety.attack.nattack import NAttack
 from aisafety.attack.pgd import PGDLinf
 from aisafety.attack.pgd_l1 import PGDL1
 from aisafety.attack.pgd_l2 import PGDL2
+from aisafety.attack.random_noise import RandomNoise
 from aisafety.attack.rfgsm import RFGSM
 from aisafety.attack.spsa import SPSA
 from aisafety.attack.square import SquareLinf
 from aisafety.attack.square_l2 import SquareL2
 from aisafety.attack.transfer import TransferAttack
+from aisafety.corruption import CORRUPTION_ATTACKS
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
@@ -37,28 +39,26 @@ from aisafety.evaluation.metrics.accuracy import (
     AdversarialAccuracyWhiteBox,
     CleanAccuracy,
 )
-from aisafety.evaluation.metrics.attack_success import AttackSuccessRate, RobustAccuracy
-from aisafety.evaluation.metrics.boundary import (
-    EmpiricalBoundaryDistance,
-    EmpiricalBoundaryDistance2,
-)
-from aisafety.evaluation.metrics.certified import IBPCertifiedAccuracy
-from aisafety.evaluation.metrics.confidence import (
+from aisafety.evaluation.metrics.adversarial_confidence import (
     AverageConfidenceAdversarialClass,
     AverageConfidenceTrueClass,
     NoiseToleranceEstimation,
+)
+from aisafety.evaluation.metrics.attack_success import AttackSuccessRate, RobustAccuracy
+from aisafety.evaluation.metrics.boundary_distance import (
+    EmpiricalBoundaryDistance,
+    EmpiricalBoundaryDistance2,
+)
+from aisafety.evaluation.metrics.certified import (
+    AverageCertifiedRadius,
+    CertifiedAccuracy,
+    IBPCertifiedAccuracy,
 )
 from aisafety.evaluation.metrics.corruption import (
     MeanCorruptionError,
     MeanFlipProbability,
     MeanFlipRate,
     RelativeMeanCorruptionError,
-)
-from aisafety.evaluation.metrics.coverage import (
-    KMultisectionNeuronCoverage,
-    NeuronBoundaryCoverage,
-    StrongNeuronActivationCoverage,
-    TopKNeuronCoverage,
 )
 from aisafety.evaluation.metrics.defense_cost import (
     ClassificationAccuracyVariance,
@@ -67,20 +67,37 @@ from aisafety.evaluation.metrics.defense_cost import (
     ClassificationRectifyRatio,
     ClassificationSacrificeRatio,
 )
+from aisafety.evaluation.metrics.feature_separation import RobustnessDifferenceIndex, Roby
+from aisafety.evaluation.metrics.gradient_health import ZeroGradientRate
+from aisafety.evaluation.metrics.hypervolume import AdversarialHypervolume
 from aisafety.evaluation.metrics.imperceptibility import (
     AverageLpDistortion,
     AverageStructuralSimilarity,
 )
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
+from aisafety.evaluation.metrics.neuron_coverage import (
+    KMultisectionNeuronCoverage,
+    NeuronBoundaryCoverage,
+    StrongNeuronActivationCoverage,
+    TopKNeuronCoverage,
+)
 from aisafety.evaluation.metrics.noise_insensitivity import EmpiricalNoiseInsensitivity
-from aisafety.evaluation.metrics.sensitivity import PerturbationSensitivityDistance
+from aisafety.evaluation.metrics.perturbation_sensitivity import PerturbationSensitivityDistance
+from aisafety.evaluation.metrics.smoothed import (
+    SmoothedAbstentionRate,
+    SmoothedAverageCertifiedRadius,
+    SmoothedCertifiedAccuracy,
+)
 from aisafety.hookspecs import hookimpl
+from aisafety.verification.incomplete import INCOMPLETE
+from aisafety.verification.milp import CompleteVerifier
 
 
 @hookimpl
 def aisafety_attacks() -> list[type]:
     return [
         FGSM,
+        RandomNoise,
         RFGSM,
         BIM,
         PGDLinf,
@@ -115,14 +132,19 @@ def aisafety_defenses() -> list[type]:
         JpegCompression,
         RandomResizePad,
         RandomizedSmoothing,
-        *TRAINING_DEFENSES,
     ]
+
+
+@hookimpl
+def aisafety_training_defenses() -> list[type]:
+    return TRAINING_DEFENSES
 
 
 @hookimpl
 def aisafety_metrics() -> list[type]:
     return [
         CleanAccuracy,
+        ZeroGradientRate,
         AdversarialAccuracyWhiteBox,
         AdversarialAccuracyBlackBox,
         AverageConfidenceAdversarialClass,
@@ -152,6 +174,14 @@ def aisafety_metrics() -> list[type]:
         NeuronSensitivity,
         NeuronUncertainty,
         IBPCertifiedAccuracy,
+        CertifiedAccuracy,
+        AverageCertifiedRadius,
+        RobustnessDifferenceIndex,
+        Roby,
+        AdversarialHypervolume,
+        SmoothedCertifiedAccuracy,
+        SmoothedAverageCertifiedRadius,
+        SmoothedAbstentionRate,
     ]
 
 
@@ -166,3 +196,15 @@ def aisafety_datasets() -> list[type]:
         ImageFolderDataset,
         NpzDataset,
     ]
+
+
+@hookimpl
+def aisafety_verifiers() -> list[type]:
+    return [*INCOMPLETE, CompleteVerifier]
+
+
+@hookimpl
+def aisafety_report_sections() -> list[type]:
+    from aisafety.report.sections import BUILTIN_SECTIONS
+
+    return list(BUILTIN_SECTIONS)

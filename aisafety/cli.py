@@ -9,20 +9,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aisafety.config import default_plan, load_plan
+from aisafety.config import default_plan, load_plan, plan_from_dict
+from aisafety.database.read_only import query_read_only, read_only_engine
 from aisafety.database.store import DEFAULT_URL, ResultStore
 from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
-from aisafety.plugins import default_registry
+from aisafety.interfaces import EvaluationPlan
+from aisafety.plugins import default_registry, warn_failures
 from aisafety.report.table import curve_rows, metric_rows, render
 
 if TYPE_CHECKING:
     from aisafety.database.zoo import TrainingRecipe
 
+# What ``aisafety list <what>`` shows: the registry kinds, in order.
 LIST_KINDS = {
-    "attacks": "attack",
-    "defenses": "defense",
-    "metrics": "metric",
-    "datasets": "dataset",
+    "attacks": ("attack",),
+    "defenses": ("defense", "training_defense"),
+    "metrics": ("metric",),
+    "datasets": ("dataset",),
+    "verifiers": ("verifier",),
 }
 
 
@@ -30,14 +34,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aisafety.runner import Runner
 
     plan = load_plan(args.config) if args.config else default_plan()
-    overrides = {}
-    if args.device:
-        overrides["device"] = args.device
-    if args.limit:
-        overrides["dataset"] = plan.dataset.model_copy(update={"limit": args.limit})
-    if overrides:
-        plan = plan.model_copy(update=overrides)
+    plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    warn_failures(default_registry())
     store = ResultStore(args.db)
+    if plan.seeds:
+        return evaluate_seeds(plan, store, args)
     record = Runner(plan, store, resume=args.resume, quiet=args.quiet).run()
     columns, rows = metric_rows(record.values)
     print(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
@@ -48,7 +49,129 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(render(*curve))
     if record.resumed_units:
         print(f"({record.resumed_units} finished unit(s) taken from the database)")
+    if args.format == "table":
+        print_sanity_checks(store, record.run_id)
     return 0
+
+
+def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
+    """``seeds: [0, 1, 2]``: one run per seed, then each metric's mean +- std over them."""
+    from aisafety.report.table import seed_rows
+    from aisafety.runner import Runner
+
+    records = [
+        Runner(plan.model_copy(update={"seed": seed}), store, resume=args.resume,
+               quiet=args.quiet).run()
+        for seed in plan.seeds
+    ]  # fmt: skip
+    run_ids = [r.run_id for r in records]
+    print(
+        f"model {plan.model.name} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
+        f"{', '.join(map(str, run_ids))}, db {args.db})"
+    )
+    per_seed = [(seed, r.values) for seed, r in zip(plan.seeds, records, strict=True)]
+    columns, rows = seed_rows(per_seed)
+    print(render(columns, rows, args.format))
+    if args.format == "table":
+        for run_id in run_ids:
+            print_sanity_checks(store, run_id)
+        print(f"\nreport over the seeds: aisafety report --compare {' '.join(map(str, run_ids))}")
+    return 0
+
+
+def print_sanity_checks(store: ResultStore, run_id: int) -> None:
+    """The gradient-masking checklist of the run just stored (aisafety/report/sanity.py)."""
+    from aisafety.report.data import load_run
+    from aisafety.report.sanity import sanity_checks, summary_line
+
+    checks = sanity_checks(load_run(store, run_id))
+    if checks:
+        warned = sum(c.status == "warn" for c in checks)
+        print(f"\nsanity checks ({warned} warning(s); details: aisafety report {run_id}):")
+        print("\n".join(summary_line(c) for c in checks))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from aisafety.report.data import latest_run_id
+    from aisafety.report.html import build_comparison, build_report, resolve_runs
+
+    store = ResultStore(args.db, create=False)  # a mistyped --db must not make an empty one
+    if args.compare:
+        run_ids = resolve_runs(store, args.compare)
+        html = build_comparison(store, run_ids)
+    else:
+        if args.run_id is not None and args.latest:
+            raise ConfigError("give a RUN_ID or --latest, not both")
+        run_ids = [args.run_id if args.run_id is not None else latest_run_id(store)]
+        html = build_report(store, run_ids[0])
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html, encoding="utf-8")
+    what = f"runs {', '.join(map(str, run_ids))}" if args.compare else f"run {run_ids[0]}"
+    print(f"wrote {out} ({what}, {len(html) / 1024:.0f} KiB)")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Evaluate several models with one plan; rank correlations between its metrics."""
+    from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
+    from aisafety.interfaces import ModelSpec
+    from aisafety.runner import Runner
+
+    plan = load_plan(args.config) if args.config else default_plan()
+    plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    warn_failures(default_registry())
+    if len(set(args.models)) < 2:
+        raise ConfigError(f"compare needs at least two different models, got {args.models}")
+    baseline = args.baseline or args.models[0]
+    if baseline not in args.models:
+        raise ConfigError(f"--baseline {baseline!r} is not among --models {args.models}")
+    store = ResultStore(args.db)
+    results = {}
+    for name in args.models:
+        model_plan = plan.model_copy(update={"model": ModelSpec(name=name)})
+        record = Runner(model_plan, store, resume=args.resume, quiet=args.quiet).run()
+        results[name] = list(record.values)
+    columns = metric_columns(results)
+    table = [[name, *(c.values.get(name) for c in columns)] for name in args.models]
+    print(f"{len(args.models)} models on {plan.dataset.name} (db {args.db})")
+    print(
+        render(["model", *(f"{c.name} ({c.direction.value})" for c in columns)], table, args.format)
+    )
+    correlations = rank_correlations(columns)
+    print(
+        "\nrank correlations across models (raw values; 'lower is better' metrics agree "
+        "with accuracy when negative):"
+    )
+    print(render(
+        ["metric A", "metric B", "models", "spearman", "p", "kendall", "p"],
+        [(r.first, r.second, r.models, r.spearman, r.spearman_p, r.kendall, r.kendall_p)
+         for r in correlations],
+        args.format,
+    ))  # fmt: skip
+    tests = rank_sum_tests(results, baseline)
+    if tests:
+        print(
+            f"\nWilcoxon rank-sum test per sample against {baseline} (+ better, - worse, "
+            "= no difference at p 0.05):"
+        )
+        print(render(
+            ["metric", "model", "mean", f"{baseline} mean", "statistic", "p", "verdict"],
+            [(t.metric, t.model, t.model_mean, t.baseline_mean, t.statistic, t.p_value,
+              t.verdict) for t in tests],
+            args.format,
+        ))  # fmt: skip
+    return 0
+
+
+def apply_overrides(plan: EvaluationPlan, device: str | None, limit: int | None) -> EvaluationPlan:
+    """The plan with command-line options applied, validated like the plan file itself."""
+    raw = plan.model_dump(mode="json", exclude_unset=True)
+    if device is not None:
+        raw["device"] = device
+    if limit is not None:
+        raw["dataset"] = {**raw.get("dataset", {}), "limit": limit}
+    return plan_from_dict(raw, "the plan with the command-line options (--device, --limit)")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -68,19 +191,25 @@ def cmd_list(args: argparse.Namespace) -> int:
         ]
     else:
         registry = default_registry()
-        kind = LIST_KINDS[args.kind]
         entries = []
-        for name in registry.names(kind):
-            cls = registry.get(kind, name)
-            info = cls.describe() if hasattr(cls, "describe") else {"name": name}
-            info.setdefault("description", getattr(cls, "description", ""))
-            entries.append({**info, "plugin": registry.sources[kind][name]})
+        for kind in LIST_KINDS[args.kind]:
+            for name in registry.names(kind):
+                cls = registry.get(kind, name)
+                info = cls.describe() if hasattr(cls, "describe") else {"name": name}
+                info.setdefault("description", getattr(cls, "description", ""))
+                entries.append({**info, "plugin": registry.sources[kind][name]})
     if args.format == "json":
         print(json.dumps(entries, indent=2))
     else:
         columns = list(entries[0]) if entries else ["name"]
         print(render(columns, [[e.get(c) for c in columns] for e in entries]))
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from aisafety.verification.vnncomp import run_verify
+
+    return run_verify(args.network, args.spec, args.verifier, args.timeout)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -96,7 +225,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    columns, rows = ResultStore(args.db).query(args.sql)
+    columns, rows = query_read_only(read_only_engine(args.db), args.sql)
     print(render(columns, rows, args.format))
     return 0
 
@@ -104,7 +233,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_zoo(args: argparse.Namespace) -> int:
     if args.zoo_command == "list":
         return cmd_list(argparse.Namespace(kind="models", format=args.format))
-    from aisafety.database.training import train_zoo_entry
+    from aisafety.database.zoo_build import train_zoo_entry
     from aisafety.interfaces import DatasetSpec
     from aisafety.loading import load_data
 
@@ -218,6 +347,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--format", choices=["table", "csv", "json"], default="table")
     ev.set_defaults(func=cmd_evaluate)
 
+    cp = sub.add_parser(
+        "compare", help="evaluate several models with one plan and rank-correlate its metrics"
+    )
+    cp.add_argument("config", nargs="?", help="YAML/TOML plan (its model is replaced)")
+    cp.add_argument("--models", nargs="+", required=True, help="zoo model names")
+    cp.add_argument("--baseline", help="model the per-sample tests compare with (default first)")
+    cp.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")
+    cp.add_argument("--resume", action="store_true", help="skip units already in the database")
+    cp.add_argument("--quiet", action="store_true", help="no progress bars")
+    cp.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    cp.add_argument("--limit", type=int, help="evaluate on at most N samples (class-balanced)")
+    cp.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    cp.set_defaults(func=cmd_compare)
+
     ls = sub.add_parser("list", help="list what is registered")
     ls.add_argument("kind", choices=[*LIST_KINDS, "models"])
     ls.add_argument("--format", choices=["table", "json"], default="table")
@@ -226,11 +369,22 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plugins", help="list loaded plugins, their origin and failures")
     pl.set_defaults(func=cmd_plugins)
 
-    qu = sub.add_parser("query", help="run SQL against the results database")
+    qu = sub.add_parser("query", help="run read-only SQL against the results database")
     qu.add_argument("sql")
     qu.add_argument("--db", default=DEFAULT_URL)
     qu.add_argument("--format", choices=["table", "csv", "json"], default="table")
     qu.set_defaults(func=cmd_query)
+
+    rp = sub.add_parser("report", help="write the HTML report of a run (or a comparison)")
+    rp.add_argument("run_id", nargs="?", type=int, help="run id (default: the latest run)")
+    rp.add_argument("--latest", action="store_true", help="the latest run (the default)")
+    rp.add_argument(
+        "--compare", nargs="+", metavar="RUN",
+        help="leaderboard of these run ids or model names (a model name: its latest run)",
+    )  # fmt: skip
+    rp.add_argument("-o", "--output", default="report.html", help="default report.html")
+    rp.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")
+    rp.set_defaults(func=cmd_report)
 
     sv = sub.add_parser("serve", help="serve a model over the Open Inference Protocol v2 (REST)")
     sv.add_argument("model", help="zoo model name, .onnx file or TorchScript archive (.pt)")
@@ -245,6 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch-size", type=int, default=1024)
     sv.add_argument("--quiet", action="store_true", help="do not log requests")
     sv.set_defaults(func=cmd_serve)
+
+    vf = sub.add_parser("verify", help="verify a VNN-COMP instance: NET.onnx SPEC.vnnlib")
+    vf.add_argument("network", help="ONNX network")
+    vf.add_argument("spec", help="VNN-LIB property")
+    vf.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    vf.add_argument("--verifier", default="complete", help="see `aisafety list verifiers`")
+    vf.set_defaults(func=cmd_verify)
 
     zoo = sub.add_parser("zoo", help="train or list zoo models")
     zsub = zoo.add_subparsers(dest="zoo_command", required=True)

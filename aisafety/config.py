@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from aisafety.config_base import describe_errors
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricSpec
+from aisafety.plan_yaml import load_yaml
 
 DEFAULT_METRICS = ("ca", "aaw", "acac", "actc", "nte", "ald", "ass")
 
@@ -29,7 +30,7 @@ def default_plan() -> EvaluationPlan:
 
 def plan_from_dict(raw: dict[str, Any], source: str = "config") -> EvaluationPlan:
     try:
-        return EvaluationPlan(**raw)
+        return EvaluationPlan.model_validate(raw)
     except ValidationError as exc:
         problems = "\n".join(f"  - {line}" for line in describe_errors(exc))
         raise ConfigError(f"{source} is not a valid evaluation plan:\n{problems}") from None
@@ -37,20 +38,48 @@ def plan_from_dict(raw: dict[str, Any], source: str = "config") -> EvaluationPla
         raise ConfigError(f"{source} must be a mapping of plan fields: {exc}") from None
 
 
+MAX_PLAN_BYTES = 1 << 20  # a plan is a few KiB; this is not one
+
+
 def load_plan(path: str | Path) -> EvaluationPlan:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    text = path.read_text()
+    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise ConfigError(f"config {path.name!r}: use a .yaml, .yml, .toml or .json file")
+    text = _read_text(path)
     try:
-        if path.suffix == ".toml":
-            raw = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml", ".json"):
-            raw = yaml.safe_load(text)
-        else:
-            raise ConfigError(f"config {path.name!r}: use a .yaml, .yml, .toml or .json file")
+        raw = tomllib.loads(text) if path.suffix == ".toml" else load_yaml(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"config {str(path)!r} cannot be parsed: {exc}") from None
+    except (ValueError, OverflowError, RecursionError) as exc:  # e.g. an int of 5,000 digits
+        raise ConfigError(
+            f"config {str(path)!r} holds a value that cannot be read: {exc}"
+        ) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config {str(path)!r} must hold a mapping of plan fields at top level")
+    if not raw:
+        raise ConfigError(
+            f"config {str(path)!r} is empty; give at least 'attacks' or 'metrics' "
+            "(see docs/configuration.md), or omit the file to run the embedded default plan"
+        )
     return plan_from_dict(raw, f"config {str(path)!r}")
+
+
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; a clear error for a binary, huge or differently encoded file."""
+    data = path.read_bytes()
+    if len(data) > MAX_PLAN_BYTES:
+        raise ConfigError(
+            f"config {str(path)!r} is {len(data):,} bytes; a plan is a few KiB of text "
+            f"(limit {MAX_PLAN_BYTES:,}): is this the right file?"
+        )
+    if b"\x00" in data:
+        raise ConfigError(f"config {str(path)!r} is a binary file, not a YAML/TOML plan")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config {str(path)!r} is not UTF-8 text (byte {data[exc.start]:#04x} at offset "
+            f"{exc.start}); save it as UTF-8"
+        ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -16,11 +17,18 @@ class PluginConfig(BaseModel):
 
 
 def describe_errors(exc: ValidationError) -> list[str]:
-    """One 'field: problem (got value)' line per pydantic error."""
+    """One 'field: problem (got value)' line per pydantic error (long values shortened)."""
     return [
-        f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']} (got {e.get('input')!r})"
+        f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']} (got {_short(e.get('input'))})"
         for e in exc.errors()
     ]
+
+
+def _short(value: object, limit: int = 120) -> str:
+    short = reprlib.Repr()  # bounded: an alias-expanded value can be gigabytes long
+    short.maxlevel, short.maxstring, short.maxother = 3, limit, limit
+    text = short.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def build_config(owner: str, cls: type[PluginConfig], given: dict[str, Any]) -> PluginConfig:

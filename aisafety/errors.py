@@ -44,3 +44,11 @@ class PluginError(AISafetyError):
 
 class IntegrityError(AISafetyError):
     """A shipped or downloaded file does not match its recorded checksum."""
+
+
+class StoreError(AISafetyError):
+    """The results database cannot be read or written (busy, missing, read-only)."""
+
+
+class ModelOutputError(AISafetyError):
+    """A model returned scores of the wrong shape, or NaN/inf scores."""

@@ -24,6 +24,11 @@ def aisafety_defenses() -> list[type]:
 
 
 @hookspec
+def aisafety_training_defenses() -> list[type]:
+    """Return ``aisafety.defense.training.base.TrainingDefense`` subclasses."""
+
+
+@hookspec
 def aisafety_metrics() -> list[type]:
     """Return ``aisafety.evaluation.base.Metric`` subclasses."""
 
@@ -31,3 +36,14 @@ def aisafety_metrics() -> list[type]:
 @hookspec
 def aisafety_datasets() -> list[type]:
     """Return ``aisafety.database.datasets.base.DatasetSource`` subclasses."""
+
+
+@hookspec
+def aisafety_verifiers() -> list[type]:
+    """Return ``aisafety.verification.base.Verifier`` subclasses."""
+
+
+@hookspec
+def aisafety_report_sections() -> list[type]:
+    """Return ``aisafety.report.sections.ReportSection`` subclasses (sections of the HTML
+    report, placed by their ``order``)."""

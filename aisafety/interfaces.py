@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    FiniteFloat,
     field_validator,
     model_validator,
 )
@@ -85,8 +87,42 @@ class ModelSpec(StrictModel):
     gradients: bool = False
     input_shape: tuple[int, int, int] | None = None
     num_classes: int | None = Field(default=None, gt=1)
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
+    mean: tuple[FiniteFloat, ...] | None = None
+    std: tuple[Annotated[FiniteFloat, Field(gt=0)], ...] | None = None
+    # remote models: seconds per request, and retries of a failed request
+    timeout: float | None = Field(default=None, gt=0, le=3600, allow_inf_nan=False)
+    retries: int | None = Field(default=None, ge=0, le=20)
+
+    @field_validator("input_shape")
+    @classmethod
+    def _positive_shape(cls, value: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+        if value is not None and not all(0 < side <= 16384 for side in value):
+            raise ValueError(f"input_shape is (C, H, W) with sides in 1..16384, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _no_ignored_fields(self) -> ModelSpec:
+        """A field the source does not read is an error, not a silently ignored setting."""
+        used = _MODEL_FIELDS_USED[self.source]
+        ignored = [
+            f for f in sorted(self.model_fields_set - used - {"source"})
+            if getattr(self, f) != type(self).model_fields[f].default
+        ]  # fmt: skip
+        if ignored:
+            raise ValueError(
+                f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} not used by a "
+                f"{self.source} model (it reads {', '.join(sorted(used))}); remove "
+                f"{'it' if len(ignored) == 1 else 'them'}"
+            )
+        channels = self.input_shape[0] if self.input_shape else None
+        for field in ("mean", "std"):
+            value = getattr(self, field)
+            if value is not None and channels is not None and len(value) not in (1, channels):
+                raise ValueError(
+                    f"{field} has {len(value)} values but input_shape {self.input_shape} has "
+                    f"{channels} channel(s); give one value per channel"
+                )
+        return self
 
     @model_validator(mode="after")
     def _source_needs(self) -> ModelSpec:
@@ -105,26 +141,43 @@ class ModelSpec(StrictModel):
         return self
 
 
+_MODEL_FIELDS_USED = {
+    "zoo": {"name"},
+    "checkpoint": {"name", "path", "architecture", "input_shape", "num_classes", "mean", "std"},
+    "torchscript": {"name", "path", "input_shape", "num_classes", "mean", "std"},
+    "onnx": {"name", "path", "gradients", "input_shape", "num_classes", "mean", "std"},
+    "remote": {"name", "url", "input_shape", "num_classes", "timeout", "retries"},
+}
+
+# Seeds go to torch, numpy and SQLite (a signed 64-bit integer column).
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
+
+
 class DatasetSpec(StrictModel):
     """A dataset and the subset of it to evaluate on."""
 
     name: str = "mnist-embedded"
     path: Path | None = None
     split: Literal["train", "test"] = "test"
-    limit: int | None = Field(default=None, gt=0)
-    seed: int = 0
+    limit: int | None = Field(default=None, gt=0, strict=True)
+    seed: Seed = 0
 
 
 def _one_or_many(value: Any) -> Any:
-    return (value,) if isinstance(value, int | float) else value
+    values = (value,) if isinstance(value, int | float | str) else value
+    if isinstance(values, list | tuple):
+        for eps in values:  # true/false and "0.1" would otherwise be read as numbers
+            if isinstance(eps, bool) or not isinstance(eps, int | float):
+                raise ValueError(f"a budget is a number such as 0.1, got {eps!r}")
+    return values
 
 
 def _valid_budgets(value: tuple[float, ...]) -> tuple[float, ...]:
     if not value:
         raise ValueError("give at least one budget")
     for eps in value:
-        if eps < 0 or eps != eps:
-            raise ValueError(f"budget {eps} is negative or NaN; budgets are >= 0")
+        if not math.isfinite(eps) or eps < 0:
+            raise ValueError(f"budget {eps} is negative, infinite or NaN; budgets are >= 0")
     return value
 
 
@@ -166,6 +219,38 @@ class MetricSpec(StrictModel):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
+SEVERITY_TABLES = ("auto", "cifar10-c", "tiny-imagenet-c", "imagenet-c")
+
+
+class CorruptionsSpec(StrictModel):
+    """The plan's ``corruptions:`` section: the corrupted sets (name x severity) that the
+    corruption metrics (mce, rmce) evaluate, and the severity table they are drawn from
+    (``auto``: by image size; docs/corruptions.md). Names are checked against the
+    corruption registry when the metrics are built."""
+
+    names: tuple[str, ...] | None = Field(default=None, min_length=1)  # None: all 19
+    severities: tuple[int, ...] = Field(default=(1, 2, 3, 4, 5), min_length=1)
+    table: Literal[SEVERITY_TABLES] = "auto"
+    samples: int | None = Field(default=None, gt=0)  # at most this many samples
+
+    @field_validator("severities")
+    @classmethod
+    def _severities_in_range(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in values if s not in (1, 2, 3, 4, 5)]
+        if bad:
+            raise ValueError(f"severities {bad} are not in 1..5")
+        return values
+
+
+class WorkLimits(StrictModel):
+    """Upper bounds on an attack's iterations, queries and restarts (``steps: 1e12`` is an
+    error, not a run that never ends); raise them in the plan's ``limits`` section."""
+
+    steps: int = Field(default=100_000, gt=0, strict=True)
+    queries: int = Field(default=1_000_000, gt=0, strict=True)
+    restarts: int = Field(default=1_000, gt=0, strict=True)
+
+
 class EvaluationPlan(StrictModel):
     """Everything one ``aisafety evaluate`` run does."""
 
@@ -180,9 +265,23 @@ class EvaluationPlan(StrictModel):
     defenses: tuple[DefenseSpec, ...] = ()
     attacks: tuple[AttackSpec, ...] = ()
     metrics: tuple[MetricSpec, ...] = ()
-    batch_size: int = Field(default=128, gt=0)
-    seed: int = 0
+    corruptions: CorruptionsSpec = CorruptionsSpec()
+    batch_size: int = Field(default=128, gt=0, le=1_000_000, strict=True)
+    seed: Seed = 0
+    # Run the whole plan once per seed (``seeds: [0, 1, 2]``), one stored run each; the
+    # seed drives every random choice, attacks' included unless an attack sets its own.
+    # ``aisafety report --compare`` of those runs shows each metric as mean +- std.
+    seeds: tuple[Seed, ...] | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Raise these to run a bigger attack on purpose; below them a typo cannot run for days.
+    limits: WorkLimits = WorkLimits()
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or len(set(value)) != len(value)):
+            raise ValueError(f"seeds must be a non-empty list of distinct integers, got {value}")
+        return value
 
     @field_validator("attacks", "metrics", "defenses", mode="before")
     @classmethod

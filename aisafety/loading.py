@@ -40,8 +40,11 @@ def load_model(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
     if spec.source == "remote":
         from aisafety.prediction.remote import RemotePredictor
 
+        settings = {
+            k: getattr(spec, k) for k in ("timeout", "retries") if getattr(spec, k) is not None
+        }
         predictor = RemotePredictor(
-            spec.url, spec.name, spec.input_shape, spec.num_classes, name=spec.name
+            spec.url, spec.name, spec.input_shape, spec.num_classes, name=spec.name, **settings
         )
         return predictor, sha256_bytes(f"{spec.url}|{spec.name}".encode())
     data = _read_model_file(spec)
@@ -65,19 +68,37 @@ def load_model(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
 
 
 def _load_checkpoint(spec: ModelSpec, data: bytes, device: torch.device) -> Predictor:
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"model {spec.name!r}: {spec.path} is not a loadable PyTorch checkpoint "
+            f"({first_line}); save one with torch.save(model.state_dict(), path)"
+        ) from None
+    if not isinstance(state, dict):
+        raise ConfigError(
+            f"model {spec.name!r}: {spec.path} holds a {type(state).__name__}, not a state "
+            "dict; save one with torch.save(model.state_dict(), path)"
+        )
     module = build(spec.architecture)
     try:
         module.load_state_dict(state)
-    except RuntimeError as exc:
+    except (RuntimeError, TypeError, AttributeError) as exc:
         raise ConfigError(
             f"model {spec.name!r}: {spec.path} does not fit architecture "
             f"{spec.architecture!r}: {exc}"
         ) from None
     num_classes = spec.num_classes
     if num_classes is None:  # one forward pass tells the number of outputs
-        with torch.no_grad():
-            num_classes = module.eval()(torch.zeros(1, *spec.input_shape)).shape[1]
+        try:
+            with torch.no_grad():
+                num_classes = module.eval()(torch.zeros(1, *spec.input_shape)).shape[1]
+        except (RuntimeError, IndexError) as exc:
+            raise ConfigError(
+                f"model {spec.name!r}: architecture {spec.architecture!r} does not run on "
+                f"input_shape {spec.input_shape} ({exc}); check input_shape"
+            ) from None
     return TorchPredictor(
         module, spec.input_shape, num_classes,
         name=spec.name, mean=spec.mean, std=spec.std, device=device,

@@ -14,19 +14,24 @@ import logging
 import torch
 
 from aisafety.attack.base import Attack
+from aisafety.corruption.plan import warn_corruption_as_attack
+from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
-from aisafety.errors import CapabilityError
-from aisafety.evaluation.base import Metric
+from aisafety.errors import CapabilityError, PluginError
+from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.reference import missing_reference
 from aisafety.interfaces import (
     AttackFamily,
     AttackSpec,
+    CorruptionsSpec,
     DatasetSpec,
     EvaluationPlan,
+    MetricSpec,
     MetricValue,
     RunRecord,
 )
+from aisafety.limits import check_budgets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.plugins import Registry, default_registry
 from aisafety.version import __version__
@@ -60,16 +65,34 @@ class Runner:
         self.quiet = quiet
         # Build every attack and metric now: a bad name or config fails before any work.
         self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
-        self.metrics: list[Metric] = [
-            self.registry.create("metric", s.name, s.config) for s in plan.metrics
-        ]
+        self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
         if baseline_users and plan.reference_model is None:
             raise missing_reference(f"metric {baseline_users[0]!r}")
         self._reference_fingerprint: str | None = None
 
     def _make_attack(self, spec: AttackSpec) -> Attack:
-        return self.registry.create("attack", spec.name, spec.config)
+        """The plan's seed seeds an attack that does not set its own (runs over ``seeds``
+        then differ in the attacks' random starts too, not only in the data order)."""
+        cls = self.registry.get("attack", spec.name)
+        config = dict(spec.config)
+        if "seed" in getattr(cls.Config, "model_fields", {}):
+            config.setdefault("seed", self.plan.seed)
+        attack = self.registry.create("attack", spec.name, config)
+        check_work_limits(spec, getattr(attack, "config", None), self.plan.limits)
+        if attack.family is AttackFamily.CORRUPTION:
+            warn_corruption_as_attack(spec.name)
+        return attack
+
+    def _make_metric(self, spec: MetricSpec) -> Metric:
+        metric = self.registry.create("metric", spec.name, spec.config)
+        if not isinstance(metric, CleanMetric | AttackMetric):
+            source = self.registry.sources["metric"].get(spec.name, "?")
+            raise PluginError(
+                f"metric {spec.name!r} (from {source!r}) is neither a CleanMetric nor an "
+                "AttackMetric; subclass one of aisafety.evaluation.base's two metric kinds"
+            )
+        return metric
 
     def run(self) -> RunRecord:
         plan = self.plan
@@ -82,6 +105,10 @@ class Runner:
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
+        for spec in plan.attacks:
+            check_budgets(
+                spec, getattr(self.attacks[spec.key()], "norm", None), predictor.input_shape
+            )
         subject = Subject(
             model_name=predictor.name,
             model_fingerprint=_key(weights, [d.model_dump(mode="json") for d in plan.defenses]),
@@ -96,7 +123,7 @@ class Runner:
         context = EvaluationContext(
             predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet,
             load_profile=lambda: load_data(self._profile_spec(), self.registry),
-            reference=reference, seed=plan.seed,
+            reference=reference, seed=plan.seed, corruptions=plan.corruptions,
         )  # fmt: skip
         run_id = self.store.start_run(plan, __version__, str(device))
         done = self.store.finished_units() if self.resume else set()
@@ -104,13 +131,17 @@ class Runner:
         resumed = 0
         status = "failed"
         try:
-            for key, description, compute in self._units(subject, context, run_id):
-                if key in done:
-                    values += self.store.unit_values(key)
-                    resumed += 1
-                    continue
-                values += compute(key, description)
+            with terminate_as_interrupt():
+                for key, description, compute in self._units(subject, context, run_id):
+                    if key in done:
+                        values += self.store.unit_values(key)
+                        resumed += 1
+                        continue
+                    values += compute(key, description)
             status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
         finally:
             self.store.finish_run(run_id, status)
         return RunRecord(
@@ -154,7 +185,9 @@ class Runner:
             base += (self._reference_fingerprint,)
         if self.plan.profile_dataset is not None:  # other neuron bounds, other coverage
             base += (self.plan.profile_dataset.key(),)
-        clean = [m for m in self.metrics if not m.per_attack]
+        if self.plan.corruptions != CorruptionsSpec():  # other corrupted sets, other mCE
+            base += (self.plan.corruptions.key(),)
+        clean = [m for m in self.metrics if isinstance(m, CleanMetric)]
         if clean:
             key = _key(base, "clean", [m.label() for m in clean])
 
@@ -166,7 +199,11 @@ class Runner:
             yield key, f"clean metrics on {subject.dataset_name}", compute_clean
         for spec in self.plan.attacks:
             attack = self.attacks[spec.key()]
-            metrics = [m for m in self.metrics if m.per_attack and m.applies_to(attack.family)]
+            metrics = [
+                m
+                for m in self.metrics
+                if isinstance(m, AttackMetric) and m.applies_to(attack.family)
+            ]
             for eps in spec.eps:
                 key = _key(base, spec.key(), eps, [m.label() for m in metrics])
                 yield (

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from aisafety.attack.corruptions import CORRUPTIONS, SEQUENCES, corrupt, sequence
+from aisafety.corruption import CORRUPTIONS, SEQUENCES, corrupt, sequence
 from aisafety.database.datasets.embedded import EmbeddedMnist
 
 

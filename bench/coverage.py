@@ -23,7 +23,7 @@ from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.datasets.idx import MnistDataset
 from aisafety.database.zoo import load_zoo_model
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.evaluation.metrics.coverage import (
+from aisafety.evaluation.metrics.neuron_coverage import (
     KMultisectionNeuronCoverage,
     NeuronBoundaryCoverage,
     StrongNeuronActivationCoverage,

@@ -39,3 +39,39 @@ def mnist_subset(embedded_mnist: LoadedDataset):
         return embedded_mnist.balanced_subset(n, seed=seed)
 
     return subset
+
+
+REPORT_PLAN = {
+    "model": {"name": "mnist-cnn"},
+    "dataset": {"name": "mnist-embedded", "limit": 60},
+    "attacks": [
+        {"name": "fgsm", "eps": [0.1, 0.2, 0.3]},
+        {"name": "pgd-linf", "config": {"steps": 5}, "eps": [0.1, 0.3]},
+        {"name": "random-noise", "config": {"draws": 2}, "eps": [0.1, 0.3]},
+    ],
+    "metrics": [
+        "ca", "robust-accuracy", "zero-gradient-rate",
+        {"name": "adversarial-hypervolume",
+         "config": {"budgets": 4, "steps": 3, "samples": 30}},
+        {"name": "ibp-certified-accuracy", "config": {"eps": 0.01}},
+        {"name": "average-certified-radius",
+         "config": {"verifier": "ibp", "max_radius": 0.05, "precision": 0.01,
+                    "attack_steps": 3}},
+        {"name": "ibp-certified-accuracy", "config": {"eps": 0.05}},
+        "mce",
+    ],
+    "corruptions": {"names": ["gaussian_noise", "contrast", "fog"], "severities": [1, 3, 5],
+                    "samples": 60},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def report_db(tmp_path_factory) -> tuple[str, int]:
+    """A small stored run with every kind of report content: (database URL, run id)."""
+    from aisafety.config import plan_from_dict
+    from aisafety.database.store import ResultStore
+    from aisafety.runner import Runner
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'results.db'}"
+    record = Runner(plan_from_dict(REPORT_PLAN), ResultStore(url), quiet=True).run()
+    return url, record.run_id

@@ -62,6 +62,11 @@ def test_robust_accuracy_and_asr_by_hand():
     # clean-right samples 0, 1, 2; the attack flips 0 and 2 -> 2/3 (sample 4 was wrong already)
     asr = AttackSuccessRate().compute(ctx, spec, 0.1)
     assert (asr.value, asr.n_samples) == (pytest.approx(2 / 3), 3)
+    # the RDI paper's eq. 8: misclassified adversarial examples (0 and 2) over all 5, which
+    # is 1 - robust accuracy
+    rdi_asr = AttackSuccessRate(over="all").compute(ctx, spec, 0.1)
+    assert (rdi_asr.value, rdi_asr.n_samples) == (pytest.approx(2 / 5), 5)
+    assert rdi_asr.metric == "asr(over=all)"
 
 
 def test_robust_accuracy_is_aaw_for_a_white_box_attack(zoo_predictor, mnist_subset):

@@ -16,7 +16,7 @@ from torch import nn
 
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.evaluation.metrics.boundary import (
+from aisafety.evaluation.metrics.boundary_distance import (
     EmpiricalBoundaryDistance,
     EmpiricalBoundaryDistance2,
     boundary_distances,

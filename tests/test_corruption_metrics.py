@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from aisafety.attack.corruptions.attacks import GaussianNoise
+from aisafety.config import plan_from_dict
+from aisafety.corruption.attacks import GaussianNoise
 from aisafety.database.datasets.base import LoadedDataset
-from aisafety.errors import ConfigError
+from aisafety.errors import ConfigError, UnknownNameError
 from aisafety.evaluation import context as context_module
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.corrupted import flip_probability
@@ -21,6 +22,7 @@ from aisafety.evaluation.metrics.corruption import (
     MeanFlipRate,
     RelativeMeanCorruptionError,
 )
+from aisafety.interfaces import CorruptionsSpec
 from aisafety.prediction.torch_module import TorchPredictor
 
 
@@ -35,27 +37,27 @@ class ConstantModule(nn.Module):
         return self.logits.float().expand(len(x), -1)
 
 
+FEW = CorruptionsSpec(names=("gaussian_noise", "contrast"), severities=(1, 3, 5))
+
+
 def constant_context(label: int, true_label: int, n: int = 8) -> EvaluationContext:
     x = torch.rand(n, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     data = LoadedDataset("const", x, torch.full((n,), true_label), ("a", "b", "c"))
     model = TorchPredictor(ConstantModule(label), (1, 8, 8), 3, name=f"always-{label}")
-    return EvaluationContext(model, data, lambda s: None, batch_size=4)
-
-
-FEW = {"corruptions": ["gaussian_noise", "contrast"], "severities": [1, 3, 5]}
+    return EvaluationContext(model, data, lambda s: None, batch_size=4, corruptions=FEW)
 
 
 def test_always_right_model_has_zero_corruption_error():
     ctx = constant_context(label=1, true_label=1)
-    assert MeanCorruptionError(FEW).compute(ctx).value == 0.0
-    assert RelativeMeanCorruptionError(FEW).compute(ctx).value == 0.0
+    assert MeanCorruptionError().compute(ctx).value == 0.0
+    assert RelativeMeanCorruptionError().compute(ctx).value == 0.0
     assert MeanFlipProbability({"n_frames": 4}).compute(ctx).value == 0.0
 
 
 def test_always_wrong_model_has_mce_equal_to_the_number_of_severities():
     ctx = constant_context(label=0, true_label=1)
-    assert MeanCorruptionError(FEW).compute(ctx).value == 3.0  # sum over 3 severities of 1.0
-    assert RelativeMeanCorruptionError(FEW).compute(ctx).value == 0.0  # as wrong as when clean
+    assert MeanCorruptionError().compute(ctx).value == 3.0  # sum over 3 severities of 1.0
+    assert RelativeMeanCorruptionError().compute(ctx).value == 0.0  # as wrong as when clean
 
 
 @pytest.fixture
@@ -69,7 +71,7 @@ def hand_ctx(monkeypatch):
     }
     calls: list[tuple[str, int]] = []
 
-    def fake(predictor, x, name, severity, seed, batch_size):
+    def fake(predictor, x, name, severity, seed, batch_size, table):
         calls.append((name, severity))
         return torch.tensor(predictions[(name, severity)])
 
@@ -82,17 +84,17 @@ def hand_ctx(monkeypatch):
             return torch.nn.functional.one_hot(torch.tensor([0, 1, 2, 0]), 4).float()[: len(x)]
 
     model = TorchPredictor(FirstPixel(), (1, 2, 2), 4, name="hand")
-    return EvaluationContext(model, data, lambda s: None), calls
+    section = CorruptionsSpec(names=("fog", "snow"), severities=(1, 2))
+    return EvaluationContext(model, data, lambda s: None, corruptions=section), calls
 
 
 def test_mce_and_rmce_exact_and_sharing_one_set_per_corruption_and_severity(hand_ctx):
     ctx, calls = hand_ctx
-    config = {"corruptions": ["fog", "snow"], "severities": [1, 2]}
-    mce = MeanCorruptionError(config).compute(ctx)
+    mce = MeanCorruptionError().compute(ctx)
     # CE_fog = 0 + 1/2, CE_snow = 1/4 + 1; mCE = mean = 7/8
     assert mce.value == pytest.approx(7 / 8)
     assert mce.details["per_corruption"] == {"fog": 0.5, "snow": 1.25}
-    rmce = RelativeMeanCorruptionError(config).compute(ctx)
+    rmce = RelativeMeanCorruptionError().compute(ctx)
     # RCE_c = sum_s (E_sc - 1/4): fog 0.5 - 0.5 = 0, snow 1.25 - 0.5 = 0.75; mean 0.375
     assert rmce.value == pytest.approx(0.375)
     assert sorted(calls) == [("fog", 1), ("fog", 2), ("snow", 1), ("snow", 2)]
@@ -157,23 +159,92 @@ def test_corruption_error_agrees_with_the_corruption_attack(zoo_predictor, mnist
         )
 
 
-def test_unknown_corruption_or_severity_is_a_clear_error():
+def test_deprecated_metric_config_still_works_with_a_warning(hand_ctx):
+    """The old form, mce/rmce config keys, overrides the plan's section and warns."""
+    ctx, _ = hand_ctx
+    with pytest.warns(FutureWarning, match="corruptions: section"):
+        mce = MeanCorruptionError({"corruptions": ["snow"], "severities": [2]})
+    assert mce.compute(ctx).value == 1.0  # E_snow,2 = 1
+    assert mce.compute(ctx).details["per_corruption"] == {"snow": 1.0}
+
+
+def test_unknown_corruption_or_severity_is_a_clear_error(hand_ctx):
     with pytest.raises(ConfigError, match="unknown corruption 'mist'"):
         MeanCorruptionError({"corruptions": ["mist"]})
     with pytest.raises(ConfigError, match="severities"):
         MeanCorruptionError({"severities": [0, 6]})
     with pytest.raises(ConfigError, match="unknown perturbation sequence"):
         MeanFlipRate({"sequences": ["wobble"]})
+    with pytest.raises(ConfigError, match="severities"):
+        plan_from_dict({"corruptions": {"severities": [0, 6]}})
+    with pytest.raises(ConfigError, match="table"):
+        plan_from_dict({"corruptions": {"table": "cifar-100-c"}})
+    ctx, _ = hand_ctx
+    ctx.corruptions = CorruptionsSpec(names=("mist",))
+    with pytest.raises(UnknownNameError, match="unknown corruption 'mist'"):
+        MeanCorruptionError().compute(ctx)
 
 
 def test_samples_cap_is_the_metric_on_that_subset(zoo_predictor, mnist_subset):
     data = mnist_subset(60)
-    ctx = EvaluationContext(zoo_predictor, data, lambda s: None)
+    section = CorruptionsSpec(names=("shot_noise", "fog"), severities=(2, 5))
+    ctx = EvaluationContext(
+        zoo_predictor, data, lambda s: None, corruptions=section.model_copy(update={"samples": 25})
+    )
     index = ctx.subset(25)
     assert len(index) == 25 and torch.equal(index, ctx.subset(25))
     sub = LoadedDataset("sub", data.x[index], data.y[index], data.classes)
-    small = EvaluationContext(zoo_predictor, sub, lambda s: None)
-    config = {"corruptions": ["shot_noise", "fog"], "severities": [2, 5]}
-    capped = RelativeMeanCorruptionError({**config, "samples": 25}).compute(ctx)
+    small = EvaluationContext(zoo_predictor, sub, lambda s: None, corruptions=section)
+    capped = RelativeMeanCorruptionError().compute(ctx)
     assert capped.n_samples == 25
-    assert capped.value == RelativeMeanCorruptionError(config).compute(small).value
+    assert capped.value == RelativeMeanCorruptionError().compute(small).value
+
+
+def test_the_plan_table_selects_the_severity_table(zoo_predictor, mnist_subset):
+    """The same 28-px digits with the ImageNet-C table (sigma 0.08-0.38) err more than with
+    the CIFAR-10-C one (0.04-0.10), which auto picks at this size."""
+    data = mnist_subset(100)
+    errors = {}
+    for table in ("auto", "cifar10-c", "imagenet-c"):
+        section = CorruptionsSpec(names=("gaussian_noise",), severities=(5,), table=table)
+        ctx = EvaluationContext(zoo_predictor, data, lambda s: None, corruptions=section)
+        value = MeanCorruptionError().compute(ctx)
+        assert value.details["table"] == table
+        errors[table] = value.value
+    assert errors["auto"] == errors["cifar10-c"] < errors["imagenet-c"]
+
+
+def test_the_plan_section_drives_mce_through_the_runner(tmp_path, zoo_predictor):
+    """corruptions: in a plan reaches the metric; another table is another unit of work, so
+    --resume does not hand back the first table's values."""
+    from aisafety.database.store import ResultStore
+    from aisafety.interfaces import DatasetSpec, EvaluationPlan, MetricSpec
+    from aisafety.runner import Runner
+
+    store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
+    section = {"names": ["shot_noise"], "severities": [5], "table": "cifar10-c"}
+    plan = EvaluationPlan(
+        dataset=DatasetSpec(limit=40),
+        metrics=(MetricSpec(name="mce"),),
+        corruptions=section,
+        device="cpu",
+    )
+    first = Runner(plan, store, quiet=True).run().values[0]
+    assert first.details["per_corruption"].keys() == {"shot_noise"}
+    assert first.details["severities"] == [5] and first.details["table"] == "cifar10-c"
+    other = plan.model_copy(
+        update={"corruptions": CorruptionsSpec(**{**section, "table": "imagenet-c"})}
+    )
+    second = Runner(other, store, quiet=True, resume=True).run()
+    assert second.resumed_units == 0 and second.values[0].details["table"] == "imagenet-c"
+
+
+def test_a_corruption_under_attacks_runs_with_a_deprecation_warning(tmp_path):
+    from aisafety.database.store import ResultStore
+    from aisafety.interfaces import AttackSpec, EvaluationPlan
+    from aisafety.runner import Runner
+
+    store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
+    plan = EvaluationPlan(attacks=(AttackSpec(name="fog", eps=0.0),), device="cpu")
+    with pytest.warns(FutureWarning, match="corruptions: section"):
+        Runner(plan, store, quiet=True)

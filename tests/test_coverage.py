@@ -22,7 +22,7 @@ from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.errors import ConfigError
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.evaluation.metrics.coverage import (
+from aisafety.evaluation.metrics.neuron_coverage import (
     KMultisectionNeuronCoverage,
     NeuronBoundaryCoverage,
     StrongNeuronActivationCoverage,

@@ -16,7 +16,7 @@ from aisafety.attack.base import Attack
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.evaluation.metrics.sensitivity import (
+from aisafety.evaluation.metrics.perturbation_sensitivity import (
     PerturbationSensitivityDistance,
     local_std,
     perturbation_sensitivity_distance,

@@ -14,23 +14,23 @@ import numpy as np
 from aisafety.attack.pgd import PGDLinf
 from aisafety.database.store import ResultStore
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.evaluation.metrics.confidence import (
+from aisafety.evaluation.metrics.adversarial_confidence import (
     AverageConfidenceAdversarialClass,
     AverageConfidenceTrueClass,
     NoiseToleranceEstimation,
-)
-from aisafety.evaluation.metrics.coverage import (
-    KMultisectionNeuronCoverage,
-    NeuronBoundaryCoverage,
-    StrongNeuronActivationCoverage,
-    TopKNeuronCoverage,
 )
 from aisafety.evaluation.metrics.imperceptibility import (
     AverageLpDistortion,
     AverageStructuralSimilarity,
 )
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
-from aisafety.evaluation.metrics.sensitivity import PerturbationSensitivityDistance
+from aisafety.evaluation.metrics.neuron_coverage import (
+    KMultisectionNeuronCoverage,
+    NeuronBoundaryCoverage,
+    StrongNeuronActivationCoverage,
+    TopKNeuronCoverage,
+)
+from aisafety.evaluation.metrics.perturbation_sensitivity import PerturbationSensitivityDistance
 from aisafety.interfaces import AttackSpec, EvaluationPlan
 from aisafety.runner import Runner
 

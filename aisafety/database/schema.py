@@ -15,6 +15,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     String,
     UniqueConstraint,
 )
@@ -39,6 +40,10 @@ class Run(Base):
     seed: Mapped[int] = mapped_column(Integer)
     device: Mapped[str] = mapped_column(String(16))
     plan: Mapped[dict] = mapped_column(JSON)
+    # Who runs it: a 'running' run whose process is gone on this host was killed (kill -9,
+    # power loss) and is marked 'interrupted' by the next run that starts.
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
 
 
 class Model(Base):
@@ -70,6 +75,10 @@ class Unit(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     description: Mapped[str] = mapped_column(String(400))
     finished_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # The rows the unit wrote: it counts as finished only while all of them are there, so a
+    # dropped or emptied table cannot make ``--resume`` skip work whose results are gone.
+    n_values: Mapped[int | None] = mapped_column(Integer)
+    n_outcomes: Mapped[int | None] = mapped_column(Integer)
 
 
 class AttackRun(Base):
@@ -108,6 +117,10 @@ class MetricValueRow(Base):
     details: Mapped[dict] = mapped_column(JSON)
     platform_version: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # 95% Clopper-Pearson interval of a rate (unit "fraction") over its n samples; NULL for
+    # other metrics (aisafety/report/intervals.py)
+    ci_low: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ci_high: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class SampleOutcome(Base):
@@ -126,6 +139,66 @@ class SampleOutcome(Base):
     linf: Mapped[float] = mapped_column(Float)
     true_conf_clean: Mapped[float] = mapped_column(Float)
     true_conf_adv: Mapped[float] = mapped_column(Float)
+
+
+class SmoothingCertificate(Base):
+    """One image's CERTIFY result (randomized smoothing), written once per unit and setting."""
+
+    __tablename__ = "smoothing_certificates"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    unit_key: Mapped[str] = mapped_column(ForeignKey("units.key"), index=True)
+    certificates: Mapped[str] = mapped_column(String(64))  # the setting's key in details
+    norm: Mapped[str] = mapped_column(String(8))
+    sample_index: Mapped[int] = mapped_column(Integer)
+    label: Mapped[int] = mapped_column(Integer)
+    prediction: Mapped[int] = mapped_column(Integer)  # -1: abstained
+    abstained: Mapped[bool] = mapped_column(Boolean)
+    p_a_lower: Mapped[float] = mapped_column(Float)
+    radius: Mapped[float] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Float)
+
+
+SAMPLES = "samples"  # the MetricValue details key whose list becomes verification_samples rows
+
+
+class VerificationSample(Base):
+    """One sample's verdict under a certified metric (details["samples"] of its value)."""
+
+    __tablename__ = "verification_samples"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    metric_value_id: Mapped[int] = mapped_column(ForeignKey("metric_values.id"), index=True)
+    sample_index: Mapped[int] = mapped_column(Integer)
+    label: Mapped[int] = mapped_column(Integer)
+    verdict: Mapped[str] = mapped_column(String(16))  # certified / falsified / unknown / radius
+    margin: Mapped[float | None] = mapped_column(Float)  # proved bound (radius for ACR)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    attack: Mapped[dict] = mapped_column(JSON)  # the attack's outcome on this sample
+
+
+class RunEnvironment(Base):
+    """Where a run ran (the report's provenance): one row per run, written at its start."""
+
+    __tablename__ = "run_environments"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(200))
+    platform: Mapped[str] = mapped_column(String(200))
+    python: Mapped[str] = mapped_column(String(32))
+    torch: Mapped[str] = mapped_column(String(32))
+    cpu_count: Mapped[int] = mapped_column(Integer)
+
+
+class ExampleImage(Base):
+    """A few inputs of each attack run, clean and adversarial (float16 arrays of ``shape``),
+    so the report can show them from the database alone; see ``store.EXAMPLES_PER_RUN``."""
+
+    __tablename__ = "example_images"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attack_run_id: Mapped[int] = mapped_column(ForeignKey("attack_runs.id"), index=True)
+    sample_index: Mapped[int] = mapped_column(Integer)
+    shape: Mapped[list] = mapped_column(JSON)
+    clean: Mapped[bytes] = mapped_column(LargeBinary)
+    adversarial: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 RESULTS_VIEW = """

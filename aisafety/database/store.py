@@ -7,22 +7,35 @@ everything it finished, and ``--resume`` recognises finished units by their key.
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-from sqlalchemy import create_engine, event, insert, select, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy import insert, select, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from aisafety.attack.result import AttackResult
 from aisafety.database import schema
+from aisafety.database.engine import (
+    check_url,
+    checkpoint,
+    create_schema,
+    open_engine,
+    with_retries,
+)
+from aisafety.database.read_only import query_read_only
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
 
 DEFAULT_URL = "sqlite:///aisafety.db"
+# details keys stored as rows of their own tables, not in the metric value's JSON
+ROW_DETAILS = (schema.SAMPLES, "per_sample")
+# Inputs kept per attack run for the report's example panels: successful ones first.
+EXAMPLES_PER_RUN = 4
 
 
 @dataclass(frozen=True)
@@ -40,62 +53,55 @@ class Subject:
     dataset_spec: dict[str, Any]
 
 
-def _make_sqlite_folder(url: str) -> None:
-    """``--db sqlite:///results/run.db`` should work without creating ``results/`` first."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-
-
-def _sqlite_foreign_keys(dbapi_connection, _record) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
-
-
 class ResultStore:
-    def __init__(self, url: str = DEFAULT_URL):
-        if "://" not in url:
-            raise ConfigError(
-                f"database URL {url!r} is not a SQLAlchemy URL; use e.g. 'sqlite:///results.db' "
-                "or 'postgresql://user@host/db'"
-            )
+    """The results database. ``create=False`` refuses a SQLite file that does not exist."""
+
+    def __init__(self, url: str = DEFAULT_URL, create: bool = True):
+        check_url(url, create)
         try:
-            _make_sqlite_folder(url)
-            self.engine: Engine = create_engine(url)
-            if self.engine.dialect.name == "sqlite":
-                event.listen(self.engine, "connect", _sqlite_foreign_keys)
-            schema.Base.metadata.create_all(self.engine)
-            with self.engine.begin() as connection:
-                for view in schema.VIEWS:
-                    connection.execute(text(view))
+            self.engine: Engine = open_engine(url)
+            create_schema(self.engine, schema.Base.metadata, schema.VIEWS)
         except (SQLAlchemyError, ImportError) as exc:
             raise ConfigError(f"cannot open the results database {url!r}: {exc}") from exc
         self.url = url
 
     # runs -------------------------------------------------------------------------------
     def start_run(self, plan: EvaluationPlan, version: str, device: str) -> int:
-        with Session(self.engine) as session, session.begin():
-            run = schema.Run(
-                platform_version=version,
-                seed=plan.seed,
-                device=device,
-                plan=plan.model_dump(mode="json"),
-            )
-            session.add(run)
-            session.flush()
-            return run.id
+        """A new run row; runs of this host whose process died are marked interrupted."""
+
+        def start() -> int:
+            with Session(self.engine) as session, session.begin():
+                _mark_dead_runs(session)
+                run = schema.Run(
+                    platform_version=version,
+                    seed=plan.seed,
+                    device=device,
+                    plan=plan.model_dump(mode="json"),
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                )
+                session.add(run)
+                session.flush()
+                session.add(_environment(run.id))
+                return run.id
+
+        return with_retries(f"start a run in {self.url}", start)
 
     def finish_run(self, run_id: int, status: str = "finished") -> None:
-        with Session(self.engine) as session, session.begin():
-            run = session.get(schema.Run, run_id)
-            run.status = status
-            run.finished_at = schema.utcnow()
+        def finish() -> None:
+            with Session(self.engine) as session, session.begin():
+                run = session.get(schema.Run, run_id)
+                run.status = status
+                run.finished_at = schema.utcnow()
+
+        with_retries(f"mark run {run_id} {status} in {self.url}", finish)
+        checkpoint(self.engine)
 
     # units ------------------------------------------------------------------------------
     def finished_units(self) -> set[str]:
+        """Keys of units whose rows are all present (counted against what the unit wrote)."""
         with Session(self.engine) as session:
-            return set(session.scalars(select(schema.Unit.key)))
+            return set(session.scalars(text(FINISHED_UNITS_SQL)))
 
     def unit_values(self, key: str) -> list[MetricValue]:
         """The metric values a finished unit stored (shown again on ``--resume``)."""
@@ -131,14 +137,36 @@ class ResultStore:
         version: str,
         attack: tuple[AttackSpec, str, AttackResult] | None = None,
     ) -> None:
-        """Write a unit, its attack run, outcomes and values in one transaction."""
+        """Write a unit, its attack run, outcomes and values in one transaction (retried
+        while another process holds the write lock)."""
+        with_retries(
+            f"store unit {description!r} in {self.url}",
+            lambda: self._write_unit(run_id, key, description, subject, values, version, attack),
+        )
+        checkpoint(self.engine)
+
+    def _write_unit(
+        self,
+        run_id: int,
+        key: str,
+        description: str,
+        subject: Subject,
+        values: list[MetricValue],
+        version: str,
+        attack: tuple[AttackSpec, str, AttackResult] | None,
+    ) -> None:
         with Session(self.engine) as session, session.begin():
             model_id, dataset_id = self._subject_ids(session, subject)
             # A unit run again without --resume (same key) now points at its latest run; the
             # earlier run's rows stay, so history is kept and --resume shows the latest values.
             session.merge(
                 schema.Unit(
-                    key=key, run_id=run_id, description=description, finished_at=schema.utcnow()
+                    key=key,
+                    run_id=run_id,
+                    description=description,
+                    finished_at=schema.utcnow(),
+                    n_values=len(values),
+                    n_outcomes=0 if attack is None else len(attack[2].y),
                 )
             )
             session.flush()
@@ -147,7 +175,8 @@ class ResultStore:
                 attack_run_id = self._add_attack_run(
                     session, run_id, key, model_id, dataset_id, *attack
                 )
-            session.add_all(
+            self._add_certificates(session, run_id, key, values)
+            rows = [
                 schema.MetricValueRow(
                     run_id=run_id,
                     unit_key=key,
@@ -161,10 +190,47 @@ class ResultStore:
                     attack=v.attack,
                     eps=v.eps,
                     n_samples=v.n_samples,
-                    details=v.details,
+                    details={
+                        k: d
+                        for k, d in v.details.items()
+                        if k not in (schema.SAMPLES, "per_sample")
+                    },
                     platform_version=version,
+                    **_interval(v),
                 )
                 for v in values
+            ]
+            session.add_all(rows)
+            _add_sample_verdicts(session, rows, values)
+
+    @staticmethod
+    def _add_certificates(
+        session: Session, run_id: int, key: str, values: list[MetricValue]
+    ) -> None:
+        """Per-image rows of the values that carry them (``details["per_sample"]``, e.g. the
+        smoothed metrics), once per certificate setting (``details["certificates"]``)."""
+        written = set()
+        for v in values:
+            setting, columns = v.details.get("certificates"), v.details.get("per_sample")
+            if setting is None or columns is None or setting in written:
+                continue
+            written.add(setting)
+            rows = [
+                dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)
+            ]
+            session.execute(
+                insert(schema.SmoothingCertificate),
+                [
+                    {
+                        **row,
+                        "run_id": run_id,
+                        "unit_key": key,
+                        "certificates": setting,
+                        "norm": v.details["norm"],
+                        "abstained": row["prediction"] == -1,
+                    }
+                    for row in rows
+                ],
             )
 
     def _subject_ids(self, session: Session, s: Subject) -> tuple[int, int]:
@@ -225,20 +291,64 @@ class ResultStore:
         session.add(row)
         session.flush()
         session.execute(insert(schema.SampleOutcome), _outcome_rows(row.id, result))
+        session.add_all(_example_rows(row.id, result))
         return row.id
 
     # queries ----------------------------------------------------------------------------
     def query(self, sql: str) -> tuple[list[str], list[tuple]]:
-        try:
-            with self.engine.connect() as connection:
-                result = connection.execute(text(sql))
-                if not result.returns_rows:
-                    return [], []
-                return list(result.keys()), [tuple(r) for r in result]
-        except SQLAlchemyError as exc:
-            raise ConfigError(
-                f"query failed: {exc.orig if hasattr(exc, 'orig') else exc}"
-            ) from None
+        """Read-only SQL (writes, ATTACH and VACUUM INTO are refused)."""
+        return query_read_only(self.engine, sql)
+
+
+# A unit is finished when its row is there and so are all the metric values and per-sample
+# outcomes it wrote in its latest run (units of databases made before the counts existed
+# have NULL counts and are computed again).
+FINISHED_UNITS_SQL = """
+SELECT u.key FROM units u
+WHERE u.n_values = (
+    SELECT COUNT(*) FROM metric_values mv WHERE mv.unit_key = u.key AND mv.run_id = u.run_id)
+  AND u.n_outcomes = (
+    SELECT COUNT(*) FROM sample_outcomes so JOIN attack_runs ar ON ar.id = so.attack_run_id
+    WHERE ar.unit_key = u.key AND ar.run_id = u.run_id)
+"""
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def _mark_dead_runs(session: Session) -> None:
+    """'running' runs of this host whose process is gone were killed: say so."""
+    stale = session.scalars(
+        select(schema.Run).where(
+            schema.Run.status == "running",
+            schema.Run.host == socket.gethostname(),
+            schema.Run.pid.is_not(None),
+        )
+    )
+    for run in stale:
+        if run.pid != os.getpid() and not _process_alive(run.pid):
+            run.status = "interrupted"
+
+
+def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]) -> None:
+    """Per-sample verdicts of certified metrics (details["samples"]) as table rows."""
+    if not any(schema.SAMPLES in v.details for v in values):
+        return
+    session.flush()  # the metric rows' ids
+    verdicts = [
+        {"metric_value_id": row.id, "sample_index": s["sample_index"], "label": s["label"],
+         "verdict": s["verdict"], "margin": s["margin"], "seconds": s["seconds"],
+         "attack": {k: x for k, x in s.items() if k.startswith("attack")}}
+        for row, v in zip(rows, values, strict=True) for s in v.details.get(schema.SAMPLES, [])
+    ]  # fmt: skip
+    session.execute(insert(schema.VerificationSample), verdicts)
 
 
 def _outcome_rows(attack_run_id: int, result: AttackResult) -> list[dict[str, Any]]:
@@ -264,3 +374,47 @@ def _outcome_rows(attack_run_id: int, result: AttackResult) -> list[dict[str, An
         {"attack_run_id": attack_run_id, **dict(zip(columns, values, strict=True))}
         for values in zip(*columns.values(), strict=True)
     ]
+
+
+def _example_rows(attack_run_id: int, result: AttackResult) -> list[schema.ExampleImage]:
+    """The first ``EXAMPLES_PER_RUN`` samples the attack broke, then unbroken ones."""
+    order = torch.argsort((~result.success.bool()).to(torch.int8), stable=True)
+    rows = []
+    for i in order[:EXAMPLES_PER_RUN].tolist():
+        clean = result.x[i].detach().cpu().to(torch.float16).numpy()
+        adversarial = result.x_adv[i].detach().cpu().to(torch.float16).numpy()
+        rows.append(
+            schema.ExampleImage(
+                attack_run_id=attack_run_id,
+                sample_index=i,
+                shape=list(clean.shape),
+                clean=clean.tobytes(),
+                adversarial=adversarial.tobytes(),
+            )
+        )
+    return rows
+
+
+def _environment(run_id: int) -> schema.RunEnvironment:
+    import os
+    import platform
+    import socket
+
+    return schema.RunEnvironment(
+        run_id=run_id,
+        hostname=socket.gethostname()[:200],
+        platform=platform.platform()[:200],
+        python=platform.python_version(),
+        torch=torch.__version__[:32],
+        cpu_count=os.cpu_count() or 0,
+    )
+
+
+def _interval(v: MetricValue) -> dict[str, float | None]:
+    """The stored 95% Clopper-Pearson interval of a rate; None for other metrics."""
+    from aisafety.report.intervals import is_rate, rate_interval
+
+    if not is_rate(v.unit, v.value, v.n_samples):
+        return {"ci_low": None, "ci_high": None}
+    low, high = rate_interval(v.value, v.n_samples)
+    return {"ci_low": low, "ci_high": high}

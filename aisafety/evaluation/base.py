@@ -1,4 +1,10 @@
-"""The Metric base class: declares what it needs, computes from the context."""
+"""The two kinds of metric: one number on the clean data, one number on an attack's result.
+
+A ``CleanMetric`` is computed once per run, ``compute(ctx)``; an ``AttackMetric`` once per
+(attack, budget), ``compute(ctx, attack, eps)``. Both read everything from the evaluation
+context, which computes each shared artifact (clean logits, adversarial examples, neuron
+outputs) once for all metrics.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +17,9 @@ from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Direction,
 
 
 class Metric(ABC):
-    """One robustness number. ``per_attack`` metrics are computed once per (attack, budget).
+    """What both kinds share: metadata, configuration and the ``MetricValue`` wrapper.
 
-    ``attack_families`` restricts which attacks a per-attack metric applies to (AAW only
-    makes sense for white-box attacks); ``None`` means every adversarial attack.
+    Subclass ``CleanMetric`` or ``AttackMetric``, never this class directly.
     """
 
     name: ClassVar[str]
@@ -22,8 +27,7 @@ class Metric(ABC):
     direction: ClassVar[Direction]
     unit: ClassVar[str] = ""
     category: ClassVar[str] = "behaviour"
-    per_attack: ClassVar[bool] = False
-    attack_families: ClassVar[frozenset[AttackFamily] | None] = None
+    per_attack: ClassVar[bool]  # set by the kind: False for CleanMetric, True for AttackMetric
     requires: ClassVar[Capability] = Capability.SCORES
     needs_reference: ClassVar[bool] = False  # compares with the plan's ``reference_model``
     Config: ClassVar[type[PluginConfig]] = PluginConfig
@@ -46,23 +50,12 @@ class Metric(ABC):
             "description": cls.description,
         }
 
-    def applies_to(self, family: AttackFamily) -> bool:
-        if family is AttackFamily.CORRUPTION:
-            return False
-        return self.attack_families is None or family in self.attack_families
-
     def label(self) -> str:
         """Name plus non-default settings, e.g. ``ald(p=2)``: two configs, two rows."""
         extra = self.config.model_dump(exclude_defaults=True)
         return (
             f"{self.name}({','.join(f'{k}={v}' for k, v in extra.items())})" if extra else self.name
         )
-
-    @abstractmethod
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> MetricValue:
-        """The value on ``ctx``; per-attack metrics get the attack spec and the budget."""
 
     def value(
         self,
@@ -72,7 +65,8 @@ class Metric(ABC):
         eps: float | None = None,
         **details: Any,
     ) -> MetricValue:
-        """Wrap a number with the metric's metadata."""
+        """Wrap a number with the metric's metadata (``eps`` may also be a clean metric's own
+        radius, e.g. ENI's noise level)."""
         return MetricValue(
             metric=self.label(),
             value=float(value),
@@ -84,3 +78,37 @@ class Metric(ABC):
             n_samples=n_samples,
             details=details,
         )
+
+
+class CleanMetric(Metric):
+    """A number on the clean evaluated data (and, for some, the reference model or
+    corrupted copies of the data): computed once per run."""
+
+    per_attack = False
+
+    @abstractmethod
+    def compute(self, ctx: EvaluationContext) -> MetricValue | list[MetricValue]:
+        """The value on ``ctx`` (per-layer metrics return one value per layer)."""
+
+
+class AttackMetric(Metric):
+    """A number on one attack's result at one budget: computed once per (attack, eps).
+
+    ``attack_families`` restricts which attacks it applies to (AAW only makes sense for
+    white-box attacks); ``None`` means every adversarial attack. Corruptions are not
+    adversarial attacks: no attack metric reads them.
+    """
+
+    per_attack = True
+    attack_families: ClassVar[frozenset[AttackFamily] | None] = None
+
+    def applies_to(self, family: AttackFamily) -> bool:
+        if family is AttackFamily.CORRUPTION:
+            return False
+        return self.attack_families is None or family in self.attack_families
+
+    @abstractmethod
+    def compute(
+        self, ctx: EvaluationContext, attack: AttackSpec, eps: float
+    ) -> MetricValue | list[MetricValue]:
+        """The value on ``attack``'s adversarial examples at budget ``eps``."""

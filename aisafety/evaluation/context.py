@@ -7,8 +7,9 @@ and get the cached result, so twenty metrics over one PGD spec cost one PGD run.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -23,7 +24,7 @@ from aisafety.evaluation.corrupted import (
 )
 from aisafety.evaluation.neurons import NeuronArtifacts
 from aisafety.evaluation.reference import ReferenceOutputs, missing_reference
-from aisafety.interfaces import AttackSpec
+from aisafety.interfaces import AttackSpec, CorruptionsSpec
 from aisafety.prediction.base import Predictor
 
 
@@ -40,6 +41,7 @@ class EvaluationContext:
         reference: Predictor | None = None,
         seed: int = 0,
         load_profile: Callable[[], LoadedDataset] | None = None,
+        corruptions: CorruptionsSpec | None = None,
     ):
         self.predictor = predictor
         self.data = data
@@ -53,6 +55,15 @@ class EvaluationContext:
         self._corrupted: dict[tuple[str, int, int | None], torch.Tensor] = {}
         self._sequences: dict[tuple[str, int, int | None], SequencePredictions] = {}
         self.attack_runs: Counter[tuple[str, float]] = Counter()
+        self._artifacts: dict[Hashable, Any] = {}
+        # the plan's corruptions: section: which corrupted sets, from which severity table
+        self.corruptions = corruptions or CorruptionsSpec()
+
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()`` once per ``key``: a costly artifact several metrics share (CERTIFY)."""
+        if key not in self._artifacts:
+            self._artifacts[key] = build()
+        return self._artifacts[key]
 
     @property
     def x(self) -> torch.Tensor:
@@ -110,7 +121,7 @@ class EvaluationContext:
         if key not in self._corrupted:
             self._corrupted[key] = corrupted_predictions(
                 self.predictor, self.x[self.subset(samples)], name, severity, self.seed,
-                self.batch_size,
+                self.batch_size, self.corruptions.table,
             )  # fmt: skip
         return self._corrupted[key]
 

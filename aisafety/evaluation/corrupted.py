@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aisafety.attack.corruptions import NOISE_SEQUENCES, corrupt, sequence
+from aisafety.corruption import NOISE_SEQUENCES, corrupt, sequence
 from aisafety.evaluation.inference import batched_predictions
 from aisafety.prediction.base import Predictor
 
@@ -32,10 +32,17 @@ def sample_subset(n: int, samples: int | None, seed: int) -> torch.Tensor:
 
 
 def corrupted_predictions(
-    predictor: Predictor, x: torch.Tensor, name: str, severity: int, seed: int, batch_size: int
+    predictor: Predictor,
+    x: torch.Tensor,
+    name: str,
+    severity: int,
+    seed: int,
+    batch_size: int,
+    table: str = "auto",
 ) -> torch.Tensor:
-    """Labels the model predicts on ``x`` corrupted by ``name`` at ``severity``: shape (N,)."""
-    return batched_predictions(predictor, corrupt(x, name, severity, seed), batch_size)
+    """Labels the model predicts on ``x`` corrupted by ``name`` at ``severity`` with the
+    severity table ``table``: shape (N,)."""
+    return batched_predictions(predictor, corrupt(x, name, severity, seed, table), batch_size)
 
 
 @dataclass

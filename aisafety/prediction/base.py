@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from aisafety.errors import CapabilityError, InputError
+from aisafety.errors import AISafetyError, CapabilityError, InputError, ModelOutputError
 from aisafety.interfaces import Capability
 
 
@@ -31,7 +31,19 @@ class Predictor(ABC):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        return self._logits(x)
+        try:
+            scores = self._logits(x)
+        except AISafetyError:
+            raise
+        except (RuntimeError, ValueError, IndexError, TypeError) as exc:  # the model's own code
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            reason = (lines[-1] if lines else type(exc).__name__)[:300]
+            raise ModelOutputError(
+                f"model {self.name!r} failed on a batch of shape {tuple(x.shape)}: {reason} "
+                "(check input_shape, num_classes and that the file is the intended model)"
+            ) from exc
+        self.check_output(scores, len(x))
+        return scores
 
     def probs(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.logits(x), dim=1)
@@ -57,6 +69,26 @@ class Predictor(ABC):
                 f"{user} needs {capability.value}; model {self.name!r} offers only {offered}. "
                 f"Use an algorithm that needs only those, or load the model so that it "
                 f"gives {capability.value} (e.g. as a PyTorch module)."
+            )
+
+    def check_output(self, scores: torch.Tensor, n: int) -> None:
+        """Scores must be (N, num_classes) and finite: a NaN would become a wrong prediction
+        (argmax of NaN is arbitrary) and a stored number, before anything fails."""
+        expected = (n, self.num_classes)
+        if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != expected:
+            got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores)
+            raise ModelOutputError(
+                f"model {self.name!r} returned scores of shape {got} for {n} input(s); "
+                f"expected {expected} (one score per class: check num_classes and the "
+                "model's last layer)"
+            )
+        finite = torch.isfinite(scores.detach()).all(dim=1)
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            raise ModelOutputError(
+                f"model {self.name!r} returned NaN or infinite scores for {bad} of {n} "
+                "input(s); nothing was stored. Check the weights (NaN after training?) and "
+                "the normalisation (a std of 0 divides by zero)"
             )
 
     def check_input(self, x: torch.Tensor) -> None:

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,10 +41,17 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "ta
 
 
 def metric_rows(values: Sequence[MetricValue]) -> tuple[list[str], list[tuple]]:
-    columns = ["metric", "attack", "eps", "value", "better", "n"]
-    rows = [
-        (v.metric, v.attack or "", v.eps, v.value, v.direction.value, v.n_samples) for v in values
-    ]
+    """One row per value; rates (unit "fraction") with their 95% Clopper-Pearson interval."""
+    from aisafety.report.intervals import is_rate, rate_interval
+
+    columns = ["metric", "attack", "eps", "value", "ci95_low", "ci95_high", "better", "n"]
+    rows = []
+    for v in values:
+        ci = rate_interval(v.value, v.n_samples) if is_rate(v.unit, v.value, v.n_samples) else None
+        low, high = ci if ci else (None, None)
+        rows.append(
+            (v.metric, v.attack or "", v.eps, v.value, low, high, v.direction.value, v.n_samples)
+        )
     return columns, rows
 
 
@@ -66,4 +74,35 @@ def curve_rows(values: Sequence[MetricValue]) -> tuple[list[str], list[tuple]] |
     attacks = list(dict.fromkeys(attack for attack, _ in points))
     columns = ["attack", "eps 0 (ca)", *(f"eps {eps:g}" for eps in budgets)]
     rows = [(attack, clean, *(points.get((attack, eps)) for eps in budgets)) for attack in attacks]
+    return columns, rows
+
+
+def seed_rows(
+    runs: Sequence[tuple[int, Sequence[MetricValue]]],
+) -> tuple[list[str], list[tuple]]:
+    """One row per metric value over runs at several seeds: mean, sample std and each seed's."""
+    by_key: dict[tuple, dict[int, float]] = {}
+    meta: dict[tuple, MetricValue] = {}
+    for seed, values in runs:
+        for v in values:
+            key = (v.metric, v.attack, v.eps)
+            by_key.setdefault(key, {})[seed] = v.value
+            meta.setdefault(key, v)
+    seeds = [seed for seed, _ in runs]
+    columns = ["metric", "attack", "eps", "mean", "std", "better", *(f"seed {s}" for s in seeds)]
+    rows = []
+    for key, per_seed in by_key.items():
+        found = [x for x in per_seed.values() if not math.isnan(x)]
+        mean = statistics.fmean(found) if found else float("nan")
+        std = statistics.stdev(found) if len(found) > 1 else float("nan")
+        rows.append(
+            (
+                *key[:2],
+                key[2],
+                mean,
+                std,
+                meta[key].direction.value,
+                *(per_seed.get(s) for s in seeds),
+            )
+        )
     return columns, rows

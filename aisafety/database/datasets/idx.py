@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +19,24 @@ _MAGIC_IMAGES, _MAGIC_LABELS = 0x803, 0x801
 def read_idx(path: Path, magic: int) -> np.ndarray:
     """Parse one IDX file: big-endian magic, dimensions, then uint8 data."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        data = handle.read()
+    try:
+        with opener(path, "rb") as handle:
+            data = handle.read()
+    except (OSError, EOFError, zlib.error) as exc:  # junk or cut-off .gz
+        raise ConfigError(
+            f"{path} cannot be read ({exc}); download the file again (a .gz must be gzip data)"
+        ) from None
     found = int.from_bytes(data[:4], "big")
-    if found != magic:
+    if len(data) < 4 or found != magic:
         raise ConfigError(f"{path} is not an IDX file of the expected kind (magic {found:#x})")
     ndim = data[3]
     dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    expected = 4 + 4 * ndim + int(np.prod(dims, dtype=np.int64))
+    if len(data) != expected:
+        raise ConfigError(
+            f"{path} holds {len(data):,} bytes but its header {dims} needs {expected:,}; the "
+            "file is truncated or damaged: download it again"
+        )
     return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()
 
 

@@ -29,6 +29,11 @@ class HypervolumeTrainingConfig(PluginConfig):
     steps: int = Field(default=10, gt=0, description="TRADES inner steps")
     step_size: float = Field(default=0.05, gt=0, description="TRADES inner step")
     beta: float = Field(default=6.0, ge=0)
+    clamp_margin: bool = Field(
+        default=False,
+        description="descend eq. 3's L_MAR_conf = max(MAR, 0) (a sample stops once "
+        "misclassified) instead of the unclamped margin the shipped mnist-cnn-ah used",
+    )
 
 
 def ascending_budget(eps: float, progress: float, epochs: int) -> float:
@@ -52,11 +57,17 @@ def frontier_examples(
     eps: float,
     steps: int,
     step_size: float,
+    clamp_margin: bool = False,
 ) -> torch.Tensor:
-    """PGD that descends the confidence margin inside the eps-ball (from x, as Algorithm 2)."""
+    """PGD that descends the confidence margin inside the eps-ball (from x, as Algorithm 2).
+
+    ``clamp_margin``: the paper's L_MAR_conf (eq. 3), zero once misclassified, so a sample
+    stops at the decision boundary; unclamped, it keeps lowering the margin past it.
+    """
 
     def objective(logits: torch.Tensor) -> torch.Tensor:
-        return -confidence_margin(logits, y).sum()
+        margin = confidence_margin(logits, y)
+        return -(margin.clamp_min(0) if clamp_margin else margin).sum()
 
     return ascend_linf(network, objective, x, x.clone(), eps, steps, step_size)
 
@@ -71,7 +82,9 @@ class HypervolumeTraining(TrainingDefense):
     ) -> torch.Tensor:
         c = self.config
         eps = ascending_budget(c.eps, step.progress, step.epochs)
-        frontier = frontier_examples(network, x, y, eps, c.frontier_steps, c.frontier_step_size)
+        frontier = frontier_examples(
+            network, x, y, eps, c.frontier_steps, c.frontier_step_size, c.clamp_margin
+        )
         x_all, y_all = torch.cat([x, frontier]), torch.cat([y, y])
         x_adv = kl_examples(network, x_all, eps, c.steps, c.step_size, step.generator)
         return trades_loss(network, x_all, x_adv, y_all, c.beta)

@@ -1,24 +1,27 @@
-"""Clean accuracy (CA) and adversarial accuracy under white-box attacks (AAW)."""
+"""Clean accuracy (CA) and adversarial accuracy under white-box (AAW) and black-box (AAB) attacks.
+
+Registered metrics: ``aab``, ``aaw``, ``ca``.
+"""
 
 from __future__ import annotations
 
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import AttackMetric, CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Direction, MetricValue
 
 
-class CleanAccuracy(Metric):
+class CleanAccuracy(CleanMetric):
     name = "ca"
     description = "Clean accuracy: fraction of test samples classified correctly"
     direction = Direction.HIGHER
     unit = "fraction"
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         return self.value(ctx.clean_correct.double().mean(), len(ctx.y))
 
 
-class AdversarialAccuracyWhiteBox(Metric):
+class AdversarialAccuracyWhiteBox(AttackMetric):
     """AISafety eq. 8 counts misclassifications, but its Table II reports an accuracy (higher
     is better) — we follow the table: the fraction still classified correctly."""
 
@@ -26,7 +29,6 @@ class AdversarialAccuracyWhiteBox(Metric):
     description = "Accuracy on adversarial examples of a white-box attack (robust accuracy)"
     direction = Direction.HIGHER
     unit = "fraction"
-    per_attack = True
     attack_families = frozenset({AttackFamily.GRADIENT})
     requires = Capability.LABELS
 

@@ -2,13 +2,15 @@
 
 The evaluated model is the defended one (f^d); the plan's ``reference_model`` is the original
 model f. Every metric reads the clean outputs of both, each computed once by the context.
+
+Registered metrics: ``cav``, ``ccv``, ``cos``, ``crr``, ``csr``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import Capability, Direction, MetricValue
 
@@ -26,7 +28,7 @@ def jensen_shannon(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (kl_to_m(p) + kl_to_m(q)) / 2
 
 
-class _DefenseCost(Metric):
+class _DefenseCost(CleanMetric):
     needs_reference = True
     category = "defense"
 
@@ -47,7 +49,7 @@ class ClassificationAccuracyVariance(_DefenseCost):
     unit = "fraction"
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         reference, defended = self._pair(ctx)
         value = defended.double().mean() - reference.double().mean()
         return self._value(ctx, value, len(ctx.y))
@@ -62,7 +64,7 @@ class ClassificationRectifyRatio(_DefenseCost):
     unit = "fraction"
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         reference, defended = self._pair(ctx)
         return self._value(ctx, (~reference & defended).double().mean(), len(ctx.y))
 
@@ -76,7 +78,7 @@ class ClassificationSacrificeRatio(_DefenseCost):
     unit = "fraction"
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         reference, defended = self._pair(ctx)
         return self._value(ctx, (reference & ~defended).double().mean(), len(ctx.y))
 
@@ -91,7 +93,7 @@ class ClassificationConfidenceVariance(_DefenseCost):
     direction = Direction.LOWER
     unit = "probability"
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         both = self._both_correct(ctx)
         y = ctx.y[both, None]
         p_ref = ctx.reference.probs[both].gather(1, y)[:, 0]
@@ -116,7 +118,7 @@ class ClassificationOutputStability(ClassificationConfidenceVariance):
     direction = Direction.LOWER
     unit = "nats"
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         both = self._both_correct(ctx)
         p = ctx.reference.probs[both]
         q = torch.softmax(ctx.clean_logits[both].double(), dim=1)

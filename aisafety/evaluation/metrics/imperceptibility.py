@@ -1,4 +1,7 @@
-"""How visible the perturbations are: ALD_p (normalised l_p size) and ASS (mean SSIM)."""
+"""How visible the perturbations are: ALD_p (normalised l_p size) and ASS (mean SSIM).
+
+Registered metrics: ``ald``, ``ass``.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from typing import Literal
 
 from aisafety.attack.result import perturbation_norms
 from aisafety.config_base import PluginConfig
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import AttackMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.metrics.successful import successful_mask
 from aisafety.evaluation.ssim import ssim
@@ -17,7 +20,7 @@ class ALDConfig(PluginConfig):
     p: Literal["0", "1", "2", "inf"] = "2"
 
 
-class AverageLpDistortion(Metric):
+class AverageLpDistortion(AttackMetric):
     """AISafety eq. 4: mean over successful examples of ||x_adv - x||_p / ||x||_p."""
 
     name = "ald"
@@ -25,7 +28,6 @@ class AverageLpDistortion(Metric):
     direction = Direction.HIGHER  # the attacker needed a larger change: a more robust model
     unit = "ratio"
     category = "data"
-    per_attack = True
     Config = ALDConfig
 
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
@@ -40,7 +42,7 @@ class AverageLpDistortion(Metric):
         return self.value(value, int(mask.sum()), attack, eps)
 
 
-class AverageStructuralSimilarity(Metric):
+class AverageStructuralSimilarity(AttackMetric):
     """AISafety eq. 5: mean SSIM (scikit-image's convention) between clean and adversarial."""
 
     name = "ass"
@@ -48,7 +50,6 @@ class AverageStructuralSimilarity(Metric):
     direction = Direction.LOWER  # the attacker had to change the image visibly: more robust
     unit = "ssim"
     category = "data"
-    per_attack = True
 
     def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
         result = ctx.adversarial(attack, eps)

@@ -3,13 +3,16 @@
 A neuron is a linear unit or a convolution channel (``evaluation/neurons.py``); each metric
 gives one ``MetricValue`` per watched layer, labelled ``<name>(layer=<module>)``, whose value
 is the mean over that layer's neurons (the AISafety paper's Fig. 7 reports these means).
+
+Registered metrics: ``neuron-sensitivity``, ``neuron-uncertainty``.
 """
 
 from __future__ import annotations
 
 from aisafety.config_base import PluginConfig
+from aisafety.evaluation.base import AttackMetric
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.evaluation.metrics.neuron_base import NeuronMetric
+from aisafety.evaluation.metrics.neuron_base import NeuronDataMetric, NeuronMetric
 from aisafety.interfaces import AttackSpec, Direction, MetricValue
 
 
@@ -17,7 +20,7 @@ class NeuronSensitivityConfig(PluginConfig):
     layers: tuple[str, ...] | None = None  # None: the model's activation modules
 
 
-class NeuronSensitivity(NeuronMetric):
+class NeuronSensitivity(NeuronMetric, AttackMetric):
     """AISafety eq. 22 (Zhang et al. 2021): for neuron m of layer l,
     sigma = (1/n) sum_i ||f_lm(x_i) - f_lm(x'_i)||_1 / dim(f_lm(x_i)) over all n clean /
     adversarial pairs; a robust model keeps its hidden representation under attack."""
@@ -31,9 +34,7 @@ class NeuronSensitivity(NeuronMetric):
     unit = "activation"
     Config = NeuronSensitivityConfig  # type: ignore[assignment]
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
-    ) -> list[MetricValue]:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         layers = self.layers(ctx)
         result = ctx.adversarial(attack, eps)
         deviations = ctx.neurons.deviation(
@@ -56,7 +57,7 @@ class NeuronSensitivity(NeuronMetric):
         return values
 
 
-class NeuronUncertainty(NeuronMetric):
+class NeuronUncertainty(NeuronDataMetric):
     """AISafety eq. 23, U(f_lm) = (1/n) sum_i variance(f_lm(x_i)), read as the variance of
     each neuron's value over the n inputs (docs/metrics.md says why)."""
 
@@ -68,8 +69,8 @@ class NeuronUncertainty(NeuronMetric):
     direction = Direction.LOWER
     unit = "activation^2"
 
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec | None = None, eps: float | None = None
+    def measure(
+        self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
     ) -> list[MetricValue]:
         layers, outputs = self.outputs(ctx, attack, eps)
         per_layer = outputs.double().split(ctx.neurons.sizes(layers), dim=1)

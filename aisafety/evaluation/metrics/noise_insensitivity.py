@@ -2,6 +2,8 @@
 
 How much the loss moves per unit of l_inf input change under small random noise: an
 empirical local Lipschitz constant of the loss. Lower is more insensitive (more robust).
+
+Registered metrics: ``eni``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from aisafety.config_base import PluginConfig
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.inference import batched_logits
 from aisafety.interfaces import Capability, Direction, MetricValue
@@ -67,7 +69,7 @@ class ENIConfig(PluginConfig):
     seed: int = 0
 
 
-class EmpiricalNoiseInsensitivity(Metric):
+class EmpiricalNoiseInsensitivity(CleanMetric):
     """AISafety eq. 21: the mean over n samples and m polluted copies within l_inf radius eps
     of the absolute cross-entropy change divided by the l_inf distance."""
 
@@ -79,7 +81,7 @@ class EmpiricalNoiseInsensitivity(Metric):
     requires = Capability.SCORES
     Config = ENIConfig
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed)
         n = len(ctx.y) if cfg.samples is None else min(cfg.samples, len(ctx.y))

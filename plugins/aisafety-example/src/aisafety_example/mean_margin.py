@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from aisafety.evaluation.base import Metric
+from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import Capability, Direction, MetricValue
 
@@ -23,16 +23,15 @@ def logit_margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return true - others.amax(1)
 
 
-class MeanMargin(Metric):
+class MeanMargin(CleanMetric):
     name = "mean-margin"
     description = "Mean over the dataset of (true-class logit - largest other logit), clean"
     direction = Direction.HIGHER
     unit = "logit"
     category = "behaviour"
-    per_attack = False
     requires = Capability.SCORES
 
-    def compute(self, ctx: EvaluationContext, attack=None, eps=None) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
         ctx.predictor.require(self.requires, f"metric {self.name!r}")
         y = ctx.y.to(torch.long)
         if not len(y):

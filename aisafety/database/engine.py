@@ -1,0 +1,152 @@
+"""Opening the results database so that concurrent runs and readers cannot corrupt it.
+
+SQLite files run in WAL mode (a reader never blocks a writer, a writer never blocks
+readers) with a busy timeout; the schema is created with ``IF NOT EXISTS`` statements so
+that processes starting together on a fresh file all succeed; columns added to the schema
+later are added to older databases (additive migration); and writes are retried a bounded
+number of times when another process holds the write lock for longer than the timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import MetaData, create_engine, event, inspect, text
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from aisafety.errors import ConfigError, StoreError
+
+BUSY_TIMEOUT_S = 30.0  # how long one statement waits for another process's write lock
+WRITE_ATTEMPTS = 5  # bounded retries of a whole transaction after that
+RETRY_PAUSE_S = 0.5  # first pause between attempts; doubles each time
+
+T = TypeVar("T")
+
+# Errors worth another attempt: a lock held by another process, or a row or schema object
+# another process created between our check and our insert (a model or dataset row written
+# by a concurrent run: the next attempt finds it).
+_TRANSIENT = (
+    "locked", "busy", "deadlock", "could not serialize", "already exists", "duplicate column",
+    "unique constraint failed: models.", "unique constraint failed: datasets.",
+    'unique constraint "models_', 'unique constraint "datasets_',
+)  # fmt: skip
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL, or None for another backend or an in-memory database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).expanduser()
+
+
+def check_url(url: str, create: bool) -> None:
+    """A clear error for a malformed URL, and for a missing SQLite file unless ``create``."""
+    if "://" not in url:
+        raise ConfigError(
+            f"database URL {url!r} is not a SQLAlchemy URL; use e.g. 'sqlite:///results.db' "
+            "or 'postgresql://user@host/db'"
+        )
+    try:
+        path = sqlite_file(url)
+    except SQLAlchemyError as exc:
+        raise ConfigError(f"database URL {url!r} cannot be parsed: {exc}") from None
+    if path is None:
+        return
+    if create:  # ``--db sqlite:///results/run.db`` works without creating results/ first
+        path.parent.mkdir(parents=True, exist_ok=True)
+    elif not path.is_file():
+        raise ConfigError(
+            f"results database {str(path)!r} does not exist (--db {url}); check the path, "
+            "or create it with 'aisafety evaluate --db ...'"
+        )
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def open_engine(url: str) -> Engine:
+    """An engine for a writable store: WAL and busy timeout on SQLite files."""
+    is_sqlite = make_url(url).get_backend_name() == "sqlite"
+    connect_args = {"timeout": BUSY_TIMEOUT_S} if is_sqlite else {}
+    engine = create_engine(url, connect_args=connect_args)
+    if is_sqlite:
+        event.listen(engine, "connect", _sqlite_pragmas)
+        if sqlite_file(url) is not None:  # WAL is a property of the file: set it once
+            with_retries(f"open {url}", lambda: _enable_wal(engine))
+    return engine
+
+
+def _enable_wal(engine: Engine) -> None:
+    with engine.connect() as connection:
+        connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+
+
+def checkpoint(engine: Engine) -> None:
+    """Copy committed WAL pages into the database file (SQLite), without waiting for readers,
+    so that a plain copy of the ``.db`` file taken between units holds every finished unit."""
+    if engine.dialect.name == "sqlite" and sqlite_file(str(engine.url)) is not None:
+        with engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+
+
+def create_schema(engine: Engine, metadata: MetaData, views: Iterable[str]) -> None:
+    """Tables, indexes, missing columns and views, each statement safe to race."""
+
+    def create() -> None:
+        with engine.begin() as connection:
+            for table in metadata.sorted_tables:
+                connection.execute(CreateTable(table, if_not_exists=True))
+                for index in table.indexes:
+                    connection.execute(CreateIndex(index, if_not_exists=True))
+            _add_missing_columns(connection, metadata)
+            for view in views:
+                if connection.dialect.name == "postgresql":  # no IF NOT EXISTS for views
+                    view = view.replace("CREATE VIEW IF NOT EXISTS", "CREATE OR REPLACE VIEW")
+                connection.execute(text(view))
+
+    with_retries(f"create the tables of {engine.url}", create)
+
+
+def _add_missing_columns(connection: Connection, metadata: MetaData) -> None:
+    """Columns added to the schema after a database was made are added to it, nullable."""
+    inspector = inspect(connection)
+    for table in metadata.sorted_tables:
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            kind = column.type.compile(dialect=connection.dialect)
+            # A process adding it at the same moment makes this fail; create_schema retries.
+            connection.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'))
+
+
+def with_retries(what: str, action: Callable[[], T]) -> T:
+    """Run ``action`` (one whole transaction); retry a few times while the database is busy."""
+    pause = RETRY_PAUSE_S
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            return action()
+        except DBAPIError as exc:
+            transient = any(word in str(exc.orig).lower() for word in _TRANSIENT)
+            if not transient or attempt == WRITE_ATTEMPTS:
+                raise StoreError(
+                    f"cannot {what}: {exc.orig}"
+                    + (
+                        f" (still busy after {WRITE_ATTEMPTS} attempts of {BUSY_TIMEOUT_S:g} s; "
+                        "another process holds the write lock: stop it, or use a separate --db)"
+                        if transient
+                        else ""
+                    )
+                ) from None
+        time.sleep(pause)
+        pause *= 2
+    raise AssertionError("unreachable")

@@ -1,0 +1,185 @@
+"""Building a zoo entry: train a recipe, measure it, write checkpoint and manifest entry.
+
+This sits beside the zoo (``database/zoo.py``, which only reads and writes manifests and
+checkpoints) but in the application layer: it resolves the recipe's training defense through
+the plugin registry, trains it with the defense module's loop
+(``aisafety.defense.training.loop``) and measures robustness with the platform's own PGD and
+IBP certification.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aisafety.attack.pgd import PGDLinf
+from aisafety.database.datasets.base import LoadedDataset
+from aisafety.database.datasets.embedded import EmbeddedMnist
+from aisafety.database.zoo import (
+    TrainingRecipe,
+    ZooEntry,
+    load_zoo_state,
+    sha256_bytes,
+    write_manifest_entry,
+)
+from aisafety.defense.training.base import TrainingDefense
+from aisafety.defense.training.loop import train_network
+from aisafety.errors import ConfigError, IntegrityError
+from aisafety.evaluation.metrics.certified import ibp_certified_mask
+from aisafety.plugins import Registry, default_registry
+from aisafety.prediction.base import Predictor
+from aisafety.prediction.torch_module import Normalize, TorchPredictor
+
+
+def accuracy(network: nn.Module, data: LoadedDataset, batch_size: int = 1000) -> float:
+    network.eval()
+    correct = 0
+    with torch.inference_mode():
+        for start in range(0, len(data), batch_size):
+            logits = network(data.x[start : start + batch_size])
+            correct += int((logits.argmax(1) == data.y[start : start + batch_size]).sum())
+    return correct / len(data)
+
+
+def pgd_robust_accuracy(
+    predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 40
+) -> float:
+    """Accuracy under the platform's l-inf PGD (random start, step 2.5 eps / steps, seed 0)."""
+    return PGDLinf({"steps": steps})(predictor, x, y, eps).robust_accuracy
+
+
+# Training defenses whose models are built to be certified: their entries record IBP too.
+CERTIFIED_TRAINING = ("ibp", "crown-ibp")
+
+
+def robustness_metrics(
+    predictor: Predictor,
+    data: LoadedDataset,
+    robust_eps: Sequence[float],
+    certified_eps: Sequence[float] = (),
+) -> dict[str, float]:
+    """The manifest's robustness numbers on ``data`` (the fixed 1,000-image subset of
+    ``robustness_subset``): PGD-40 robust accuracy at each l-inf budget of ``robust_eps``,
+    IBP-certified accuracy at each of ``certified_eps``."""
+    metrics = {"robust_samples": float(len(data))} if robust_eps or certified_eps else {}
+    for eps in robust_eps:
+        metrics[f"pgd40_robust_accuracy_eps{eps:g}"] = pgd_robust_accuracy(
+            predictor, data.x, data.y, eps
+        )
+    for eps in certified_eps:
+        mask = ibp_certified_mask(predictor.network, data.x, data.y, eps)
+        metrics[f"ibp_certified_accuracy_eps{eps:g}"] = mask.double().mean().item()
+    return metrics
+
+
+def robustness_subset(dataset: str, test_set: LoadedDataset) -> LoadedDataset:
+    """The 1,000 test images robustness is measured on: the shipped MNIST subset for MNIST
+    (what ``aisafety evaluate`` attacks), else a class-balanced 1,000 of the test set."""
+    if dataset == "mnist":
+        return EmbeddedMnist().load(None, "test")
+    return test_set.balanced_subset(min(1000, len(test_set)), 0)
+
+
+def training_eps(recipe: TrainingRecipe) -> list[float]:
+    """The budget a recipe trains for (its defense's ``eps``), the default robustness budget."""
+    eps = recipe.defense_config.get("eps")
+    return [float(eps)] if isinstance(eps, int | float) and eps > 0 else []
+
+
+def training_defense(
+    name: str, config: dict[str, Any], registry: Registry | None = None
+) -> TrainingDefense:
+    """The registered training defense ``name`` built with ``config``."""
+    registry = registry or default_registry()
+    return registry.create("training_defense", name, config)
+
+
+def initial_weights(recipe: TrainingRecipe) -> dict[str, torch.Tensor]:
+    """The zoo weights a fine-tuning recipe starts from, refused if they are not the pinned ones."""
+    entry, state = load_zoo_state(str(recipe.init_from))
+    if entry.architecture != recipe.architecture:
+        raise ConfigError(
+            f"init_from {recipe.init_from!r} is a {entry.architecture!r} model, the recipe "
+            f"trains {recipe.architecture!r}; pick an entry of the same architecture"
+        )
+    if recipe.init_sha256 is not None and entry.sha256 != recipe.init_sha256:
+        raise IntegrityError(
+            f"init_from {recipe.init_from!r} has sha256 {entry.sha256[:12]}…, the recipe pins "
+            f"{recipe.init_sha256[:12]}…; restore that checkpoint or retrain it from its recipe"
+        )
+    return state
+
+
+def train(recipe: TrainingRecipe, train_set: LoadedDataset, quiet: bool = False) -> nn.Module:
+    """Train the model ``recipe`` describes on ``train_set``; returns the module."""
+    defense = training_defense(recipe.defense, recipe.defense_config)
+    initial = initial_weights(recipe) if recipe.init_from is not None else None
+    return train_network(recipe, defense, train_set, initial, quiet)
+
+
+def train_zoo_entry(
+    name: str,
+    recipe: TrainingRecipe,
+    train_set: LoadedDataset,
+    test_set: LoadedDataset,
+    out_dir: Path,
+    quiet: bool = False,
+    robust_eps: Sequence[float] | None = None,
+    certified_eps: Sequence[float] | None = None,
+) -> ZooEntry:
+    """Train, measure clean accuracy on ``test_set`` and robustness (``robustness_metrics``;
+    default budgets: the training eps, certified only for certified training), write
+    checkpoint + manifest entry."""
+    started = time.time()
+    if recipe.init_from is not None and recipe.init_sha256 is None:
+        pinned = load_zoo_state(recipe.init_from)[0].sha256
+        recipe = recipe.model_copy(update={"init_sha256": pinned})
+    module = train(recipe, train_set, quiet=quiet)
+    train_seconds = round(time.time() - started, 1)
+    network = nn.Sequential(Normalize(recipe.mean, recipe.std), module)
+    buffer = io.BytesIO()
+    torch.save(module.state_dict(), buffer)
+    data = buffer.getvalue()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    file = f"{name}.pt"
+    (out_dir / file).write_bytes(data)
+    if robust_eps is None:
+        robust_eps = training_eps(recipe)
+    if certified_eps is None:
+        certified_eps = training_eps(recipe) if recipe.defense in CERTIFIED_TRAINING else []
+    predictor = TorchPredictor(
+        module, train_set.x.shape[1:], len(train_set.classes), name=name,
+        mean=recipe.mean, std=recipe.std,
+    )  # fmt: skip
+    robustness = robustness_metrics(
+        predictor,
+        robustness_subset(recipe.dataset, test_set),
+        robust_eps,
+        certified_eps,
+    )
+    entry = ZooEntry(
+        name=name,
+        file=file,
+        sha256=sha256_bytes(data),
+        architecture=recipe.architecture,
+        dataset=recipe.dataset,
+        input_shape=tuple(train_set.x.shape[1:]),
+        num_classes=len(train_set.classes),
+        mean=recipe.mean,
+        std=recipe.std,
+        recipe=recipe,
+        metrics={
+            "clean_accuracy": accuracy(network, test_set),
+            "test_samples": float(len(test_set)),
+            **robustness,
+            "train_seconds": train_seconds,
+        },
+    )
+    write_manifest_entry(out_dir, entry)
+    return entry

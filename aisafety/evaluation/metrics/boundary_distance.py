@@ -1,0 +1,205 @@
+"""Distance to the decision boundary: EBD (random orthogonal directions) and EBD-2 (steps of
+an iterative attack). AISafety eq. 20 and Table V, after He, Li & Song (ICLR 2018).
+
+Both measure correctly classified samples only: a misclassified sample is on the wrong side
+of the boundary already (distance 0 would say nothing about the model's margin). A search
+that never changes the prediction within its limit counts as the limit (a lower bound); how
+often that happened is in ``details['censored']``.
+
+Registered metrics: ``ebd``, ``ebd2``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import Field
+
+from aisafety.attack.bim import BIM
+from aisafety.config_base import PluginConfig
+from aisafety.evaluation.base import CleanMetric
+from aisafety.evaluation.context import EvaluationContext
+from aisafety.evaluation.inference import batched_predictions
+from aisafety.interfaces import Capability, Direction, MetricValue
+from aisafety.prediction.base import Predictor
+
+CHUNK = 64  # samples per search chunk: 64 x m directions x one grid level per forward batch
+
+
+def evaluated_samples(ctx: EvaluationContext, limit: int | None, seed: int) -> torch.Tensor:
+    """Indices of (at most ``limit``, drawn with ``seed``) correctly classified samples."""
+    correct = torch.nonzero(ctx.clean_correct).flatten()
+    if limit is None or limit >= len(correct):
+        return correct
+    order = torch.randperm(len(correct), generator=torch.Generator().manual_seed(seed))
+    return correct[order[:limit]].sort().values
+
+
+def random_orthonormal_directions(
+    n: int, dim: int, m: int, generator: torch.Generator
+) -> torch.Tensor:
+    """(n, m, dim): for each of n samples, m orthonormal directions (QR of a Gaussian matrix,
+    uniformly distributed on the Stiefel manifold up to column signs)."""
+    gaussian = torch.randn(n, dim, m, generator=generator, dtype=torch.float64)
+    q, _ = torch.linalg.qr(gaussian)
+    return q.transpose(1, 2).float()
+
+
+def _moved(x: torch.Tensor, u: torch.Tensor, rms: torch.Tensor) -> torch.Tensor:
+    """x + (rms * sqrt(d)) u, clipped to [0, 1]: a move of RMS ``rms`` before clipping."""
+    dim = x[0].numel()
+    step = (rms * math.sqrt(dim)).view(-1, *([1] * (x.dim() - 1)))
+    return (x + step * u.view_as(x)).clamp(0.0, 1.0)
+
+
+def boundary_distances(
+    predictor: Predictor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    directions: torch.Tensor,
+    max_rms: float,
+    levels: int,
+    refine: int,
+    batch_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample, the smallest RMS distance along any of its directions (n, m, d) at which the
+    prediction is no longer ``y``, and whether the search found one within ``max_rms``.
+
+    A grid of ``levels`` RMS values is walked outward for all directions of the samples not
+    yet flipped; at the first level where some direction flips, bisection (``refine`` halvings)
+    narrows each flipping direction's crossing, and the smallest is kept. The distance is the
+    RMS of the clipped perturbation, the change the model actually saw.
+    """
+    n, m = directions.shape[:2]
+    xs = x.repeat_interleave(m, dim=0)  # (n*m, C, H, W): row i*m + j is sample i, direction j
+    ys = y.repeat_interleave(m)
+    us = directions.reshape(n * m, -1)
+    distance = torch.full((n,), max_rms, dtype=torch.float64)
+    found = torch.zeros(n, dtype=torch.bool)
+    step = max_rms / levels
+    for level in range(1, levels + 1):
+        rows = torch.nonzero((~found).repeat_interleave(m)).flatten()
+        if not len(rows):
+            break
+        r = torch.full((len(rows),), level * step)
+        pred = batched_predictions(predictor, _moved(xs[rows], us[rows], r), batch_size)
+        rows = rows[pred != ys[rows]]
+        if not len(rows):
+            continue
+        lo = torch.full((len(rows),), (level - 1) * step)
+        hi = torch.full((len(rows),), level * step)
+        for _ in range(refine):
+            mid = (lo + hi) / 2
+            wrong = batched_predictions(predictor, _moved(xs[rows], us[rows], mid), batch_size)
+            wrong = wrong != ys[rows]
+            hi, lo = torch.where(wrong, mid, hi), torch.where(wrong, lo, mid)
+        moved = _moved(xs[rows], us[rows], hi) - xs[rows]
+        rms = moved.flatten(1).double().pow(2).mean(1).sqrt()
+        samples = rows // m
+        best = torch.full((n,), math.inf, dtype=torch.float64).scatter_reduce(
+            0, samples, rms, reduce="amin"
+        )
+        newly = torch.isfinite(best)
+        distance[newly], found[newly] = best[newly], True
+    return distance, found
+
+
+class EBDConfig(PluginConfig):
+    n_directions: int = Field(default=20, ge=1, description="random orthogonal directions m")
+    max_rms: float = Field(default=0.5, gt=0, description="search limit, RMS in [0, 1] scale")
+    levels: int = Field(default=20, ge=1, description="grid levels up to max_rms")
+    refine: int = Field(default=6, ge=0, description="bisection halvings of the crossing level")
+    samples: int | None = Field(default=None, gt=0, description="at most this many samples")
+    seed: int = 0
+
+
+class EmpiricalBoundaryDistance(CleanMetric):
+    """AISafety eq. 20: the mean over samples of the minimum, over m random orthogonal
+    directions, of the RMS distance to the nearest prediction change."""
+
+    name = "ebd"
+    description = "Mean RMS distance to the decision boundary along random orthogonal directions"
+    direction = Direction.HIGHER
+    unit = "rms"
+    category = "structure"
+    requires = Capability.LABELS
+    Config = EBDConfig
+
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
+        cfg = self.config
+        index = evaluated_samples(ctx, cfg.samples, cfg.seed)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        distances, found = [], []
+        for start in range(0, len(index), CHUNK):
+            part = index[start : start + CHUNK]
+            x = ctx.x[part]
+            u = random_orthonormal_directions(len(part), x[0].numel(), cfg.n_directions, generator)
+            d, f = boundary_distances(
+                ctx.predictor, x, ctx.y[part], u, cfg.max_rms, cfg.levels, cfg.refine,
+                ctx.batch_size,
+            )  # fmt: skip
+            distances.append(d)
+            found.append(f)
+        if not distances:
+            return self.value(math.nan, 0)
+        d, f = torch.cat(distances), torch.cat(found)
+        return self.value(d.mean(), len(d), censored=int((~f).sum()), max_rms=cfg.max_rms)
+
+
+class EBD2Config(PluginConfig):
+    step_size: float = Field(default=0.001, gt=0, description="BIM step alpha, l_inf, [0, 1]")
+    max_steps: int = Field(default=500, ge=1, description="search limit in steps")
+    samples: int | None = Field(default=100, gt=0, description="at most this many samples")
+    seed: int = 0
+
+
+def steps_to_boundary(
+    predictor: Predictor, x: torch.Tensor, y: torch.Tensor, step_size: float, max_steps: int
+) -> torch.Tensor:
+    """Per sample, the fewest targeted-BIM steps towards any class j != y after which the
+    prediction is no longer y (``max_steps + 1`` when none within the limit).
+
+    Every (sample, target) pair is one row of a targeted ``bim`` call with early stop: a row
+    stops moving at its first misclassified iterate, so its step count is the number of
+    steps that changed the prediction. The budget eps = 1 spans the whole [0, 1] box, so
+    only the box limits a step, as in the paper's unbounded search.
+    """
+    n, k = len(x), predictor.num_classes
+    targets = torch.arange(k).repeat(n)
+    owner = torch.arange(n).repeat_interleave(k)
+    keep = targets != y.cpu()[owner]
+    targets, owner = targets[keep], owner[keep]
+    bim = BIM(steps=max_steps, step_size=step_size, early_stop=True)
+    result = bim(predictor, x[owner], y[owner], 1.0, chunk_size=len(owner), target=targets)
+    flipped = result.success.cpu()
+    row_steps = torch.where(flipped, result.steps.cpu(), max_steps + 1)
+    steps = torch.full((n,), max_steps + 1, dtype=torch.long)
+    return steps.scatter_reduce(0, owner, row_steps, reduce="amin")
+
+
+class EmpiricalBoundaryDistance2(CleanMetric):
+    """EBD-2 (AISafety, Table V): the boundary distance counted in steps of a targeted BIM of
+    step ``alpha`` towards each other class; per sample the fewest steps over the classes."""
+
+    name = "ebd2"
+    description = "Mean number of targeted-BIM steps (nearest class) that change a prediction"
+    direction = Direction.HIGHER
+    unit = "steps"
+    category = "structure"
+    requires = Capability.GRADIENTS
+    Config = EBD2Config
+
+    def compute(self, ctx: EvaluationContext) -> MetricValue:
+        cfg = self.config
+        index = evaluated_samples(ctx, cfg.samples, cfg.seed)
+        parts = [
+            steps_to_boundary(ctx.predictor, ctx.x[part], ctx.y[part], cfg.step_size, cfg.max_steps)
+            for part in index.split(CHUNK)
+        ]
+        if not parts:
+            return self.value(math.nan, 0)
+        steps = torch.cat(parts)
+        censored = steps > cfg.max_steps
+        value = steps.clamp_max(cfg.max_steps).double().mean()
+        return self.value(value, len(steps), censored=int(censored.sum()), step_size=cfg.step_size)

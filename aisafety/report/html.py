@@ -1,0 +1,302 @@
+"""The HTML report of one run, and the comparison page (leaderboard) of several.
+
+Jinja2 (autoescaping) lays out the page; every figure is a Matplotlib PNG embedded as a data
+URI, so the file opens anywhere with no network, server or JavaScript. Sections come from
+the plugin registry (``aisafety_report_sections``), built-ins and third parties alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
+
+from aisafety.database.store import ResultStore
+from aisafety.errors import ConfigError
+from aisafety.plugins import Registry, default_registry
+from aisafety.report.data import RunData, load_run
+from aisafety.report.plots import Plot, Series, line_plot
+from aisafety.report.sanity import Check, _config_defaults, sanity_checks
+from aisafety.report.sections import ReportSection, worst_case
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=1)
+def environment() -> Environment:
+    return Environment(
+        loader=PackageLoader("aisafety.report", "templates"),
+        autoescape=select_autoescape(["html", "j2"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+@dataclass
+class Report:
+    """What a section renders from: the run's data and its sanity checks."""
+
+    data: RunData
+    checks: list[Check]
+    plots: int = 0
+
+    def template(self, name: str, **context: Any) -> Markup:
+        html = environment().get_template(name).render(**context)
+        self.plots += html.count('<img class="plot"')
+        return Markup(html)
+
+    def attack_defaults(self, attack: str) -> dict[str, Any]:
+        """The registered attack's default settings (a plan's config lists only changes)."""
+        return _config_defaults(attack)
+
+
+@dataclass
+class RenderedSection:
+    name: str
+    title: str
+    html: Markup
+
+
+def sections(registry: Registry | None = None) -> list[ReportSection]:
+    registry = registry or default_registry()
+    classes = [registry.get("report_section", n) for n in registry.names("report_section")]
+    return [cls() for cls in sorted(classes, key=lambda c: (c.order, c.name))]
+
+
+def render_sections(report: Report, registry: Registry | None = None) -> list[RenderedSection]:
+    """Each section's HTML; a section that raises is shown as a failure, not a lost report."""
+    out = []
+    for section in sections(registry):
+        try:
+            html = section.render(report)
+        except Exception as exc:  # a third-party section must not take the report down
+            log.exception("report section %r failed", section.name)
+            html = Markup(
+                environment()
+                .from_string('<p class="warn">this section failed: {{ e }}</p>')
+                .render(e=f"{type(exc).__name__}: {exc}")
+            )
+        if html:
+            out.append(RenderedSection(section.name, section.title, Markup(html)))
+    return out
+
+
+def page(title: str, subtitle: str, rendered: list[RenderedSection], plots: int) -> str:
+    return (
+        environment()
+        .get_template("base.html.j2")
+        .render(title=title, subtitle=subtitle, sections=rendered, plot_count=plots)
+    )
+
+
+def build_report(store: ResultStore, run_id: int, registry: Registry | None = None) -> str:
+    """The self-contained HTML report of run ``run_id``."""
+    data = load_run(store, run_id)
+    report = Report(data, sanity_checks(data))
+    rendered = render_sections(report, registry)
+    models = ", ".join(data.model_names) or "no models"
+    subtitle = (
+        f"{models} on {', '.join(d['name'] for d in data.datasets) or 'no data'}; "
+        f"aisafety {data.platform_version}, seed {data.seed}"
+    )
+    return page(f"AISafety report: run {run_id}", subtitle, rendered, report.plots)
+
+
+# comparison --------------------------------------------------------------------------------
+
+
+@dataclass
+class Column:
+    family: str
+    label: str
+    unit: str
+    direction: str
+    values: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
+def _category(metric: str, registry: Registry) -> str:
+    try:
+        return registry.get("metric", metric).category
+    except Exception:  # a plugin metric no longer installed
+        return "other"
+
+
+def _columns(runs: list[RunData], registry: Registry) -> dict[tuple, Column]:
+    columns: dict[tuple, Column] = {}
+    # models evaluated on different data are never ranked in one column
+    several = len({d["name"] for data in runs for d in data.datasets}) > 1
+    for data in runs:
+        for m in data.metrics:
+            if m.value is None or math.isnan(m.value):
+                continue
+            key = (m.metric, m.attack, m.eps, m.dataset)
+            label = m.metric + (f" | {m.attack}" if m.attack else "")
+            label += f" @{m.eps:g}" if m.eps is not None else ""
+            label += f" [{m.dataset}]" if several else ""
+            column = columns.setdefault(
+                key, Column(_category(m.name, registry), label, m.unit, m.direction)
+            )
+            column.values[m.model].append(m.value)
+        for model in data.model_names:
+            dataset = data.datasets[0]["name"] if data.datasets else ""
+            for (norm, eps), (acc, _) in worst_case_of(data, model).items():
+                key = ("worst-case", norm, eps, dataset)
+                column = columns.setdefault(
+                    key,
+                    Column(
+                        "worst case over attacks",
+                        f"robust accuracy {norm} @{eps:g}" + (f" [{dataset}]" if several else ""),
+                        "fraction",
+                        "higher",
+                    ),
+                )
+                column.values[model].append(acc)
+    return columns
+
+
+def worst_case_of(data: RunData, model: str) -> dict[tuple[str, float], tuple[float, int]]:
+    return worst_case(Report(data, []), model)
+
+
+def _ranks(values: dict[str, float], direction: str) -> dict[str, float]:
+    """1 = best; ties share the better rank. Neutral metrics are not ranked."""
+    sign = -1 if direction == "higher" else 1
+    ordered = sorted(values.values(), key=lambda v: sign * v)
+    return {model: 1 + ordered.index(v) for model, v in values.items()}
+
+
+def _cell(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4g}"
+    return f"{statistics.fmean(values):.4g} ± {statistics.stdev(values):.2g}"
+
+
+def leaderboard(
+    runs: list[RunData], registry: Registry, checks: list[Check] = ()
+) -> list[dict[str, Any]]:
+    """One table per metric family: a row per model, a column per metric, ranked."""
+    columns = _columns(runs, registry)
+    models = list(dict.fromkeys(m for data in runs for m in data.model_names))
+    run_ids = defaultdict(list)
+    for data in runs:
+        for model in data.model_names:
+            run_ids[model].append(str(data.run_id))
+    families = []
+    for family in sorted({c.family for c in columns.values()}):
+        cols = [c for c in columns.values() if c.family == family]
+        ranked = [c for c in cols if c.direction in ("higher", "lower")]
+        means = {c.label: {m: statistics.fmean(v) for m, v in c.values.items()} for c in cols}
+        ranks = {c.label: _ranks(means[c.label], c.direction) for c in ranked}
+        rows = []
+        for model in models:
+            mine = [ranks[c.label][model] for c in ranked if model in ranks[c.label]]
+            cells = []
+            for c in cols:
+                values = c.values.get(model)
+                best = bool(values) and c.label in ranks and ranks[c.label].get(model) == 1
+                cells.append({"text": _cell(values) if values else "—", "best": best})
+            rows.append(
+                {
+                    "model": model,
+                    "runs": ", ".join(run_ids[model]),
+                    "warnings": sum(c.status == "warn" and c.model == model for c in checks),
+                    "mean_rank": statistics.fmean(mine) if mine else math.inf,
+                    "cells": cells,
+                }
+            )
+        rows.sort(key=lambda r: r["mean_rank"])
+        families.append({"name": family, "columns": cols, "rows": rows})
+    return families
+
+
+def overlay_curves(runs: list[RunData]) -> list[Plot]:
+    """Robust accuracy against budget, one figure per attack, one line per model (runs of
+    one model at several seeds are averaged)."""
+    points: dict[tuple[str, str], dict[str, dict[float, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for data in runs:
+        for a in data.attack_runs:
+            if a.family != "corruption":
+                points[(a.attack, a.norm or "-")][a.model][a.eps].append(a.robust_accuracy)
+        for model in data.model_names:
+            for (norm, eps), (acc, _) in worst_case_of(data, model).items():
+                points[("worst case per sample", norm)][model][eps].append(acc)
+    plots = []
+    for (attack, norm), per_model in points.items():
+        series = [
+            Series(model, sorted(by_eps), [statistics.fmean(by_eps[e]) for e in sorted(by_eps)])
+            for model, by_eps in per_model.items()
+        ]
+        plots.append(line_plot(f"{attack} ({norm})", series, f"eps ({norm})", "robust accuracy"))
+    return plots
+
+
+def build_comparison(
+    store: ResultStore, run_ids: list[int], registry: Registry | None = None
+) -> str:
+    """The comparison page of several runs: leaderboard per metric family + overlaid curves."""
+    if not run_ids:
+        raise ConfigError("--compare needs at least one run id (or model name)")
+    registry = registry or default_registry()
+    runs = [load_run(store, run_id) for run_id in run_ids]
+    checks = [c for data in runs for c in sanity_checks(data)]
+    report = Report(runs[0], checks)
+    rendered = [
+        RenderedSection(
+            "leaderboard",
+            "Leaderboard",
+            report.template("leaderboard.html.j2", families=leaderboard(runs, registry, checks)),
+        ),
+        RenderedSection(
+            "curves",
+            "Robust accuracy against budget",
+            report.template("plots.html.j2", plots=overlay_curves(runs), note=""),
+        ),
+    ]
+    if checks:
+        rendered.append(
+            RenderedSection(
+                "sanity", "Sanity checks", report.template("sanity.html.j2", checks=checks)
+            )
+        )
+    models = ", ".join(dict.fromkeys(m for data in runs for m in data.model_names))
+    subtitle = f"runs {', '.join(map(str, run_ids))}: {models}"
+    return page("AISafety comparison", subtitle, rendered, report.plots)
+
+
+def resolve_runs(store: ResultStore, names: list[str]) -> list[int]:
+    """Run ids from ``--compare`` arguments: an id, or a model name (its latest finished run,
+    or every run of it at distinct seeds when it was evaluated with ``seeds:``)."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from aisafety.database import schema
+
+    run_ids: list[int] = []
+    for name in names:
+        if name.isdigit():
+            run_ids.append(int(name))
+            continue
+        with Session(store.engine) as session:
+            ids = session.scalars(
+                select(schema.MetricValueRow.run_id)
+                .join(schema.Model, schema.Model.id == schema.MetricValueRow.model_id)
+                .where(schema.Model.name == name)
+                .order_by(schema.MetricValueRow.run_id.desc())
+            ).all()
+            models = sorted(set(session.scalars(select(schema.Model.name))))
+        if not ids:
+            raise ConfigError(
+                f"--compare {name!r} is neither a run id nor a model in {store.url!r} "
+                f"(models there: {', '.join(models) or 'none'})"
+            )
+        run_ids.append(ids[0])
+    return list(dict.fromkeys(run_ids))

@@ -1,0 +1,8 @@
+"""Deterministic certification: bound propagation (IBP, CROWN, Fast-Lin, CROWN-IBP,
+alpha-CROWN) and a complete MILP verifier on a model's traced graph, VNN-LIB properties.
+
+``graph.py`` traces a network into ops (``ops.py``) with activation relaxations
+(``relaxations.py``); ``bounds.py`` propagates bounds; ``incomplete.py`` and ``milp.py``
+are the verifiers (registered through the ``aisafety_verifiers`` hook); ``vnnlib.py``
+reads VNN-COMP properties. ``smoothing/`` (randomized smoothing) lives beside them.
+"""

@@ -1,0 +1,101 @@
+"""The Verifier base class: bounds per batch, a falsification try, verdicts per sample.
+
+Subclasses give ``lower_bounds`` (a proved lower bound of every spec row on the box, and
+the input coefficients of the linear bound when there is one). The base class turns them
+into verdicts: certified where every row's bound is > 0; otherwise the relaxation's
+minimising corner and the box centre are replayed through the predictor and the sample is
+falsified if one violates the property, unknown if not.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field
+
+from aisafety.config_base import PluginConfig, build_config
+from aisafety.verification.bounds import LINEAR_KINDS
+from aisafety.verification.falsify import Model, replay
+from aisafety.verification.graph import BoundGraph
+from aisafety.verification.property import Property
+from aisafety.verification.result import Verdict, VerificationResult
+
+
+class VerifierConfig(PluginConfig):
+    batch_size: int = Field(default=64, gt=0, description="samples bounded together")
+    timeout: float = Field(default=60.0, gt=0, description="seconds per sample (complete search)")
+
+
+class Verifier(ABC):
+    """Answers, per sample of a ``Property``, certified / falsified / unknown."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    complete: ClassVar[bool] = False  # settles every ReLU instance given enough time
+    kinds: ClassVar[set[str]] = LINEAR_KINDS  # the graph ops it can bound
+    Config: ClassVar[type[PluginConfig]] = VerifierConfig
+
+    def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
+        self.config = build_config(
+            f"verifier {self.name!r}", self.Config, {**(config or {}), **overrides}
+        )
+
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        return {"name": cls.name, "complete": cls.complete, "description": cls.description}
+
+    def check(self, graph: BoundGraph) -> None:
+        """Raise, before any work, if ``graph`` has an op this verifier cannot bound."""
+        graph.require(self.kinds, f"verifier {self.name!r}")
+
+    @abstractmethod
+    def lower_bounds(
+        self, graph: BoundGraph, prop: Property
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Lower bounds (B, K) of the spec rows, and input coefficients (B, K, *in) or None."""
+
+    def verify(
+        self, graph: BoundGraph, prop: Property, model: Model | None = None
+    ) -> VerificationResult:
+        """Verdicts for every sample; ``model`` (the predictor) replays counterexamples."""
+        self.check(graph)
+        model = model or (lambda x: graph.forward(x.to(graph.dtype)))
+        parts = []
+        for start in range(0, len(prop), self.config.batch_size):
+            parts.append(
+                self._verify_batch(graph, prop[start : start + self.config.batch_size], model)
+            )
+        return VerificationResult.concat(parts)
+
+    def _verify_batch(self, graph: BoundGraph, prop: Property, model: Model) -> VerificationResult:
+        began = time.perf_counter()
+        prop = prop.to(graph.dtype)
+        with torch.no_grad():
+            bounds, coeff = self.lower_bounds(graph, prop)
+        margins = (bounds + prop.offset).amin(1)
+        certified = margins > 0
+        counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
+        falsified = torch.zeros_like(certified)
+        for candidate in self._candidates(prop, bounds, coeff):
+            hit = ~certified & ~falsified & replay(model, prop, candidate)
+            counter[hit] = candidate[hit].float()
+            falsified |= hit
+        seconds = torch.full((len(prop),), (time.perf_counter() - began) / max(1, len(prop)))
+        verdicts = [
+            Verdict.CERTIFIED if c else Verdict.FALSIFIED if f else Verdict.UNKNOWN
+            for c, f in zip(certified.tolist(), falsified.tolist(), strict=True)
+        ]
+        notes = ["bounds too loose" if v is Verdict.UNKNOWN else "" for v in verdicts]
+        return VerificationResult(self.name, verdicts, margins.float(), seconds, counter, notes)
+
+    @staticmethod
+    def _candidates(prop: Property, bounds: torch.Tensor, coeff: torch.Tensor | None):
+        """The box centre and, for a linear bound, the corner minimising the weakest row."""
+        yield (prop.lower + prop.upper) / 2
+        if coeff is not None:
+            worst = bounds.argmin(1)
+            a = coeff[torch.arange(len(prop)), worst]
+            yield torch.where(a > 0, prop.lower, prop.upper)

@@ -1,0 +1,73 @@
+"""Looking for counterexamples, and replaying them through the real predictor.
+
+A verifier's candidate (a corner its relaxation points at, an attack's point, a MILP
+solution) counts only after ``replay``: it is moved into the box in the predictor's own
+float32 inputs, run through the predictor, and kept only if it is inside the box and some
+row ``C f + d`` is <= 0 there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from aisafety.verification.property import Property
+
+Model = Callable[[torch.Tensor], torch.Tensor]
+
+
+def into_box(x: torch.Tensor, prop: Property) -> torch.Tensor:
+    """``x`` as float32 in the box: clamped, nudged one float step where rounding left it."""
+    lower, upper = prop.lower.to(torch.float64), prop.upper.to(torch.float64)
+    x32 = x.to(torch.float64).clamp(lower, upper).float()
+    wide = x32.double()
+    x32 = torch.where(wide < lower, torch.nextafter(x32, torch.full_like(x32, 2.0)), x32)
+    x32 = torch.where(wide > upper, torch.nextafter(x32, torch.full_like(x32, -1.0)), x32)
+    return x32
+
+
+def replay(model: Model, prop: Property, candidates: torch.Tensor) -> torch.Tensor:
+    """True per sample where the candidate is in the box and violates the property."""
+    x = into_box(candidates, prop)
+    with torch.no_grad():
+        rows = prop.rows(model(x).to(torch.float64))
+    return prop.inside(x) & (rows <= 0).any(1)
+
+
+def pgd_on_rows(
+    model: Model, prop: Property, steps: int = 50, restarts: int = 1, seed: int = 0
+) -> torch.Tensor:
+    """Signed-gradient descent on min_k (C f + d)_k inside the box; the lowest point found.
+
+    The platform's attacks take labels, not spec rows, so VNN-LIB properties need this
+    small box-PGD; its points are only candidates until ``replay`` confirms them.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    lower, upper = prop.lower.float(), prop.upper.float()
+    width = upper - lower
+    best = (lower + upper) / 2
+    with torch.no_grad():
+        best_value = prop.rows(model(best).double()).amin(1)
+    starts = [best.clone()] + [
+        lower + width * torch.rand(lower.shape, generator=generator) for _ in range(restarts)
+    ]
+    for x in starts:
+        step = width.amax() / 4 if steps else 0
+        for t in range(steps):
+            x = x.detach().requires_grad_(True)
+            with torch.enable_grad():
+                value = prop.rows(model(x).double()).amin(1)
+                (grad,) = torch.autograd.grad(value.sum(), x)
+            with torch.no_grad():
+                better = value < best_value
+                best = torch.where(_expand(better, x), x, best)
+                best_value = torch.where(better, value, best_value)
+                x = torch.minimum(torch.maximum(x - step * grad.sign(), lower), upper)
+                if t in (steps // 2, 3 * steps // 4):
+                    step = step / 2
+    return best.detach()
+
+
+def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return mask.reshape(-1, *([1] * (like.dim() - 1)))

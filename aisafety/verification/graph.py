@@ -1,0 +1,329 @@
+"""Turn a predictor's network (normalisation included) into a graph of boundable ops.
+
+The network is traced with ``torch.fx`` (containers such as ``nn.Sequential`` and the
+``GraphModule`` onnx2torch builds are inlined; leaf modules stay calls) and run once on an
+example batch. Every node that depends on the input must map onto an op of ``ops.py``;
+nodes that do not (constants, shapes, ONNX ``Constant``) are evaluated once and folded in.
+An op we cannot bound is a ``VerificationError`` naming it and the model, raised here,
+before any bound is computed.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from aisafety.errors import ConfigError
+from aisafety.verification import ops
+from aisafety.verification.relaxations import RELU, SIGMOID, TANH
+
+SUPPORTED = (
+    "Linear/Gemm, Conv2d, ReLU, Sigmoid, Tanh, Flatten/Reshape/View, the predictor's "
+    "normalisation, BatchNorm (eval), AvgPool2d, Add/Sub/Mul/Div by a constant, Add of two "
+    "branches; MaxPool2d for IBP only"
+)
+
+
+class VerificationError(ConfigError):
+    """The model or the property cannot be verified as asked; the message says why."""
+
+
+class _Tracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return not isinstance(m, nn.Sequential | fx.GraphModule) and not list(m.children())
+
+
+@dataclass
+class BoundGraph:
+    """Ops in topological order; node 0 is the input, ``ops[-1]`` the output (logits)."""
+
+    ops: list[ops.Op]
+    model: str
+    dtype: torch.dtype = torch.float64
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.ops[0].out_shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values = [x]
+        for op in self.ops[1:]:
+            values.append(op.forward(*(values[i] for i in op.inputs)))
+        return values[-1]
+
+    def to(self, dtype: torch.dtype) -> BoundGraph:
+        self.dtype = dtype
+        for op in self.ops:
+            op.to(dtype)
+        return self
+
+    def require(self, kinds: set[str], method: str) -> None:
+        """Raise before any work if an op is not boundable by ``method``."""
+        for op in self.ops:
+            if op.kind not in kinds:
+                raise VerificationError(
+                    f"{method} cannot bound {op.kind} node {op.name!r} of model {self.model!r}; "
+                    f"it supports {SUPPORTED}; use the 'ibp' verifier, or strided "
+                    "convolutions instead of max-pooling (e.g. the 'mnist-cnn-strided' "
+                    "architecture)"
+                )
+
+    @property
+    def relu_only(self) -> bool:
+        return all(op.relaxation is RELU for op in self.ops if op.kind == "activation")
+
+
+def _unsupported(node: fx.Node, what: str, model: str) -> VerificationError:
+    return VerificationError(
+        f"verification cannot bound {what} (traced node {node.name!r}) of model {model!r}; "
+        f"supported: {SUPPORTED}"
+    )
+
+
+def build_graph(
+    network: nn.Module, input_shape: Sequence[int], model: str = "model", dtype=torch.float64
+) -> BoundGraph:
+    """The bound graph of ``network`` for per-sample inputs of ``input_shape``."""
+    was_training = network.training
+    network.eval()  # BatchNorm and dropout as at inference; restored below
+    try:
+        return _build(network, input_shape, model, dtype)
+    finally:
+        network.train(was_training)
+
+
+def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) -> BoundGraph:
+    try:
+        traced = fx.GraphModule(network, _Tracer().trace(network))
+    except Exception as exc:  # data-dependent control flow and the like
+        raise VerificationError(
+            f"model {model!r} cannot be traced by torch.fx ({type(exc).__name__}: {exc}); "
+            f"verification needs a traceable network of {SUPPORTED}"
+        ) from None
+    modules = dict(traced.named_modules())
+    example = torch.rand(2, *input_shape)
+    values: dict[fx.Node, Any] = {}
+    index: dict[fx.Node, int] = {}  # traced node -> op index, for input-dependent nodes
+    graph_ops: list[ops.Op] = []
+    for node in traced.graph.nodes:
+        if node.op == "placeholder":
+            if graph_ops:
+                raise VerificationError(f"model {model!r} takes more than one input")
+            values[node] = example
+            index[node] = 0
+            graph_ops.append(ops.Input("input", [], tuple(input_shape)))
+            continue
+        if node.op == "output":
+            result = node.args[0]
+            if not isinstance(result, fx.Node) or result not in index:
+                raise _unsupported(node, "an output that is not one tensor", model)
+            output = index[result]
+            break
+        args = fx.node.map_arg(node.args, lambda n: values[n])
+        kwargs = fx.node.map_arg(node.kwargs, lambda n: values[n])
+        target = modules[node.target] if node.op == "call_module" else node.target
+        if node.op == "get_attr":
+            values[node] = _attr(traced, node.target)
+            continue
+        try:
+            if node.op == "call_method":
+                values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                values[node] = target(*args, **kwargs)
+        except Exception as exc:  # wrong input shape for this network, most often
+            raise VerificationError(
+                f"model {model!r} fails on inputs of shape {tuple(input_shape)} at node "
+                f"{node.name!r} ({type(exc).__name__}: {exc}); give the input shape it takes"
+            ) from None
+        traced_inputs = [n for n in node.all_input_nodes if n in index]
+        if not traced_inputs:
+            continue  # a constant: folded into the ops that use it
+        op = _make_op(node, target, args, values, traced_inputs, index, model)
+        if op is None:  # identity (dropout, eval-mode no-ops)
+            index[node] = index[traced_inputs[0]]
+            continue
+        index[node] = len(graph_ops)
+        graph_ops.append(op)
+    graph = BoundGraph(graph_ops[: output + 1], model).to(dtype)
+    _check(graph, network, example, model)
+    return graph
+
+
+def shape_of(value: torch.Tensor) -> tuple[int, ...]:
+    return tuple(value.shape[1:])
+
+
+def _attr(module: nn.Module, target: str) -> Any:
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _check(graph: BoundGraph, network: nn.Module, example: torch.Tensor, model: str) -> None:
+    """The graph must compute what the network computes (catches a mis-read op)."""
+    with torch.no_grad():
+        expected = network(example).to(graph.dtype)
+        got = graph.forward(example.to(graph.dtype))
+    if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-3, atol=1e-4):
+        raise VerificationError(
+            f"the bound graph of model {model!r} does not reproduce the network's outputs "
+            f"(max difference {float((got - expected).abs().max()):.3g}); please report the "
+            "model's layers"
+        )
+
+
+ELEMENTWISE = {operator.add, operator.sub, operator.mul, operator.truediv, operator.neg}
+TORCH_BINARY = {torch.add: operator.add, torch.sub: operator.sub, torch.mul: operator.mul,
+                torch.div: operator.truediv, torch.true_divide: operator.truediv}  # fmt: skip
+RESHAPES = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous"}
+
+
+def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op | None:
+    """The op for one input-dependent node, or None for an identity."""
+    out = values[node]
+    if not isinstance(out, torch.Tensor):
+        raise _unsupported(node, f"{_describe(node, target)} returning {type(out).__name__}", model)
+    first = traced_inputs[0]
+    inputs, in_shape, out_shape = [index[first]], shape_of(values[first]), shape_of(out)
+    name = node.name
+    if out.shape[0] != values[first].shape[0]:
+        raise _unsupported(node, f"{_describe(node, target)} mixing samples of a batch", model)
+    if isinstance(target, nn.Dropout | nn.Identity):
+        return None
+    if isinstance(target, nn.Linear):
+        bias = target.bias if target.bias is not None else torch.zeros(target.out_features)
+        return _dense(name, inputs, in_shape, out_shape, target.weight, bias, node, model)
+    if isinstance(target, nn.Conv2d) and target.padding_mode == "zeros" and len(in_shape) == 3:
+        bias = target.bias if target.bias is not None else torch.zeros(target.out_channels)
+        return ops.Conv(name, inputs, out_shape, weight=target.weight, bias=bias,
+                        stride=target.stride, padding=target.padding, dilation=target.dilation,
+                        groups=target.groups, in_shape=in_shape)  # fmt: skip
+    activation = _activation(target)
+    if activation is not None:
+        fn, relaxation = activation
+        return ops.Activation(name, inputs, out_shape, fn=fn, relaxation=relaxation)
+    if isinstance(target, nn.MaxPool2d) or target is F.max_pool2d:
+        fn = target if isinstance(target, nn.Module) else _bind(target, args, kwargs=node.kwargs)
+        return ops.MaxPool(name, inputs, out_shape, fn=fn)
+    if isinstance(target, nn.AvgPool2d | nn.AdaptiveAvgPool2d) or target in (
+        F.avg_pool2d,
+        F.adaptive_avg_pool2d,
+    ):
+        fn = target if isinstance(target, nn.Module) else _bind(target, args, kwargs=node.kwargs)
+        return ops.PositiveLinear(name, inputs, out_shape, fn=fn, in_shape=in_shape)
+    if _is_reshape(node, target) or isinstance(target, nn.Flatten | nn.Unflatten):
+        if values[first].numel() != out.numel():
+            raise _unsupported(node, "a reshape that changes the number of values", model)
+        return ops.Reshape(name, inputs, out_shape, in_shape=in_shape)
+    if isinstance(target, nn.BatchNorm1d | nn.BatchNorm2d) or _is_elementwise(target):
+        if len(traced_inputs) == 2 and _binary(target) is operator.add:
+            return ops.Add(name, [index[n] for n in traced_inputs], out_shape)
+        if len(traced_inputs) == 2 and _binary(target) is operator.sub:
+            raise _unsupported(node, "the difference of two branches", model)
+        if len(traced_inputs) != 1 or in_shape != out_shape:
+            raise _unsupported(node, f"{_describe(node, target)} of two traced values", model)
+        return _elementwise(node, target, args, inputs, first, out_shape, model)
+    if target is F.linear:
+        weight, bias = args[1], args[2] if len(args) > 2 else node.kwargs.get("bias")
+        return _dense(name, inputs, in_shape, out_shape, weight, bias, node, model)
+    if (
+        target in (torch.matmul, operator.matmul)
+        and len(traced_inputs) == 1
+        and node.args[0] is first
+    ):
+        weight = args[1]
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise _unsupported(node, "matmul by a non-matrix", model)
+        return _dense(name, inputs, in_shape, out_shape, weight.T, None, node, model)
+    raise _unsupported(node, _describe(node, target), model)
+
+
+def _describe(node: fx.Node, target: Any) -> str:
+    if isinstance(target, nn.Module):
+        return f"module {type(target).__name__}"
+    return f"{node.op} {getattr(target, '__name__', target)}"
+
+
+def _dense(name, inputs, in_shape, out_shape, weight, bias, node, model) -> ops.Dense:
+    if len(in_shape) != 1:
+        raise _unsupported(node, f"a linear layer applied to a {len(in_shape) + 1}-D input", model)
+    bias = torch.zeros(weight.shape[0]) if bias is None else bias  # trainable: no detach
+    return ops.Dense(name, inputs, out_shape, weight=weight, bias=bias)
+
+
+def _activation(target: Any):
+    if isinstance(target, nn.ReLU) or target in (F.relu, torch.relu):
+        return torch.relu, RELU
+    if isinstance(target, nn.Sigmoid) or target in (torch.sigmoid, F.sigmoid):
+        return torch.sigmoid, SIGMOID
+    if isinstance(target, nn.Tanh) or target in (torch.tanh, F.tanh):
+        return torch.tanh, TANH
+    return None
+
+
+def _bind(fn, args, kwargs):
+    rest, fixed = args[1:], dict(kwargs)
+    return lambda x: fn(x, *rest, **fixed)
+
+
+def _is_reshape(node: fx.Node, target: Any) -> bool:
+    if node.op == "call_method":
+        return node.target in RESHAPES
+    if target in (torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze):
+        return True
+    kind = type(target).__name__
+    return kind in {
+        "GraphLayout", "OnnxReshape", "OnnxFlatten", "OnnxSqueezeStaticAxes",
+        "OnnxUnsqueezeStaticAxes",
+    }  # fmt: skip
+
+
+def _binary(target: Any) -> Any:
+    if target in ELEMENTWISE:
+        return target
+    if target in TORCH_BINARY:
+        return TORCH_BINARY[target]
+    function = getattr(target, "math_op_function", None)  # onnx2torch Add/Sub/Mul/Div
+    if function is not None:
+        return TORCH_BINARY.get(function, operator.truediv if "div" in function.__name__ else None)
+    return None
+
+
+def _is_elementwise(target: Any) -> bool:
+    return _binary(target) is not None or type(target).__name__ == "Normalize"
+
+
+def _elementwise(node, target, args, inputs, first, out_shape, model) -> ops.Elementwise:
+    """scale and shift of an elementwise affine map, read off by evaluating it at 0 and 1."""
+    if isinstance(target, nn.BatchNorm1d | nn.BatchNorm2d):
+        if target.training or target.running_mean is None:
+            raise _unsupported(node, "BatchNorm in training mode", model)
+        fn = target
+    elif type(target).__name__ == "Normalize":
+        fn = target
+    else:
+        position = next(i for i, a in enumerate(node.args) if a is first)
+        op = _binary(target)
+        if op is operator.truediv and position == 1:
+            raise _unsupported(node, "division by a traced value", model)
+
+        def fn(x, args=args, position=position, op=op):
+            call = list(args)
+            call[position] = x
+            return op(*call) if op is not operator.neg else -x
+
+        constant = [a for i, a in enumerate(args) if i != position]
+        if any(isinstance(c, torch.Tensor) and c.dim() > 0 and c.shape[0] > 1 and
+               c.dim() == len(out_shape) + 1 for c in constant):  # fmt: skip
+            raise _unsupported(node, "an elementwise op with a per-sample constant", model)
+    with torch.no_grad():
+        zero = fn(torch.zeros(1, *out_shape))
+        one = fn(torch.ones(1, *out_shape))
+    shift, scale = zero[0].detach().double(), (one - zero)[0].detach().double()
+    return ops.Elementwise(node.name, inputs, out_shape, scale=scale, shift=shift)

@@ -1,0 +1,235 @@
+"""The operations a bound graph is made of, each with its interval and backward rules.
+
+Every op maps the per-sample value of its input node(s) to its output; batches stay in the
+first dimension. Two rules per op:
+
+* ``interval(*boxes)`` -> the box of the output given boxes of the inputs (IBP);
+* ``backward(a, *boxes)`` -> for a linear function ``A out`` (``a`` of shape
+  ``(B, K, *out_shape)``), the coefficients on each input and the constant it adds, such
+  that ``A out >= sum_i A_i in_i + bias`` over the input boxes. Affine ops are exact;
+  activations use a linear relaxation (``relaxations.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from aisafety.verification.relaxations import Relaxation
+
+Box = tuple[torch.Tensor, torch.Tensor]
+
+
+def _sum_tail(t: torch.Tensor) -> torch.Tensor:
+    """Sum over every dimension after (B, K)."""
+    return t.flatten(2).sum(2)
+
+
+def split_signs(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return a.clamp(min=0), a.clamp(max=0)
+
+
+@dataclass
+class Op:
+    """One node of the graph: ``inputs`` are indices of earlier nodes."""
+
+    name: str  # the traced node's name, for messages
+    inputs: list[int]
+    out_shape: tuple[int, ...]  # per sample
+    kind: str = field(default="op", init=False)
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def interval(self, *boxes: Box) -> Box:
+        raise NotImplementedError
+
+    def backward(self, a: torch.Tensor, *boxes: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+        raise NotImplementedError
+
+    def to(self, dtype: torch.dtype) -> None:
+        """Cast stored tensors (weights, constants) to ``dtype``; a copy in another dtype is
+        detached (verification), the same dtype keeps the network's parameter (training)."""
+        for key, value in vars(self).items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                setattr(self, key, value if value.dtype == dtype else value.detach().to(dtype))
+
+
+@dataclass
+class Input(Op):
+    kind: str = field(default="input", init=False)
+
+
+@dataclass
+class Dense(Op):
+    """y = W x + b on flat vectors (nn.Linear, Gemm, F.linear, matmul by a constant)."""
+
+    weight: torch.Tensor = None  # type: ignore[assignment]
+    bias: torch.Tensor = None  # type: ignore[assignment]
+    kind: str = field(default="dense", init=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def interval(self, box: Box) -> Box:
+        centre, radius = (box[1] + box[0]) / 2, (box[1] - box[0]) / 2
+        mid, spread = self.forward(centre), F.linear(radius, self.weight.abs())
+        return mid - spread, mid + spread
+
+    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return [a @ self.weight], a @ self.bias
+
+
+@dataclass
+class Conv(Op):
+    """nn.Conv2d (any stride, padding, dilation, groups)."""
+
+    weight: torch.Tensor = None  # type: ignore[assignment]
+    bias: torch.Tensor = None  # type: ignore[assignment]
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+    in_shape: tuple[int, ...] = ()
+    kind: str = field(default="conv", init=False)
+
+    def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv(x, self.weight, self.bias)
+
+    def interval(self, box: Box) -> Box:
+        centre, radius = (box[1] + box[0]) / 2, (box[1] - box[0]) / 2
+        mid, spread = self.forward(centre), self._conv(radius, self.weight.abs(), None)
+        return mid - spread, mid + spread
+
+    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+        b, k = a.shape[:2]
+        flat = a.reshape(b * k, *self.out_shape)
+        size = [
+            (self.out_shape[1 + i] - 1) * self.stride[i] - 2 * self.padding[i]
+            + self.dilation[i] * (self.weight.shape[2 + i] - 1) + 1
+            for i in range(2)
+        ]  # fmt: skip
+        extra = tuple(self.in_shape[1 + i] - size[i] for i in range(2))
+        back = F.conv_transpose2d(
+            flat, self.weight, None, self.stride, self.padding, extra, self.groups, self.dilation
+        )
+        bias = (a.sum((3, 4)) * self.bias).sum(2) if self.bias is not None else a.new_zeros(b, k)
+        return [back.reshape(b, k, *self.in_shape)], bias
+
+
+@dataclass
+class Elementwise(Op):
+    """y = scale * x + shift, per element (normalisation, eval BatchNorm, +-*/ a constant)."""
+
+    scale: torch.Tensor = None  # type: ignore[assignment]  # out_shape
+    shift: torch.Tensor = None  # type: ignore[assignment]
+    kind: str = field(default="elementwise", init=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift
+
+    def interval(self, box: Box) -> Box:
+        lo, hi = self.forward(box[0]), self.forward(box[1])
+        return torch.minimum(lo, hi), torch.maximum(lo, hi)
+
+    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return [a * self.scale], _sum_tail(a * self.shift)
+
+
+@dataclass
+class Reshape(Op):
+    """Flatten / view / reshape: the same values in another per-sample shape."""
+
+    in_shape: tuple[int, ...] = ()
+    kind: str = field(default="reshape", init=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], *self.out_shape)
+
+    def interval(self, box: Box) -> Box:
+        return self.forward(box[0]), self.forward(box[1])
+
+    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return [a.reshape(*a.shape[:2], *self.in_shape)], a.new_zeros(a.shape[:2])
+
+
+@dataclass
+class PositiveLinear(Op):
+    """A linear map with non-negative coefficients (average pooling): monotone for IBP."""
+
+    fn: Callable[[torch.Tensor], torch.Tensor] = None  # type: ignore[assignment]
+    in_shape: tuple[int, ...] = ()
+    kind: str = field(default="positive-linear", init=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+    def interval(self, box: Box) -> Box:
+        return self.fn(box[0]), self.fn(box[1])
+
+    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+        b, k = a.shape[:2]
+        zeros = a.new_zeros(b * k, *self.in_shape)
+        _, pullback = torch.func.vjp(self.fn, zeros)
+        (back,) = pullback(a.reshape(b * k, *self.out_shape))
+        return [back.reshape(b, k, *self.in_shape)], a.new_zeros(b, k)
+
+
+@dataclass
+class Add(Op):
+    """The sum of two traced values (residual connections)."""
+
+    kind: str = field(default="add", init=False)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return x + z
+
+    def interval(self, first: Box, second: Box) -> Box:
+        return first[0] + second[0], first[1] + second[1]
+
+    def backward(self, a, first: Box, second: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return [a, a], a.new_zeros(a.shape[:2])
+
+
+@dataclass
+class Activation(Op):
+    """A monotone elementwise nonlinearity (ReLU, sigmoid, tanh) with its relaxation."""
+
+    fn: Callable[[torch.Tensor], torch.Tensor] = None  # type: ignore[assignment]
+    relaxation: Relaxation = None  # type: ignore[assignment]
+    kind: str = field(default="activation", init=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+    def interval(self, box: Box) -> Box:
+        return self.fn(box[0]), self.fn(box[1])
+
+    def backward(
+        self, a: torch.Tensor, box: Box, lower_slope: torch.Tensor | None = None
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``lower_slope`` (alpha-CROWN) replaces the default lower line's slope."""
+        lw, lb, uw, ub = self.relaxation.lines(box[0], box[1], lower_slope)
+        pos, neg = split_signs(a)
+        lw, lb, uw, ub = (t if t.dim() == a.dim() else t.unsqueeze(1) for t in (lw, lb, uw, ub))
+        return [pos * lw + neg * uw], _sum_tail(pos * lb + neg * ub)
+
+
+@dataclass
+class MaxPool(Op):
+    """Max-pooling: monotone, so IBP bounds it; no linear relaxation here."""
+
+    fn: Callable[[torch.Tensor], torch.Tensor] = None  # type: ignore[assignment]
+    kind: str = field(default="maxpool", init=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+    def interval(self, box: Box) -> Box:
+        return self.fn(box[0]), self.fn(box[1])

@@ -1,0 +1,54 @@
+"""A verifier's answer per sample: certified, falsified (replayed counterexample), unknown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import torch
+
+
+class Verdict(StrEnum):
+    CERTIFIED = "certified"  # the property holds on the whole box (proved)
+    FALSIFIED = "falsified"  # a replayed point of the box violates it
+    UNKNOWN = "unknown"  # bounds too loose, or out of time
+
+
+@dataclass
+class VerificationResult:
+    """Per sample: verdict, a lower bound of the smallest row (``margin``), seconds spent.
+
+    ``margin`` is the verifier's proved lower bound of min_k (C f + d)_k on the box (the
+    exact minimum when a complete verifier settles); ``counterexamples`` holds the
+    violating input of each falsified sample (NaN elsewhere); ``notes`` says per sample why
+    an unknown one is unknown (``timeout`` or ``bounds too loose``).
+    """
+
+    verifier: str
+    verdicts: list[Verdict]
+    margins: torch.Tensor
+    seconds: torch.Tensor
+    counterexamples: torch.Tensor
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.verdicts)
+
+    @property
+    def certified(self) -> torch.Tensor:
+        return torch.tensor([v is Verdict.CERTIFIED for v in self.verdicts], dtype=torch.bool)
+
+    @property
+    def falsified(self) -> torch.Tensor:
+        return torch.tensor([v is Verdict.FALSIFIED for v in self.verdicts], dtype=torch.bool)
+
+    @staticmethod
+    def concat(parts: list[VerificationResult]) -> VerificationResult:
+        return VerificationResult(
+            parts[0].verifier,
+            [v for p in parts for v in p.verdicts],
+            torch.cat([p.margins for p in parts]),
+            torch.cat([p.seconds for p in parts]),
+            torch.cat([p.counterexamples for p in parts]),
+            [n for p in parts for n in p.notes],
+        )

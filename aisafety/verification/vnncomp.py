@@ -1,0 +1,76 @@
+"""One VNN-COMP instance (ONNX network + VNN-LIB property) -> sat / unsat / timeout / unknown.
+
+The network is converted with onnx2torch for the bounds (checked against onnxruntime at
+load time) and counterexamples are replayed through onnxruntime itself, the network as
+shipped. ``sat`` comes with the counterexample in VNN-COMP's format:
+``((X_0 v) ... (Y_0 v) ...)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from aisafety.errors import ConfigError
+from aisafety.prediction.onnx_model import OnnxRuntimePredictor, load_onnx
+from aisafety.verification.graph import build_graph
+from aisafety.verification.registry import make_verifier
+from aisafety.verification.result import Verdict
+from aisafety.verification.vnnlib import read_vnnlib
+
+
+@dataclass
+class InstanceResult:
+    status: str  # sat / unsat / timeout / unknown
+    seconds: float
+    margin: float
+    counterexample: str = ""
+
+
+def verify_instance(
+    network: str | Path, spec: str | Path, verifier: str = "complete", timeout: float = 60.0
+) -> InstanceResult:
+    """Verify one instance with the named verifier under a time limit in seconds."""
+    reference = _runtime(network)
+    shape = reference.input_shape
+    predictor = load_onnx(network, gradients=True, input_shape=shape)
+    graph = build_graph(predictor.network.cpu(), shape, Path(network).name)
+    checker = make_verifier(verifier, {"timeout": timeout})
+    checker.check(graph)  # before reading the property or any work
+    prop = read_vnnlib(spec, math.prod(shape), reference.num_classes)
+    prop.lower, prop.upper = prop.lower.reshape(1, *shape), prop.upper.reshape(1, *shape)
+    result = checker.verify(graph, prop, reference.logits)
+    verdict, note = result.verdicts[0], result.notes[0] if result.notes else ""
+    seconds, margin = float(result.seconds[0]), float(result.margins[0])
+    if verdict is Verdict.CERTIFIED:
+        return InstanceResult("unsat", seconds, margin)
+    if verdict is Verdict.FALSIFIED:
+        x = result.counterexamples[:1]
+        y = reference.logits(x)[0]
+        lines = [f"(X_{i} {v!r})" for i, v in enumerate(x.flatten().tolist())]
+        lines += [f"(Y_{j} {v!r})" for j, v in enumerate(y.tolist())]
+        return InstanceResult("sat", seconds, margin, "(" + "\n ".join(lines) + ")")
+    return InstanceResult("timeout" if note == "timeout" else "unknown", seconds, margin)
+
+
+def _runtime(network: str | Path) -> OnnxRuntimePredictor:
+    """onnxruntime's predictor; a graph taking flat vectors gets a (1, 1, n) layout."""
+    try:
+        return OnnxRuntimePredictor(network)
+    except ConfigError:  # not (N, C, H, W): read the per-sample size off the graph
+        import onnxruntime as ort
+
+        dims = ort.InferenceSession(str(network)).get_inputs()[0].shape
+        size = math.prod(d for d in dims[1:] if isinstance(d, int) and d > 0)
+        return OnnxRuntimePredictor(network, input_shape=(1, 1, size))
+
+
+def run_verify(network: str, spec: str, verifier: str, timeout: float) -> int:
+    """The ``aisafety verify`` command: print the status (and counterexample) as VNN-COMP."""
+    result = verify_instance(network, spec, verifier, timeout)
+    print(result.status)
+    if result.counterexample:
+        print(result.counterexample)
+    print(f"# {verifier}: {result.seconds:.2f} s, margin bound {result.margin:.4g}")
+    return 0

@@ -1,0 +1,128 @@
+"""VNN-LIB properties (VNN-COMP): an input box and a disjunction of output violations.
+
+Supported, as in the VNN-COMP 2021 MNIST benchmarks: ``declare-const`` of ``X_i`` and
+``Y_j``; ``assert`` of bounds ``(<= X_i c)`` / ``(>= X_i c)`` (possibly inside ``and``); and
+output assertions that are one atom or an ``or`` of one-atom ``and``s, each atom comparing
+two outputs or an output and a constant. The property is *violated* (``sat``) when some atom
+can hold; each atom ``g(Y) >= 0`` becomes a spec row ``-g(Y) > 0`` that must hold everywhere.
+Anything else (several input boxes, conjunctions of output atoms) is a ``VerificationError``
+naming the file and the construct.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from aisafety.verification.graph import VerificationError
+from aisafety.verification.property import Property
+
+TOKEN = re.compile(r"\(|\)|[^\s()]+")
+VARIABLE = re.compile(r"^([XY])_(\d+)$")
+
+
+def _parse(text: str) -> list:
+    """The s-expressions of ``text`` (comments removed) as nested lists of strings."""
+    text = "\n".join(line.split(";", 1)[0] for line in text.splitlines())
+    stack: list[list] = [[]]
+    for token in TOKEN.findall(text):
+        if token == "(":
+            stack.append([])
+        elif token == ")":
+            if len(stack) == 1:
+                raise ValueError("unbalanced ')'")
+            done = stack.pop()
+            stack[-1].append(done)
+        else:
+            stack[-1].append(token)
+    if len(stack) != 1:
+        raise ValueError("unbalanced '('")
+    return stack[0]
+
+
+def read_vnnlib(path: str | Path, n_inputs: int, n_outputs: int) -> Property:
+    """The property of a ``.vnnlib`` file as a one-sample ``Property`` over flat inputs."""
+    path = Path(path)
+    if not path.is_file():
+        raise VerificationError(f"VNN-LIB file {str(path)!r} does not exist")
+    try:
+        expressions = _parse(path.read_text())
+    except ValueError as exc:
+        raise VerificationError(f"VNN-LIB file {path.name!r} is malformed: {exc}") from None
+    lower = torch.full((n_inputs,), float("-inf"), dtype=torch.float64)
+    upper = torch.full((n_inputs,), float("inf"), dtype=torch.float64)
+    rows: list[tuple[torch.Tensor, float]] = []
+
+    def fail(what: str) -> VerificationError:
+        return VerificationError(f"VNN-LIB file {path.name!r}: {what} is not supported")
+
+    def term(token) -> tuple[torch.Tensor, float]:
+        """An output term as (coefficients, constant)."""
+        coeff = torch.zeros(n_outputs, dtype=torch.float64)
+        if isinstance(token, str) and (m := VARIABLE.match(token)) and m[1] == "Y":
+            index = int(m[2])
+            if index >= n_outputs:
+                raise fail(f"output Y_{index} (the network has {n_outputs})")
+            coeff[index] = 1.0
+            return coeff, 0.0
+        try:
+            return coeff, float(token)
+        except (TypeError, ValueError):
+            raise fail(f"the term {token!r}") from None
+
+    def output_atom(atom) -> tuple[torch.Tensor, float]:
+        """Spec row (c, d) with c.Y + d > 0 exactly where the violation atom fails."""
+        if not (isinstance(atom, list) and len(atom) == 3 and atom[0] in ("<=", ">=")):
+            raise fail(f"the output constraint {atom!r}")
+        (a, ca), (b, cb) = term(atom[1]), term(atom[2])
+        g, g0 = (a - b, ca - cb) if atom[0] == ">=" else (b - a, cb - ca)  # g.Y + g0 >= 0
+        return -g, -g0
+
+    def input_bound(atom) -> bool:
+        if not (isinstance(atom, list) and len(atom) == 3 and atom[0] in ("<=", ">=")):
+            return False
+        for var, const, op in ((atom[1], atom[2], atom[0]), (atom[2], atom[1], _flip(atom[0]))):
+            if isinstance(var, str) and (m := VARIABLE.match(var)) and m[1] == "X":
+                index = int(m[2])
+                if index >= n_inputs:
+                    raise fail(f"input X_{index} (the network takes {n_inputs})")
+                value = float(const)
+                if op == "<=":
+                    upper[index] = min(float(upper[index]), value)
+                else:
+                    lower[index] = max(float(lower[index]), value)
+                return True
+        return False
+
+    for expression in expressions:
+        if not isinstance(expression, list) or not expression:
+            continue
+        if expression[0] == "declare-const":
+            continue
+        if expression[0] != "assert":
+            raise fail(f"the command {expression[0]!r}")
+        body = expression[1]
+        atoms = body[1:] if isinstance(body, list) and body[0] == "and" else [body]
+        if all(input_bound(atom) for atom in atoms):
+            continue
+        disjuncts = body[1:] if isinstance(body, list) and body[0] == "or" else [body]
+        for disjunct in disjuncts:
+            is_and = isinstance(disjunct, list) and disjunct[0] == "and"
+            inner = disjunct[1:] if is_and else [disjunct]
+            if len(inner) != 1:
+                raise fail("a conjunction of several output constraints in one disjunct")
+            rows.append(output_atom(inner[0]))
+    if not torch.isfinite(lower).all() or not torch.isfinite(upper).all():
+        missing = int((~torch.isfinite(lower) | ~torch.isfinite(upper)).sum())
+        raise fail(f"an input box missing bounds on {missing} input(s)")
+    if not rows:
+        raise fail("a property without output constraints")
+    spec = torch.stack([c for c, _ in rows]).unsqueeze(0)
+    offset = torch.tensor([[d for _, d in rows]], dtype=torch.float64)
+    return Property(lower.unsqueeze(0), upper.unsqueeze(0), spec, offset)
+
+
+def _flip(op: str) -> str:
+    return "<=" if op == ">=" else ">="

@@ -1,0 +1,112 @@
+"""Verifier cost, next to a forward pass, and the complete verifier on VNN-COMP mnistfc.
+
+    python bench/verification.py [--part crown|complete|all] [--images 1000] [--eps 0.1]
+                                 [--nets 256x2 ...] [--timeout 60] [--threads 2]
+
+1. CROWN (and IBP, CROWN-IBP) on ``--images`` embedded MNIST test images for the zoo's
+   ``mnist-cnn-strided-crown-ibp`` at ``--eps``: seconds, certified fraction, and the ratio
+   to one forward pass of the same images (median of interleaved pairs).
+2. The complete verifier on every instance of ``vnncomp2021_mnistfc`` for ``--nets``
+   (``../shared/data``), each with ``--timeout`` seconds: status (sat / unsat / timeout /
+   unknown), wall and CPU seconds, and the time of one forward pass of the network. The
+   settled fraction (sat + unsat) is printed at the end. The machine is shared, so CPU
+   seconds (process time) are printed next to wall seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "vnncomp2021_mnistfc"
+if not DATA.is_dir():
+    DATA = Path("/work/shared/data/vnncomp2021_mnistfc")
+
+
+def forward_seconds(fn, x: torch.Tensor, repeats: int = 5) -> float:
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(x)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def crown_part(images: int, eps: float) -> None:
+    from aisafety.database.datasets.embedded import EmbeddedMnist
+    from aisafety.database.zoo import load_zoo_model
+    from aisafety.verification.graph import build_graph
+    from aisafety.verification.property import robustness_property
+    from aisafety.verification.registry import make_verifier
+
+    predictor = load_zoo_model("mnist-cnn-strided-crown-ibp")
+    data = EmbeddedMnist().load(None, "test")
+    x, y = data.x[:images], data.y[:images]
+    graph = build_graph(predictor.network, predictor.input_shape, predictor.name)
+    prop = robustness_property(x, y, eps, predictor.num_classes)
+    print(f"mnist-cnn-strided-crown-ibp, {len(y)} images, eps {eps}")
+    print(f"{'verifier':<12} {'certified':>9} {'seconds':>8} {'forward s':>9} {'ratio':>8}")
+    for name in ("ibp", "crown-ibp", "crown"):
+        verifier = make_verifier(name, {"batch_size": 100})
+        ratios, runs = [], []
+        for _ in range(2):  # interleaved pairs: forward, verifier
+            fwd = forward_seconds(predictor.logits, x, repeats=1)
+            start = time.perf_counter()
+            result = verifier.verify(graph, prop, predictor.logits)
+            runs.append(time.perf_counter() - start)
+            ratios.append(runs[-1] / fwd)
+        cert = result.certified.double().mean().item()
+        print(f"{name:<12} {cert:>9.3f} {statistics.median(runs):>8.2f} "
+              f"{statistics.median(runs) / statistics.median(ratios):>9.4f} "
+              f"{statistics.median(ratios):>8.0f}x")  # fmt: skip
+
+
+def complete_part(nets: list[str], timeout: float) -> None:
+    from aisafety.prediction.onnx_model import OnnxRuntimePredictor
+    from aisafety.verification.vnncomp import verify_instance
+
+    with (DATA / "mnistfc_instances.csv").open() as f:
+        instances = [row for row in csv.reader(f) if row and any(n in row[0] for n in nets)]
+    counts: dict[str, int] = {}
+    print(
+        f"{'network':<22} {'property':<20} {'status':<8} {'wall s':>7} {'cpu s':>7} {'fwd ms':>7}"
+    )
+    for onnx_name, spec, _ in instances:
+        network = DATA / onnx_name
+        reference = OnnxRuntimePredictor(network, input_shape=(1, 28, 28))
+        fwd = forward_seconds(reference.logits, torch.rand(1, 1, 28, 28))
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = verify_instance(network, DATA / spec, "complete", timeout)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        counts[result.status] = counts.get(result.status, 0) + 1
+        print(f"{onnx_name:<22} {spec:<20} {result.status:<8} {wall:>7.1f} {cpu:>7.1f} "
+              f"{fwd * 1e3:>7.2f}", flush=True)  # fmt: skip
+    settled = counts.get("sat", 0) + counts.get("unsat", 0)
+    print(f"settled {settled}/{len(instances)} ({settled / max(1, len(instances)):.0%}): {counts}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--part", choices=["crown", "complete", "all"], default="all")
+    parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--eps", type=float, default=0.1)
+    parser.add_argument("--nets", nargs="*", default=["256x2"])
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.part in ("crown", "all"):
+        crown_part(args.images, args.eps)
+    if args.part in ("complete", "all"):
+        complete_part(args.nets, args.timeout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""The HTML report and comparison page, built from a stored run; report sections as plugins."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from aisafety.cli import main
+from aisafety.database import schema
+from aisafety.database.store import EXAMPLES_PER_RUN, ResultStore
+from aisafety.plugins import build_registry
+from aisafety.report.data import load_run
+from aisafety.report.html import build_comparison, build_report
+from aisafety.report.intervals import clopper_pearson
+from aisafety.report.sections import ReportSection
+
+
+def test_run_stores_examples_and_its_machine(report_db):
+    url, run_id = report_db
+    store = ResultStore(url)
+    data = load_run(store, run_id)
+    assert data.environment is not None and data.environment["cpu_count"] >= 1
+    assert data.wall_seconds is not None and data.wall_seconds > 0
+    for run in data.attack_runs:
+        examples = data.examples[run.id]
+        assert len(examples) == EXAMPLES_PER_RUN
+        for e in examples:  # the stored adversarial input is the attack's, within its budget
+            assert e.clean.shape == (1, 28, 28)
+            if run.family != "corruption":
+                assert np.abs(e.adversarial - e.clean).max() <= run.eps + 1e-3
+        broken = ~data.correct(run.id)
+        # examples are the broken samples first
+        shown = [e.sample_index for e in examples]
+        assert all(broken[i] for i in shown[: min(int(broken.sum()), EXAMPLES_PER_RUN)])
+
+
+def test_report_has_every_section_and_interval(report_db):
+    url, run_id = report_db
+    html = build_report(ResultStore(url), run_id)
+    for section in ("provenance", "models", "sanity", "metrics", "curves", "corruptions",
+                    "certified", "frontier", "examples"):  # fmt: skip
+        assert f'id="{section}"' in html, section
+    assert "http://" not in html and "https://" not in html  # self-contained
+    plots = html.count('<img class="plot" src="data:image/png;base64,')
+    assert plots == int(re.search(r'data-plots="(\d+)"', html).group(1))
+    # 1 curve (l-inf) + 1 corruption heatmap + 1 certified curve + 1 frontier + 2 examples
+    # (fgsm, pgd-linf; random noise has none)
+    assert plots == 6
+    assert "corruption error: 3 x 3 cells" in html  # 3 corruptions x 3 severities
+    data = load_run(ResultStore(url), run_id)
+    ca = next(m for m in data.metrics if m.metric == "ca")
+    low, high = clopper_pearson(round(ca.value * ca.n_samples), ca.n_samples)
+    assert f"[{low:.4f}, {high:.4f}]" in html
+    radius = next(m for m in data.metrics if m.name == "average-certified-radius")
+    assert len(data.radii[radius.id]) == radius.n_samples  # per-sample radii, read back
+    assert "per-sample radii" in html
+    ci = binomtest(round(ca.value * ca.n_samples), ca.n_samples).proportion_ci(method="exact")
+    assert ca.ci == pytest.approx((ci.low, ci.high), abs=1e-12)  # stored with the value
+    assert all((m.ci is not None) == (m.unit == "fraction") for m in data.metrics)
+    fingerprint = data.models[0]["fingerprint"]
+    assert fingerprint in html and "mnist-embedded" in html
+
+
+def test_cli_report_latest_and_errors(report_db, tmp_path, capsys):
+    url, run_id = report_db
+    out = tmp_path / "nested" / "report.html"
+    assert main(["report", "--latest", "--db", url, "-o", str(out)]) == 0
+    assert f"run {run_id}" in capsys.readouterr().out
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    assert main(["report", "999", "--db", url, "-o", str(out)]) == 2
+    assert "run 999 is not in" in capsys.readouterr().err
+    missing = f"sqlite:///{tmp_path / 'missing.db'}"
+    assert main(["report", "--db", missing, "-o", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()  # reporting never creates a database
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    ResultStore(empty)
+    assert main(["report", "--db", empty, "-o", str(out)]) == 2
+    assert "holds no runs yet" in capsys.readouterr().err
+    assert main(["report", "--compare", "no-such-model", "--db", url, "-o", str(out)]) == 2
+    assert "neither a run id nor a model" in capsys.readouterr().err
+
+
+def test_comparison_ranks_models_and_marks_the_best(report_db, tmp_path):
+    url, run_id = report_db
+    store = ResultStore(url)
+    html = build_comparison(store, [run_id, run_id])
+    assert 'id="leaderboard"' in html and 'class="num best"' in html
+    assert html.count('<img class="plot"') >= 3  # fgsm, pgd, noise, worst case
+    out = tmp_path / "cmp.html"
+    assert main(["report", "--compare", "mnist-cnn", "--db", url, "-o", str(out)]) == 0
+    assert "mnist-cnn" in out.read_text()
+
+
+def test_leaderboard_marks_models_with_sanity_warnings(report_db):
+    from aisafety.report.html import leaderboard
+    from aisafety.report.sanity import Check
+
+    url, run_id = report_db
+    data = load_run(ResultStore(url), run_id)
+    warned = [Check("c", "mnist-cnn", "warn", "d"), Check("c", "mnist-cnn", "pass", "d")]
+    families = leaderboard([data], build_registry(), warned)
+    assert families and all(row["warnings"] == 1 for f in families for row in f["rows"])
+    assert all(
+        row["warnings"] == 0 for f in leaderboard([data], build_registry()) for row in f["rows"]
+    )
+
+
+def test_seeds_show_mean_and_std():
+    from aisafety.report.html import _cell, _ranks
+
+    assert _cell([0.5]) == "0.5"
+    assert _cell([0.5, 0.7, 0.6]) == "0.6 ± 0.1"
+    assert _ranks({"a": 0.9, "b": 0.5, "c": 0.9}, "higher") == {"a": 1, "b": 3, "c": 1}
+    assert _ranks({"a": 0.9, "b": 0.5}, "lower") == {"a": 2, "b": 1}
+
+
+class ThirdPartySection(ReportSection):
+    name, title, order = "third-party", "A third-party section", 15
+
+    def render(self, report):
+        return report.template("plots.html.j2", plots=[], note=f"runs: {report.data.run_id}")
+
+
+class BrokenSection(ReportSection):
+    name, title, order = "broken", "A broken section", 16
+
+    def render(self, report):
+        raise RuntimeError("boom")
+
+
+class SectionPlugin:
+    @staticmethod
+    def aisafety_report_sections():
+        return [ThirdPartySection, BrokenSection]
+
+
+def test_a_plugin_adds_a_report_section(report_db):
+    from aisafety.hookspecs import hookimpl
+
+    SectionPlugin.aisafety_report_sections = staticmethod(
+        hookimpl(SectionPlugin.aisafety_report_sections)
+    )
+    registry = build_registry([("section-plugin", SectionPlugin)])
+    assert not registry.failures
+    url, run_id = report_db
+    html = build_report(ResultStore(url), run_id, registry)
+    assert 'id="third-party"' in html and f"runs: {run_id}" in html
+    # placed by its order: after the model cards (10), before the sanity checks (20)
+    assert html.index('id="models"') < html.index('id="third-party"') < html.index('id="sanity"')
+    assert "this section failed: RuntimeError: boom" in html
+
+
+def test_old_database_without_new_tables_still_reports(report_db, tmp_path):
+    url, run_id = report_db
+    copy = tmp_path / "old.db"  # the session's database stays as it is for the other tests
+    for suffix in ("", "-wal"):  # SQLite in WAL mode keeps recent rows beside the file
+        source = url.removeprefix("sqlite:///") + suffix
+        if Path(source).exists():
+            shutil.copy(source, f"{copy}{suffix}")
+    store = ResultStore(f"sqlite:///{copy}")
+    with Session(store.engine) as session, session.begin():
+        session.query(schema.ExampleImage).delete()
+        session.query(schema.RunEnvironment).delete()
+    html = build_report(store, run_id)
+    assert "not recorded (the run predates it)" in html
+    assert 'id="examples"' not in html
+    with Session(store.engine) as session:
+        assert session.scalar(select(func.count()).select_from(schema.AttackRun)) > 0
+
+
+def test_seeds_give_one_run_each_and_mean_std(tmp_path, capsys):
+    import statistics
+
+    import yaml
+
+    plan = tmp_path / "seeds.yaml"
+    plan.write_text(
+        yaml.safe_dump({
+            "dataset": {"name": "mnist-embedded", "limit": 40},
+            "attacks": [{"name": "pgd-linf", "config": {"steps": 3}, "eps": [0.1]}],
+            "metrics": ["ca", "robust-accuracy"],
+            "seeds": [0, 1, 2],
+        })
+    )  # fmt: skip
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    assert main(["evaluate", str(plan), "--db", db, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "report over the seeds: aisafety report --compare 1 2 3" in out
+    store = ResultStore(db)
+    runs = [load_run(store, i) for i in (1, 2, 3)]
+    assert [r.seed for r in runs] == [0, 1, 2]
+    robust = [next(m.value for m in r.metrics if m.metric == "robust-accuracy") for r in runs]
+    row = next(line for line in out.splitlines() if line.startswith("robust-accuracy"))
+    assert f"{statistics.fmean(robust):.4g}" in row
+    out_file = tmp_path / "seeds.html"
+    assert main(["report", "--compare", "1", "2", "3", "--db", db, "-o", str(out_file)]) == 0
+    html = out_file.read_text()
+    assert f"{statistics.fmean(robust):.4g} ± {statistics.stdev(robust):.2g}" in html
+    with pytest.raises(Exception, match="distinct"):
+        from aisafety.config import plan_from_dict
+
+        plan_from_dict({"seeds": [1, 1]})

@@ -1,0 +1,37 @@
+"""The report's Clopper-Pearson intervals equal scipy's exact binomial intervals."""
+
+from __future__ import annotations
+
+import pytest
+from scipy.stats import binomtest
+
+from aisafety.report.intervals import clopper_pearson, is_rate, rate_interval
+
+
+@pytest.mark.parametrize(
+    ("k", "n"), [(0, 1), (1, 1), (0, 10), (3, 10), (10, 10), (512, 1000), (999, 1000), (37, 200)]
+)
+def test_equals_scipy_exact_interval(k: int, n: int) -> None:
+    ours = clopper_pearson(k, n)
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    assert ours == pytest.approx((ci.low, ci.high), abs=1e-12)
+
+
+def test_other_level_and_known_value() -> None:
+    ci = binomtest(7, 50).proportion_ci(confidence_level=0.9, method="exact")
+    assert clopper_pearson(7, 50, 0.9) == pytest.approx((ci.low, ci.high), abs=1e-12)
+    # closed form at k = 0: upper = 1 - (alpha/2)^(1/n)
+    assert clopper_pearson(0, 20)[1] == pytest.approx(1 - 0.025 ** (1 / 20), abs=1e-12)
+
+
+def test_stored_rate_recovers_its_count() -> None:
+    assert rate_interval(0.37, 200) == clopper_pearson(74, 200)
+    assert is_rate("fraction", 0.5, 10)
+    assert not is_rate("probability", 0.5, 10)
+    assert not is_rate("fraction", float("nan"), 10)
+
+
+@pytest.mark.parametrize(("k", "n"), [(-1, 10), (11, 10), (0, 0)])
+def test_rejects_impossible_counts(k: int, n: int) -> None:
+    with pytest.raises(ValueError, match="successes"):
+        clopper_pearson(k, n)

@@ -1,0 +1,145 @@
+"""The gradient-masking sanity checks: each check on hand-made runs, then the shipped models:
+defensive distillation (whose PGD number docs/defenses.md calls gradient masking) is flagged,
+the vanilla and PGD-AT models pass."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import numpy as np
+import pytest
+import yaml
+
+from aisafety.cli import main
+from aisafety.report.data import AttackRunRow, MetricRow, RunData
+from aisafety.report.sanity import (
+    black_box_not_stronger,
+    breaks_at_large_budget,
+    gradients_alive,
+    monotone_in_budget,
+    more_effort_not_weaker,
+    noise_weaker_than_attacks,
+    sanity_checks,
+)
+
+N = 100
+
+
+def attack(i, name, eps, acc, family="gradient", config=None, norm="linf"):
+    label = name + (f"({','.join(f'{k}={v}' for k, v in config.items())})" if config else "")
+    return AttackRunRow(i, "m", "d", label, family, norm, eps, config or {}, N, acc, 1.0)
+
+
+def run_data(runs, metrics=(), outcomes=None):
+    return RunData(
+        1, "finished", datetime(2026, 1, 1), None, "0", 0, "cpu", {}, None,
+        [{"name": "m"}], [], list(metrics), list(runs), outcomes or {},
+    )  # fmt: skip
+
+
+def test_monotone():
+    ok = [attack(1, "pgd-linf", 0.1, 0.6), attack(2, "pgd-linf", 0.3, 0.2)]
+    assert monotone_in_budget("m", ok).status == "pass"
+    bad = [attack(1, "pgd-linf", 0.1, 0.2), attack(2, "pgd-linf", 0.3, 0.5)]
+    check = monotone_in_budget("m", bad)
+    assert check.status == "warn" and "0.500 at eps 0.3" in check.detail and check.advice
+    noise = [attack(1, "pgd-linf", 0.1, 0.6), attack(2, "pgd-linf", 0.3, 0.61)]
+    assert monotone_in_budget("m", noise).status == "pass"  # within 2 samples of 100
+    assert monotone_in_budget("m", ok[:1]).status == "skip"
+
+
+def test_breaks_at_large_budget():
+    assert breaks_at_large_budget("m", [attack(1, "pgd-linf", 0.5, 0.0)]).status == "pass"
+    assert breaks_at_large_budget("m", [attack(1, "pgd-linf", 0.5, 0.3)]).status == "warn"
+    assert breaks_at_large_budget("m", [attack(1, "pgd-linf", 0.3, 0.3)]).status == "skip"
+    # an l2 budget of 0.5 breaks nothing: not this check's business
+    assert breaks_at_large_budget("m", [attack(1, "pgd-l2", 0.5, 0.9, norm="l2")]).status == "skip"
+
+
+def test_black_box_against_white_box_per_sample():
+    label = np.zeros(N, dtype=np.int64)
+    white_correct = np.arange(N) < 50
+    black_correct = np.arange(N) < 10
+    outcomes = {
+        i: {"label": label, "clean_pred": label, "adv_pred": np.where(c, 0, 1)}
+        for i, c in ((1, white_correct), (2, black_correct))
+    }
+    runs = [attack(1, "pgd-linf", 0.3, 0.5), attack(2, "square-linf", 0.3, 0.1, "score")]
+    check = black_box_not_stronger("m", runs, run_data(runs, outcomes=outcomes))
+    assert check.status == "warn" and "breaks 40 sample(s)" in check.detail
+    runs[1] = attack(2, "square-linf", 0.3, 0.49, "score")
+    assert black_box_not_stronger("m", runs, run_data(runs)).status == "pass"
+    noise_only = [runs[0], attack(3, "random-noise", 0.3, 0.1, "decision")]
+    assert black_box_not_stronger("m", noise_only, run_data(noise_only)).status == "skip"
+
+
+def test_more_effort():
+    runs = [attack(1, "pgd-linf", 0.3, 0.4, config={"steps": 10}), attack(2, "pgd-linf", 0.3, 0.3)]
+    assert more_effort_not_weaker("m", runs).status == "pass"  # default steps 40 > 10
+    runs = [attack(1, "pgd-linf", 0.3, 0.3, config={"steps": 10}), attack(2, "pgd-linf", 0.3, 0.4)]
+    check = more_effort_not_weaker("m", runs)
+    assert check.status == "warn" and "pgd-linf 0.400 > pgd-linf(steps=10) 0.300" in check.detail
+    other_budget = [runs[0], attack(2, "pgd-linf", 0.1, 0.9)]
+    assert more_effort_not_weaker("m", other_budget).status == "skip"
+
+
+def test_gradients_and_noise():
+    def rate(v):
+        return [MetricRow("m", "d", "zero-gradient-rate", None, None, v, "lower", "fraction",
+                          N, {})]  # fmt: skip
+
+    assert gradients_alive("m", run_data([], rate(0.02))).status == "pass"
+    assert gradients_alive("m", run_data([], rate(0.6))).status == "warn"
+    assert gradients_alive("m", run_data([])).status == "skip"
+    runs = [attack(1, "pgd-linf", 0.3, 0.1), attack(2, "random-noise", 0.3, 0.9, "decision")]
+    assert noise_weaker_than_attacks("m", runs).status == "pass"
+    runs[1] = attack(2, "random-noise", 0.3, 0.05, "decision")
+    assert noise_weaker_than_attacks("m", runs).status == "warn"
+    assert noise_weaker_than_attacks("m", runs[:1]).status == "skip"
+
+
+def test_corruptions_only_run_has_no_checks():
+    runs = [attack(1, "fog", 0.0, 0.9, "corruption", norm=None)]
+    assert sanity_checks(run_data(runs)) == []
+
+
+PLAN = {
+    "dataset": {"name": "mnist-embedded", "limit": N},
+    "attacks": [
+        {"name": "pgd-linf", "config": {"steps": 10}, "eps": [0.1, 0.3, 0.5]},
+        {"name": "pgd-linf", "config": {"steps": 20}, "eps": [0.3]},
+        {"name": "square-linf", "config": {"queries": 100}, "eps": [0.3]},
+        {"name": "random-noise", "eps": [0.1, 0.3, 0.5]},
+    ],
+    "metrics": ["ca", "robust-accuracy", "zero-gradient-rate"],
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "warned"),
+    [
+        ("mnist-cnn", set()),
+        ("mnist-cnn-pgd-at", set()),
+        (
+            "mnist-cnn-distillation",
+            {
+                "accuracy reaches ~0 at l-inf eps 0.5",
+                "black-box attacks do not beat white-box ones",
+                "loss gradients are not zero or NaN",
+                "random noise is weaker than the attacks",
+            },
+        ),
+    ],
+)
+def test_shipped_models(model, warned, tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({**PLAN, "model": {"name": model}}))
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    assert main(["evaluate", str(plan), "--db", db, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("  [")]
+    assert len(lines) == 6, out  # every check ran: the plan has what each one needs
+    flagged = {line.split(": ")[1] for line in lines if line.startswith("  [WARN]")}
+    assert flagged == warned, out
+    if warned:
+        assert "likely cause: " in out and "gradient masking" in out and "run: " in out

@@ -1,0 +1,258 @@
+"""The results store cannot be corrupted: read-only queries, complete units, concurrent
+processes, busy locks, and runs that die (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from aisafety.cli import main
+from aisafety.database import engine as store_engine
+from aisafety.database.read_only import query_read_only, read_only_engine
+from aisafety.database.store import ResultStore
+from aisafety.errors import ConfigError, StoreError
+from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
+from aisafety.runner import Runner
+
+PLAN = EvaluationPlan(
+    dataset=DatasetSpec(limit=20),
+    attacks=(AttackSpec(name="fgsm", eps=(0.1, 0.3)),),
+    metrics=tuple(MetricSpec(name=n) for n in ("ca", "aaw")),
+    device="cpu",
+)
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """A database holding one finished run of PLAN (3 units)."""
+    path = tmp_path_factory.mktemp("db") / "r.db"
+    Runner(PLAN, ResultStore(f"sqlite:///{path}"), quiet=True).run()
+    return path
+
+
+def _count(path, table: str) -> int:
+    with sqlite3.connect(path) as connection:
+        return connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+
+
+WRITES = [
+    "DROP TABLE sample_outcomes",
+    "DELETE FROM metric_values",
+    "UPDATE runs SET status = 'x'",
+    "INSERT INTO runs (id) VALUES (99)",
+    "CREATE TABLE t (x)",
+    "CREATE TEMP TABLE t (x)",
+    "DROP VIEW results",
+    "ALTER TABLE runs ADD COLUMN y",
+    "ATTACH '{dir}/attached.db' AS other",
+    "VACUUM INTO '{dir}/copy.db'",
+    "VACUUM",
+    "PRAGMA journal_mode=DELETE",
+    "PRAGMA user_version=5",
+    "BEGIN",
+    "REINDEX",
+]
+
+
+@pytest.mark.parametrize("sql", WRITES)
+def test_query_refuses_every_write(filled, sql, capsys):
+    before = {t: _count(filled, t) for t in ("runs", "metric_values", "sample_outcomes")}
+    statement = sql.format(dir=filled.parent)
+    assert main(["query", "--db", f"sqlite:///{filled}", statement]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: query refused:") and "read-only" in err
+    assert "Traceback" not in err
+    assert {t: _count(filled, t) for t in before} == before
+    assert not (filled.parent / "copy.db").exists()
+    assert not (filled.parent / "attached.db").exists()
+
+
+def test_query_reads_and_store_query_is_read_only_too(filled):
+    columns, rows = query_read_only(read_only_engine(f"sqlite:///{filled}"), "SELECT * FROM runs")
+    assert "status" in columns and len(rows) == 1
+    _, info = query_read_only(read_only_engine(f"sqlite:///{filled}"), "PRAGMA table_info(units)")
+    assert {"n_values", "n_outcomes"} <= {row[1] for row in info}
+    store = ResultStore(f"sqlite:///{filled}")
+    with pytest.raises(ConfigError, match="refused"):
+        store.query("DELETE FROM units")
+    store.query("SELECT 1")  # the authorizer is removed again: the store still writes
+    assert _count(filled, "units") == 3
+
+
+def test_missing_database_is_an_error_for_query(tmp_path, capsys):
+    missing = tmp_path / "typo.db"
+    assert main(["query", "--db", f"sqlite:///{missing}", "SELECT 1"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not missing.exists()
+    with pytest.raises(ConfigError, match="does not exist"):
+        ResultStore(f"sqlite:///{missing}", create=False)
+
+
+def test_units_with_missing_rows_are_not_finished(tmp_path):
+    """Emptying a table (what DROP TABLE + re-creation leaves) makes the units run again."""
+    path = tmp_path / "r.db"
+    store = ResultStore(f"sqlite:///{path}")
+    first = Runner(PLAN, store, quiet=True).run()
+    assert len(store.finished_units()) == 3
+    with sqlite3.connect(path) as connection:
+        connection.execute("DELETE FROM sample_outcomes WHERE attack_run_id = 1")
+    assert len(store.finished_units()) == 2
+    with sqlite3.connect(path) as connection:
+        connection.execute("DELETE FROM metric_values WHERE metric = 'ca'")
+    assert len(store.finished_units()) == 1
+    again = Runner(PLAN, store, resume=True, quiet=True).run()
+    assert again.resumed_units == 1
+    assert [v.value for v in again.values] == [v.value for v in first.values]
+    assert len(store.finished_units()) == 3
+
+
+def _open_store(url: str, barrier) -> None:
+    barrier.wait()
+    ResultStore(url)
+
+
+def test_concurrent_processes_create_the_schema_on_a_fresh_file(tmp_path):
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(5)
+    workers = [context.Process(target=_open_store, args=(url, barrier)) for _ in range(5)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [w.exitcode for w in workers] == [0] * 5
+
+
+def _write_units(url: str, barrier, worker: int) -> None:
+    barrier.wait()
+    store = ResultStore(url)
+    plan = PLAN.model_copy(update={"seed": worker})
+    run_id = store.start_run(plan, "test", "cpu")
+    for unit in range(20):
+        store.record_unit(run_id, f"{worker}-{unit}", "unit", _subject(), [], "test")
+    store.finish_run(run_id)
+
+
+def _subject():
+    from aisafety.database.store import Subject
+
+    return Subject("m", "f" * 16, {}, "labels", "d", "test", 1, "g" * 16, {})
+
+
+def test_concurrent_writers_all_commit(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(5)
+    workers = [
+        context.Process(target=_write_units, args=(url, barrier, w)) for w in range(5)
+    ]  # fmt: skip
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [w.exitcode for w in workers] == [0] * 5
+    assert _count(tmp_path / "shared.db", "units") == 100
+    assert len(ResultStore(url).finished_units()) == 100
+
+
+def test_a_long_reader_does_not_stop_a_run(tmp_path):
+    path = tmp_path / "r.db"
+    store = ResultStore(f"sqlite:///{path}")
+    reader = sqlite3.connect(path)
+    reader.execute("BEGIN")
+    reader.execute("SELECT COUNT(*) FROM runs").fetchone()  # holds a read snapshot
+    try:
+        record = Runner(PLAN, store, quiet=True).run()
+    finally:
+        reader.close()
+    assert len(record.values) == 3 and len(store.finished_units()) == 3
+
+
+def test_a_held_write_lock_is_waited_for_then_reported(tmp_path, monkeypatch):
+    path = tmp_path / "r.db"
+    monkeypatch.setattr(store_engine, "BUSY_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(store_engine, "RETRY_PAUSE_S", 0.05)
+    store = ResultStore(f"sqlite:///{path}")
+    run_id = store.start_run(PLAN, "test", "cpu")
+    locker = sqlite3.connect(path, check_same_thread=False)
+    locker.execute("BEGIN IMMEDIATE")  # another process's write transaction
+    threading.Timer(0.3, locker.rollback).start()  # released within the retries
+    store.record_unit(run_id, "a", "unit", _subject(), [], "test")
+    locker.execute("BEGIN IMMEDIATE")  # never released while we try
+    try:
+        with pytest.raises(StoreError, match="still busy after 5 attempts"):
+            store.record_unit(run_id, "b", "unit", _subject(), [], "test")
+    finally:
+        locker.rollback()
+        locker.close()
+    assert store.finished_units() == {"a"}
+
+
+def test_a_killed_run_is_marked_interrupted_by_the_next_run(tmp_path):
+    path = tmp_path / "r.db"
+    store = ResultStore(f"sqlite:///{path}")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True, check=True)  # fmt: skip
+    run_id = store.start_run(PLAN, "test", "cpu")
+    with sqlite3.connect(path) as connection:  # as a kill -9 leaves it
+        connection.execute("UPDATE runs SET pid = ? WHERE id = ?", (int(dead.stdout), run_id))
+    alive = store.start_run(PLAN, "test", "cpu")  # this process: still running
+    store.start_run(PLAN, "test", "cpu")
+    _, rows = store.query("SELECT id, status FROM runs ORDER BY id")
+    assert rows == [(run_id, "interrupted"), (alive, "running"), (alive + 1, "running")]
+
+
+CHILD = """
+import sys, torch
+torch.set_num_threads(1)
+from aisafety.database.store import ResultStore
+from aisafety.interfaces import EvaluationPlan
+from aisafety.runner import Runner
+plan = EvaluationPlan.model_validate_json(sys.argv[2])
+Runner(plan, ResultStore(sys.argv[1]), quiet=True).run()
+"""
+
+
+def test_sigterm_marks_the_run_interrupted(tmp_path):
+    path = tmp_path / "r.db"
+    many = tuple(round(0.01 * i, 2) for i in range(1, 40))  # more units than it has time for
+    plan = PLAN.model_copy(update={"attacks": (AttackSpec(name="fgsm", eps=many),)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, f"sqlite:///{path}", plan.model_dump_json()],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _units_done(path):
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode != 0, err
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+
+
+def _units_done(path) -> int:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+            return connection.execute("SELECT COUNT(*) FROM units").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def test_an_old_database_gets_the_new_columns(tmp_path):
+    path = tmp_path / "old.db"
+    ResultStore(f"sqlite:///{path}")
+    with sqlite3.connect(path) as connection:  # as made before the columns existed
+        for table, column in (("units", "n_values"), ("units", "n_outcomes"), ("runs", "pid")):
+            connection.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    store = ResultStore(f"sqlite:///{path}")
+    record = Runner(PLAN, store, quiet=True).run()
+    assert len(store.finished_units()) == 3 and len(record.values) == 3

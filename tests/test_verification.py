@@ -1,0 +1,206 @@
+"""Verifiers: hand-computed bounds, soundness against sampling, attacks, scipy's LP relaxation
+and the exact MILP optimum, tightness ordering, the plan check, ONNX and VNN-LIB."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import linprog
+from torch import nn
+
+from aisafety.prediction.torch_module import Normalize
+from aisafety.verification import bounds as b
+from aisafety.verification.falsify import pgd_on_rows
+from aisafety.verification.graph import VerificationError, build_graph
+from aisafety.verification.milp import encode, minimise_row
+from aisafety.verification.property import robustness_property
+from aisafety.verification.registry import make_verifier
+from aisafety.verification.result import Verdict
+
+INCOMPLETE = ["ibp", "crown-ibp", "fast-lin", "crown", "alpha-crown"]
+
+
+def two_layer_net() -> nn.Sequential:
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[1.0, -1.0], [2.0, 1.0]]))
+        net[0].bias.copy_(torch.tensor([0.0, -1.0]))
+        net[2].weight.copy_(torch.tensor([[1.0, -1.0], [-1.0, 2.0]]))
+        net[2].bias.copy_(torch.tensor([0.5, 0.0]))
+    return net
+
+
+class Residual(nn.Module):
+    """Conv - BN - ReLU with a residual Add, average pooling and a normalised input."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = Normalize((0.4,), (0.3,))
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.pool = nn.AvgPool2d(2)
+        self.head = nn.Linear(4 * 2 * 2, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv(self.norm(x))))
+        h = h + torch.relu(self.conv2(h))
+        return self.head(torch.flatten(self.pool(h), 1))
+
+
+def residual_net() -> nn.Module:
+    torch.manual_seed(0)
+    net = Residual()
+    with torch.no_grad():
+        net.bn.running_mean.uniform_(-0.2, 0.2)
+        net.bn.running_var.uniform_(0.5, 2.0)
+    return net.eval()
+
+
+def sigmoid_net() -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(16, 12), nn.Sigmoid(), nn.Linear(12, 8), nn.Tanh(), nn.Linear(8, 3)
+    ).eval()
+
+
+def fc_net() -> nn.Module:
+    torch.manual_seed(2)
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(16, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 3)
+    ).eval()
+
+
+def lower_bounds(name: str, graph, prop) -> torch.Tensor:
+    with torch.no_grad():
+        return make_verifier(name).lower_bounds(graph, prop.to(graph.dtype))[0]
+
+
+def test_crown_on_a_two_layer_net_matches_the_hand_computation():
+    # x in [0.4, 0.6]^2: z1 = x1 - x2 in [-0.2, 0.2] (unstable), z2 = 2 x1 + x2 - 1 in
+    # [0.2, 0.8] (active). Row f1 - f0 = -2 h1 + 3 h2 - 0.5: h1 has a negative coefficient,
+    # so CROWN uses the upper chord h1 <= 0.5 z1 + 0.1, giving 5 x1 + 4 x2 - 3.7 >= -0.1.
+    # IBP: -2 * 0.2 + 3 * 0.2 - 0.5 = -0.3. The exact minimum, at x = (0.4, 0.4), is 0.1.
+    graph = build_graph(two_layer_net(), (2,), "two-layer")
+    prop = robustness_property(torch.tensor([[0.5, 0.5]]), torch.tensor([1]), 0.1, 2)
+    assert lower_bounds("crown", graph, prop).item() == pytest.approx(-0.1, abs=1e-9)
+    assert lower_bounds("fast-lin", graph, prop).item() == pytest.approx(-0.1, abs=1e-9)
+    assert lower_bounds("ibp", graph, prop).item() == pytest.approx(-0.3, abs=1e-9)
+    result = make_verifier("complete", {"exact": True}).verify(graph, prop)
+    assert result.verdicts == [Verdict.CERTIFIED]
+    assert result.margins.item() == pytest.approx(0.1, abs=1e-6)
+    assert make_verifier("complete").verify(graph, prop).verdicts == [Verdict.CERTIFIED]
+    # row f0 - f1 = 2 h1 - 3 h2 + 0.5: CROWN's lower line for h1 is 0 (u = -l) -> -1.9,
+    # reached at x = (0.6, 0.6) where h1 = 0 and h2 = 0.8: falsified there
+    prop = robustness_property(torch.tensor([[0.5, 0.5]]), torch.tensor([0]), 0.1, 2)
+    assert lower_bounds("crown", graph, prop).item() == pytest.approx(-1.9, abs=1e-9)
+    assert make_verifier("crown").verify(graph, prop).verdicts == [Verdict.FALSIFIED]
+
+
+def lp_optimum(graph, boxes, spec_row: np.ndarray) -> float:
+    """The triangle LP relaxation's optimum by scipy.optimize.linprog (HiGHS)."""
+    enc = encode(graph, boxes, relax=True)
+    (constraint,) = enc.constraints()
+    a = constraint.A.toarray()
+    lb, ub = constraint.lb, constraint.ub
+    a_ub = np.vstack([a[np.isfinite(ub)], -a[np.isfinite(lb)]])
+    b_ub = np.concatenate([ub[np.isfinite(ub)], -lb[np.isfinite(lb)]])
+    cost = enc.out_matrix @ spec_row
+    res = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=list(zip(enc.lower, enc.upper, strict=True)),
+                  method="highs")  # fmt: skip
+    assert res.status == 0, res.message
+    return float(res.fun + enc.out_const @ spec_row)
+
+
+@pytest.mark.parametrize("make", [fc_net, residual_net, sigmoid_net])
+def test_every_bound_is_below_the_margin_at_centre_random_points_and_the_attack(make):
+    net = make()
+    graph = build_graph(net, (1, 4, 4), make.__name__)
+    generator = torch.Generator().manual_seed(3)
+    x = torch.rand(4, 1, 4, 4, generator=generator)
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    prop = robustness_property(x, y, 0.05, 3)
+    found = {name: lower_bounds(name, graph, prop) for name in INCOMPLETE}
+    points = [x, pgd_on_rows(lambda z: net(z), prop, steps=30)]
+    noise = torch.rand(1000, *x.shape, generator=generator)
+    points += list((prop.lower + noise * (prop.upper - prop.lower)).float())
+    with torch.no_grad():
+        true = torch.stack([prop.rows(net(p).double()) for p in points]).amin(0)
+    for name, bound in found.items():
+        assert (bound <= true + 1e-6).all(), name
+    assert (found["ibp"] <= found["crown"] + 1e-9).all()
+    assert (found["ibp"] <= found["crown-ibp"] + 1e-9).all()
+    assert (found["crown"] <= found["alpha-crown"] + 1e-9).all()
+
+
+def test_incomplete_bounds_are_below_scipys_lp_relaxation_and_the_exact_milp_optimum():
+    net = fc_net()
+    graph = build_graph(net, (1, 4, 4), "fc")
+    x = torch.rand(3, 1, 4, 4, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    prop = robustness_property(x, y, 0.1, 3)
+    found = {name: lower_bounds(name, graph, prop) for name in INCOMPLETE}
+    crown_boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    for s in range(len(y)):
+        boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in crown_boxes]
+        enc = encode(graph, boxes)
+        for k in range(prop.spec.shape[1]):
+            row = prop.spec[s, k].numpy()
+            lp = lp_optimum(graph, boxes, row)
+            exact, value, _ = minimise_row(enc, row, 0.0, 30.0)
+            assert exact == pytest.approx(value, abs=1e-6)  # solved to optimality
+            assert lp <= exact + 1e-6
+            for name, bound in found.items():
+                assert bound[s, k] <= lp + 1e-6, (name, s, k)
+
+
+def test_an_unsupported_op_is_named_with_the_model_before_any_work():
+    class Gelu(nn.Module):
+        def forward(self, x):
+            return nn.functional.gelu(x)
+
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), Gelu(), nn.Linear(3, 2))
+    with pytest.raises(VerificationError, match="Gelu.*'my-net'"):
+        build_graph(net, (1, 2, 2), "my-net")
+    pooled = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                           nn.Flatten(), nn.Linear(8, 2))  # fmt: skip
+    graph = build_graph(pooled, (1, 4, 4), "pooled")
+    with pytest.raises(VerificationError, match="crown.*maxpool.*'pooled'"):
+        make_verifier("crown").check(graph)
+    make_verifier("ibp").check(graph)  # IBP bounds max-pooling
+    with pytest.raises(VerificationError, match="complete.*sigmoid"):
+        make_verifier("complete").check(build_graph(sigmoid_net(), (1, 4, 4), "sig"))
+
+
+def test_training_bounds_follow_the_weights_and_carry_gradients():
+    from aisafety.verification.margins import ibp_margin_bounds
+
+    net = fc_net().train()
+    x, y = torch.rand(2, 1, 4, 4), torch.tensor([0, 1])
+    before = ibp_margin_bounds(net, x, y, 0.05)
+    before.sum().backward()
+    assert net[1].weight.grad is not None and net.training
+    with torch.no_grad():
+        net[1].weight.mul_(2)
+    assert not torch.allclose(ibp_margin_bounds(net, x, y, 0.05), before)
+
+
+def test_certified_sets_are_nested_ibp_crown_alpha_crown_on_the_zoo_cnn():
+    from aisafety.database.datasets.embedded import EmbeddedMnist
+    from aisafety.database.zoo import load_zoo_model
+
+    predictor = load_zoo_model("mnist-cnn-strided-crown-ibp")
+    data = EmbeddedMnist().load(None, "test")
+    x, y = data.x[::125], data.y[::125]
+    graph = build_graph(predictor.network, predictor.input_shape, predictor.name)
+    prop = robustness_property(x, y, 0.1, 10)
+    certified = {
+        name: make_verifier(name, config).verify(graph, prop, predictor.logits).certified
+        for name, config in (("ibp", {}), ("crown", {}), ("alpha-crown", {"steps": 5}))
+    }
+    assert certified["ibp"].float().mean() >= 0.5  # a certifiably trained model
+    assert (certified["ibp"] <= certified["crown"]).all()
+    assert (certified["crown"] <= certified["alpha-crown"]).all()
