@@ -9,6 +9,16 @@ import torch
 import torch.nn.functional as F
 
 from aisafety.attack.losses import LossFn
+from aisafety.attack.threat import normalized
+
+__all__ = [
+    "class_jacobian",
+    "cross_entropy_gradient",
+    "iterate",
+    "loss_gradient",
+    "normalized",  # re-exported: it lives with the threat models now
+    "require_finite_budget",
+]
 from aisafety.errors import InputError
 from aisafety.prediction.base import Predictor
 
