@@ -237,6 +237,11 @@ class Attack(ABC):
             return self.perturb(predictor, x, y, eps, call)
         return self.perturb(predictor, x, y, eps)  # type: ignore[call-arg]
 
+    def generator(self, device: torch.device) -> torch.Generator:
+        """For plugins with the older four-argument ``perturb``: a generator seeded with
+        ``config.seed`` (new attacks draw from ``call``'s streams instead)."""
+        return torch.Generator(device=device).manual_seed(self.random_seed())
+
     def run_budgets(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, budgets: Sequence[float]
     ) -> list[AttackResult]:

@@ -138,6 +138,15 @@ class L2Threat(ThreatModel):
         radius = eps * torch.rand(len(x), generator=generator, device=x.device)
         return (x + direction * per_sample(radius, x)).clamp(0, 1)
 
+    def contain(self, x_adv: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
+        """The radial shrink onto the ball, then the box: for a candidate inside the box (what
+        every built-in l2 attack returns) the same point as ``project``; kept because the
+        adversarial-hypervolume frontier (``evaluation/frontier.py``) steps with it."""
+        delta = x_adv - x
+        size = delta.flatten(1).norm(p=2, dim=1)
+        factor = torch.where(size > eps, eps / size.clamp_min(1e-12), torch.ones_like(size))
+        return (x + delta * per_sample(factor, delta)).clamp(0.0, 1.0)
+
     def ascent(self, grad: torch.Tensor) -> torch.Tensor:
         return normalized(grad, 2)
 

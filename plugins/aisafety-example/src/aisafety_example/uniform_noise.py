@@ -14,6 +14,7 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -36,9 +37,9 @@ class UniformNoiseLinf(Attack):
     Config = UniformNoiseConfig
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        generator = self.generator(x.device)
+        generator = call.generator
         best = x.clone()
         steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
         found = torch.zeros(len(x), dtype=torch.bool, device=x.device)
