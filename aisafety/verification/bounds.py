@@ -91,40 +91,47 @@ def _depends_on_activation(graph: BoundGraph) -> list[bool]:
 
 
 def linear_boxes(
-    graph: BoundGraph, lower: torch.Tensor, upper: torch.Tensor, mode: str = "adaptive"
+    graph: BoundGraph,
+    lower: torch.Tensor,
+    upper: torch.Tensor,
+    mode: str = "adaptive",
+    alpha_steps: int = 0,
 ) -> list[Box]:
-    """IBP boxes with every activation's input tightened by a backward pass (CROWN)."""
+    """IBP boxes with every activation's input tightened by a backward pass (CROWN), with
+    ``alpha_steps`` of slope optimisation per layer (alpha-CROWN intermediate bounds)."""
     boxes = interval_boxes(graph, lower, upper)
     deep = _depends_on_activation(graph)
     for _i, op in enumerate(graph.ops):
         if op.kind != "activation" or not deep[op.inputs[0]]:
             continue  # IBP is exact on an affine function of the input
         j = op.inputs[0]
-        boxes[j] = _tighten(graph, j, boxes, mode, relu=op.relaxation is RELU)
+        boxes[j] = _tighten(graph, j, boxes, mode, op.relaxation is RELU, alpha_steps)
         boxes = _forward_from(graph, boxes, j)
     return boxes
 
 
-def _tighten(graph: BoundGraph, j: int, boxes: list[Box], mode: str, relu: bool) -> Box:
+def _tighten(
+    graph: BoundGraph, j: int, boxes: list[Box], mode: str, relu: bool, alpha_steps: int = 0
+) -> Box:
     lo, hi = boxes[j]
     b, shape = lo.shape[0], lo.shape[1:]
     flat_lo, flat_hi = lo.reshape(b, -1), hi.reshape(b, -1)
-    wanted = (
-        ((flat_lo < 0) & (flat_hi > 0)).any(0)
-        if relu
-        else torch.ones_like(flat_lo[0], dtype=torch.bool)
-    )
-    rows = wanted.nonzero().squeeze(1)
-    if len(rows) == 0:
+    # each sample's own unstable neurons (stable ones are exact), padded to the batch's most
+    wanted = (flat_lo < 0) & (flat_hi > 0) if relu else torch.ones_like(flat_lo, dtype=torch.bool)
+    m = int(wanted.sum(1).max())
+    if m == 0:
         return lo, hi
-    m = len(rows)
-    eye = lo.new_zeros(m, flat_lo.shape[1])
-    eye[torch.arange(m), rows] = 1.0
-    a = torch.cat([eye, -eye]).unsqueeze(0).expand(b, 2 * m, -1).reshape(b, 2 * m, *shape)
-    bound, _ = backward(graph, j, a, boxes, mode)
-    new_lo, new_hi = flat_lo.clone(), flat_hi.clone()
-    new_lo[:, rows] = torch.maximum(flat_lo[:, rows], bound[:, :m])
-    new_hi[:, rows] = torch.minimum(flat_hi[:, rows], -bound[:, m:])
+    order = torch.argsort(wanted.to(torch.int8), dim=1, descending=True, stable=True)[:, :m]
+    valid = wanted.gather(1, order)  # False on padding rows (stable neurons)
+    eye = lo.new_zeros(b, m, flat_lo.shape[1]).scatter_(2, order.unsqueeze(2), 1.0)
+    a = torch.cat([eye, -eye], 1).reshape(b, 2 * m, *shape)
+    if alpha_steps > 0:
+        bound, _ = optimised_backward(graph, j, a, boxes, alpha_steps, 0.1)
+    else:
+        bound, _ = backward(graph, j, a, boxes, mode)
+    old_lo, old_hi = flat_lo.gather(1, order), flat_hi.gather(1, order)
+    new_lo = flat_lo.scatter(1, order, torch.where(valid, old_lo.maximum(bound[:, :m]), old_lo))
+    new_hi = flat_hi.scatter(1, order, torch.where(valid, old_hi.minimum(-bound[:, m:]), old_hi))
     return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
 
 
@@ -166,22 +173,31 @@ def optimise_slopes(
     steps: int = 20,
     lr: float = 0.1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """alpha-CROWN: the best bound over ``steps`` of Adam on the ReLU lower slopes."""
-    k = spec.shape[1]
+    """alpha-CROWN: the best bound of ``C f`` over ``steps`` of Adam on the ReLU lower slopes."""
+    a = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
+    return optimised_backward(graph, len(graph.ops) - 1, a, boxes, steps, lr)
+
+
+def optimised_backward(
+    graph: BoundGraph, start: int, a: torch.Tensor, boxes: list[Box], steps: int, lr: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``backward`` from node ``start`` with one lower slope per row and unstable ReLU,
+    optimised by Adam and clamped to [0, 1]; the best bound per row over the steps."""
+    k = a.shape[1]
     alphas = {}
-    for i, op in enumerate(graph.ops):
+    for i, op in enumerate(graph.ops[:start]):
         if op.kind == "activation" and op.relaxation is RELU:
             lo, hi = boxes[op.inputs[0]]
-            start = relu_default_slope(lo, hi, "adaptive").unsqueeze(1)
-            alphas[i] = start.expand(-1, k, *lo.shape[1:]).clone().requires_grad_(True)
-    best, coeff = spec_lower(graph, boxes, spec)
+            init = relu_default_slope(lo, hi, "adaptive").unsqueeze(1)
+            alphas[i] = init.expand(-1, k, *lo.shape[1:]).clone().requires_grad_(True)
+    best, coeff = backward(graph, start, a, boxes)
     best, coeff = best.detach(), coeff.detach()
     if not alphas or steps <= 0:
         return best, coeff
     optimiser = torch.optim.Adam(list(alphas.values()), lr=lr)
     for _ in range(steps):
         with torch.enable_grad():
-            bound, now = spec_lower(graph, boxes, spec, slopes=alphas)
+            bound, now = backward(graph, start, a, boxes, slopes=alphas)
             optimiser.zero_grad()
             (-bound.sum()).backward()
         better = bound.detach() > best
