@@ -197,6 +197,16 @@ def test_bad_model_scores_are_an_error_naming_the_model(module, message):
     assert "broken-net" in str(caught.value)
 
 
+def test_a_model_that_fails_inside_is_an_error_naming_it():
+    class FixedBatch(torch.nn.Module):
+        def forward(self, x):
+            return x.reshape(4, 784)[:, :10]
+
+    predictor = TorchPredictor(FixedBatch(), (1, 28, 28), 10, name="fixed-batch-net")
+    with pytest.raises(ModelOutputError, match=r"fixed-batch-net.*failed on a batch of shape"):
+        predictor.logits(torch.rand(3, 1, 28, 28))
+
+
 def test_a_nan_model_stores_nothing(tmp_path, monkeypatch):
     """It used to commit CA 0.1 as a finished unit, then die with an IntegrityError."""
     nan_net = TorchPredictor(_Broken(math.nan), (1, 28, 28), 10, name="nan-net")

@@ -99,6 +99,20 @@ def test_comparison_ranks_models_and_marks_the_best(report_db, tmp_path):
     assert "mnist-cnn" in out.read_text()
 
 
+def test_leaderboard_marks_models_with_sanity_warnings(report_db):
+    from aisafety.report.html import leaderboard
+    from aisafety.report.sanity import Check
+
+    url, run_id = report_db
+    data = load_run(ResultStore(url), run_id)
+    warned = [Check("c", "mnist-cnn", "warn", "d"), Check("c", "mnist-cnn", "pass", "d")]
+    families = leaderboard([data], build_registry(), warned)
+    assert families and all(row["warnings"] == 1 for f in families for row in f["rows"])
+    assert all(
+        row["warnings"] == 0 for f in leaderboard([data], build_registry()) for row in f["rows"]
+    )
+
+
 def test_seeds_show_mean_and_std():
     from aisafety.report.html import _cell, _ranks
 

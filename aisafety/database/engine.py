@@ -109,6 +109,8 @@ def create_schema(engine: Engine, metadata: MetaData, views: Iterable[str]) -> N
                     connection.execute(CreateIndex(index, if_not_exists=True))
             _add_missing_columns(connection, metadata)
             for view in views:
+                if connection.dialect.name == "postgresql":  # no IF NOT EXISTS for views
+                    view = view.replace("CREATE VIEW IF NOT EXISTS", "CREATE OR REPLACE VIEW")
                 connection.execute(text(view))
 
     with_retries(f"create the tables of {engine.url}", create)

@@ -8,6 +8,7 @@ PostgreSQL runs the statement in a READ ONLY transaction that is rolled back.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from urllib.parse import quote
 
@@ -101,13 +102,31 @@ def query_read_only(engine: Engine, sql: str) -> tuple[list[str], list[tuple]]:
         with engine.connect() as connection:
             if backend == "sqlite":
                 return _sqlite_query(connection, sql)
+            _check_postgresql_statement(sql)
             connection.exec_driver_sql("SET TRANSACTION READ ONLY")
             return _rows(connection, sql)  # the context manager rolls the transaction back
     except SQLAlchemyError as exc:
+        if "read-only transaction" in str(exc):
+            reason = str(exc.orig).strip()
+            raise ConfigError(f"query refused: {reason}; {_READ_ONLY_HINT}") from None
         raise ConfigError(
             f"query failed: {getattr(exc, 'orig', None) or exc} (one SQL statement per query; "
             "tables and views: see docs/database.md)"
         ) from None
+
+
+_READ_ONLY_HINT = "'aisafety query' is read-only (SELECT, WITH, read-only PRAGMAs)"
+# A READ ONLY transaction still lets COPY ... TO write a file on the server.
+_PG_READING = re.compile(
+    r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(select|with|values|table|show|explain)\b",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _check_postgresql_statement(sql: str) -> None:
+    if not _PG_READING.match(sql):
+        first = sql.strip().split(None, 1)[0] if sql.strip() else "(empty)"
+        raise ConfigError(f"query refused: {first} is not a reading statement; {_READ_ONLY_HINT}")
 
 
 def _sqlite_query(connection: Connection, sql: str) -> tuple[list[str], list[tuple]]:
@@ -120,7 +139,7 @@ def _sqlite_query(connection: Connection, sql: str) -> tuple[list[str], list[tup
         if authorizer.refused is not None:
             raise ConfigError(
                 f"query refused: {authorizer.refused} would change the database or write a "
-                "file; 'aisafety query' is read-only (SELECT, WITH, read-only PRAGMAs)"
+                f"file; {_READ_ONLY_HINT}"
             ) from None
         raise
     finally:

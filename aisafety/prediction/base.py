@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from aisafety.errors import CapabilityError, InputError, ModelOutputError
+from aisafety.errors import AISafetyError, CapabilityError, InputError, ModelOutputError
 from aisafety.interfaces import Capability
 
 
@@ -31,7 +31,17 @@ class Predictor(ABC):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        scores = self._logits(x)
+        try:
+            scores = self._logits(x)
+        except AISafetyError:
+            raise
+        except (RuntimeError, ValueError, IndexError, TypeError) as exc:  # the model's own code
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            reason = (lines[-1] if lines else type(exc).__name__)[:300]
+            raise ModelOutputError(
+                f"model {self.name!r} failed on a batch of shape {tuple(x.shape)}: {reason} "
+                "(check input_shape, num_classes and that the file is the intended model)"
+            ) from exc
         self.check_output(scores, len(x))
         return scores
 

@@ -23,7 +23,7 @@ from aisafety.errors import ConfigError
 from aisafety.plugins import Registry, default_registry
 from aisafety.report.data import RunData, load_run
 from aisafety.report.plots import Plot, Series, line_plot
-from aisafety.report.sanity import Check, sanity_checks
+from aisafety.report.sanity import Check, _config_defaults, sanity_checks
 from aisafety.report.sections import ReportSection, worst_case
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,10 @@ class Report:
         html = environment().get_template(name).render(**context)
         self.plots += html.count('<img class="plot"')
         return Markup(html)
+
+    def attack_defaults(self, attack: str) -> dict[str, Any]:
+        """The registered attack's default settings (a plan's config lists only changes)."""
+        return _config_defaults(attack)
 
 
 @dataclass
@@ -126,25 +130,29 @@ def _category(metric: str, registry: Registry) -> str:
 
 def _columns(runs: list[RunData], registry: Registry) -> dict[tuple, Column]:
     columns: dict[tuple, Column] = {}
+    # models evaluated on different data are never ranked in one column
+    several = len({d["name"] for data in runs for d in data.datasets}) > 1
     for data in runs:
         for m in data.metrics:
             if m.value is None or math.isnan(m.value):
                 continue
-            key = (m.metric, m.attack, m.eps)
+            key = (m.metric, m.attack, m.eps, m.dataset)
             label = m.metric + (f" | {m.attack}" if m.attack else "")
             label += f" @{m.eps:g}" if m.eps is not None else ""
+            label += f" [{m.dataset}]" if several else ""
             column = columns.setdefault(
                 key, Column(_category(m.name, registry), label, m.unit, m.direction)
             )
             column.values[m.model].append(m.value)
         for model in data.model_names:
+            dataset = data.datasets[0]["name"] if data.datasets else ""
             for (norm, eps), (acc, _) in worst_case_of(data, model).items():
-                key = ("worst-case", norm, eps)
+                key = ("worst-case", norm, eps, dataset)
                 column = columns.setdefault(
                     key,
                     Column(
                         "worst case over attacks",
-                        f"robust accuracy {norm} @{eps:g}",
+                        f"robust accuracy {norm} @{eps:g}" + (f" [{dataset}]" if several else ""),
                         "fraction",
                         "higher",
                     ),
@@ -198,6 +206,7 @@ def leaderboard(
                 {
                     "model": model,
                     "runs": ", ".join(run_ids[model]),
+                    "warnings": sum(c.status == "warn" and c.model == model for c in checks),
                     "mean_rank": statistics.fmean(mine) if mine else math.inf,
                     "cells": cells,
                 }
