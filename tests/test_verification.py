@@ -186,3 +186,21 @@ def test_training_bounds_follow_the_weights_and_carry_gradients():
     with torch.no_grad():
         net[1].weight.mul_(2)
     assert not torch.allclose(ibp_margin_bounds(net, x, y, 0.05), before)
+
+
+def test_certified_sets_are_nested_ibp_crown_alpha_crown_on_the_zoo_cnn():
+    from aisafety.database.datasets.embedded import EmbeddedMnist
+    from aisafety.database.zoo import load_zoo_model
+
+    predictor = load_zoo_model("mnist-cnn-strided-crown-ibp")
+    data = EmbeddedMnist().load(None, "test")
+    x, y = data.x[::125], data.y[::125]
+    graph = build_graph(predictor.network, predictor.input_shape, predictor.name)
+    prop = robustness_property(x, y, 0.1, 10)
+    certified = {
+        name: make_verifier(name, config).verify(graph, prop, predictor.logits).certified
+        for name, config in (("ibp", {}), ("crown", {}), ("alpha-crown", {"steps": 5}))
+    }
+    assert certified["ibp"].float().mean() >= 0.5  # a certifiably trained model
+    assert (certified["ibp"] <= certified["crown"]).all()
+    assert (certified["crown"] <= certified["alpha-crown"]).all()

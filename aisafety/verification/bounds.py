@@ -116,25 +116,22 @@ def _tighten(
     lo, hi = boxes[j]
     b, shape = lo.shape[0], lo.shape[1:]
     flat_lo, flat_hi = lo.reshape(b, -1), hi.reshape(b, -1)
-    wanted = (
-        ((flat_lo < 0) & (flat_hi > 0)).any(0)
-        if relu
-        else torch.ones_like(flat_lo[0], dtype=torch.bool)
-    )
-    rows = wanted.nonzero().squeeze(1)
-    if len(rows) == 0:
+    # each sample's own unstable neurons (stable ones are exact), padded to the batch's most
+    wanted = (flat_lo < 0) & (flat_hi > 0) if relu else torch.ones_like(flat_lo, dtype=torch.bool)
+    m = int(wanted.sum(1).max())
+    if m == 0:
         return lo, hi
-    m = len(rows)
-    eye = lo.new_zeros(m, flat_lo.shape[1])
-    eye[torch.arange(m), rows] = 1.0
-    a = torch.cat([eye, -eye]).unsqueeze(0).expand(b, 2 * m, -1).reshape(b, 2 * m, *shape)
+    order = torch.argsort(wanted.to(torch.int8), dim=1, descending=True, stable=True)[:, :m]
+    valid = wanted.gather(1, order)  # False on padding rows (stable neurons)
+    eye = lo.new_zeros(b, m, flat_lo.shape[1]).scatter_(2, order.unsqueeze(2), 1.0)
+    a = torch.cat([eye, -eye], 1).reshape(b, 2 * m, *shape)
     if alpha_steps > 0:
         bound, _ = optimised_backward(graph, j, a, boxes, alpha_steps, 0.1)
     else:
         bound, _ = backward(graph, j, a, boxes, mode)
-    new_lo, new_hi = flat_lo.clone(), flat_hi.clone()
-    new_lo[:, rows] = torch.maximum(flat_lo[:, rows], bound[:, :m])
-    new_hi[:, rows] = torch.minimum(flat_hi[:, rows], -bound[:, m:])
+    old_lo, old_hi = flat_lo.gather(1, order), flat_hi.gather(1, order)
+    new_lo = flat_lo.scatter(1, order, torch.where(valid, old_lo.maximum(bound[:, :m]), old_lo))
+    new_hi = flat_hi.scatter(1, order, torch.where(valid, old_hi.minimum(-bound[:, m:]), old_hi))
     return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
 
 
