@@ -1,4 +1,5 @@
-"""The built-in attacks, defenses, metrics and datasets, registered like any plugin."""
+"""The built-in attacks, input and training defenses, metrics and datasets, registered like
+any plugin."""
 
 from __future__ import annotations
 
@@ -82,6 +83,11 @@ from aisafety.evaluation.metrics.neuron_coverage import (
 )
 from aisafety.evaluation.metrics.noise_insensitivity import EmpiricalNoiseInsensitivity
 from aisafety.evaluation.metrics.perturbation_sensitivity import PerturbationSensitivityDistance
+from aisafety.evaluation.metrics.smoothed import (
+    SmoothedAbstentionRate,
+    SmoothedAverageCertifiedRadius,
+    SmoothedCertifiedAccuracy,
+)
 from aisafety.hookspecs import hookimpl
 from aisafety.verification.incomplete import INCOMPLETE
 from aisafety.verification.milp import CompleteVerifier
@@ -126,8 +132,12 @@ def aisafety_defenses() -> list[type]:
         JpegCompression,
         RandomResizePad,
         RandomizedSmoothing,
-        *TRAINING_DEFENSES,
     ]
+
+
+@hookimpl
+def aisafety_training_defenses() -> list[type]:
+    return TRAINING_DEFENSES
 
 
 @hookimpl
@@ -169,6 +179,9 @@ def aisafety_metrics() -> list[type]:
         RobustnessDifferenceIndex,
         Roby,
         AdversarialHypervolume,
+        SmoothedCertifiedAccuracy,
+        SmoothedAverageCertifiedRadius,
+        SmoothedAbstentionRate,
     ]
 
 

@@ -20,12 +20,13 @@ from aisafety.report.table import curve_rows, metric_rows, render
 if TYPE_CHECKING:
     from aisafety.database.zoo import TrainingRecipe
 
+# What ``aisafety list <what>`` shows: the registry kinds, in order.
 LIST_KINDS = {
-    "attacks": "attack",
-    "defenses": "defense",
-    "metrics": "metric",
-    "datasets": "dataset",
-    "verifiers": "verifier",
+    "attacks": ("attack",),
+    "defenses": ("defense", "training_defense"),
+    "metrics": ("metric",),
+    "datasets": ("dataset",),
+    "verifiers": ("verifier",),
 }
 
 
@@ -190,13 +191,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         ]
     else:
         registry = default_registry()
-        kind = LIST_KINDS[args.kind]
         entries = []
-        for name in registry.names(kind):
-            cls = registry.get(kind, name)
-            info = cls.describe() if hasattr(cls, "describe") else {"name": name}
-            info.setdefault("description", getattr(cls, "description", ""))
-            entries.append({**info, "plugin": registry.sources[kind][name]})
+        for kind in LIST_KINDS[args.kind]:
+            for name in registry.names(kind):
+                cls = registry.get(kind, name)
+                info = cls.describe() if hasattr(cls, "describe") else {"name": name}
+                info.setdefault("description", getattr(cls, "description", ""))
+                entries.append({**info, "plugin": registry.sources[kind][name]})
     if args.format == "json":
         print(json.dumps(entries, indent=2))
     else:
@@ -232,7 +233,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_zoo(args: argparse.Namespace) -> int:
     if args.zoo_command == "list":
         return cmd_list(argparse.Namespace(kind="models", format=args.format))
-    from aisafety.database.training import train_zoo_entry
+    from aisafety.database.zoo_build import train_zoo_entry
     from aisafety.interfaces import DatasetSpec
     from aisafety.loading import load_data
 

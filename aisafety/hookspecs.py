@@ -24,6 +24,11 @@ def aisafety_defenses() -> list[type]:
 
 
 @hookspec
+def aisafety_training_defenses() -> list[type]:
+    """Return ``aisafety.defense.training.base.TrainingDefense`` subclasses."""
+
+
+@hookspec
 def aisafety_metrics() -> list[type]:
     """Return ``aisafety.evaluation.base.Metric`` subclasses."""
 

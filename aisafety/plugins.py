@@ -20,11 +20,13 @@ from typing import Any
 import pluggy
 
 from aisafety import hookspecs
-from aisafety.errors import PluginError, UnknownNameError
+from aisafety.defense.training.base import TrainingDefense
+from aisafety.errors import ConfigError, PluginError, UnknownNameError
 
 KINDS = {
     "attack": "aisafety_attacks",
     "defense": "aisafety_defenses",
+    "training_defense": "aisafety_training_defenses",
     "metric": "aisafety_metrics",
     "dataset": "aisafety_datasets",
     "verifier": "aisafety_verifiers",
@@ -60,14 +62,28 @@ class Registry:
         try:
             return self.classes[kind][name]
         except KeyError:
-            raise UnknownNameError(kind, name, self.classes[kind]) from None
+            if kind == "defense" and name in self.classes["training_defense"]:
+                raise ConfigError(
+                    f"defense {name!r} is a training defense: it produces a model instead of "
+                    f"wrapping one; train it with 'aisafety zoo train --defense {name}' and "
+                    "evaluate the zoo model it writes"
+                ) from None
+            label = kind.replace("_", " ")
+            raise UnknownNameError(label, name, self.classes[kind]) from None
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.classes[kind])
 
     def create(self, kind: str, name: str, config: dict[str, Any] | None = None, *args: Any) -> Any:
-        """Instantiate ``name`` with ``config`` (``args`` go first, e.g. a wrapped predictor)."""
-        return self.get(kind, name)(*args, config)
+        """Instantiate ``name`` with ``config`` (``args`` go first, e.g. a wrapped predictor).
+
+        A class that builds other plugins by name (``builds_from_registry``, e.g. the transfer
+        attack's inner attack) gets this registry as ``registry=``.
+        """
+        cls = self.get(kind, name)
+        if getattr(cls, "builds_from_registry", False):
+            return cls(*args, config, registry=self)
+        return cls(*args, config)
 
     def add(self, kind: str, cls: type, source: str, origin: str = "") -> None:
         """Register ``cls``; a name taken already keeps its first owner (built-ins load
@@ -76,19 +92,46 @@ class Registry:
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
             raise PluginError(f"plugin {source!r} gives a {kind} class {cls!r} without a 'name'")
-        if name in self.classes[kind]:
-            self.failures.append(
-                PluginFailure(
-                    source,
-                    origin or source,
-                    f"{kind} {name!r} is registered twice: by {self.sources[kind][name]!r} and "
-                    f"by {source!r}; {source!r}'s {kind} is skipped. Rename it or uninstall "
-                    "one of them",
-                )
+        label = kind.replace("_", " ")
+        problem = _misfiled_defense(kind, cls)
+        taken = [
+            other for other in _SHARED_NAMESPACE.get(kind, (kind,)) if name in self.classes[other]
+        ]
+        if taken:
+            problem = (
+                f"{label} {name!r} is registered twice: by {self.sources[taken[0]][name]!r} and "
+                f"by {source!r}; {source!r}'s {label} is skipped. Rename it or uninstall "
+                "one of them"
             )
+        if problem:
+            self.failures.append(PluginFailure(source, origin or source, problem))
             return
         self.classes[kind][name] = cls
         self.sources[kind][name] = source
+
+
+# Input and training defenses are listed together (``aisafety list defenses``): one namespace.
+_SHARED_NAMESPACE = {
+    "defense": ("defense", "training_defense"),
+    "training_defense": ("defense", "training_defense"),
+}
+
+
+def _misfiled_defense(kind: str, cls: type) -> str | None:
+    """Why ``cls`` is returned from the wrong defense hook, or None: a training defense
+    answers ``aisafety_training_defenses``, an input defense ``aisafety_defenses``."""
+    is_training = isinstance(cls, type) and issubclass(cls, TrainingDefense)
+    if kind == "defense" and is_training:
+        return (
+            f"training defense {cls.name!r} is returned from aisafety_defenses and is skipped; "
+            "return it from the aisafety_training_defenses hook instead"
+        )
+    if kind == "training_defense" and not is_training:
+        return (
+            f"{cls!r} is returned from aisafety_training_defenses, which takes TrainingDefense "
+            "subclasses only, and is skipped; return input defenses from aisafety_defenses"
+        )
+    return None
 
 
 def _entry_point_plugins() -> list[tuple[str, str, ModuleType | None, str | None]]:

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from aisafety.database.datasets.embedded import EmbeddedMnist
-from aisafety.database.training import train
 from aisafety.database.zoo import TrainingRecipe, load_zoo_model
+from aisafety.database.zoo_build import train
 from aisafety.defense.adversarial_training import PGDTrainingConfig, budget_at, pgd_examples
 from aisafety.prediction.torch_module import Normalize
 

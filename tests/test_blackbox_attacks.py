@@ -29,6 +29,7 @@ from aisafety.database.architectures import mnist_cnn
 from aisafety.database.zoo import TrainingRecipe, ZooEntry, sha256_bytes, write_manifest_entry
 from aisafety.errors import CapabilityError, ConfigError, UnknownNameError
 from aisafety.interfaces import AttackFamily, Capability, Norm
+from aisafety.plugins import default_registry
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import TorchPredictor
 
@@ -53,6 +54,17 @@ class Wrapped(Predictor):
         if Capability.SCORES in self.capabilities:
             return logits
         return nn.functional.one_hot(logits.argmax(1), self.num_classes).float()
+
+
+def transfer_attack(**config) -> TransferAttack:
+    """The transfer attack as the runner builds it: through the registry, which hands it the
+    registry to build its inner attack from."""
+    return default_registry().create("attack", "transfer", config)
+
+
+def test_transfer_built_without_the_registry_says_how_to_build_it():
+    with pytest.raises(ConfigError, match="through the plugin registry"):
+        TransferAttack()
 
 
 def scores_only(inner: TorchPredictor) -> Wrapped:
@@ -156,7 +168,7 @@ def test_capabilities_are_checked(zoo_predictor, batch):
     with pytest.raises(CapabilityError, match="needs labels"):
         boundary(no_labels, x, y, 1.0)
     with pytest.raises(CapabilityError, match="needs labels"):
-        TransferAttack()(no_labels, x, y, 0.1)
+        transfer_attack()(no_labels, x, y, 0.1)
 
 
 def test_configs_are_validated():
@@ -167,13 +179,13 @@ def test_configs_are_validated():
     with pytest.raises(ConfigError, match="step_adaptation"):
         BoundaryAttack(step_adaptation=1.0)
     with pytest.raises(UnknownNameError, match="no-such-attack"):
-        TransferAttack(attack="no-such-attack")
+        transfer_attack(attack="no-such-attack")
     with pytest.raises(UnknownNameError, match="no-such-model"):
-        TransferAttack(surrogate="no-such-model")
+        transfer_attack(surrogate="no-such-model")
     with pytest.raises(ConfigError, match="cannot be 'transfer'"):
-        TransferAttack(attack="transfer")
+        transfer_attack(attack="transfer")
     with pytest.raises(ConfigError, match="steps"):
-        TransferAttack(attack_config={"steps": 0})
+        transfer_attack(attack_config={"steps": 0})
 
 
 # --- they work on the zoo model, through a capability-limited predictor ------------------------
@@ -265,7 +277,7 @@ def test_transfer_from_the_target_itself_is_pgd(zoo_predictor, batch):
     x, y = batch
     pgd_config = {"steps": 10, "step_size": 0.05}
     direct = PGDLinf(pgd_config, seed=3)(zoo_predictor, x, y, 0.2)
-    transfer = TransferAttack(surrogate="mnist-cnn", attack="pgd-linf", attack_config=pgd_config,
+    transfer = transfer_attack(surrogate="mnist-cnn", attack="pgd-linf", attack_config=pgd_config,
                               seed=3)  # fmt: skip
     assert transfer.norm is Norm.LINF and transfer.family is AttackFamily.TRANSFER
     model = labels_only(zoo_predictor)
@@ -278,7 +290,7 @@ def test_transfer_from_the_target_itself_is_pgd(zoo_predictor, batch):
 
 
 def test_transfer_takes_the_inner_attacks_norm():
-    transfer = TransferAttack(attack="square-linf", attack_config={"queries": 5})
+    transfer = transfer_attack(attack="square-linf", attack_config={"queries": 5})
     assert transfer.norm is Norm.LINF and transfer.inner.name == "square-linf"
     assert TransferAttack.describe()["norm"] == "linf"
 
@@ -312,7 +324,7 @@ def test_transfer_from_a_separately_trained_surrogate(zoo_predictor, embedded_mn
     write_manifest_entry(tmp_path, entry)
     monkeypatch.setenv("AISAFETY_ZOO_PATH", str(tmp_path))
 
-    transfer = TransferAttack(surrogate="test-surrogate", attack_config={"steps": 10}, seed=0)
+    transfer = transfer_attack(surrogate="test-surrogate", attack_config={"steps": 10}, seed=0)
     surrogate = transfer.surrogate(torch.device("cpu"))
     assert float((network_pred(surrogate, x) == y).float().mean()) > 0.7  # it learnt something
     result = transfer(zoo_predictor, x, y, 0.3)
@@ -328,4 +340,4 @@ def test_transfer_refuses_a_surrogate_of_another_input_shape(batch):
                             10, name="cifar-like")  # fmt: skip
     x = torch.rand(2, 3, 32, 32)
     with pytest.raises(ConfigError, match=r"surrogate 'mnist-cnn' takes inputs of shape"):
-        TransferAttack()(target, x, torch.tensor([0, 1]), 0.1)
+        transfer_attack()(target, x, torch.tensor([0, 1]), 0.1)

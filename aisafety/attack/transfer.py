@@ -20,7 +20,7 @@ target costs no queries.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from pydantic import Field
@@ -29,6 +29,14 @@ from aisafety.attack.base import Attack, AttackConfig
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
+
+
+class AttackRegistry(Protocol):
+    """What the transfer attack uses of ``aisafety.plugins.Registry``."""
+
+    def get(self, kind: str, name: str) -> type: ...
+
+    def create(self, kind: str, name: str, config: dict[str, Any] | None = None) -> Any: ...
 
 
 class TransferConfig(AttackConfig):
@@ -47,11 +55,19 @@ class TransferAttack(Attack):
     description = "Transfer: run an attack on a zoo surrogate, apply the examples to the target"
     Config = TransferConfig
 
-    def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
+    # The registry passes itself (``registry=``): the inner attack is built by name from it.
+    # Importing the registry here instead would close the cycle transfer -> plugins -> builtin.
+    builds_from_registry = True
+
+    def __init__(
+        self,
+        config: dict[str, Any] | None = None,
+        registry: AttackRegistry | None = None,
+        **overrides: Any,
+    ):
         super().__init__(config, **overrides)
         from aisafety.database.zoo import list_models
         from aisafety.errors import UnknownNameError
-        from aisafety.plugins import default_registry
 
         cfg = self.config
         if cfg.attack == self.name:
@@ -59,7 +75,12 @@ class TransferAttack(Attack):
                 "attack 'transfer': the inner attack cannot be 'transfer' itself; name the "
                 "attack to run on the surrogate, e.g. attack: pgd-linf"
             )
-        registry = default_registry()
+        if registry is None:
+            raise ConfigError(
+                "attack 'transfer' builds its inner attack by name: create it through the "
+                "plugin registry, aisafety.plugins.default_registry().create('attack', "
+                "'transfer', config)"
+            )
         inner_cls = registry.get("attack", cfg.attack)
         if inner_cls.family is AttackFamily.CORRUPTION:
             raise ConfigError(

@@ -35,9 +35,30 @@ def mnist_cnn_strided() -> nn.Module:
     )  # fmt: skip
 
 
+def fcnn(*widths: int) -> nn.Module:
+    """Flatten, then ReLU layers of ``widths`` and a 10-way linear head (MNIST input)."""
+    sizes = [28 * 28, *widths]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for fan_in, fan_out in zip(sizes, sizes[1:], strict=False):
+        layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(sizes[-1], 10))
+
+
+def fcnn_a() -> nn.Module:
+    """The SoK benchmark's FCNNa: 2 x [20] (16,330 parameters, as the SoK lists)."""
+    return fcnn(20, 20)
+
+
+def fcnn_b() -> nn.Module:
+    """The SoK benchmark's FCNNb: 3 x [100] (99,710 parameters, as the SoK lists)."""
+    return fcnn(100, 100, 100)
+
+
 ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
     "mnist-cnn": mnist_cnn,
     "mnist-cnn-strided": mnist_cnn_strided,
+    "fcnn-a": fcnn_a,
+    "fcnn-b": fcnn_b,
 }
 
 

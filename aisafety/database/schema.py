@@ -141,6 +141,24 @@ class SampleOutcome(Base):
     true_conf_adv: Mapped[float] = mapped_column(Float)
 
 
+class SmoothingCertificate(Base):
+    """One image's CERTIFY result (randomized smoothing), written once per unit and setting."""
+
+    __tablename__ = "smoothing_certificates"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    unit_key: Mapped[str] = mapped_column(ForeignKey("units.key"), index=True)
+    certificates: Mapped[str] = mapped_column(String(64))  # the setting's key in details
+    norm: Mapped[str] = mapped_column(String(8))
+    sample_index: Mapped[int] = mapped_column(Integer)
+    label: Mapped[int] = mapped_column(Integer)
+    prediction: Mapped[int] = mapped_column(Integer)  # -1: abstained
+    abstained: Mapped[bool] = mapped_column(Boolean)
+    p_a_lower: Mapped[float] = mapped_column(Float)
+    radius: Mapped[float] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Float)
+
+
 SAMPLES = "samples"  # the MetricValue details key whose list becomes verification_samples rows
 
 

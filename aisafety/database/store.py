@@ -32,6 +32,8 @@ from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
 
 DEFAULT_URL = "sqlite:///aisafety.db"
+# details keys stored as rows of their own tables, not in the metric value's JSON
+ROW_DETAILS = (schema.SAMPLES, "per_sample")
 # Inputs kept per attack run for the report's example panels: successful ones first.
 EXAMPLES_PER_RUN = 4
 
@@ -173,6 +175,7 @@ class ResultStore:
                 attack_run_id = self._add_attack_run(
                     session, run_id, key, model_id, dataset_id, *attack
                 )
+            self._add_certificates(session, run_id, key, values)
             rows = [
                 schema.MetricValueRow(
                     run_id=run_id,
@@ -187,7 +190,11 @@ class ResultStore:
                     attack=v.attack,
                     eps=v.eps,
                     n_samples=v.n_samples,
-                    details={k: d for k, d in v.details.items() if k != schema.SAMPLES},
+                    details={
+                        k: d
+                        for k, d in v.details.items()
+                        if k not in (schema.SAMPLES, "per_sample")
+                    },
                     platform_version=version,
                     **_interval(v),
                 )
@@ -195,6 +202,36 @@ class ResultStore:
             ]
             session.add_all(rows)
             _add_sample_verdicts(session, rows, values)
+
+    @staticmethod
+    def _add_certificates(
+        session: Session, run_id: int, key: str, values: list[MetricValue]
+    ) -> None:
+        """Per-image rows of the values that carry them (``details["per_sample"]``, e.g. the
+        smoothed metrics), once per certificate setting (``details["certificates"]``)."""
+        written = set()
+        for v in values:
+            setting, columns = v.details.get("certificates"), v.details.get("per_sample")
+            if setting is None or columns is None or setting in written:
+                continue
+            written.add(setting)
+            rows = [
+                dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)
+            ]
+            session.execute(
+                insert(schema.SmoothingCertificate),
+                [
+                    {
+                        **row,
+                        "run_id": run_id,
+                        "unit_key": key,
+                        "certificates": setting,
+                        "norm": v.details["norm"],
+                        "abstained": row["prediction"] == -1,
+                    }
+                    for row in rows
+                ],
+            )
 
     def _subject_ids(self, session: Session, s: Subject) -> tuple[int, int]:
         model = session.scalar(

@@ -1,7 +1,9 @@
 """Randomized-smoothing prediction (Cohen, Rosenfeld & Kolter 2019, PREDICT).
 
 The smoothed classifier answers the class the base model most often gives under Gaussian
-noise N(0, sigma^2 I). PREDICT draws ``samples`` noisy copies, counts the votes, and
+noise N(0, sigma^2 I) (or, with ``noise``, Laplace or uniform noise of scale ``sigma``: the
+l1 smoothings of Teng et al. 2020 and Yang et al. 2020; certification is in
+``aisafety.verification.smoothing``). PREDICT draws ``samples`` noisy copies, counts the votes, and
 abstains unless a two-sided binomial test says the top class beats the runner-up at level
 ``alpha``; then the answer is wrong with probability at most ``alpha``.
 
@@ -25,12 +27,19 @@ from pydantic import Field
 from scipy.stats import binom
 
 from aisafety.defense.base import InputDefense, RandomDefenseConfig, is_attacker_pass
+from aisafety.verification.smoothing.noise import Noise, sample_noise
 
 ABSTAIN = -1
 
 
 class RandomizedSmoothingConfig(RandomDefenseConfig):
-    sigma: float = Field(default=0.25, gt=0, description="noise std in [0, 1] pixel units")
+    noise: Noise = Field(default=Noise.GAUSSIAN, description="gaussian, laplace or uniform")
+    sigma: float = Field(
+        default=0.25,
+        gt=0,
+        description="noise scale in [0, 1] pixel units: Gaussian std, Laplace scale b, "
+        "uniform half-width",
+    )
     samples: int = Field(default=100, ge=1, description="noisy copies per prediction (n)")
     alpha: float = Field(default=0.001, gt=0, lt=1, description="abstention test level")
     batch_size: int = Field(default=1024, ge=1, description="noisy images per forward pass")
@@ -55,18 +64,28 @@ class RandomizedSmoothing(InputDefense):
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """One noisy copy; not clipped to [0, 1], as in Cohen et al. (the guarantee needs
-        pure Gaussian noise)."""
-        noise = torch.randn(x.shape, generator=self.generator, device=self.device)
-        return x + self.config.sigma * noise
+        the pure noise distribution)."""
+        c = self.config
+        return x + sample_noise(c.noise, c.sigma, x.shape, self.generator, self.device)
 
-    def votes(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, classes) counts of the base model's answers over ``samples`` noisy copies."""
+    def noisy_copies(self, x: torch.Tensor, draws: int) -> torch.Tensor:
+        """``draws`` noisy copies of the batch, copy-major (draws * N, ...): the values of
+        ``transform(x.repeat(draws, 1, 1, 1))`` without building the repeated batch."""
+        c = self.config
+        shape = (draws * len(x), *x.shape[1:])
+        noise = sample_noise(c.noise, c.sigma, torch.Size(shape), self.generator, self.device)
+        return noise.view(draws, *x.shape).add_(x).view(shape)
+
+    def votes(self, x: torch.Tensor, samples: int | None = None) -> torch.Tensor:
+        """(N, classes) counts of the base model's answers over ``samples`` noisy copies
+        (default: the config's), ``batch_size`` noisy images per forward pass."""
+        samples = self.config.samples if samples is None else samples
         counts = torch.zeros(len(x), self.num_classes, dtype=torch.long, device=self.device)
         per_pass = max(1, self.config.batch_size // len(x))
         with torch.no_grad():
-            for start in range(0, self.config.samples, per_pass):
-                draws = min(per_pass, self.config.samples - start)
-                noisy = self.transform(x.detach().repeat(draws, 1, 1, 1))
+            for start in range(0, samples, per_pass):
+                draws = min(per_pass, samples - start)
+                noisy = self.noisy_copies(x.detach(), draws)
                 answers = self.inner._logits(noisy).argmax(1).view(draws, len(x))
                 counts.scatter_add_(1, answers.T, torch.ones_like(answers.T))
         return counts

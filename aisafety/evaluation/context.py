@@ -7,8 +7,9 @@ and get the cached result, so twenty metrics over one PGD spec cost one PGD run.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -54,8 +55,15 @@ class EvaluationContext:
         self._corrupted: dict[tuple[str, int, int | None], torch.Tensor] = {}
         self._sequences: dict[tuple[str, int, int | None], SequencePredictions] = {}
         self.attack_runs: Counter[tuple[str, float]] = Counter()
+        self._artifacts: dict[Hashable, Any] = {}
         # the plan's corruptions: section: which corrupted sets, from which severity table
         self.corruptions = corruptions or CorruptionsSpec()
+
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()`` once per ``key``: a costly artifact several metrics share (CERTIFY)."""
+        if key not in self._artifacts:
+            self._artifacts[key] = build()
+        return self._artifacts[key]
 
     @property
     def x(self) -> torch.Tensor:

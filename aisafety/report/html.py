@@ -23,7 +23,7 @@ from aisafety.errors import ConfigError
 from aisafety.plugins import Registry, default_registry
 from aisafety.report.data import RunData, load_run
 from aisafety.report.plots import Plot, Series, line_plot
-from aisafety.report.sanity import Check, sanity_checks
+from aisafety.report.sanity import Check, _config_defaults, sanity_checks
 from aisafety.report.sections import ReportSection, worst_case
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,10 @@ class Report:
         html = environment().get_template(name).render(**context)
         self.plots += html.count('<img class="plot"')
         return Markup(html)
+
+    def attack_defaults(self, attack: str) -> dict[str, Any]:
+        """The registered attack's default settings (a plan's config lists only changes)."""
+        return _config_defaults(attack)
 
 
 @dataclass

@@ -10,17 +10,28 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
+from markupsafe import Markup
 
+from aisafety.report.data import RunData
 from aisafety.report.intervals import is_rate, rate_interval
 from aisafety.report.plots import Series, example_grid, heatmap, line_plot
 
-if TYPE_CHECKING:
-    from aisafety.report.html import Report
-
 NOISE = "random-noise"
+
+
+class ReportView(Protocol):
+    """What a section renders from (``aisafety.report.html.Report`` is one). A protocol, so
+    sections, which the registry imports, need not import the page builder above it."""
+
+    data: RunData
+    checks: list[Any]
+
+    def template(self, name: str, **context: Any) -> Markup: ...
+
+    def attack_defaults(self, attack: str) -> dict[str, Any]: ...
 
 
 class ReportSection:
@@ -30,18 +41,18 @@ class ReportSection:
     title: ClassVar[str]
     order: ClassVar[int] = 100
 
-    def render(self, report: Report) -> str | None:
+    def render(self, report: ReportView) -> str | None:
         raise NotImplementedError
 
 
 class Provenance(ReportSection):
     name, title, order = "provenance", "Plan and provenance", 90
 
-    def render(self, report: Report) -> str:
+    def render(self, report: ReportView) -> str:
         return report.template("provenance.html.j2", data=report.data)
 
 
-def clean_accuracy(report: Report, model: str) -> tuple[float, int] | None:
+def clean_accuracy(report: ReportView, model: str) -> tuple[float, int] | None:
     """The ``ca`` metric, else the clean predictions of the model's first attack run."""
     for m in report.data.metrics:
         if m.model == model and m.name == "ca" and m.value is not None:
@@ -53,7 +64,7 @@ def clean_accuracy(report: Report, model: str) -> tuple[float, int] | None:
     return None
 
 
-def worst_case(report: Report, model: str) -> dict[tuple[str, float], tuple[float, int]]:
+def worst_case(report: ReportView, model: str) -> dict[tuple[str, float], tuple[float, int]]:
     """(norm, eps) -> accuracy under the per-sample worst case over every attack run there
     (a sample counts only if no attack broke it), with the number of samples."""
     groups = defaultdict(list)
@@ -70,7 +81,7 @@ def worst_case(report: Report, model: str) -> dict[tuple[str, float], tuple[floa
 class ModelCards(ReportSection):
     name, title, order = "models", "Models", 10
 
-    def render(self, report: Report) -> str | None:
+    def render(self, report: ReportView) -> str | None:
         cards = []
         for model in report.data.models:
             name = model["name"]
@@ -92,7 +103,7 @@ class ModelCards(ReportSection):
 class SanityChecks(ReportSection):
     name, title, order = "sanity", "Sanity checks (gradient masking)", 20
 
-    def render(self, report: Report) -> str | None:
+    def render(self, report: ReportView) -> str | None:
         if not report.checks:
             return None
         return report.template("sanity.html.j2", checks=report.checks)
@@ -101,7 +112,7 @@ class SanityChecks(ReportSection):
 class MetricTable(ReportSection):
     name, title, order = "metrics", "Metrics", 80
 
-    def render(self, report: Report) -> str | None:
+    def render(self, report: ReportView) -> str | None:
         rows = []
         for m in report.data.metrics:
             ci = m.ci  # stored; derived from value and n for runs stored before it was
@@ -116,7 +127,7 @@ class MetricTable(ReportSection):
 class RobustnessCurves(ReportSection):
     name, title, order = "curves", "Robust accuracy against budget", 30
 
-    def render(self, report: Report) -> str | None:
+    def render(self, report: ReportView) -> str | None:
         plots = []
         for model in report.data.model_names:
             runs = [
@@ -169,22 +180,20 @@ class RobustnessCurves(ReportSection):
         )
 
 
-def _severity(config: dict, attack: str) -> int:
-    from aisafety.report.sanity import _config_defaults
-
-    return int(config.get("severity", _config_defaults(attack).get("severity", 3)))
+def _severity(report: ReportView, config: dict, attack: str) -> int:
+    return int(config.get("severity", report.attack_defaults(attack).get("severity", 3)))
 
 
 class Corruptions(ReportSection):
     name, title, order = "corruptions", "Corruption error per type and severity", 40
 
-    def render(self, report: Report) -> str | None:
+    def render(self, report: ReportView) -> str | None:
         plots = []
         for model in report.data.model_names:
             errors: dict[str, dict[int, float]] = defaultdict(dict)
             for a in report.data.attack_runs:
                 if a.model == model and a.family == "corruption":
-                    errors[a.name][_severity(a.config, a.name)] = 1.0 - a.robust_accuracy
+                    errors[a.name][_severity(report, a.config, a.name)] = 1.0 - a.robust_accuracy
             for m in report.data.metrics:
                 if m.model == model and m.name in ("mce", "rmce") and "errors" in m.details:
                     for corruption, row in m.details["errors"].items():
@@ -235,7 +244,7 @@ def _radius(metric) -> float | None:
 class CertifiedCurves(ReportSection):
     name, title, order = "certified", "Certified accuracy", 50
 
-    def render(self, report: Report) -> str | None:
+    def render(self, report: ReportView) -> str | None:
         plots = []
         for model in report.data.model_names:
             curves: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
@@ -297,7 +306,7 @@ class Frontier(ReportSection):
     name, title, order = "frontier", "Adversarial frontier", 60
     shown = 60  # per-sample lines drawn (all of them make a grey blur)
 
-    def render(self, report: Report) -> str | None:
+    def render(self, report: ReportView) -> str | None:
         from aisafety.report.plots import frontier_plot
 
         plots = []
@@ -322,7 +331,7 @@ class Frontier(ReportSection):
 class Examples(ReportSection):
     name, title, order = "examples", "Example images", 70
 
-    def render(self, report: Report) -> str | None:
+    def render(self, report: ReportView) -> str | None:
         chosen = {}
         for a in report.data.attack_runs:  # per attack and model: its largest budget
             if a.id in report.data.examples and not a.attack.startswith(NOISE):

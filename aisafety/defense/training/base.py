@@ -1,6 +1,6 @@
 """The training-defense concept: a registered class that turns a batch into a loss.
 
-``aisafety.database.training`` owns the loop (data order, optimiser, schedule); a defense
+``aisafety.defense.training.loop`` owns the loop (data order, optimiser, schedule); a defense
 only says what to minimise on each batch, so every defense trains, seeds and records its
 recipe the same way. A defense needing a stage before the loop (distillation's teacher)
 does it in ``prepare``.

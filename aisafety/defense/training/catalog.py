@@ -7,6 +7,8 @@ from aisafety.defense.training.fgsm_at import FGSMAdversarialTraining
 from aisafety.defense.training.gaussian_augmentation import GaussianAugmentation
 from aisafety.defense.training.hypervolume import HypervolumeTraining
 from aisafety.defense.training.ibp import CrownIBPTraining, IBPTraining
+from aisafety.defense.training.macer import Macer
+from aisafety.defense.training.noise_augmentation import LaplaceAugmentation, UniformAugmentation
 from aisafety.defense.training.pgd_at import PGDAdversarialTraining
 from aisafety.defense.training.standard import StandardTraining
 from aisafety.defense.training.trades import Trades
@@ -18,6 +20,9 @@ TRAINING_DEFENSES: list[type] = [
     Trades,
     DefensiveDistillation,
     GaussianAugmentation,
+    LaplaceAugmentation,
+    UniformAugmentation,
+    Macer,
     IBPTraining,
     CrownIBPTraining,
     HypervolumeTraining,

@@ -1,4 +1,11 @@
-"""Training a zoo model from a dataset folder with any registered training defense."""
+"""Building a zoo entry: train a recipe, measure it, write checkpoint and manifest entry.
+
+This sits beside the zoo (``database/zoo.py``, which only reads and writes manifests and
+checkpoints) but in the application layer: it resolves the recipe's training defense through
+the plugin registry, trains it with the defense module's loop
+(``aisafety.defense.training.loop``) and measures robustness with the platform's own PGD and
+IBP certification.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +17,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
-from aisafety.database.architectures import build
+from aisafety.attack.pgd import PGDLinf
 from aisafety.database.datasets.base import LoadedDataset
+from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import (
     TrainingRecipe,
     ZooEntry,
@@ -21,8 +28,11 @@ from aisafety.database.zoo import (
     sha256_bytes,
     write_manifest_entry,
 )
-from aisafety.defense.training.base import TrainingDefense, TrainingStep
-from aisafety.errors import ConfigError, IntegrityError, UnknownNameError
+from aisafety.defense.training.base import TrainingDefense
+from aisafety.defense.training.loop import train_network
+from aisafety.errors import ConfigError, IntegrityError
+from aisafety.evaluation.metrics.certified import ibp_certified_mask
+from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import Normalize, TorchPredictor
 
@@ -41,8 +51,6 @@ def pgd_robust_accuracy(
     predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int = 40
 ) -> float:
     """Accuracy under the platform's l-inf PGD (random start, step 2.5 eps / steps, seed 0)."""
-    from aisafety.attack.pgd import PGDLinf
-
     return PGDLinf({"steps": steps})(predictor, x, y, eps).robust_accuracy
 
 
@@ -59,8 +67,6 @@ def robustness_metrics(
     """The manifest's robustness numbers on ``data`` (the fixed 1,000-image subset of
     ``robustness_subset``): PGD-40 robust accuracy at each l-inf budget of ``robust_eps``,
     IBP-certified accuracy at each of ``certified_eps``."""
-    from aisafety.evaluation.metrics.certified import ibp_certified_mask
-
     metrics = {"robust_samples": float(len(data))} if robust_eps or certified_eps else {}
     for eps in robust_eps:
         metrics[f"pgd40_robust_accuracy_eps{eps:g}"] = pgd_robust_accuracy(
@@ -76,8 +82,6 @@ def robustness_subset(dataset: str, test_set: LoadedDataset) -> LoadedDataset:
     """The 1,000 test images robustness is measured on: the shipped MNIST subset for MNIST
     (what ``aisafety evaluate`` attacks), else a class-balanced 1,000 of the test set."""
     if dataset == "mnist":
-        from aisafety.database.datasets.embedded import EmbeddedMnist
-
         return EmbeddedMnist().load(None, "test")
     return test_set.balanced_subset(min(1000, len(test_set)), 0)
 
@@ -88,18 +92,12 @@ def training_eps(recipe: TrainingRecipe) -> list[float]:
     return [float(eps)] if isinstance(eps, int | float) and eps > 0 else []
 
 
-def training_defense(name: str, config: dict[str, Any]) -> TrainingDefense:
+def training_defense(
+    name: str, config: dict[str, Any], registry: Registry | None = None
+) -> TrainingDefense:
     """The registered training defense ``name`` built with ``config``."""
-    from aisafety.plugins import default_registry
-
-    registry = default_registry()
-    known = [
-        n for n in registry.names("defense")
-        if issubclass(registry.get("defense", n), TrainingDefense)
-    ]  # fmt: skip
-    if name not in known:
-        raise UnknownNameError("training defense", name, known)
-    return registry.get("defense", name)(config)
+    registry = registry or default_registry()
+    return registry.create("training_defense", name, config)
 
 
 def initial_weights(recipe: TrainingRecipe) -> dict[str, torch.Tensor]:
@@ -118,58 +116,11 @@ def initial_weights(recipe: TrainingRecipe) -> dict[str, torch.Tensor]:
     return state
 
 
-def fit(
-    network: nn.Module,
-    defense: TrainingDefense,
-    train_set: LoadedDataset,
-    recipe: TrainingRecipe,
-    generator: torch.Generator,
-    quiet: bool = False,
-) -> None:
-    """The one training loop: Adam with a one-cycle schedule on ``defense.loss``."""
-    optimiser = torch.optim.Adam(network.parameters(), lr=recipe.lr)
-    steps_per_epoch = -(-len(train_set) // recipe.batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimiser, max_lr=recipe.lr, total_steps=recipe.epochs * steps_per_epoch
-    )
-    for epoch in range(recipe.epochs):
-        network.train()
-        order = torch.randperm(len(train_set), generator=generator)
-        batches = order.split(recipe.batch_size)
-        for step, index in enumerate(
-            tqdm(batches, desc=f"{defense.name} epoch {epoch + 1}/{recipe.epochs}", disable=quiet)
-        ):
-            where = TrainingStep(epoch + step / len(batches), recipe.epochs, generator)
-            loss = defense.loss(network, train_set.x[index], train_set.y[index], where)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            schedule.step()
-    network.eval()
-
-
 def train(recipe: TrainingRecipe, train_set: LoadedDataset, quiet: bool = False) -> nn.Module:
-    """Train ``recipe.architecture`` on ``train_set`` with ``recipe.defense``; returns the module.
-
-    The seed fixes initialisation, data order and every random draw of the defense, so a
-    recipe trains the same model again (up to floating-point non-determinism).
-    """
-    if recipe.optimizer != "adam":
-        raise ConfigError(f"optimizer {recipe.optimizer!r} is not supported; use 'adam'")
+    """Train the model ``recipe`` describes on ``train_set``; returns the module."""
     defense = training_defense(recipe.defense, recipe.defense_config)
-    torch.manual_seed(recipe.seed)
-    module = build(recipe.architecture)
-    if recipe.init_from is not None:
-        module.load_state_dict(initial_weights(recipe))
-    network = nn.Sequential(Normalize(recipe.mean, recipe.std), module)
-    generator = torch.Generator().manual_seed(recipe.seed)
-
-    def run(net: nn.Module, stage: TrainingDefense) -> None:
-        fit(net, stage, train_set, recipe, generator, quiet)
-
-    defense.prepare(network, run)
-    run(network, defense)
-    return module.eval()
+    initial = initial_weights(recipe) if recipe.init_from is not None else None
+    return train_network(recipe, defense, train_set, initial, quiet)
 
 
 def train_zoo_entry(

@@ -1,0 +1,245 @@
+"""One contract for every registered plugin, as Foolbox 3's attack tests run every attack.
+
+Each registered attack, input defense, training defense and metric (and verifier, once that
+kind is registered) goes through the same checks on a tiny problem (8 MNIST images, the zoo
+CNN), parametrized with its registry name as the test id. A new plugin is checked without a
+line added here; settings that only shorten a run (``FAST``) apply where a class has them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aisafety.database.architectures import build
+from aisafety.defense.training.base import TrainingStep
+from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
+from aisafety.evaluation.context import EvaluationContext
+from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Direction, MetricValue, Norm
+from aisafety.plugins import KINDS, default_registry
+from aisafety.prediction.torch_module import Normalize
+
+REGISTRY = default_registry()
+N = 8
+BUDGET = {Norm.LINF: 0.1, Norm.L2: 1.0, Norm.L1: 8.0, Norm.L0: 10.0, None: 0.1}
+# Shorter runs only: fewer steps, queries, frames, directions. Applied where a Config has the field.
+FAST = {
+    "steps": 3,
+    "queries": 20,
+    "iterations": 3,
+    "population": 8,
+    "binary_search_steps": 1,
+    "init_draws": 20,
+    "init_search_steps": 3,
+    "samples": 16,
+    "nb_samples_per_step": 8,
+    "max_steps": 20,
+    "n_frames": 3,
+    "n_directions": 3,
+    "levels": 4,
+    "refine": 2,
+    "n_perturbations": 2,
+    "frontier_steps": 2,
+    "attack_config": {"steps": 2},
+    # not shorter but needed: the zoo CNN max-pools, which of the verifiers only IBP bounds
+    "verifier": "ibp",
+}
+
+
+def names(kind: str) -> list[str]:
+    return REGISTRY.names(kind) if kind in KINDS else []
+
+
+def fast_config(cls: type, **extra) -> dict:
+    fields = getattr(getattr(cls, "Config", None), "model_fields", {})
+    return {**{k: v for k, v in FAST.items() if k in fields}, **extra}
+
+
+@pytest.fixture(scope="module")
+def batch(mnist_subset):
+    data = mnist_subset(N)
+    return data.x, data.y
+
+
+# --- attacks ------------------------------------------------------------------------------
+
+
+def _attack(name: str, **extra):
+    cls = REGISTRY.get("attack", name)
+    return REGISTRY.create("attack", name, fast_config(cls, **extra))
+
+
+@pytest.mark.parametrize("name", names("attack"))
+def test_attack_contract(name, zoo_predictor, batch):
+    x, y = batch
+    attack = _attack(name, seed=1)
+    described = type(attack).describe()
+    assert described["name"] == name and described["description"], "describe() incomplete"
+    assert {"family", "norm", "requires"} <= described.keys()
+    assert isinstance(attack.requires, Capability) and isinstance(attack.family, AttackFamily)
+    eps = BUDGET[attack.norm]
+    result = attack(zoo_predictor, x, y, eps)
+    x_adv = result.x_adv.cpu()
+    assert x_adv.shape == x.shape and x_adv.dtype == x.dtype
+    assert torch.isfinite(x_adv).all() and x_adv.min() >= 0 and x_adv.max() <= 1, "box"
+    delta = (x_adv - x).flatten(1).double()
+    size = {
+        Norm.LINF: delta.abs().amax(1),
+        Norm.L2: delta.norm(dim=1),
+        Norm.L1: delta.abs().sum(1),
+        Norm.L0: (delta != 0).sum(1).double(),
+    }.get(attack.norm)
+    if size is not None:  # corruptions (norm None) have a severity, not a budget
+        assert (size <= eps * (1 + 1e-5) + 1e-6).all(), f"over budget: {size.max():.6g} > {eps}"
+    assert torch.equal(result.y.cpu(), y)
+    assert torch.equal(result.success.cpu(), result.adv_logits.argmax(1).cpu() != y)
+    assert result.steps.shape == (N,) and (result.steps >= 0).all()
+    again = _attack(name, seed=1)(zoo_predictor, x, y, eps)
+    assert torch.equal(again.x_adv.cpu(), x_adv), "not deterministic with a fixed seed"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n for n in names("attack") if REGISTRY.get("attack", n).family is not AttackFamily.CORRUPTION],
+)
+def test_attack_with_zero_budget_changes_nothing(name, zoo_predictor, batch):
+    x, y = batch
+    result = _attack(name)(zoo_predictor, x, y, 0.0)
+    assert torch.equal(result.x_adv.cpu(), x)
+    assert torch.equal(result.success.cpu(), zoo_predictor.predict(x).cpu() != y)
+
+
+# --- input defenses -----------------------------------------------------------------------
+
+
+# Defenses whose transform leaves [0, 1] by design, each with its reason.
+UNBOXED = {
+    # Cohen et al.'s certificate needs pure Gaussian noise: the noisy copy is not clipped.
+    "randomized-smoothing",
+}
+
+
+@pytest.mark.parametrize("name", names("defense"))
+def test_input_defense_contract(name, zoo_predictor, batch):
+    x, _ = batch
+    cls = REGISTRY.get("defense", name)
+    described = cls.describe()
+    assert described["name"] == name and described["kind"] == "input" and described["description"]
+
+    def defended():
+        return REGISTRY.create("defense", name, {}, zoo_predictor)
+
+    first = defended()
+    assert first.capabilities == zoo_predictor.capabilities
+    assert tuple(first.input_shape) == tuple(zoo_predictor.input_shape)
+    view = first.transform(x.clone())
+    assert view.shape == x.shape and view.dtype == x.dtype, "transform must keep the shape"
+    assert torch.isfinite(view).all()
+    if name not in UNBOXED:
+        assert view.min() >= 0 and view.max() <= 1, "transform must stay in [0, 1]"
+    logits = defended().logits(x)
+    assert logits.shape == (N, zoo_predictor.num_classes) and torch.isfinite(logits).all()
+    assert torch.equal(defended().logits(x), logits), "not deterministic with a fixed seed"
+
+
+# --- training defenses --------------------------------------------------------------------
+
+
+def _tiny_network() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(Normalize((0.1307,), (0.3081,)), build("mnist-cnn"))
+
+
+def _loss(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Module]:
+    cls = REGISTRY.get("training_defense", name)
+    defense = REGISTRY.create("training_defense", name, fast_config(cls))
+    network = _tiny_network()
+    defense.prepare(network, lambda net, stage: None)  # no extra training stage here
+    step = TrainingStep(0.5, 2, torch.Generator().manual_seed(0))
+    return defense.loss(network.train(), x, y, step), network
+
+
+@pytest.mark.parametrize("name", names("training_defense"))
+def test_training_defense_contract(name, batch):
+    x, y = batch
+    described = REGISTRY.get("training_defense", name).describe()
+    assert described["name"] == name and described["kind"] == "training"
+    assert described["description"]
+    loss, network = _loss(name, x, y)
+    assert loss.shape == () and torch.isfinite(loss), "the loss is one finite number"
+    loss.backward()
+    grads = [p.grad for p in network.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads), "no finite gradient"
+    assert torch.equal(_loss(name, x, y)[0].detach(), loss.detach()), "not deterministic"
+
+
+# --- metrics ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def metric_context(zoo_predictor, mnist_subset):
+    data, profile = mnist_subset(N), mnist_subset(20, seed=1)
+
+    def make_attack(spec: AttackSpec):
+        return REGISTRY.create("attack", spec.name, spec.config)
+
+    return EvaluationContext(
+        zoo_predictor,
+        data,
+        make_attack,
+        batch_size=4,
+        reference=zoo_predictor,
+        load_profile=lambda: profile,
+    )
+
+
+ATTACK = AttackSpec(name="pgd-linf", config={"steps": 3}, eps=0.3)
+BOUNDED = {"fraction", "probability"}
+
+
+def _compute(metric: Metric, ctx: EvaluationContext) -> list[MetricValue]:
+    if isinstance(metric, CleanMetric):
+        values = metric.compute(ctx)
+    else:
+        values = metric.compute(ctx, ATTACK, 0.3)
+    return values if isinstance(values, list) else [values]
+
+
+@pytest.mark.parametrize("name", names("metric"))
+def test_metric_contract(name, metric_context):
+    cls = REGISTRY.get("metric", name)
+    described = cls.describe()
+    assert described["name"] == name and described["description"] and described["unit"]
+    assert isinstance(cls.direction, Direction)
+    metric = REGISTRY.create("metric", name, fast_config(cls))
+    assert isinstance(metric, CleanMetric) != isinstance(metric, AttackMetric), "one kind only"
+    values = _compute(metric, metric_context)
+    assert values
+    for v in values:
+        assert v.metric.startswith(name) and v.direction is cls.direction and v.unit == cls.unit
+        assert v.n_samples >= 0
+        if v.n_samples and not v.details.get("undefined"):  # NaN only when it says why
+            assert math.isfinite(v.value), f"{v.metric} = {v.value} on {v.n_samples} samples"
+        if cls.unit in BOUNDED and math.isfinite(v.value):
+            assert 0 <= v.value <= 1, f"{v.metric} = {v.value} is no {cls.unit}"
+        if isinstance(metric, AttackMetric):
+            assert v.attack == ATTACK.label and v.eps == 0.3
+        else:
+            assert v.attack is None
+    again = _compute(REGISTRY.create("metric", name, fast_config(cls)), metric_context)
+    assert [v.value for v in again] == [v.value for v in values] or all(
+        math.isnan(a.value) and math.isnan(b.value) for a, b in zip(again, values, strict=True)
+    ), "not deterministic"
+
+
+# --- verifiers (a kind the certified-robustness issues add) -------------------------------
+
+
+@pytest.mark.parametrize("name", names("verifier"))
+def test_verifier_contract(name):
+    cls = REGISTRY.get("verifier", name)
+    described = cls.describe() if hasattr(cls, "describe") else {"name": cls.name}
+    assert described["name"] == name
+    assert getattr(cls, "description", "") or described.get("description")
