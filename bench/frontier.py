@@ -57,6 +57,8 @@ def paired_ratio(numerator, denominator, repeat: int) -> tuple[float, float, flo
 
 
 def frontier(model, x, y, n_budgets: int, steps: int, loss: str = "prob", eps_max: float = 0.3):
+    """AH per sample and the frontier; ``loss`` "prob" is what the measurements in
+    docs/metrics.md used (the default then)."""
     budgets = tuple(eps_max * i / n_budgets for i in range(1, n_budgets + 1))
     parts = [
         adversarial_frontier(model, xb, yb, budgets, Norm.LINF, steps, loss)

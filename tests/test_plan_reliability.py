@@ -280,3 +280,22 @@ def test_a_broken_plugin_is_warned_about_in_evaluate(tmp_path, capsys, monkeypat
                  "--limit", "10", "--quiet"]) == 0  # fmt: skip
     err = capsys.readouterr().err
     assert "warning: plugin 'broken-plugin'" in err and "missing_dependency" in err
+
+
+class _ClashingPlugin:
+    @staticmethod
+    @hookimpl
+    def aisafety_attacks():
+        from aisafety.attack.fgsm import FGSM
+
+        return [type("MyFGSM", (FGSM,), {})]
+
+
+def test_a_plugin_reusing_a_builtin_name_is_reported_not_fatal(capsys, monkeypatch):
+    """It made every command exit 2, 'aisafety plugins' included."""
+    registry = build_registry(extra_plugins=[("clashing-plugin", _ClashingPlugin)])
+    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    assert main(["plugins"]) == 1  # listed, with the clash reported
+    out = capsys.readouterr().out
+    assert "clashing-plugin" in out and "'fgsm' is registered twice" in out
+    assert main(["list", "attacks"]) == 0

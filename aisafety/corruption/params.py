@@ -47,7 +47,7 @@ class Snow(NamedTuple):
 
 
 class Frost(NamedTuple):
-    image: float  # out = image * x + frost * texture
+    image: float  # out = image * x + frost * (crop of a frost photograph)
     frost: float
 
 

@@ -2,11 +2,15 @@
 per sample, the lowest confidence margin an attack reaches at each budget of a grid.
 
 The margin is the paper's eq. 3 on *probabilities*: MAR = p_y - max_{i != y} p_i, clamped at
-0 (L_MAR_conf; a misclassified point scores 0). The search is APGD (Croce & Hein 2020) on
-that margin (the paper's APGD-MAR), run through the ascending budgets eps_1 < ... < eps_N
-*warm-started*: budget i starts from the lowest-margin point found so far, which lies inside
-its larger ball, so each budget needs only a few steps and the whole grid costs about one
-attack. The paper's Algorithm 1 runs an independent attack per budget instead.
+0 (L_MAR_conf; a misclassified point scores 0). The search is APGD (Croce & Hein 2020) on a
+margin (the paper's APGD-MAR): by default the logit margin, whose gradient does not vanish
+when the softmax saturates (the probability margin's search reports a distilled model as far
+more robust than it is, docs/metrics.md), with the probability margin of every iterate
+recorded; ``loss="prob"`` searches on the probability margin itself. It is run through the
+ascending budgets eps_1 < ... < eps_N *warm-started*: budget i starts from the lowest-margin
+point found so far, which lies inside its larger ball, so each budget needs only a few steps
+and the whole grid costs about one attack. The paper's Algorithm 1 runs an independent
+attack per budget instead.
 
 The frontier is made monotone non-increasing: a point found at a smaller budget is also
 admissible at every larger one, so F(eps_i) = min over budgets <= eps_i. A sample whose margin
@@ -135,7 +139,7 @@ def adversarial_frontier(
     budgets: tuple[float, ...],
     norm: Norm,
     steps: int,
-    loss: SearchLoss = "prob",
+    loss: SearchLoss = "logit",
 ) -> Frontier:
     """The frontier of every sample at 0 and at ``budgets`` (ascending), ``steps`` APGD steps
     per budget, warm-started from the previous budget's frontier point."""

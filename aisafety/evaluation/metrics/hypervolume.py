@@ -44,8 +44,9 @@ class HypervolumeConfig(PluginConfig):
     budgets: int = Field(default=10, gt=0, description="N, grid points eps_max * i / N")
     steps: int = Field(default=10, gt=0, description="APGD steps per budget (warm-started)")
     loss: Literal["prob", "logit"] = Field(
-        default="prob", description="search objective: the probability margin (the paper's) "
-        "or the logit margin; the frontier is always the probability margin reached",
+        default="logit", description="search objective: the logit margin (default: the "
+        "probability margin's gradient vanishes on saturated softmax, e.g. distillation) or "
+        "the probability margin (the paper's); the frontier is always the probability margin",
     )  # fmt: skip
     samples: int | None = Field(default=None, gt=0, description="at most this many samples")
 
