@@ -39,7 +39,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("threat and bounds", ("aisafety.attack", "aisafety.verification")),
-    ("corruptions and defenses", ("aisafety.corruption", "aisafety.defense")),
+    (
+        "corruptions and defenses",
+        (
+            "aisafety.corruption",
+            "aisafety.defense",
+            # randomized smoothing certifies a defense (the smoothed classifier) and draws its
+            # noise through that defense's sampler: it sits beside the defense, not below it
+            "aisafety.verification.smoothing",
+        ),
+    ),
     ("evaluation", ("aisafety.evaluation",)),
     (
         "results",
