@@ -209,7 +209,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from aisafety.verification.vnncomp import run_verify
 
-    return run_verify(args.network, args.spec, args.verifier, args.timeout)
+    return run_verify(default_registry(), args.network, args.spec, args.verifier, args.timeout)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

@@ -292,6 +292,11 @@ class EvaluationPlan(StrictModel):
         return value
 
 
+# The MetricValue details key whose list of per-sample dicts the store writes as
+# verification_samples rows (verdict, margin, seconds of each sample of a certificate).
+SAMPLES_DETAILS_KEY = "samples"
+
+
 class MetricValue(StrictModel):
     """One number a metric produced, with what it was computed on."""
 

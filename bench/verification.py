@@ -42,6 +42,7 @@ def forward_seconds(fn, x: torch.Tensor, repeats: int = 5) -> float:
 def crown_part(images: int, eps: float) -> None:
     from aisafety.database.datasets.embedded import EmbeddedMnist
     from aisafety.database.zoo import load_zoo_model
+    from aisafety.plugins import default_registry
     from aisafety.verification.graph import build_graph
     from aisafety.verification.property import robustness_property
     from aisafety.verification.registry import make_verifier
@@ -54,7 +55,7 @@ def crown_part(images: int, eps: float) -> None:
     print(f"mnist-cnn-strided-crown-ibp, {len(y)} images, eps {eps}")
     print(f"{'verifier':<12} {'certified':>9} {'seconds':>8} {'forward s':>9} {'ratio':>8}")
     for name in ("ibp", "crown-ibp", "crown"):
-        verifier = make_verifier(name, {"batch_size": 100})
+        verifier = make_verifier(default_registry(), name, {"batch_size": 100})
         ratios, runs = [], []
         for _ in range(2):  # interleaved pairs: forward, verifier
             fwd = forward_seconds(predictor.logits, x, repeats=1)
@@ -69,6 +70,7 @@ def crown_part(images: int, eps: float) -> None:
 
 
 def complete_part(nets: list[str], timeout: float) -> None:
+    from aisafety.plugins import default_registry
     from aisafety.prediction.onnx_model import OnnxRuntimePredictor
     from aisafety.verification.vnncomp import verify_instance
 
@@ -83,7 +85,7 @@ def complete_part(nets: list[str], timeout: float) -> None:
         reference = OnnxRuntimePredictor(network, input_shape=(1, 28, 28))
         fwd = forward_seconds(reference.logits, torch.rand(1, 1, 28, 28))
         wall, cpu = time.perf_counter(), time.process_time()
-        result = verify_instance(network, DATA / spec, "complete", timeout)
+        result = verify_instance(default_registry(), network, DATA / spec, "complete", timeout)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         counts[result.status] = counts.get(result.status, 0) + 1
         print(f"{onnx_name:<22} {spec:<20} {result.status:<8} {wall:>7.1f} {cpu:>7.1f} "

@@ -76,16 +76,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # (importer, imported) edges that break the layering today, each with the issue that removes it.
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    # Landed with the verifiers of #12 (certified robustness I) after this test: the
-    # certified metrics and make_verifier build verifiers and attacks by name from the
-    # registry they are registered in (a cycle plugins -> builtin -> certified -> plugins).
-    # Fix as for the transfer attack: Registry.create hands them the registry
-    # (``builds_from_registry``). SAMPLES (a details key) belongs in interfaces, not schema.
-    ("aisafety.evaluation.metrics.certified", "aisafety.plugins"): "#12",
-    ("aisafety.verification.registry", "aisafety.plugins"): "#12",
-    ("aisafety.evaluation.metrics.certified", "aisafety.database.schema"): "#12",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 @cache

@@ -9,6 +9,7 @@ import torch
 from scipy.optimize import linprog
 from torch import nn
 
+from aisafety.plugins import default_registry
 from aisafety.prediction.torch_module import Normalize
 from aisafety.verification import bounds as b
 from aisafety.verification.falsify import pgd_on_rows
@@ -74,7 +75,7 @@ def fc_net() -> nn.Module:
 
 def lower_bounds(name: str, graph, prop) -> torch.Tensor:
     with torch.no_grad():
-        return make_verifier(name).lower_bounds(graph, prop.to(graph.dtype))[0]
+        return make_verifier(default_registry(), name).lower_bounds(graph, prop.to(graph.dtype))[0]
 
 
 def test_crown_on_a_two_layer_net_matches_the_hand_computation():
@@ -87,15 +88,19 @@ def test_crown_on_a_two_layer_net_matches_the_hand_computation():
     assert lower_bounds("crown", graph, prop).item() == pytest.approx(-0.1, abs=1e-9)
     assert lower_bounds("fast-lin", graph, prop).item() == pytest.approx(-0.1, abs=1e-9)
     assert lower_bounds("ibp", graph, prop).item() == pytest.approx(-0.3, abs=1e-9)
-    result = make_verifier("complete", {"exact": True}).verify(graph, prop)
+    result = make_verifier(default_registry(), "complete", {"exact": True}).verify(graph, prop)
     assert result.verdicts == [Verdict.CERTIFIED]
     assert result.margins.item() == pytest.approx(0.1, abs=1e-6)
-    assert make_verifier("complete").verify(graph, prop).verdicts == [Verdict.CERTIFIED]
+    assert make_verifier(default_registry(), "complete").verify(graph, prop).verdicts == [
+        Verdict.CERTIFIED
+    ]
     # row f0 - f1 = 2 h1 - 3 h2 + 0.5: CROWN's lower line for h1 is 0 (u = -l) -> -1.9,
     # reached at x = (0.6, 0.6) where h1 = 0 and h2 = 0.8: falsified there
     prop = robustness_property(torch.tensor([[0.5, 0.5]]), torch.tensor([0]), 0.1, 2)
     assert lower_bounds("crown", graph, prop).item() == pytest.approx(-1.9, abs=1e-9)
-    assert make_verifier("crown").verify(graph, prop).verdicts == [Verdict.FALSIFIED]
+    assert make_verifier(default_registry(), "crown").verify(graph, prop).verdicts == [
+        Verdict.FALSIFIED
+    ]
 
 
 def lp_optimum(graph, boxes, spec_row: np.ndarray) -> float:
@@ -169,10 +174,12 @@ def test_an_unsupported_op_is_named_with_the_model_before_any_work():
                            nn.Flatten(), nn.Linear(8, 2))  # fmt: skip
     graph = build_graph(pooled, (1, 4, 4), "pooled")
     with pytest.raises(VerificationError, match="crown.*maxpool.*'pooled'"):
-        make_verifier("crown").check(graph)
-    make_verifier("ibp").check(graph)  # IBP bounds max-pooling
+        make_verifier(default_registry(), "crown").check(graph)
+    make_verifier(default_registry(), "ibp").check(graph)  # IBP bounds max-pooling
     with pytest.raises(VerificationError, match="complete.*sigmoid"):
-        make_verifier("complete").check(build_graph(sigmoid_net(), (1, 4, 4), "sig"))
+        make_verifier(default_registry(), "complete").check(
+            build_graph(sigmoid_net(), (1, 4, 4), "sig")
+        )
 
 
 def test_training_bounds_follow_the_weights_and_carry_gradients():
@@ -198,7 +205,9 @@ def test_certified_sets_are_nested_ibp_crown_alpha_crown_on_the_zoo_cnn():
     graph = build_graph(predictor.network, predictor.input_shape, predictor.name)
     prop = robustness_property(x, y, 0.1, 10)
     certified = {
-        name: make_verifier(name, config).verify(graph, prop, predictor.logits).certified
+        name: make_verifier(default_registry(), name, config)
+        .verify(graph, prop, predictor.logits)
+        .certified
         for name, config in (("ibp", {}), ("crown", {}), ("alpha-crown", {"steps": 5}))
     }
     assert certified["ibp"].float().mean() >= 0.5  # a certifiably trained model

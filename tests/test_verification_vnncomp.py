@@ -78,7 +78,7 @@ def check_instance(net: Path, spec: Path, verifiers: list[str], timeout: float =
         rows = prop.rows(predictor.logits(points).double())  # (points, K)
     broken = bool((rows[1] <= 0).any())
     for name in verifiers:
-        verifier = make_verifier(name, {"timeout": timeout})
+        verifier = make_verifier(default_registry(), name, {"timeout": timeout})
         if name == "complete" and not graph.relu_only:
             continue  # refused by check(), tested elsewhere
         result = verifier.verify(graph, prop, predictor.logits)

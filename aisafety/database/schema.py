@@ -21,6 +21,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from aisafety.interfaces import SAMPLES_DETAILS_KEY
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -159,7 +161,7 @@ class SmoothingCertificate(Base):
     seconds: Mapped[float] = mapped_column(Float)
 
 
-SAMPLES = "samples"  # the MetricValue details key whose list becomes verification_samples rows
+SAMPLES = SAMPLES_DETAILS_KEY  # details key whose list becomes verification_samples rows
 
 
 class VerificationSample(Base):

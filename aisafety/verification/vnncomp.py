@@ -15,7 +15,7 @@ from pathlib import Path
 from aisafety.errors import ConfigError
 from aisafety.prediction.onnx_model import OnnxRuntimePredictor, load_onnx
 from aisafety.verification.graph import build_graph
-from aisafety.verification.registry import make_verifier
+from aisafety.verification.registry import PluginRegistry, make_verifier
 from aisafety.verification.result import Verdict
 from aisafety.verification.vnnlib import read_vnnlib
 
@@ -29,14 +29,18 @@ class InstanceResult:
 
 
 def verify_instance(
-    network: str | Path, spec: str | Path, verifier: str = "complete", timeout: float = 60.0
+    registry: PluginRegistry,
+    network: str | Path,
+    spec: str | Path,
+    verifier: str = "complete",
+    timeout: float = 60.0,
 ) -> InstanceResult:
     """Verify one instance with the named verifier under a time limit in seconds."""
     reference = _runtime(network)
     shape = reference.input_shape
     predictor = load_onnx(network, gradients=True, input_shape=shape)
     graph = build_graph(predictor.network.cpu(), shape, Path(network).name)
-    checker = make_verifier(verifier, {"timeout": timeout})
+    checker = make_verifier(registry, verifier, {"timeout": timeout})
     checker.check(graph)  # before reading the property or any work
     prop = read_vnnlib(spec, math.prod(shape), reference.num_classes)
     prop.lower, prop.upper = prop.lower.reshape(1, *shape), prop.upper.reshape(1, *shape)
@@ -66,9 +70,11 @@ def _runtime(network: str | Path) -> OnnxRuntimePredictor:
         return OnnxRuntimePredictor(network, input_shape=(1, 1, size))
 
 
-def run_verify(network: str, spec: str, verifier: str, timeout: float) -> int:
+def run_verify(
+    registry: PluginRegistry, network: str, spec: str, verifier: str, timeout: float
+) -> int:
     """The ``aisafety verify`` command: print the status (and counterexample) as VNN-COMP."""
-    result = verify_instance(network, spec, verifier, timeout)
+    result = verify_instance(registry, network, spec, verifier, timeout)
     print(result.status)
     if result.counterexample:
         print(result.counterexample)

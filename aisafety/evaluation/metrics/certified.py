@@ -23,16 +23,16 @@ import torch
 from pydantic import Field
 
 from aisafety.config_base import PluginConfig
-from aisafety.database.schema import SAMPLES
 from aisafety.errors import AISafetyError, CapabilityError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
+from aisafety.interfaces import SAMPLES_DETAILS_KEY as SAMPLES
 from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
 from aisafety.verification.falsify import pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph, build_graph
 from aisafety.verification.margins import certified, ibp_margin_bounds
 from aisafety.verification.property import robustness_property
-from aisafety.verification.registry import make_verifier
+from aisafety.verification.registry import PluginRegistry, make_verifier, needs_registry
 
 
 def ibp_certified_mask(
@@ -58,15 +58,13 @@ def predictor_graph(predictor: Any, metric: str) -> BoundGraph:
     return build_graph(network.cpu(), predictor.input_shape, predictor.name)
 
 
-def attack_result(ctx: EvaluationContext, spec: AttackSpec, eps: float):
+def attack_result(ctx: EvaluationContext, spec: AttackSpec, eps: float, registry: PluginRegistry):
     """The attack's result at ``eps``: the plan's (shared, computed once) if the plan runs
     this attack, else run here through the attack's public call."""
-    from aisafety.plugins import default_registry
-
     try:
         return ctx.adversarial(spec, eps)
     except KeyError:  # not one of the plan's attacks
-        attack = default_registry().create("attack", spec.name, spec.config)
+        attack = registry.create("attack", spec.name, spec.config)
         return attack(ctx.predictor, ctx.x, ctx.y, eps, clean_logits=ctx.clean_logits)
 
 
@@ -87,9 +85,21 @@ class CertifiedAccuracy(CleanMetric):
     requires = Capability.GRADIENTS  # white-box: needs the weights, not only outputs
     Config = CertifiedConfig
 
-    def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
+    # The registry passes itself (``registry=``): verifier and attack are built by name from
+    # it. Importing the registry here would close the cycle certified -> plugins -> builtin.
+    builds_from_registry = True
+
+    def __init__(
+        self,
+        config: dict[str, Any] | None = None,
+        registry: PluginRegistry | None = None,
+        **overrides: Any,
+    ):
         super().__init__(config, **overrides)
-        self.verifier = make_verifier(self.config.verifier, self.config.verifier_config)
+        self.registry = needs_registry(registry, self.name)
+        self.verifier = make_verifier(
+            self.registry, self.config.verifier, self.config.verifier_config
+        )
 
     def compute(self, ctx: EvaluationContext) -> MetricValue:
         graph = predictor_graph(ctx.predictor, self.name)
@@ -98,7 +108,7 @@ class CertifiedAccuracy(CleanMetric):
         prop = robustness_property(ctx.x.cpu(), ctx.y.cpu(), eps, ctx.predictor.num_classes)
         result = self.verifier.verify(graph, prop, ctx.predictor.logits)
         spec = AttackSpec(name=self.config.attack, config=self.config.attack_config, eps=(eps,))
-        adversarial = attack_result(ctx, spec, eps)
+        adversarial = attack_result(ctx, spec, eps, self.registry)
         broken = adversarial.adv_pred.cpu() != adversarial.y.cpu()
         conflicts = int((result.certified & broken).sum())
         if conflicts:
@@ -147,9 +157,21 @@ class AverageCertifiedRadius(CleanMetric):
     requires = Capability.GRADIENTS
     Config = RadiusConfig
 
-    def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
+    # The registry passes itself (``registry=``): verifier and attack are built by name from
+    # it. Importing the registry here would close the cycle certified -> plugins -> builtin.
+    builds_from_registry = True
+
+    def __init__(
+        self,
+        config: dict[str, Any] | None = None,
+        registry: PluginRegistry | None = None,
+        **overrides: Any,
+    ):
         super().__init__(config, **overrides)
-        self.verifier = make_verifier(self.config.verifier, self.config.verifier_config)
+        self.registry = needs_registry(registry, self.name)
+        self.verifier = make_verifier(
+            self.registry, self.config.verifier, self.config.verifier_config
+        )
 
     def compute(self, ctx: EvaluationContext) -> MetricValue:
         graph = predictor_graph(ctx.predictor, self.name)
