@@ -7,7 +7,10 @@ capabilities and the inputs, computes the clean logits once, hands ``perturb`` o
 samples still to do (query attacks skip those the model already gets wrong), projects
 whatever ``perturb`` returns back into the budget and the [0, 1] box, and re-evaluates the
 model itself, so no attack can report a success that is over budget or that the model does
-not confirm.
+not confirm. For every attack, plugins included, ``perturb`` works on its own copies of the
+inputs (writing into them changes nothing outside), and its result must have the inputs'
+shape, dtype and device (nothing is broadcast), one step count per sample and no NaN or inf:
+otherwise a ``PluginError`` names the attack and what is wrong.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
 from aisafety.attack.threat import ThreatModel, threat_model
 from aisafety.config_base import PluginConfig, build_config
-from aisafety.errors import InputError
+from aisafety.errors import InputError, PluginError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -179,9 +182,11 @@ class Attack(ABC):
             clean_logits = predictor.logits(x) if clean_logits is None else clean_logits.to(device)
         if target is not None:
             target = target.to(device, torch.long)
-        call = AttackCall(generator, samples.to(device), clean_logits, target)
+        # the attack's own copies: whatever it writes into them stays there
+        call = AttackCall(generator, samples.to(device), clean_logits.clone(), target)
         todo = None if todo is None else todo.to(device)
-        candidate, steps = self.perturb_todo(predictor, x, y, eps, call, todo)
+        candidate, steps = self.perturb_todo(predictor, x.clone(), y.clone(), eps, call, todo)
+        candidate, steps = self._checked_output(candidate, steps, x)
         x_adv = project(candidate.detach(), x, eps, self.norm)
         with torch.inference_mode():
             adv_logits = predictor.logits(x_adv)
@@ -236,6 +241,41 @@ class Attack(ABC):
         if self._takes_call:
             return self.perturb(predictor, x, y, eps, call)
         return self.perturb(predictor, x, y, eps)  # type: ignore[call-arg]
+
+    def _checked_output(
+        self, candidate: Any, steps: Any, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The result of ``perturb``, or a PluginError naming the attack and what is wrong."""
+        where = f"attack {self.name!r} returned"
+        if not isinstance(candidate, torch.Tensor) or not isinstance(steps, torch.Tensor):
+            raise PluginError(
+                f"{where} {type(candidate).__name__} and {type(steps).__name__}; perturb must "
+                "return two tensors: the adversarial inputs and the steps per sample"
+            )
+        if tuple(candidate.shape) != tuple(x.shape):
+            raise PluginError(
+                f"{where} inputs of shape {tuple(candidate.shape)} for a batch of shape "
+                f"{tuple(x.shape)}; perturb must return one adversarial input per input"
+            )
+        if candidate.dtype != x.dtype or candidate.device != x.device:
+            raise PluginError(
+                f"{where} inputs of dtype {candidate.dtype} on {candidate.device} for a batch "
+                f"of dtype {x.dtype} on {x.device}; return them like the inputs"
+            )
+        if tuple(steps.shape) != (len(x),) or steps.is_complex():
+            raise PluginError(
+                f"{where} steps of shape {tuple(steps.shape)}; perturb must return one step "
+                f"(or query) count per sample, shape ({len(x)},)"
+            )
+        bad = ~torch.isfinite(candidate.detach()).flatten(1).all(1)
+        if steps.is_floating_point():
+            bad |= ~torch.isfinite(steps)
+        if bool(bad.any()):
+            raise PluginError(
+                f"{where} NaN or inf for {int(bad.sum())} of {len(x)} samples (first: sample "
+                f"{int(bad.nonzero()[0])}); an attack must return finite inputs and steps"
+            )
+        return candidate, steps.to(device=x.device, dtype=torch.long)
 
     def generator(self, device: torch.device) -> torch.Generator:
         """For plugins with the older four-argument ``perturb``: a generator seeded with

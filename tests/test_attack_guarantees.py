@@ -1,0 +1,94 @@
+"""What the attack base class guarantees for every attack, plugins included (issue #17): its
+own copy of the inputs, a checked result (shape, dtype, device, finite), a declared norm and
+a result inside that budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aisafety.attack.base import Attack
+from aisafety.attack.fgsm import FGSM
+from aisafety.errors import PluginError
+from aisafety.interfaces import AttackFamily, Capability, Norm
+
+
+@pytest.fixture(scope="module")
+def batch(mnist_subset):
+    data = mnist_subset(20, seed=5)
+    return data.x, data.y
+
+
+def _plugin(name: str, body, norm=Norm.LINF):
+    return type(
+        name.title().replace("-", ""),
+        (Attack,),
+        {
+            "name": name,
+            "family": AttackFamily.GRADIENT,
+            "norm": norm,
+            "requires": Capability.LABELS,
+            "perturb": lambda self, predictor, x, y, eps, call: body(x, eps),
+        },
+    )
+
+
+def _steps(x):
+    return torch.ones(len(x), dtype=torch.long)
+
+
+def _write_into_input(x, eps):
+    x.fill_(0.5)  # writes into the batch it was handed
+    return x.clone(), _steps(x)
+
+
+def test_an_attack_writing_into_its_input_changes_nothing_outside(zoo_predictor, batch):
+    """The attack works on its own copy: the caller's batch, the result's clean inputs and
+    the next attack's results are untouched, and no success comes from a moved 'clean' x."""
+    x, y = batch
+    original = x.clone()
+    writer = _plugin("writes-input", _write_into_input)()
+    result = writer(zoo_predictor, x, y, 0.1)
+    assert torch.equal(x, original)
+    assert torch.equal(result.x, original)
+    # the candidate (0.5 everywhere) is projected into the budget around the real x
+    assert float((result.x_adv - original).abs().max()) <= 0.1 + 1e-6
+    after = FGSM()(zoo_predictor, x, y, 0.1).x_adv
+    assert torch.equal(after, FGSM()(zoo_predictor, original, y, 0.1).x_adv)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (lambda x, eps: (x[:1], _steps(x)), r"inputs of shape \(1, 1, 28, 28\) for a batch"),
+        (lambda x, eps: (x[:, :, :27].clone(), _steps(x)), "one adversarial input per input"),
+        (lambda x, eps: (x.double(), _steps(x)), "dtype torch.float64"),
+        (lambda x, eps: (x.clone(), _steps(x)[:3]), "one step"),
+        (lambda x, eps: (x.clone(), None), "must return two tensors"),
+        (lambda x, eps: (x + float("nan"), _steps(x)), "NaN or inf for 20 of 20 samples"),
+        (
+            lambda x, eps: (x.clone().index_fill_(0, torch.tensor([3]), torch.inf), _steps(x)),
+            "sample 3",
+        ),
+    ],
+)
+def test_a_malformed_result_is_an_error_naming_the_attack(zoo_predictor, batch, body, message):
+    x, y = batch
+    attack = _plugin("misbehaves", body)()
+    with pytest.raises(PluginError, match="attack 'misbehaves' returned") as caught:
+        attack(zoo_predictor, x, y, 0.1)
+    assert caught.match(message)
+
+
+def test_one_image_for_twenty_is_not_broadcast(zoo_predictor, batch):
+    x, y = batch
+    attack = _plugin("one-for-all", lambda x, eps: (x[:1].clone(), _steps(x)))()
+    with pytest.raises(PluginError, match="one adversarial input per input"):
+        attack(zoo_predictor, x, y, 0.1)
+
+
+def test_an_over_budget_plugin_is_projected_into_its_budget(zoo_predictor, batch):
+    x, y = batch
+    attack = _plugin("too-far", lambda x, eps: (x + 10 * eps, _steps(x)), norm=Norm.L2)()
+    result = attack(zoo_predictor, x, y, 1.0)
+    assert float((result.x_adv - x).flatten(1).norm(dim=1).max()) <= 1.0 + 1e-5
