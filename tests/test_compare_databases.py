@@ -87,3 +87,16 @@ def test_details_are_compared_unless_left_out(two_runs, tmp_path):
     [changed] = compare(_url(two_runs[0]), _url(extra))[1]
     assert "ca" in changed.key
     assert compare(_url(two_runs[0]), _url(extra), details=False)[1] == []
+
+
+def test_plain_file_paths_are_accepted_and_a_missing_file_is_a_clear_error(
+    two_runs, tmp_path, capsys
+):
+    assert main([str(p) for p in two_runs]) == 0
+    assert "identical" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(two_runs[0]), str(tmp_path / "mistyped.db")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "no database file" in error and "mistyped.db" in error
+    assert not (tmp_path / "mistyped.db").exists()  # nothing created on the way

@@ -21,6 +21,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, text
@@ -116,12 +117,26 @@ def compare(
     return counts, differences
 
 
+def database_url(text: str) -> str:
+    """A SQLAlchemy URL as given, or an existing SQLite file's path turned into one: a
+    mistyped path must not be read as an empty database (nor end in a traceback)."""
+    if "://" in text:
+        return text
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(
+            f"no database file {text!r}; give an existing SQLite file or a URL such as "
+            "sqlite:///results.db"
+        )
+    return f"sqlite:///{path.resolve()}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m aisafety.database.compare", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("before", help="database URL, e.g. sqlite:///before.db")
-    parser.add_argument("after", help="database URL, e.g. sqlite:///after.db")
+    parser.add_argument("before", type=database_url, help="database URL or SQLite file")
+    parser.add_argument("after", type=database_url, help="database URL or SQLite file")
     parser.add_argument(
         "--tables", nargs="+", choices=list(TABLES), default=list(TABLES), help="what to compare"
     )
