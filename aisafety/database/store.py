@@ -136,14 +136,41 @@ class ResultStore:
         values: list[MetricValue],
         version: str,
         attack: tuple[AttackSpec, str, AttackResult] | None = None,
-    ) -> None:
+    ) -> bool:
         """Write a unit, its attack run, outcomes and values in one transaction (retried
-        while another process holds the write lock)."""
-        with_retries(
+        while another process holds the write lock). Idempotent per (run, unit key): a unit
+        this run already stored (a retried task whose first attempt committed) is left as it
+        is and False is returned."""
+        written = with_retries(
             f"store unit {description!r} in {self.url}",
             lambda: self._write_unit(run_id, key, description, subject, values, version, attack),
         )
         checkpoint(self.engine)
+        return written
+
+    def record_failure(self, run_id: int, key: str, description: str, error: str) -> None:
+        """A unit that failed for good (after its retries): kept with its error, so the run
+        says what is missing; ``--resume`` computes it again."""
+
+        def write() -> None:
+            with Session(self.engine) as session, session.begin():
+                session.add(
+                    schema.UnitFailure(
+                        run_id=run_id, key=key, description=description[:400], error=error
+                    )
+                )
+
+        with_retries(f"record the failure of unit {description!r} in {self.url}", write)
+
+    def failures(self, run_id: int) -> list[tuple[str, str, str]]:
+        """(key, description, error) of the units of ``run_id`` that failed for good."""
+        with Session(self.engine) as session:
+            rows = session.scalars(
+                select(schema.UnitFailure)
+                .where(schema.UnitFailure.run_id == run_id)
+                .order_by(schema.UnitFailure.id)
+            )
+            return [(r.key, r.description, r.error) for r in rows]
 
     def _write_unit(
         self,
@@ -154,8 +181,13 @@ class ResultStore:
         values: list[MetricValue],
         version: str,
         attack: tuple[AttackSpec, str, AttackResult] | None,
-    ) -> None:
+    ) -> bool:
         with Session(self.engine) as session, session.begin():
+            # Locked until commit (PostgreSQL), so two attempts of one task cannot both write;
+            # two first inserts of one key collide on the primary key and the retry finds it.
+            stored = session.get(schema.Unit, key, with_for_update=True)
+            if stored is not None and stored.run_id == run_id:
+                return False
             model_id, dataset_id = self._subject_ids(session, subject)
             # A unit run again without --resume (same key) now points at its latest run; the
             # earlier run's rows stay, so history is kept and --resume shows the latest values.
@@ -202,6 +234,7 @@ class ResultStore:
             ]
             session.add_all(rows)
             _add_sample_verdicts(session, rows, values)
+        return True
 
     @staticmethod
     def _add_certificates(
