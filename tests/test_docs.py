@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from docs_blocks import (
     KNOWN,
     REPO,
