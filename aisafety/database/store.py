@@ -191,16 +191,18 @@ class ResultStore:
             model_id, dataset_id = self._subject_ids(session, subject)
             # A unit run again without --resume (same key) now points at its latest run; the
             # earlier run's rows stay, so history is kept and --resume shows the latest values.
-            session.merge(
-                schema.Unit(
-                    key=key,
-                    run_id=run_id,
-                    description=description,
-                    finished_at=schema.utcnow(),
-                    n_values=len(values),
-                    n_outcomes=0 if attack is None else len(attack[2].y),
-                )
-            )
+            fields = {
+                "run_id": run_id,
+                "description": description,
+                "finished_at": schema.utcnow(),
+                "n_values": len(values),
+                "n_outcomes": 0 if attack is None else len(attack[2].y),
+            }
+            if stored is None:  # an INSERT: a concurrent first write of this key collides
+                session.add(schema.Unit(key=key, **fields))
+            else:
+                for name, value in fields.items():
+                    setattr(stored, name, value)
             session.flush()
             attack_run_id = None
             if attack is not None:
