@@ -84,6 +84,9 @@ class Unit(Base):
     # dropped or emptied table cannot make ``--resume`` skip work whose results are gone.
     n_values: Mapped[int | None] = mapped_column(Integer)
     n_outcomes: Mapped[int | None] = mapped_column(Integer)
+    n_examples: Mapped[int | None] = mapped_column(Integer)
+    n_verdicts: Mapped[int | None] = mapped_column(Integer)
+    n_certificates: Mapped[int | None] = mapped_column(Integer)
 
 
 class UnitFailure(Base):
