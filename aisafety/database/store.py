@@ -191,16 +191,20 @@ class ResultStore:
             model_id, dataset_id = self._subject_ids(session, subject)
             # A unit run again without --resume (same key) now points at its latest run; the
             # earlier run's rows stay, so history is kept and --resume shows the latest values.
-            unit = session.merge(
-                schema.Unit(
-                    key=key,
-                    run_id=run_id,
-                    description=description,
-                    finished_at=schema.utcnow(),
-                    n_values=len(values),
-                    n_outcomes=0 if attack is None else len(attack[2].y),
-                )
-            )
+            fields = {
+                "run_id": run_id,
+                "description": description,
+                "finished_at": schema.utcnow(),
+                "n_values": len(values),
+                "n_outcomes": 0 if attack is None else len(attack[2].y),
+            }
+            if stored is None:  # an INSERT: a concurrent first write of this key collides
+                unit = schema.Unit(key=key, **fields)
+                session.add(unit)
+            else:
+                unit = stored
+                for name, value in fields.items():
+                    setattr(unit, name, value)
             session.flush()
             attack_run_id, unit.n_examples = None, 0
             if attack is not None:
