@@ -34,6 +34,7 @@ from aisafety.interfaces import (
 from aisafety.limits import check_budgets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.plugins import Registry, default_registry
+from aisafety.progress import RunProgress
 from aisafety.version import __version__
 
 log = logging.getLogger(__name__)
@@ -149,13 +150,18 @@ class Runner:
         resumed = 0
         status = "failed"
         try:
-            with terminate_as_interrupt():
-                for key, description, compute in self._units(subject, context, run_id):
+            units = list(self._units(subject, context, run_id))
+            progress = RunProgress([(k, d) for k, d, _ in units], enabled=not self.quiet)
+            with terminate_as_interrupt(), progress:
+                for key, description, compute in units:
                     if key in done:
                         values += self.store.unit_values(key)
                         resumed += 1
+                        progress.resume(key)
                         continue
+                    progress.start(key)
                     values += compute(key, description)
+                    progress.finish(key)
             status = "finished"
         except KeyboardInterrupt:
             status = "interrupted"

@@ -29,7 +29,7 @@ from aisafety.attack.call import AttackCall
 from aisafety.attack.precision import ReducedPrecision, compute_dtype
 from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
-from aisafety.attack.threat import ThreatModel, threat_model
+from aisafety.attack.threat import THREATS, ThreatModel, threat_model
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.errors import InputError, PluginError
 from aisafety.interfaces import AttackFamily, Capability, Norm, Precision
@@ -83,6 +83,21 @@ class Attack(ABC):
     def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
         self.config = build_config(
             f"attack {self.name!r}", self.Config, {**(config or {}), **overrides}
+        )
+        self._check_norm()
+
+    def _check_norm(self) -> None:
+        """Every attack but a corruption declares the norm of its budget, so that the base
+        class can project what it returns into that budget (nothing escapes the check)."""
+        norm = getattr(self, "norm", None)
+        if self.family is AttackFamily.CORRUPTION or norm in THREATS:
+            return
+        raise PluginError(
+            f"attack {self.name!r} ({type(self).__module__}.{type(self).__qualname__}) declares "
+            f"norm {norm!r}; every attack must declare the norm of its budget, one of "
+            f"{', '.join(f'Norm.{n.name}' for n in THREATS)} (from aisafety.interfaces), e.g. "
+            "'norm = Norm.LINF' in the class body, so that its results are projected into "
+            "the budget; only corruption attacks (family = AttackFamily.CORRUPTION) have none"
         )
 
     @classmethod
@@ -138,6 +153,7 @@ class Attack(ABC):
         towards (attacks with ``targeted``); ``todo``: a boolean mask of the samples to attack
         (the others come back unchanged with 0 steps).
         """
+        self._check_norm()
         predictor.require(self.requires, f"attack {self.name!r}")
         self._check(predictor, x, y, eps)
         self._check_clean_logits(predictor, x, clean_logits)
