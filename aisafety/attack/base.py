@@ -7,10 +7,12 @@ capabilities and the inputs, computes the clean logits once, hands ``perturb`` o
 samples still to do (query attacks skip those the model already gets wrong), projects
 whatever ``perturb`` returns back into the budget and the [0, 1] box, and re-evaluates the
 model itself, so no attack can report a success that is over budget or that the model does
-not confirm. For every attack, plugins included, ``perturb`` works on its own copies of the
-inputs (writing into them changes nothing outside), and its result must have the inputs'
-shape, dtype and device (nothing is broadcast), one step count per sample and no NaN or inf:
-otherwise a ``PluginError`` names the attack and what is wrong.
+not confirm. With ``precision`` bf16/fp16 (``aisafety.attack.precision``) ``perturb`` searches
+with an autocast view of the model; that final evaluation stays fp32. For every attack,
+plugins included, ``perturb`` works on its own copies of the inputs (writing into them changes
+nothing outside), and its result must have the inputs' shape, dtype and device (nothing is
+broadcast), one step count per sample and no NaN or inf: otherwise a ``PluginError`` names
+the attack and what is wrong.
 """
 
 from __future__ import annotations
@@ -159,7 +161,7 @@ class Attack(ABC):
         self._check_clean_logits(predictor, x, clean_logits)
         self._check_target(predictor, y, target)
         self._check_todo(x, todo)
-        searcher = self.search_predictor(predictor)
+        self.search_predictor(predictor)  # a precision the device lacks fails before any work
         size = chunk_size or self.config.chunk_size
         if size is None:
             size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
@@ -181,7 +183,7 @@ class Attack(ABC):
             )
         )
         parts = [
-            self._attack_chunk(predictor, searcher, xc, yc, eps, generator, *rest)
+            self._attack_chunk(predictor, xc, yc, eps, generator, *rest)
             for xc, yc, *rest in tqdm(chunks, desc=f"{self.name} eps={eps:g}", disable=not progress)
         ]
         return parts[0] if len(parts) == 1 else AttackResult.concat(parts)
@@ -197,7 +199,6 @@ class Attack(ABC):
     def _attack_chunk(
         self,
         predictor: Predictor,
-        searcher: Predictor,
         x: torch.Tensor,
         y: torch.Tensor,
         eps: float,
@@ -217,6 +218,7 @@ class Attack(ABC):
         # the attack's own copies: whatever it writes into them stays there
         call = AttackCall(generator, samples.to(device), clean_logits.clone(), target)
         todo = None if todo is None else todo.to(device)
+        searcher = self.search_predictor(predictor)
         candidate, steps = self.perturb_todo(searcher, x.clone(), y.clone(), eps, call, todo)
         candidate, steps = self._checked_output(candidate, steps, x)
         x_adv = project(candidate.detach(), x, eps, self.norm)
