@@ -50,6 +50,22 @@ def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
     return values if isinstance(values, list) else [values]
 
 
+def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationPlan:
+    """The plan with its ``precision`` written into every attack that has the option and
+    does not set its own, so the stored attack label and config say how it ran (and a
+    run in another precision is other work on ``--resume``). fp32, the default, changes
+    nothing."""
+    if plan.precision == "fp32":
+        return plan
+    specs = []
+    for spec in plan.attacks:
+        fields = getattr(registry.get("attack", spec.name).Config, "model_fields", {})
+        if "precision" in fields and "precision" not in spec.config:
+            spec = spec.model_copy(update={"config": {**spec.config, "precision": plan.precision}})
+        specs.append(spec)
+    return plan.model_copy(update={"attacks": tuple(specs)})
+
+
 class Runner:
     def __init__(
         self,
@@ -59,9 +75,9 @@ class Runner:
         resume: bool = False,
         quiet: bool = False,
     ):
-        self.plan = plan
-        self.store = store
         self.registry = registry or default_registry()
+        self.plan = plan = with_plan_precision(plan, self.registry)
+        self.store = store
         self.resume = resume
         self.quiet = quiet
         # Build every attack and metric now: a bad name or config fails before any work.
@@ -106,6 +122,8 @@ class Runner:
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
+        for attack in self.attacks.values():  # bf16 where the device has none: fail now
+            attack.search_predictor(predictor)
         for spec in plan.attacks:
             check_budgets(
                 spec, getattr(self.attacks[spec.key()], "norm", None), predictor.input_shape
