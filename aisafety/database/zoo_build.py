@@ -58,20 +58,40 @@ def pgd_robust_accuracy(
 CERTIFIED_TRAINING = ("ibp", "crown-ibp")
 
 
+def attack_robust_accuracy(
+    predictor: Predictor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    eps: float,
+    attack: str,
+    config: dict[str, Any],
+    registry: Registry | None = None,
+) -> float:
+    """Accuracy under the registered ``attack`` (built with ``config``) at budget ``eps``."""
+    registry = registry or default_registry()
+    return registry.create("attack", attack, config)(predictor, x, y, eps).robust_accuracy
+
+
 def robustness_metrics(
     predictor: Predictor,
     data: LoadedDataset,
     robust_eps: Sequence[float],
     certified_eps: Sequence[float] = (),
+    attacks: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> dict[str, float]:
     """The manifest's robustness numbers on ``data`` (the fixed 1,000-image subset of
     ``robustness_subset``): PGD-40 robust accuracy at each l-inf budget of ``robust_eps``,
-    IBP-certified accuracy at each of ``certified_eps``."""
+    there too the robust accuracy under each of ``attacks`` (the training defense's
+    ``evaluation_attacks``), and IBP-certified accuracy at each of ``certified_eps``."""
     metrics = {"robust_samples": float(len(data))} if robust_eps or certified_eps else {}
     for eps in robust_eps:
         metrics[f"pgd40_robust_accuracy_eps{eps:g}"] = pgd_robust_accuracy(
             predictor, data.x, data.y, eps
         )
+        for attack, config in attacks:
+            metrics[f"{attack}_robust_accuracy_eps{eps:g}"] = attack_robust_accuracy(
+                predictor, data.x, data.y, eps, attack, config
+            )
     for eps in certified_eps:
         mask = ibp_certified_mask(predictor.network, data.x, data.y, eps)
         metrics[f"ibp_certified_accuracy_eps{eps:g}"] = mask.double().mean().item()
@@ -162,6 +182,7 @@ def train_zoo_entry(
         robustness_subset(recipe.dataset, test_set),
         robust_eps,
         certified_eps,
+        training_defense(recipe.defense, recipe.defense_config).evaluation_attacks(),
     )
     entry = ZooEntry(
         name=name,
