@@ -226,7 +226,8 @@ def test_l2_projection_is_the_closest_point_of_ball_and_box_as_scipy_finds_it():
     sizes = torch.linalg.vector_norm((z - x).flatten(1), dim=1)
     assert float(sizes.max()) <= eps + 1e-12 and 0 <= float(z.min()) <= float(z.max()) <= 1
     assert torch.equal(z[-2:], v[-2:])
-    for zi, vi, xi in zip(z.flatten(1).numpy(), v.flatten(1).numpy(), x.flatten(1).numpy()):
+    rows = zip(z.flatten(1).numpy(), v.flatten(1).numpy(), x.flatten(1).numpy(), strict=True)
+    for zi, vi, xi in rows:
         found = scipy_optimize.minimize(
             lambda q, vi=vi: ((q - vi) ** 2).sum(),
             xi,
@@ -237,6 +238,7 @@ def test_l2_projection_is_the_closest_point_of_ball_and_box_as_scipy_finds_it():
             options={"ftol": 1e-14, "maxiter": 500},
         )
         assert zi == pytest.approx(found.x, abs=1e-5)
+
     def onto_ball(delta):
         size = torch.linalg.vector_norm(delta.flatten(1), dim=1)
         return delta * (eps / size).clamp(max=1).view(-1, 1, 1, 1)
