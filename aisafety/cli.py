@@ -41,17 +41,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return evaluate_seeds(plan, store, args)
     record = Runner(plan, store, resume=args.resume, quiet=args.quiet).run()
     columns, rows = metric_rows(record.values)
-    print(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
+    say = info_printer(args.format)
+    say(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
     print(render(columns, rows, args.format))
     curve = curve_rows(record.values) if args.format == "table" else None
     if curve is not None:
         print("\nrobust accuracy against budget (eps 0: clean accuracy):")
         print(render(*curve))
     if record.resumed_units:
-        print(f"({record.resumed_units} finished unit(s) taken from the database)")
+        say(f"({record.resumed_units} finished unit(s) taken from the database)")
     if args.format == "table":
         print_sanity_checks(store, record.run_id)
     return 0
+
+
+def info_printer(fmt: str):
+    """Where lines around the data go: stdout for a table (read by a person), stderr for
+    csv/json, so that stdout redirected to a file is valid CSV or JSON."""
+    stream = sys.stdout if fmt == "table" else sys.stderr
+    return lambda line: print(line, file=stream)
 
 
 def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
@@ -65,7 +73,7 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
         for seed in plan.seeds
     ]  # fmt: skip
     run_ids = [r.run_id for r in records]
-    print(
+    info_printer(args.format)(
         f"model {plan.model.name} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
         f"{', '.join(map(str, run_ids))}, db {args.db})"
     )
@@ -133,35 +141,50 @@ def cmd_compare(args: argparse.Namespace) -> int:
         record = Runner(model_plan, store, resume=args.resume, quiet=args.quiet).run()
         results[name] = list(record.values)
     columns = metric_columns(results)
-    table = [[name, *(c.values.get(name) for c in columns)] for name in args.models]
-    print(f"{len(args.models)} models on {plan.dataset.name} (db {args.db})")
-    print(
-        render(["model", *(f"{c.name} ({c.direction.value})" for c in columns)], table, args.format)
-    )
-    correlations = rank_correlations(columns)
-    print(
-        "\nrank correlations across models (raw values; 'lower is better' metrics agree "
-        "with accuracy when negative):"
-    )
-    print(render(
-        ["metric A", "metric B", "models", "spearman", "p", "kendall", "p"],
-        [(r.first, r.second, r.models, r.spearman, r.spearman_p, r.kendall, r.kendall_p)
-         for r in correlations],
-        args.format,
-    ))  # fmt: skip
+    tables = {
+        "models": (
+            ["model", *(f"{c.name} ({c.direction.value})" for c in columns)],
+            [[name, *(c.values.get(name) for c in columns)] for name in args.models],
+        ),
+        "rank_correlations": (
+            ["metric A", "metric B", "models", "spearman", "spearman p", "kendall", "kendall p"],
+            [(r.first, r.second, r.models, r.spearman, r.spearman_p, r.kendall, r.kendall_p)
+             for r in rank_correlations(columns)],
+        ),
+    }  # fmt: skip
     tests = rank_sum_tests(results, baseline)
     if tests:
-        print(
-            f"\nWilcoxon rank-sum test per sample against {baseline} (+ better, - worse, "
-            "= no difference at p 0.05):"
-        )
-        print(render(
+        tables["rank_sum_tests"] = (
             ["metric", "model", "mean", f"{baseline} mean", "statistic", "p", "verdict"],
             [(t.metric, t.model, t.model_mean, t.baseline_mean, t.statistic, t.p_value,
               t.verdict) for t in tests],
-            args.format,
-        ))  # fmt: skip
+        )  # fmt: skip
+    print_comparison(tables, f"{len(args.models)} models on {plan.dataset.name} (db {args.db})",
+                     baseline, args.format)  # fmt: skip
     return 0
+
+
+def print_comparison(tables: dict, header: str, baseline: str, fmt: str) -> None:
+    """A table: every part on stdout. JSON: one object of the parts on stdout. CSV (one
+    table per file): the models table on stdout, the others as tables on stderr."""
+    if fmt == "json":
+        print(header, file=sys.stderr)
+        print(json.dumps({name: json.loads(render(*table, "json"))
+                          for name, table in tables.items()}, indent=2))  # fmt: skip
+        return
+    titles = {
+        "rank_correlations": "rank correlations across models (raw values; 'lower is better' "
+        "metrics agree with accuracy when negative):",
+        "rank_sum_tests": f"Wilcoxon rank-sum test per sample against {baseline} (+ better, "
+        "- worse, = no difference at p 0.05):",
+    }
+    info_printer(fmt)(header)
+    print(render(*tables["models"], fmt))
+    for name, title in titles.items():
+        if name in tables:
+            stream = sys.stdout if fmt == "table" else sys.stderr
+            print(f"\n{title}", file=stream)
+            print(render(*tables[name], "table" if fmt == "csv" else fmt), file=stream)
 
 
 def apply_overrides(plan: EvaluationPlan, device: str | None, limit: int | None) -> EvaluationPlan:
