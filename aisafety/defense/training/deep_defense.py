@@ -27,6 +27,8 @@ from torch import nn
 
 from aisafety.config_base import PluginConfig
 from aisafety.defense.training.base import TrainingDefense, TrainingStep
+from aisafety.defense.training.parseval import apgd_dlr_correct
+from aisafety.prediction.base import Predictor
 
 OVERSHOOT = 0.02  # DeepFool's and the authors' value
 TINY = 1e-6  # keeps a vanishing gradient's norm (and its derivative) finite; authors: 5e-6
@@ -118,11 +120,14 @@ class DeepDefense(TrainingDefense):
     name = "deep-defense"
     description = "Deep Defense (Yan et al. 2018): penalise small DeepFool perturbations"
     Config = DeepDefenseConfig
+    adaptive_attack = "worst case of white-box PGD-40 and APGD-DLR"
 
-    def evaluation_attacks(self) -> list[tuple[str, dict]]:
-        # Trained against one attack's perturbation (DeepFool): the stronger white-box
-        # attacks are APGD with a scale-free loss, and the minimal-norm C&W it never saw.
-        return [("apgd-dlr", {})]
+    def adaptive_correct(
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """Trained against one attack's perturbation (DeepFool's): a stronger white-box
+        attack with a loss it was not shaped by, APGD-DLR."""
+        return apgd_dlr_correct(predictor, x, y, eps)
 
     def loss(
         self, network: nn.Module, x: torch.Tensor, y: torch.Tensor, step: TrainingStep

@@ -71,6 +71,8 @@ class EnsembleAdversarialTraining(TrainingDefense):
     name = "ensemble-at"
     description = "ensemble adversarial training (Tramèr et al. 2018): FGSM from static models"
     Config = EnsembleATConfig
+    # The paper's claim is robustness to transferred examples (``evaluation_attacks``);
+    # white-box PGD-40, recorded for every entry, is the attack that beats it.
 
     static: list[nn.Module] | None = None
 

@@ -31,6 +31,7 @@ from torch import nn
 from aisafety.config_base import PluginConfig
 from aisafety.defense.training.base import FitFunction, TrainingDefense, TrainingStep
 from aisafety.errors import ConfigError
+from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import Normalize
 
 # Layers with Lipschitz constant 1 in l2 that Parseval training leaves alone.
@@ -120,10 +121,20 @@ def parseval_deviation(network: nn.Module) -> float:
     return worst
 
 
+def apgd_dlr_correct(
+    predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """Per sample: still classified right after APGD-DLR (100 steps, Croce & Hein 2020)."""
+    from aisafety.attack.apgd import APGDDLR
+
+    return APGDDLR({})(predictor, x, y, eps).adv_pred == y
+
+
 class ParsevalTraining(TrainingDefense):
     name = "parseval"
     description = "Parseval networks (Cisse et al. 2017): retraction to orthonormal weights"
     Config = ParsevalConfig
+    adaptive_attack = "worst case of white-box PGD-40 and APGD-DLR"
 
     def prepare(self, network: nn.Module, fit: FitFunction) -> None:
         layers = parseval_layers(network)
@@ -135,10 +146,12 @@ class ParsevalTraining(TrainingDefense):
         for layer in parseval_layers(network):
             retract(layer, self.config.beta)
 
-    def evaluation_attacks(self) -> list[tuple[str, dict]]:
-        # A Lipschitz bound shrinks the logits' range; a loss that does not depend on their
-        # scale (DLR) is the attack that does not mistake small gradients for robustness.
-        return [("apgd-dlr", {})]
+    def adaptive_correct(
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """A Lipschitz bound shrinks the logits' range, and with it cross-entropy's gradient;
+        APGD on the scale-free DLR loss does not mistake that for robustness."""
+        return apgd_dlr_correct(predictor, x, y, eps)
 
     def loss(
         self, network: nn.Module, x: torch.Tensor, y: torch.Tensor, step: TrainingStep
