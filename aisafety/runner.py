@@ -17,6 +17,7 @@ from aisafety.attack.base import Attack
 from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
+from aisafety.defense.obfuscation import warn_obfuscation
 from aisafety.errors import CapabilityError, PluginError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
@@ -34,6 +35,7 @@ from aisafety.interfaces import (
 from aisafety.limits import check_budgets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.plugins import Registry, default_registry
+from aisafety.progress import RunProgress
 from aisafety.version import __version__
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,22 @@ def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
     return values if isinstance(values, list) else [values]
 
 
+def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationPlan:
+    """The plan with its ``precision`` written into every attack that has the option and
+    does not set its own, so the stored attack label and config say how it ran (and a
+    run in another precision is other work on ``--resume``). fp32, the default, changes
+    nothing."""
+    if plan.precision == "fp32":
+        return plan
+    specs = []
+    for spec in plan.attacks:
+        fields = getattr(registry.get("attack", spec.name).Config, "model_fields", {})
+        if "precision" in fields and "precision" not in spec.config:
+            spec = spec.model_copy(update={"config": {**spec.config, "precision": plan.precision}})
+        specs.append(spec)
+    return plan.model_copy(update={"attacks": tuple(specs)})
+
+
 class Runner:
     def __init__(
         self,
@@ -58,9 +76,9 @@ class Runner:
         resume: bool = False,
         quiet: bool = False,
     ):
-        self.plan = plan
-        self.store = store
         self.registry = registry or default_registry()
+        self.plan = plan = with_plan_precision(plan, self.registry)
+        self.store = store
         self.resume = resume
         self.quiet = quiet
         # Build every attack and metric now: a bad name or config fails before any work.
@@ -100,11 +118,14 @@ class Runner:
         device = resolve_device(plan.device)
         predictor, weights = load_model(plan.model, device)
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
+        warn_obfuscation(predictor, self.attacks.values())
         reference = None
         if plan.reference_model is not None:  # the undefended baseline: no plan defenses
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
+        for attack in self.attacks.values():  # bf16 where the device has none: fail now
+            attack.search_predictor(predictor)
         for spec in plan.attacks:
             check_budgets(
                 spec, getattr(self.attacks[spec.key()], "norm", None), predictor.input_shape
@@ -131,13 +152,18 @@ class Runner:
         resumed = 0
         status = "failed"
         try:
-            with terminate_as_interrupt():
-                for key, description, compute in self._units(subject, context, run_id):
+            units = list(self._units(subject, context, run_id))
+            progress = RunProgress([(k, d) for k, d, _ in units], enabled=not self.quiet)
+            with terminate_as_interrupt(), progress:
+                for key, description, compute in units:
                     if key in done:
                         values += self.store.unit_values(key)
                         resumed += 1
+                        progress.resume(key)
                         continue
+                    progress.start(key)
                     values += compute(key, description)
+                    progress.finish(key)
             status = "finished"
         except KeyboardInterrupt:
             status = "interrupted"
