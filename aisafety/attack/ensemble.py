@@ -39,9 +39,8 @@ from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
-# the member settings the ensemble sets where a member has them, from its own config
-_SHARED = {"steps": "steps", "n_restarts": "n_restarts", "queries": "queries",
-           "early_stop": "early_stop", "eot_iter": "eot_iter"}  # fmt: skip
+# the member settings the ensemble sets, from its own config, in each member that has them
+_SHARED = ("steps", "n_restarts", "queries", "early_stop", "eot_iter", "precision")
 
 
 class EnsembleConfig(AttackConfig):
@@ -125,7 +124,7 @@ class _Ensemble(Attack):
         fields = getattr(cls.Config, "model_fields", {})
         cfg = self.config
         config: dict[str, Any] = {"seed": cfg.seed}
-        config.update({key: getattr(cfg, own) for key, own in _SHARED.items() if key in fields})
+        config.update({key: getattr(cfg, key) for key in _SHARED if key in fields})
         config.update(cfg.attack_configs.get(name, {}))
         return registry.create("attack", name, config)
 
