@@ -67,6 +67,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.config",
             "aisafety.loading",
             "aisafety.runner",
+            "aisafety.progress",  # progress and ETA over a plan's units
+            "aisafety.execution",  # picks the executor: local (runner) or Ray (distributed)
+            "aisafety.distributed",  # units as Ray tasks
             "aisafety.database.zoo_build",
             "aisafety.report.html",  # builds pages from the registry's sections
             "aisafety.report.sanity",  # reads attack defaults from the registry
