@@ -152,6 +152,10 @@ _MODEL_FIELDS_USED = {
 # Seeds go to torch, numpy and SQLite (a signed 64-bit integer column).
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
 
+# Arithmetic of the model passes inside an attack's search (aisafety.attack.precision):
+# fp32, the fastest reduced precision the device has (auto), or bf16 / fp16 explicitly.
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
 
 class DatasetSpec(StrictModel):
     """A dataset and the subset of it to evaluate on."""
@@ -299,6 +303,9 @@ class EvaluationPlan(StrictModel):
     # ``aisafety report --compare`` of those runs shows each metric as mean +- std.
     seeds: tuple[Seed, ...] | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Default ``precision`` of every attack that does not set its own (docs/attacks.md):
+    # reduced precision searches faster where the hardware has it; successes are fp32.
+    precision: Precision = "fp32"
     # Raise these to run a bigger attack on purpose; below them a typo cannot run for days.
     limits: WorkLimits = WorkLimits()
     executor: ExecutorSpec = ExecutorSpec()

@@ -35,6 +35,7 @@ from aisafety.interfaces import (
 from aisafety.limits import check_budgets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.plugins import Registry, default_registry
+from aisafety.progress import RunProgress
 from aisafety.version import __version__
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,22 @@ def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
     return values if isinstance(values, list) else [values]
 
 
+def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationPlan:
+    """The plan with its ``precision`` written into every attack that has the option and
+    does not set its own, so the stored attack label and config say how it ran (and a
+    run in another precision is other work on ``--resume``). fp32, the default, changes
+    nothing."""
+    if plan.precision == "fp32":
+        return plan
+    specs = []
+    for spec in plan.attacks:
+        fields = getattr(registry.get("attack", spec.name).Config, "model_fields", {})
+        if "precision" in fields and "precision" not in spec.config:
+            spec = spec.model_copy(update={"config": {**spec.config, "precision": plan.precision}})
+        specs.append(spec)
+    return plan.model_copy(update={"attacks": tuple(specs)})
+
+
 class Runner:
     def __init__(
         self,
@@ -79,9 +96,9 @@ class Runner:
         resume: bool = False,
         quiet: bool = False,
     ):
-        self.plan = plan
-        self.store = store
         self.registry = registry or default_registry()
+        self.plan = plan = with_plan_precision(plan, self.registry)
+        self.store = store
         self.resume = resume
         self.quiet = quiet
         # Build every attack and metric now: a bad name or config fails before any work.
@@ -126,13 +143,18 @@ class Runner:
         resumed = 0
         status = "failed"
         try:
-            with terminate_as_interrupt():
-                for unit in self.work_units(prepared.subject):
+            units = self.work_units(prepared.subject)
+            progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
+            with terminate_as_interrupt(), progress:
+                for unit in units:
                     if unit.key in done:
                         values += self.store.unit_values(unit.key)
                         resumed += 1
+                        progress.resume(unit.key)
                         continue
+                    progress.start(unit.key)
                     values += self.compute(prepared, unit, run_id)
+                    progress.finish(unit.key)
             status = "finished"
         except KeyboardInterrupt:
             status = "interrupted"
@@ -159,6 +181,8 @@ class Runner:
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
+        for attack in self.attacks.values():  # bf16 where the device has none: fail now
+            attack.search_predictor(predictor)
         for spec in plan.attacks:
             check_budgets(
                 spec, getattr(self.attacks[spec.key()], "norm", None), predictor.input_shape

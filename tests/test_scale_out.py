@@ -22,7 +22,7 @@ from aisafety.database.compare import compare
 from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError
 from aisafety.execution import run_plan
-from aisafety.progress import UnitProgress, duration
+from aisafety.progress import RunProgress
 
 PLAN = {
     "dataset": {"name": "mnist-embedded", "limit": 30},
@@ -56,7 +56,7 @@ def _evaluate(plan: dict, *args: str, env: dict[str, str], cwd: Path) -> subproc
     path = cwd / "plan.json"
     path.write_text(json.dumps(plan))
     return subprocess.Popen(
-        [sys.executable, "-m", "aisafety.cli", "evaluate", str(path), "--quiet", *args],
+        [sys.executable, "-m", "aisafety.cli", "evaluate", str(path), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -121,16 +121,18 @@ def test_one_shard_draws_what_the_unsharded_attack_draws(tmp_path):
     assert compare(whole, one_shard)[1] == []
 
 
-def test_progress_counts_units_and_estimates_the_time_left(capsys):
-    progress = UnitProgress(5, resumed=1, where=" on Ray")
-    progress.started -= 20  # 20 s spent on the first two computed units
-    progress.unit_finished("fgsm eps=0.1")
-    progress.unit_finished("fgsm eps=0.3", failed=True)
-    lines = capsys.readouterr().err.splitlines()
-    assert lines[0].startswith("units 2/5 done (1 from the database), elapsed 20s, ETA 1m00s")
-    assert lines[1].startswith("units 3/5 done (1 failed, 1 from the database), elapsed 20s")
-    assert "ETA 20s on Ray: FAILED fgsm eps=0.3" in lines[1]
-    assert duration(3725) == "1h02m" and duration(59.6) == "1m00s"
+def test_progress_on_a_cluster_shares_the_work_left_among_its_workers(capsys):
+    """Units timed on workers (their own seconds), a failed unit not timed, and the ETA of
+    the work left divided among the workers that run it side by side."""
+    units = [("c", "clean metrics"), *((f"f{i}", f"fgsm eps=0.{i}") for i in range(1, 6))]
+    progress = RunProgress(units, clock=lambda: 100.0, workers=2, heartbeat=0)
+    progress.resume("c")
+    progress.finish("f1", seconds=30.0)
+    progress.fail("f2", "WorkerCrashedError: the worker died")
+    assert progress.eta() == 30.0 * 3 / 2  # 3 fgsm units left at 30 s, on 2 workers
+    progress.close()
+    err = capsys.readouterr().err
+    assert "fgsm eps=0.2: FAILED (WorkerCrashedError: the worker died; 3/6 units done" in err
 
 
 def test_executor_settings_are_checked(tmp_path):
@@ -173,7 +175,7 @@ def test_a_plan_on_ray_and_postgresql_stores_what_a_local_run_stores_in_sqlite(
     driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, err
-    assert "units 4/4 done" in err
+    assert "4/4 units done" in err
     counts, differences = compare(local, postgres_url)
     assert differences == []
     assert counts == {"metric_values": 10, "attack_runs": 3, "sample_outcomes": 90}

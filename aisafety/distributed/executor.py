@@ -24,7 +24,7 @@ from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.distributed import tasks
 from aisafety.errors import AISafetyError, ConfigError
 from aisafety.interfaces import EvaluationPlan, ExecutorSpec, MetricValue, RunRecord
-from aisafety.progress import UnitProgress
+from aisafety.progress import RunProgress
 from aisafety.runner import Runner, WorkUnit
 from aisafety.version import __version__
 
@@ -69,22 +69,29 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
         ): u
         for u in todo
     }  # fmt: skip
-    progress = UnitProgress(len(units), resumed=len(units) - len(todo), where=" on Ray")
+    progress = RunProgress(
+        [(u.key, u.description) for u in units], enabled=not runner.quiet,
+        workers=_slots(options), heartbeat=0,
+    )  # fmt: skip
+    for u in units:
+        if u.key in done:
+            progress.resume(u.key)
     computed: dict[str, list[MetricValue]] = {}
     failed: list[str] = []
     status = "failed"
     try:
-        with terminate_as_interrupt():
+        with terminate_as_interrupt(), progress:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 unit = pending.pop(ready[0])
                 try:
-                    computed[unit.key] = ray.get(ready[0])
+                    computed[unit.key], seconds = ray.get(ready[0])
+                    progress.finish(unit.key, seconds)
                 except RayError as exc:
                     error = _describe(exc)
                     runner.store.record_failure(run_id, unit.key, unit.description, error)
                     failed.append(f"{unit.description}: {error.splitlines()[0][:300]}")
-                progress.unit_finished(unit.description, failed=unit.key not in computed)
+                    progress.fail(unit.key, error.splitlines()[0][:120])
         status = "failed" if failed else "finished"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -136,6 +143,15 @@ def _connect(address: str | None) -> bool:
             "on this machine only"
         ) from None
     return True
+
+
+def _slots(options: dict[str, Any]) -> int:
+    """How many tasks the cluster runs at once (for the ETA)."""
+    resources = ray.cluster_resources()
+    slots = resources.get("CPU", 1) / options["num_cpus"]
+    if options["num_gpus"]:
+        slots = min(slots, resources.get("GPU", 0) / options["num_gpus"])
+    return max(1, int(slots))
 
 
 def _gpus(plan: EvaluationPlan, spec: ExecutorSpec) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -67,10 +68,12 @@ def unit(
     plan: EvaluationPlan, url: str, cwd: str, run_id: int, work: WorkUnit,
     clean_logits: torch.Tensor, results: dict[tuple[str, float], list],
     get: Callable[[list], list[AttackResult]] | None, *shards: AttackResult,
-) -> list[MetricValue]:  # fmt: skip
+) -> tuple[list[MetricValue], float]:  # fmt: skip
     """Compute and store one unit: the attack's shards joined, then its metrics (or the clean
     metrics, which read attack results of other units through ``results`` when they need
-    them). Idempotent: a retried task whose first attempt stored the unit writes nothing."""
+    them). Idempotent: a retried task whose first attempt stored the unit writes nothing.
+    Returns the values and the unit's compute time (its shards' attack time included)."""
+    started = time.perf_counter()
     runner, prepared = _prepared(plan, url, cwd)
     ctx = prepared.context
     _use_clean_logits(ctx, clean_logits)
@@ -78,7 +81,8 @@ def unit(
         ctx.set_adversarial(work.attack, work.eps, AttackResult.concat(list(shards)))
     ctx.attack_source = _lookup(results, get)
     try:
-        return runner.compute(prepared, work, run_id)
+        values = runner.compute(prepared, work, run_id)
+        return values, time.perf_counter() - started + sum(s.seconds for s in shards)
     finally:
         ctx.attack_source = None
         if work.attack is not None:
