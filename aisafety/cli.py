@@ -6,12 +6,13 @@ import argparse
 import json
 import sys
 import textwrap
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aisafety.database import DEFAULT_URL
-from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
+from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError, UnknownNameError
 
 if TYPE_CHECKING:
     from aisafety.database.store import ResultStore
@@ -64,7 +65,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     record = run_plan(plan, store, resume=args.resume, quiet=args.quiet)
     columns, rows = metric_rows(record.values)
     say = info_printer(args.format)
-    say(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
+    say(f"model {model_label(plan)} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
     print(render(columns, rows, args.format))
     curve = curve_rows(record.values) if args.format == "table" else None
     if curve is not None:
@@ -91,6 +92,13 @@ def report_failures(record) -> int:
     return 1
 
 
+def model_label(plan: EvaluationPlan) -> str:
+    """The evaluated model as stored: with its input defenses and their settings."""
+    from aisafety.interfaces import defended_name
+
+    return defended_name(plan.model.name, plan.defenses)
+
+
 def info_printer(fmt: str):
     """Where lines around the data go: stdout for a table (read by a person), stderr for
     csv/json, so that stdout redirected to a file is valid CSV or JSON."""
@@ -110,7 +118,7 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     ]  # fmt: skip
     run_ids = [r.run_id for r in records]
     info_printer(args.format)(
-        f"model {plan.model.name} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
+        f"model {model_label(plan)} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
         f"{', '.join(map(str, run_ids))}, db {args.db})"
     )
     per_seed = [(seed, r.values) for seed, r in zip(plan.seeds, records, strict=True)]
@@ -574,7 +582,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """Our own warnings as one ``warning: ...`` line; others as Python prints them."""
+    if issubclass(category, AISafetyWarning):
+        return f"warning: {message}\n"
+    return PYTHON_FORMAT_WARNING(message, category, filename, lineno, line)
+
+
+PYTHON_FORMAT_WARNING = warnings.formatwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.formatwarning = format_warning
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

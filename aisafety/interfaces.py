@@ -217,6 +217,18 @@ class DefenseSpec(StrictModel):
     name: str
     config: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """``jpeg(bpda=True,quality=50)``: the defended model's name carries it, so variants
+        of one defense stay apart in the results."""
+        extra = ",".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        return f"{self.name}({extra})" if extra else self.name
+
+
+def defended_name(model: str, defenses: tuple[DefenseSpec, ...]) -> str:
+    """``mnist-cnn+jpeg(bpda=True)``: the model and its input defenses, innermost first."""
+    return "+".join([model, *(d.label for d in defenses)])
+
 
 class MetricSpec(StrictModel):
     name: str

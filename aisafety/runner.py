@@ -18,6 +18,7 @@ from aisafety.attack.base import Attack
 from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
+from aisafety.defense.obfuscation import warn_obfuscation
 from aisafety.errors import CapabilityError, PluginError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
@@ -176,6 +177,7 @@ class Runner:
         device = resolve_device(plan.device)
         predictor, weights = load_model(plan.model, device)
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
+        warn_obfuscation(predictor, self.attacks.values())
         reference = None
         if plan.reference_model is not None:  # the undefended baseline: no plan defenses
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
