@@ -7,6 +7,9 @@ import os
 # Idle OpenMP threads (onnxruntime's, torch's) spin-wait by default and starve each other
 # on 2 cores; set before torch or onnxruntime start their thread pools.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# `aisafety list` answers from a cache keyed by the installed code (aisafety/listing_cache.py);
+# tests swap registries in-process, so the suite lists live (tests/test_startup.py tests it)
+os.environ["AISAFETY_LIST_CACHE"] = "0"
 
 import pytest
 

@@ -70,3 +70,11 @@ def test_compare_json_is_one_object_and_csv_one_table(tmp_path, plan, capsys):
     rows = list(csv.reader(io.StringIO(captured.out)))
     assert rows[0][0] == "model" and [r[0] for r in rows[1:]] == models[1:]
     assert "rank correlations" in captured.err
+
+
+def test_plugins_wraps_what_the_builtins_provide(capsys):
+    assert main(["plugins"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 120, max(lines, key=len)
+    names = {n.strip(",;") for line in lines[2:] for n in line.split()}
+    assert {"fgsm", "pgd-linf", "square-linf", "jpeg", "ca", "mnist-embedded"} <= names

@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from aisafety.attack.result import AttackResult
-from aisafety.database import schema
+from aisafety.database import DEFAULT_URL, schema
 from aisafety.database.engine import (
     check_url,
     checkpoint,
@@ -31,7 +31,6 @@ from aisafety.database.read_only import query_read_only
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
 
-DEFAULT_URL = "sqlite:///aisafety.db"
 # details keys stored as rows of their own tables, not in the metric value's JSON
 ROW_DETAILS = (schema.SAMPLES, "per_sample")
 # Inputs kept per attack run for the report's example panels: successful ones first.
