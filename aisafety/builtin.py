@@ -90,7 +90,7 @@ from aisafety.evaluation.metrics.smoothed import (
 )
 from aisafety.hookspecs import hookimpl
 from aisafety.verification.incomplete import INCOMPLETE
-from aisafety.verification.milp import CompleteVerifier
+from aisafety.verification.complete import CompleteVerifier
 
 
 @hookimpl
