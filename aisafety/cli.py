@@ -5,20 +5,33 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aisafety.config import default_plan, load_plan, plan_from_dict
-from aisafety.database.read_only import query_read_only, read_only_engine
-from aisafety.database.store import DEFAULT_URL, ResultStore
-from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
-from aisafety.interfaces import EvaluationPlan
-from aisafety.plugins import default_registry, warn_failures
-from aisafety.report.table import curve_rows, metric_rows, render
+from aisafety.database import DEFAULT_URL
+from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError, UnknownNameError
 
 if TYPE_CHECKING:
+    from aisafety.database.store import ResultStore
     from aisafety.database.zoo import TrainingRecipe
+    from aisafety.interfaces import EvaluationPlan
+
+# Heavy modules (torch, SQLAlchemy, the plugins) are imported inside the commands that need
+# them: `aisafety --help` and a cached `aisafety list` start in a fraction of a second
+# (bench/startup.py; tests/test_startup.py keeps torch out of this module's imports).
+
+
+def default_registry():
+    """The installed plugins (imported on first use: registering them loads torch)."""
+    from aisafety.plugins import default_registry as registry
+
+    return registry()
+
+
+PROVIDES_WIDTH = 72  # `aisafety plugins` wraps what each plugin provides to this width
 
 # What ``aisafety list <what>`` shows: the registry kinds, in order.
 LIST_KINDS = {
@@ -31,42 +44,81 @@ LIST_KINDS = {
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from aisafety.runner import Runner
+    from aisafety.config import default_plan, load_plan
+    from aisafety.database.store import ResultStore
+    from aisafety.execution import run_plan
+    from aisafety.plugins import warn_failures
+    from aisafety.report.table import curve_rows, metric_rows, render
 
     plan = load_plan(args.config) if args.config else default_plan()
-    plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    plan = apply_overrides(
+        plan,
+        device=args.device,
+        limit=args.limit,
+        address=args.address,
+        executor=args.executor or ("ray" if args.address else None),
+    )
     warn_failures(default_registry())
     store = ResultStore(args.db)
     if plan.seeds:
         return evaluate_seeds(plan, store, args)
-    record = Runner(plan, store, resume=args.resume, quiet=args.quiet).run()
+    record = run_plan(plan, store, resume=args.resume, quiet=args.quiet)
     columns, rows = metric_rows(record.values)
-    print(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
+    say = info_printer(args.format)
+    say(f"model {model_label(plan)} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
     print(render(columns, rows, args.format))
     curve = curve_rows(record.values) if args.format == "table" else None
     if curve is not None:
         print("\nrobust accuracy against budget (eps 0: clean accuracy):")
         print(render(*curve))
     if record.resumed_units:
-        print(f"({record.resumed_units} finished unit(s) taken from the database)")
+        say(f"({record.resumed_units} finished unit(s) taken from the database)")
     if args.format == "table":
         print_sanity_checks(store, record.run_id)
-    return 0
+    return report_failures(record)
+
+
+def report_failures(record) -> int:
+    """Units that failed for good (Ray): named on stderr, exit 1, rerun with --resume."""
+    if not record.failed_units:
+        return 0
+    print(
+        f"\n{len(record.failed_units)} unit(s) failed after their retries (stored in "
+        f"unit_failures of run {record.run_id}); rerun with --resume to compute only them:",
+        file=sys.stderr,
+    )
+    for line in record.failed_units:
+        print(f"  {line}", file=sys.stderr)
+    return 1
+
+
+def model_label(plan: EvaluationPlan) -> str:
+    """The evaluated model as stored: with its input defenses and their settings."""
+    from aisafety.interfaces import defended_name
+
+    return defended_name(plan.model.name, plan.defenses)
+
+
+def info_printer(fmt: str):
+    """Where lines around the data go: stdout for a table (read by a person), stderr for
+    csv/json, so that stdout redirected to a file is valid CSV or JSON."""
+    stream = sys.stdout if fmt == "table" else sys.stderr
+    return lambda line: print(line, file=stream)
 
 
 def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     """``seeds: [0, 1, 2]``: one run per seed, then each metric's mean +- std over them."""
-    from aisafety.report.table import seed_rows
-    from aisafety.runner import Runner
+    from aisafety.execution import run_plan
+    from aisafety.report.table import render, seed_rows
 
     records = [
-        Runner(plan.model_copy(update={"seed": seed}), store, resume=args.resume,
-               quiet=args.quiet).run()
+        run_plan(plan.model_copy(update={"seed": seed}), store, resume=args.resume,
+                 quiet=args.quiet)
         for seed in plan.seeds
     ]  # fmt: skip
     run_ids = [r.run_id for r in records]
-    print(
-        f"model {plan.model.name} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
+    info_printer(args.format)(
+        f"model {model_label(plan)} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
         f"{', '.join(map(str, run_ids))}, db {args.db})"
     )
     per_seed = [(seed, r.values) for seed, r in zip(plan.seeds, records, strict=True)]
@@ -76,7 +128,7 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
         for run_id in run_ids:
             print_sanity_checks(store, run_id)
         print(f"\nreport over the seeds: aisafety report --compare {' '.join(map(str, run_ids))}")
-    return 0
+    return max(report_failures(r) for r in records)
 
 
 def print_sanity_checks(store: ResultStore, run_id: int) -> None:
@@ -92,6 +144,7 @@ def print_sanity_checks(store: ResultStore, run_id: int) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from aisafety.database.store import ResultStore
     from aisafety.report.data import latest_run_id
     from aisafety.report.html import build_comparison, build_report, resolve_runs
 
@@ -114,9 +167,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Evaluate several models with one plan; rank correlations between its metrics."""
+    from aisafety.config import default_plan, load_plan
+    from aisafety.database.store import ResultStore
     from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
+    from aisafety.execution import run_plan
     from aisafety.interfaces import ModelSpec
-    from aisafety.runner import Runner
+    from aisafety.plugins import warn_failures
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)
@@ -130,52 +186,103 @@ def cmd_compare(args: argparse.Namespace) -> int:
     results = {}
     for name in args.models:
         model_plan = plan.model_copy(update={"model": ModelSpec(name=name)})
-        record = Runner(model_plan, store, resume=args.resume, quiet=args.quiet).run()
+        record = run_plan(model_plan, store, resume=args.resume, quiet=args.quiet)
         results[name] = list(record.values)
     columns = metric_columns(results)
-    table = [[name, *(c.values.get(name) for c in columns)] for name in args.models]
-    print(f"{len(args.models)} models on {plan.dataset.name} (db {args.db})")
-    print(
-        render(["model", *(f"{c.name} ({c.direction.value})" for c in columns)], table, args.format)
-    )
-    correlations = rank_correlations(columns)
-    print(
-        "\nrank correlations across models (raw values; 'lower is better' metrics agree "
-        "with accuracy when negative):"
-    )
-    print(render(
-        ["metric A", "metric B", "models", "spearman", "p", "kendall", "p"],
-        [(r.first, r.second, r.models, r.spearman, r.spearman_p, r.kendall, r.kendall_p)
-         for r in correlations],
-        args.format,
-    ))  # fmt: skip
+    tables = {
+        "models": (
+            ["model", *(f"{c.name} ({c.direction.value})" for c in columns)],
+            [[name, *(c.values.get(name) for c in columns)] for name in args.models],
+        ),
+        "rank_correlations": (
+            ["metric A", "metric B", "models", "spearman", "spearman p", "kendall", "kendall p"],
+            [(r.first, r.second, r.models, r.spearman, r.spearman_p, r.kendall, r.kendall_p)
+             for r in rank_correlations(columns)],
+        ),
+    }  # fmt: skip
     tests = rank_sum_tests(results, baseline)
     if tests:
-        print(
-            f"\nWilcoxon rank-sum test per sample against {baseline} (+ better, - worse, "
-            "= no difference at p 0.05):"
-        )
-        print(render(
+        tables["rank_sum_tests"] = (
             ["metric", "model", "mean", f"{baseline} mean", "statistic", "p", "verdict"],
             [(t.metric, t.model, t.model_mean, t.baseline_mean, t.statistic, t.p_value,
               t.verdict) for t in tests],
-            args.format,
-        ))  # fmt: skip
+        )  # fmt: skip
+    print_comparison(tables, f"{len(args.models)} models on {plan.dataset.name} (db {args.db})",
+                     baseline, args.format)  # fmt: skip
     return 0
 
 
-def apply_overrides(plan: EvaluationPlan, device: str | None, limit: int | None) -> EvaluationPlan:
+def print_comparison(tables: dict, header: str, baseline: str, fmt: str) -> None:
+    """A table: every part on stdout. JSON: one object of the parts on stdout. CSV (one
+    table per file): the models table on stdout, the others as tables on stderr."""
+    from aisafety.report.table import render
+
+    if fmt == "json":
+        print(header, file=sys.stderr)
+        print(json.dumps({name: json.loads(render(*table, "json"))
+                          for name, table in tables.items()}, indent=2))  # fmt: skip
+        return
+    titles = {
+        "rank_correlations": "rank correlations across models (raw values; 'lower is better' "
+        "metrics agree with accuracy when negative):",
+        "rank_sum_tests": f"Wilcoxon rank-sum test per sample against {baseline} (+ better, "
+        "- worse, = no difference at p 0.05):",
+    }
+    info_printer(fmt)(header)
+    print(render(*tables["models"], fmt))
+    for name, title in titles.items():
+        if name in tables:
+            stream = sys.stdout if fmt == "table" else sys.stderr
+            print(f"\n{title}", file=stream)
+            print(render(*tables[name], "table" if fmt == "csv" else fmt), file=stream)
+
+
+def apply_overrides(
+    plan: EvaluationPlan,
+    device: str | None,
+    limit: int | None,
+    executor: str | None = None,
+    address: str | None = None,
+) -> EvaluationPlan:
     """The plan with command-line options applied, validated like the plan file itself."""
+    from aisafety.config import plan_from_dict
+
     raw = plan.model_dump(mode="json", exclude_unset=True)
     if device is not None:
         raw["device"] = device
     if limit is not None:
         raw["dataset"] = {**raw.get("dataset", {}), "limit": limit}
-    return plan_from_dict(raw, "the plan with the command-line options (--device, --limit)")
+    if executor is not None:
+        raw["executor"] = {**raw.get("executor", {}), "name": executor}
+    if address is not None:
+        raw["executor"] = {**raw.get("executor", {}), "address": address}
+    return plan_from_dict(
+        raw, "the plan with the command-line options (--device, --limit, --executor, --address)"
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    if args.kind == "models":
+    """Served from aisafety/listing_cache.py when nothing changed since the last listing."""
+    from aisafety import listing_cache
+    from aisafety.report.table import render
+
+    entries = listing_cache.read(args.kind)
+    if entries is None:
+        entries, complete = list_entries(args.kind)
+        if complete:
+            listing_cache.write(args.kind, entries)
+    if args.format == "json":
+        print(json.dumps(entries, indent=2))
+    else:
+        columns = list(dict.fromkeys(c for e in entries for c in e)) or ["name"]
+        rows = [[settings_text(e.get(c)) for c in columns] for e in entries]
+        print(render(columns, rows))
+    return 0
+
+
+def list_entries(kind: str) -> tuple[list[dict], bool]:
+    """What ``aisafety list KIND`` shows, and whether every plugin loaded (only then cached)."""
+    if kind == "models":
         from aisafety.database.zoo import list_models
 
         entries = [
@@ -189,21 +296,34 @@ def cmd_list(args: argparse.Namespace) -> int:
             }
             for e, root in list_models().values()
         ]
-    else:
-        registry = default_registry()
-        entries = []
-        for kind in LIST_KINDS[args.kind]:
-            for name in registry.names(kind):
-                cls = registry.get(kind, name)
-                info = cls.describe() if hasattr(cls, "describe") else {"name": name}
-                info.setdefault("description", getattr(cls, "description", ""))
-                entries.append({**info, "plugin": registry.sources[kind][name]})
-    if args.format == "json":
-        print(json.dumps(entries, indent=2))
-    else:
-        columns = list(entries[0]) if entries else ["name"]
-        print(render(columns, [[e.get(c) for c in columns] for e in entries]))
-    return 0
+        return entries, True
+    registry = default_registry()
+    entries = []
+    for registry_kind in LIST_KINDS[kind]:
+        for name in registry.names(registry_kind):
+            cls = registry.get(registry_kind, name)
+            info = cls.describe() if hasattr(cls, "describe") else {"name": name}
+            info.setdefault("description", getattr(cls, "description", ""))
+            if "config" not in info and hasattr(cls, "Config"):
+                info["config"] = config_defaults(cls.Config)
+            entries.append({**info, "plugin": registry.sources[registry_kind][name]})
+    return entries, not registry.failures
+
+
+def config_defaults(config: type) -> dict:
+    """Each setting of a plugin's pydantic Config with its default ("required" if none)."""
+    defaults = {}
+    for field_name, info in getattr(config, "model_fields", {}).items():
+        value = "required" if info.is_required() else info.get_default(call_default_factory=True)
+        defaults[field_name] = json.loads(json.dumps(value, default=str))
+    return defaults
+
+
+def settings_text(value: object) -> object:
+    """A config dict as ``steps=10, rho=0.75`` in the table view."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    return value
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -213,11 +333,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from aisafety.report.table import render
+
     registry = default_registry()
-    rows = [
-        (p.name, p.origin, "; ".join(f"{k}: {', '.join(v)}" for k, v in p.provides.items()))
-        for p in registry.plugins
-    ]
+    rows = []
+    for plugin in registry.plugins:
+        provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in plugin.provides.items())
+        lines = textwrap.wrap(provides, PROVIDES_WIDTH, break_on_hyphens=False) or [""]
+        rows += [(plugin.name, plugin.origin, lines[0])]
+        rows += [("", "", line) for line in lines[1:]]  # the built-ins provide ~100 names
     print(render(["plugin", "origin", "provides"], rows))
     for failure in registry.failures:
         print(f"\nplugin {failure.name!r} ({failure.origin}) failed to load:\n{failure.error}")
@@ -225,6 +349,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
+    from aisafety.database.read_only import query_read_only, read_only_engine
+    from aisafety.report.table import render
+
     columns, rows = query_read_only(read_only_engine(args.db), args.sql)
     print(render(columns, rows, args.format))
     return 0
@@ -345,6 +472,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=["auto", "cpu", "cuda"])
     ev.add_argument("--limit", type=int, help="evaluate on at most N samples (class-balanced)")
     ev.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    ev.add_argument(
+        "--executor", choices=["local", "ray"],
+        help="where the units run (default: the plan's executor, else local; docs/scale-out.md)",
+    )  # fmt: skip
+    ev.add_argument(
+        "--address", help="Ray cluster: auto, host:6379 or ray://host:10001 (implies --executor "
+        "ray unless given; default: a private Ray on this machine)",
+    )  # fmt: skip
     ev.set_defaults(func=cmd_evaluate)
 
     cp = sub.add_parser(
@@ -447,7 +582,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """Our own warnings as one ``warning: ...`` line; others as Python prints them."""
+    if issubclass(category, AISafetyWarning):
+        return f"warning: {message}\n"
+    return PYTHON_FORMAT_WARNING(message, category, filename, lineno, line)
+
+
+PYTHON_FORMAT_WARNING = warnings.formatwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.formatwarning = format_warning
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +18,7 @@ from aisafety.attack.base import Attack
 from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
+from aisafety.defense.obfuscation import warn_obfuscation
 from aisafety.errors import CapabilityError, PluginError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
@@ -34,6 +36,7 @@ from aisafety.interfaces import (
 from aisafety.limits import check_budgets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.plugins import Registry, default_registry
+from aisafety.progress import RunProgress
 from aisafety.version import __version__
 
 log = logging.getLogger(__name__)
@@ -44,9 +47,45 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class WorkUnit:
+    """One unit of work: the clean metrics (``attack`` None), or one attack at one budget
+    with the attack metrics that read it. Plain data, so it travels to a Ray worker."""
+
+    key: str
+    description: str
+    attack: AttackSpec | None = None
+    eps: float | None = None
+
+
+@dataclass
+class Prepared:
+    """What every unit of one plan reads: the stored subject and the evaluation context."""
+
+    subject: Subject
+    context: EvaluationContext
+    device: torch.device
+
+
 def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
     """Per-layer metrics return one value per layer; the others a single value."""
     return values if isinstance(values, list) else [values]
+
+
+def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationPlan:
+    """The plan with its ``precision`` written into every attack that has the option and
+    does not set its own, so the stored attack label and config say how it ran (and a
+    run in another precision is other work on ``--resume``). fp32, the default, changes
+    nothing."""
+    if plan.precision == "fp32":
+        return plan
+    specs = []
+    for spec in plan.attacks:
+        fields = getattr(registry.get("attack", spec.name).Config, "model_fields", {})
+        if "precision" in fields and "precision" not in spec.config:
+            spec = spec.model_copy(update={"config": {**spec.config, "precision": plan.precision}})
+        specs.append(spec)
+    return plan.model_copy(update={"attacks": tuple(specs)})
 
 
 class Runner:
@@ -58,9 +97,9 @@ class Runner:
         resume: bool = False,
         quiet: bool = False,
     ):
-        self.plan = plan
-        self.store = store
         self.registry = registry or default_registry()
+        self.plan = plan = with_plan_precision(plan, self.registry)
+        self.store = store
         self.resume = resume
         self.quiet = quiet
         # Build every attack and metric now: a bad name or config fails before any work.
@@ -95,16 +134,57 @@ class Runner:
         return metric
 
     def run(self) -> RunRecord:
+        """Every unit of the plan, one after the other in this process (the local executor;
+        ``aisafety.execution.run_plan`` picks the plan's executor)."""
+        prepared = self.prepare()
+        plan = self.plan
+        run_id = self.store.start_run(plan, __version__, str(prepared.device))
+        done = self.store.finished_units() if self.resume else set()
+        values: list[MetricValue] = []
+        resumed = 0
+        status = "failed"
+        try:
+            units = self.work_units(prepared.subject)
+            progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
+            with terminate_as_interrupt(), progress:
+                for unit in units:
+                    if unit.key in done:
+                        values += self.store.unit_values(unit.key)
+                        resumed += 1
+                        progress.resume(unit.key)
+                        continue
+                    progress.start(unit.key)
+                    values += self.compute(prepared, unit, run_id)
+                    progress.finish(unit.key)
+            status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.store.finish_run(run_id, status)
+        return RunRecord(
+            run_id=run_id,
+            plan=plan,
+            platform_version=__version__,
+            values=tuple(values),
+            resumed_units=resumed,
+        )
+
+    def prepare(self) -> Prepared:
+        """Model, reference, data and the evaluation context, checked before any work."""
         plan = self.plan
         torch.manual_seed(plan.seed)
         device = resolve_device(plan.device)
         predictor, weights = load_model(plan.model, device)
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
+        warn_obfuscation(predictor, self.attacks.values())
         reference = None
         if plan.reference_model is not None:  # the undefended baseline: no plan defenses
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
+        for attack in self.attacks.values():  # bf16 where the device has none: fail now
+            attack.search_predictor(predictor)
         for spec in plan.attacks:
             check_budgets(
                 spec, getattr(self.attacks[spec.key()], "norm", None), predictor.input_shape
@@ -124,33 +204,9 @@ class Runner:
             predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet,
             load_profile=lambda: load_data(self._profile_spec(), self.registry),
             reference=reference, seed=plan.seed, corruptions=plan.corruptions,
+            shard_size=plan.shard_size,
         )  # fmt: skip
-        run_id = self.store.start_run(plan, __version__, str(device))
-        done = self.store.finished_units() if self.resume else set()
-        values: list[MetricValue] = []
-        resumed = 0
-        status = "failed"
-        try:
-            with terminate_as_interrupt():
-                for key, description, compute in self._units(subject, context, run_id):
-                    if key in done:
-                        values += self.store.unit_values(key)
-                        resumed += 1
-                        continue
-                    values += compute(key, description)
-            status = "finished"
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
-        finally:
-            self.store.finish_run(run_id, status)
-        return RunRecord(
-            run_id=run_id,
-            plan=plan,
-            platform_version=__version__,
-            values=tuple(values),
-            resumed_units=resumed,
-        )
+        return Prepared(subject, context, device)
 
     def _profile_spec(self) -> DatasetSpec:
         """The data neuron bounds come from: the plan's, else the whole train split."""
@@ -178,8 +234,8 @@ class Runner:
         for metric in self.metrics:
             predictor.require(metric.requires, f"metric {metric.name!r}")
 
-    def _units(self, subject: Subject, ctx: EvaluationContext, run_id: int):
-        """(key, description, compute) for each unit of work, clean metrics first."""
+    def work_units(self, subject: Subject) -> list[WorkUnit]:
+        """The plan's units, clean metrics first, each keyed for ``--resume``."""
         base = (subject.model_fingerprint, subject.dataset_fingerprint, self.plan.seed)
         if self._reference_fingerprint is not None:  # another baseline, other defense costs
             base += (self._reference_fingerprint,)
@@ -187,39 +243,42 @@ class Runner:
             base += (self.plan.profile_dataset.key(),)
         if self.plan.corruptions != CorruptionsSpec():  # other corrupted sets, other mCE
             base += (self.plan.corruptions.key(),)
-        clean = [m for m in self.metrics if isinstance(m, CleanMetric)]
+        units = []
+        clean = self._clean_metrics()
         if clean:
             key = _key(base, "clean", [m.label() for m in clean])
-
-            def compute_clean(key: str, description: str) -> list[MetricValue]:
-                values = [v for m in clean for v in _as_list(m.compute(ctx))]
-                self.store.record_unit(run_id, key, description, subject, values, __version__)
-                return values
-
-            yield key, f"clean metrics on {subject.dataset_name}", compute_clean
+            units.append(WorkUnit(key, f"clean metrics on {subject.dataset_name}"))
+        # other shards, other random streams: a sharded unit is another unit
+        shards = () if self.plan.shard_size is None else (("shards", self.plan.shard_size),)
         for spec in self.plan.attacks:
-            attack = self.attacks[spec.key()]
-            metrics = [
-                m
-                for m in self.metrics
-                if isinstance(m, AttackMetric) and m.applies_to(attack.family)
-            ]
+            labels = [m.label() for m in self._attack_metrics(spec)]
             for eps in spec.eps:
-                key = _key(base, spec.key(), eps, [m.label() for m in metrics])
-                yield (
-                    key,
-                    f"{spec.label} eps={eps:g}",
-                    self._attack_unit(ctx, run_id, subject, spec, eps, metrics),
-                )
+                key = _key(base, spec.key(), eps, labels, *shards)
+                units.append(WorkUnit(key, f"{spec.label} eps={eps:g}", spec, eps))
+        return units
 
-    def _attack_unit(self, ctx, run_id, subject, spec: AttackSpec, eps: float, metrics):
-        def compute(key: str, description: str) -> list[MetricValue]:
-            result = ctx.adversarial(spec, eps)
-            values = [v for m in metrics for v in _as_list(m.compute(ctx, spec, eps))]
-            family = self.attacks[spec.key()].family.value
-            self.store.record_unit(
-                run_id, key, description, subject, values, __version__, (spec, family, result)
-            )
+    def _clean_metrics(self) -> list[CleanMetric]:
+        return [m for m in self.metrics if isinstance(m, CleanMetric)]
+
+    def _attack_metrics(self, spec: AttackSpec) -> list[AttackMetric]:
+        family = self.attacks[spec.key()].family
+        return [m for m in self.metrics if isinstance(m, AttackMetric) and m.applies_to(family)]
+
+    def compute(self, prepared: Prepared, unit: WorkUnit, run_id: int) -> list[MetricValue]:
+        """Compute one unit and store it in one transaction: the same code on every executor
+        (on Ray, the attack's shards may have been handed to the context already)."""
+        ctx, subject = prepared.context, prepared.subject
+        if unit.attack is None:
+            values = [v for m in self._clean_metrics() for v in _as_list(m.compute(ctx))]
+            self.store.record_unit(run_id, unit.key, unit.description, subject, values, __version__)
             return values
-
-        return compute
+        spec, eps = unit.attack, unit.eps
+        result = ctx.adversarial(spec, eps)
+        values = [
+            v for m in self._attack_metrics(spec) for v in _as_list(m.compute(ctx, spec, eps))
+        ]
+        family = self.attacks[spec.key()].family.value
+        self.store.record_unit(
+            run_id, unit.key, unit.description, subject, values, __version__, (spec, family, result)
+        )
+        return values

@@ -7,6 +7,9 @@ import os
 # Idle OpenMP threads (onnxruntime's, torch's) spin-wait by default and starve each other
 # on 2 cores; set before torch or onnxruntime start their thread pools.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# `aisafety list` answers from a cache keyed by the installed code (aisafety/listing_cache.py);
+# tests swap registries in-process, so the suite lists live (tests/test_startup.py tests it)
+os.environ["AISAFETY_LIST_CACHE"] = "0"
 
 import pytest
 
@@ -75,3 +78,23 @@ def report_db(tmp_path_factory) -> tuple[str, int]:
     url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'results.db'}"
     record = Runner(plan_from_dict(REPORT_PLAN), ResultStore(url), quiet=True).run()
     return url, record.run_id
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server on 127.0.0.1 for the whole session (tests/postgres_server.py);
+    skips, naming the reason, where PostgreSQL or psycopg is not installed."""
+    from postgres_server import find_bindir, start_postgres
+
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'psycopg[binary]'")
+    if find_bindir() is None:
+        pytest.skip("PostgreSQL is not installed (initdb not found): apt install postgresql")
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A fresh, empty database on the session's PostgreSQL server: its SQLAlchemy URL."""
+    return postgres_server.create_database()

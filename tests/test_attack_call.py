@@ -212,6 +212,44 @@ def test_linf_projection_is_clip_to_ball_then_box_bit_for_bit():
     assert torch.equal(LinfThreat().project(candidate, x, 0.2), ball_then_box)
 
 
+def test_l2_projection_is_the_closest_point_of_ball_and_box_as_scipy_finds_it():
+    """Against scipy's SLSQP on the convex QP min ||z - v||^2, ||z - x|| <= eps, 0 <= z <= 1,
+    and never farther from ``v`` than either shortcut (shrink-then-clip, clip-then-shrink)."""
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(12, 1, 3, 3, generator=gen, dtype=torch.float64)
+    x[:4] = (x[:4] > 0.5).double()  # saturated pixels, where the shortcuts differ most
+    v = x + 0.8 * torch.randn(12, 1, 3, 3, generator=gen, dtype=torch.float64)
+    v[-2:] = (x[-2:] + 0.01).clamp(0, 1)  # already inside both sets: unchanged
+    eps = 0.6
+    z = L2Threat().contain(v, x, eps)
+    sizes = torch.linalg.vector_norm((z - x).flatten(1), dim=1)
+    assert float(sizes.max()) <= eps + 1e-12 and 0 <= float(z.min()) <= float(z.max()) <= 1
+    assert torch.equal(z[-2:], v[-2:])
+    rows = zip(z.flatten(1).numpy(), v.flatten(1).numpy(), x.flatten(1).numpy(), strict=True)
+    for zi, vi, xi in rows:
+        found = scipy_optimize.minimize(
+            lambda q, vi=vi: ((q - vi) ** 2).sum(),
+            xi,
+            jac=lambda q, vi=vi: 2 * (q - vi),
+            bounds=[(0, 1)] * len(xi),
+            constraints=[{"type": "ineq", "fun": lambda q, xi=xi: eps**2 - ((q - xi) ** 2).sum()}],
+            method="SLSQP",
+            options={"ftol": 1e-14, "maxiter": 500},
+        )
+        assert zi == pytest.approx(found.x, abs=1e-5)
+
+    def onto_ball(delta):
+        size = torch.linalg.vector_norm(delta.flatten(1), dim=1)
+        return delta * (eps / size).clamp(max=1).view(-1, 1, 1, 1)
+
+    shrink_then_clip = (x + onto_ball(v - x)).clamp(0, 1)
+    clip_then_shrink = x + onto_ball(v.clamp(0, 1) - x)
+    for shortcut in (shrink_then_clip, clip_then_shrink):
+        distance = torch.linalg.vector_norm((shortcut - v).flatten(1), dim=1)
+        assert (torch.linalg.vector_norm((z - v).flatten(1), dim=1) <= distance + 1e-12).all()
+
+
 @pytest.mark.parametrize("norm", [Norm.LINF, Norm.L2, Norm.L1])
 def test_ascent_direction_has_unit_size_in_the_dual_sense(norm):
     grad = torch.randn(4, 1, 5, 5, generator=torch.Generator().manual_seed(2))

@@ -92,3 +92,30 @@ def test_an_over_budget_plugin_is_projected_into_its_budget(zoo_predictor, batch
     attack = _plugin("too-far", lambda x, eps: (x + 10 * eps, _steps(x)), norm=Norm.L2)()
     result = attack(zoo_predictor, x, y, 1.0)
     assert float((result.x_adv - x).flatten(1).norm(dim=1).max()) <= 1.0 + 1e-5
+
+
+@pytest.mark.parametrize("norm", [None, Norm.L0, "l3"])
+def test_an_attack_without_a_usable_norm_is_refused_naming_it_and_the_fix(
+    zoo_predictor, batch, norm
+):
+    """No norm (or one without a threat model: l0, a plain string) would let the attack's
+    results escape the budget check: refused when the attack is built, before any work."""
+    cls = _plugin("normless", lambda x, eps: (x + 10 * eps, _steps(x)), norm=norm)
+    with pytest.raises(PluginError, match="attack 'normless'") as caught:
+        cls()
+    assert caught.match(r"declares norm .*; every attack must declare the norm of its budget")
+    assert caught.match(r"norm = Norm\.LINF")
+
+
+def test_an_attack_that_skips_the_base_init_is_refused_when_called(zoo_predictor, batch):
+    x, y = batch
+    cls = _plugin("no-init", lambda x, eps: (x + 10 * eps, _steps(x)), norm=None)
+    cls.__init__ = lambda self: None
+    with pytest.raises(PluginError, match="attack 'no-init'.*declares norm None"):
+        cls()(zoo_predictor, x, y, 0.1)
+
+
+def test_corruption_attacks_alone_have_no_norm():
+    from aisafety.corruption.attacks import Fog
+
+    assert Fog().norm is None  # eps is not a budget for them

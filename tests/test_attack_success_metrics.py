@@ -15,7 +15,7 @@ from aisafety.database.store import ResultStore
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.metrics.accuracy import AdversarialAccuracyWhiteBox
 from aisafety.evaluation.metrics.attack_success import AttackSuccessRate, RobustAccuracy
-from aisafety.interfaces import AttackFamily, AttackSpec, Capability, EvaluationPlan
+from aisafety.interfaces import AttackFamily, AttackSpec, Capability, EvaluationPlan, Norm
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.runner import Runner
 
@@ -25,7 +25,7 @@ class ChosenAttack(Attack):
 
     name = "chosen"
     family = AttackFamily.SCORE
-    norm = None
+    norm = Norm.LINF
     requires = Capability.SCORES
 
     def __init__(self, adversarial: torch.Tensor):
@@ -56,15 +56,17 @@ def test_robust_accuracy_and_asr_by_hand():
     model = TorchPredictor(FirstPixel(), (1, 1, 1), 2, name="hand")
     data = LoadedDataset("hand", images(CLEAN), torch.tensor(LABELS), ("a", "b"))
     ctx = EvaluationContext(model, data, lambda s: ChosenAttack(images(ADV)))
-    spec = AttackSpec(name="chosen", eps=0.1)
+    # l-inf eps 1 is the whole [0, 1] box: the projection keeps the chosen inputs (which move
+    # pixel 0 by up to 0.7)
+    spec = AttackSpec(name="chosen", eps=1.0)
     # adversarially right: samples 1, 3 and 4 -> 3/5 (3 and 4 were wrong when clean)
-    assert RobustAccuracy().compute(ctx, spec, 0.1).value == pytest.approx(3 / 5)
+    assert RobustAccuracy().compute(ctx, spec, 1.0).value == pytest.approx(3 / 5)
     # clean-right samples 0, 1, 2; the attack flips 0 and 2 -> 2/3 (sample 4 was wrong already)
-    asr = AttackSuccessRate().compute(ctx, spec, 0.1)
+    asr = AttackSuccessRate().compute(ctx, spec, 1.0)
     assert (asr.value, asr.n_samples) == (pytest.approx(2 / 3), 3)
     # the RDI paper's eq. 8: misclassified adversarial examples (0 and 2) over all 5, which
     # is 1 - robust accuracy
-    rdi_asr = AttackSuccessRate(over="all").compute(ctx, spec, 0.1)
+    rdi_asr = AttackSuccessRate(over="all").compute(ctx, spec, 1.0)
     assert (rdi_asr.value, rdi_asr.n_samples) == (pytest.approx(2 / 5), 5)
     assert rdi_asr.metric == "asr(over=all)"
 

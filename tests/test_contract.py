@@ -147,15 +147,18 @@ def test_input_defense_contract(name, zoo_predictor, batch):
 # --- training defenses --------------------------------------------------------------------
 
 
-def _tiny_network() -> torch.nn.Module:
+def _tiny_network(architecture: str | None = None) -> torch.nn.Module:
+    """mnist-cnn, or the architecture a defense needs (pixel input: the thermometer's)."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(Normalize((0.1307,), (0.3081,)), build("mnist-cnn"))
+    if architecture is None:
+        return torch.nn.Sequential(Normalize((0.1307,), (0.3081,)), build("mnist-cnn"))
+    return torch.nn.Sequential(Normalize((0.0,), (1.0,)), build(architecture))
 
 
 def _loss(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Module]:
     cls = REGISTRY.get("training_defense", name)
     defense = REGISTRY.create("training_defense", name, fast_config(cls))
-    network = _tiny_network()
+    network = _tiny_network(cls.architecture)
     defense.prepare(network, lambda net, stage: None)  # no extra training stage here
     step = TrainingStep(0.5, 2, torch.Generator().manual_seed(0))
     return defense.loss(network.train(), x, y, step), network

@@ -35,7 +35,7 @@ from aisafety.evaluation.metrics.imperceptibility import (
     AverageLpDistortion,
     AverageStructuralSimilarity,
 )
-from aisafety.interfaces import AttackFamily, AttackSpec, Capability
+from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Norm
 from aisafety.prediction.torch_module import TorchPredictor
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -45,12 +45,13 @@ class FixedAttack(Attack):
     """Returns, for each clean input it is given, an adversarial input chosen in advance.
 
     Rows are looked up by value, so the context may hand it the data in any batching.
-    ``norm = None``: the base class only clamps to [0, 1], which the chosen inputs satisfy.
+    Its l-inf budget is used at eps 1 (the whole [0, 1] box): the base class's projection
+    leaves the chosen inputs, which lie in [0, 1], unchanged.
     """
 
     name = "fixed"
     family = AttackFamily.GRADIENT
-    norm = None
+    norm = Norm.LINF
     requires = Capability.SCORES
 
     def __init__(self, clean: torch.Tensor, adversarial: torch.Tensor):
@@ -90,8 +91,10 @@ def fixed_context(predictor, clean, labels, adversarial, batch_size=128):
     return EvaluationContext(predictor, data, make_attack, batch_size=batch_size), made
 
 
-SPEC = AttackSpec(name="fixed", eps=(0.5,))
-EPS = 0.5
+# l-inf budget 1: the whole [0, 1] box, so the base class's projection keeps every chosen
+# input as it is (the hand cases move pixels by more than 0.5)
+SPEC = AttackSpec(name="fixed", eps=(1.0,))
+EPS = 1.0
 
 # --- the 2x2 hand case ---------------------------------------------------------------------------
 # logits = 2 * (x0, x1, x2); pixel x3 only enters the norms.

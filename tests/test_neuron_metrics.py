@@ -18,18 +18,19 @@ from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.store import ResultStore
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
-from aisafety.interfaces import AttackFamily, AttackSpec, Capability, EvaluationPlan
+from aisafety.interfaces import AttackFamily, AttackSpec, Capability, EvaluationPlan, Norm
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.runner import Runner
 
 
 class FixedAttack(Attack):
     """Returns the adversarial image chosen in advance for each clean image (looked up by value,
-    so any batching works). ``norm = None``: the base class only clamps to [0, 1]."""
+    so any batching works). Run at l-inf eps 1 (the whole [0, 1] box), the base class's
+    projection keeps the chosen images."""
 
     name = "fixed"
     family = AttackFamily.GRADIENT
-    norm = None
+    norm = Norm.LINF
     requires = Capability.SCORES
 
     def __init__(self, clean: torch.Tensor, adversarial: torch.Tensor):

@@ -21,7 +21,7 @@ from aisafety.evaluation.metrics.perturbation_sensitivity import (
     local_std,
     perturbation_sensitivity_distance,
 )
-from aisafety.interfaces import AttackFamily, AttackSpec, Capability
+from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Norm
 from aisafety.prediction.torch_module import TorchPredictor
 
 
@@ -90,7 +90,7 @@ def test_zero_perturbation_is_zero_and_psd_is_linear_in_the_perturbation():
 class FixedAttack(Attack):
     name = "fixed"
     family = AttackFamily.GRADIENT
-    norm = None
+    norm = Norm.LINF
     requires = Capability.SCORES
 
     def __init__(self, clean, adversarial):

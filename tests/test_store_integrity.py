@@ -13,13 +13,22 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import text as sa_text
 
+from aisafety.attack.fgsm import FGSM
 from aisafety.cli import main
 from aisafety.database import engine as store_engine
 from aisafety.database.read_only import query_read_only, read_only_engine
 from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError, StoreError
-from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
+from aisafety.interfaces import (
+    SAMPLES_DETAILS_KEY,
+    AttackSpec,
+    DatasetSpec,
+    EvaluationPlan,
+    MetricSpec,
+    MetricValue,
+)
 from aisafety.runner import Runner
 
 PLAN = EvaluationPlan(
@@ -112,6 +121,89 @@ def test_units_with_missing_rows_are_not_finished(tmp_path):
     assert again.resumed_units == 1
     assert [v.value for v in again.values] == [v.value for v in first.values]
     assert len(store.finished_units()) == 3
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """A fresh, empty database: a SQLite file, then one on the tests' PostgreSQL server."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("postgres_url")
+    return f"sqlite:///{tmp_path / 'r.db'}"
+
+
+def _execute(store: ResultStore, sql: str) -> None:
+    """A write behind the store's back (a user's own client)."""
+    with store.engine.begin() as connection:
+        connection.execute(sa_text(sql))
+
+
+def _full_unit(zoo_predictor, x, y) -> tuple[list[MetricValue], tuple]:
+    """Metric values and an attack result that fill every table a unit writes: values,
+    per-sample outcomes, example images, verification verdicts, smoothing certificates."""
+    result = FGSM()(zoo_predictor, x, y, 0.1)
+    n = len(y)
+    verdicts = [
+        {"sample_index": i, "label": int(y[i]), "verdict": "unknown", "margin": None,
+         "seconds": 0.0}
+        for i in range(n)
+    ]  # fmt: skip
+    per_sample = {
+        "sample_index": list(range(n)), "label": y.tolist(), "prediction": y.tolist(),
+        "p_a_lower": [0.9] * n, "radius": [0.5] * n, "seconds": [0.0] * n,
+    }  # fmt: skip
+    values = [
+        MetricValue(metric="certified", value=0.5, direction="higher", n_samples=n,
+                    details={SAMPLES_DETAILS_KEY: verdicts}),
+        MetricValue(metric="smoothed", value=0.5, direction="higher", n_samples=n,
+                    details={"certificates": "k", "norm": "l2", "per_sample": per_sample}),
+    ]  # fmt: skip
+    return values, (AttackSpec(name="fgsm", eps=(0.1,)), "gradient", result)
+
+
+# every table a unit writes rows to, and SQL deleting one of those rows
+ROW_TABLES = {
+    "metric_values": "DELETE FROM metric_values WHERE metric = 'smoothed'",
+    "sample_outcomes": "DELETE FROM sample_outcomes WHERE sample_index = 2",
+    "example_images": "DELETE FROM example_images WHERE sample_index = "
+    "(SELECT MIN(sample_index) FROM example_images)",
+    "verification_samples": "DELETE FROM verification_samples WHERE sample_index = 1",
+    "smoothing_certificates": "DELETE FROM smoothing_certificates WHERE sample_index = 0",
+}
+
+
+@pytest.mark.parametrize("table", ROW_TABLES)
+def test_a_unit_missing_a_row_of_any_table_is_not_finished(
+    store_url, table, zoo_predictor, mnist_subset
+):
+    data = mnist_subset(6, seed=3)
+    values, attack = _full_unit(zoo_predictor, data.x, data.y)
+    store = ResultStore(store_url)
+    run_id = store.start_run(PLAN, "test", "cpu")
+    store.record_unit(run_id, "full", "unit", _subject(), values, "test", attack)
+    store.record_unit(run_id, "other", "unit", _subject(), values, "test", attack)
+    assert store.finished_units() == {"full", "other"}
+    for counted in ROW_TABLES:
+        assert _count_url(store, counted) > 0, counted
+    _execute(store, ROW_TABLES[table] + " AND " + _of_unit(table, "full"))
+    assert store.finished_units() == {"other"}
+    # the unit written again (what --resume does for it) counts as finished again
+    again = store.start_run(PLAN, "test", "cpu")
+    store.record_unit(again, "full", "unit", _subject(), values, "test", attack)
+    assert store.finished_units() == {"full", "other"}
+
+
+def _of_unit(table: str, key: str) -> str:
+    """SQL restricting ``table``'s rows to those of unit ``key``."""
+    if table in ("metric_values", "smoothing_certificates"):
+        return f"unit_key = '{key}'"
+    if table == "verification_samples":
+        return f"metric_value_id IN (SELECT id FROM metric_values WHERE unit_key = '{key}')"
+    return f"attack_run_id IN (SELECT id FROM attack_runs WHERE unit_key = '{key}')"
+
+
+def _count_url(store: ResultStore, table: str) -> int:
+    with store.engine.connect() as connection:
+        return connection.execute(sa_text(f"SELECT COUNT(*) FROM {table}")).scalar_one()
 
 
 def _open_store(url: str, barrier) -> None:

@@ -7,10 +7,12 @@ capabilities and the inputs, computes the clean logits once, hands ``perturb`` o
 samples still to do (query attacks skip those the model already gets wrong), projects
 whatever ``perturb`` returns back into the budget and the [0, 1] box, and re-evaluates the
 model itself, so no attack can report a success that is over budget or that the model does
-not confirm. For every attack, plugins included, ``perturb`` works on its own copies of the
-inputs (writing into them changes nothing outside), and its result must have the inputs'
-shape, dtype and device (nothing is broadcast), one step count per sample and no NaN or inf:
-otherwise a ``PluginError`` names the attack and what is wrong.
+not confirm. With ``precision`` bf16/fp16 (``aisafety.attack.precision``) ``perturb`` searches
+with an autocast view of the model; that final evaluation stays fp32. For every attack,
+plugins included, ``perturb`` works on its own copies of the inputs (writing into them changes
+nothing outside), and its result must have the inputs' shape, dtype and device (nothing is
+broadcast), one step count per sample and no NaN or inf: otherwise a ``PluginError`` names
+the attack and what is wrong.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from pydantic import Field
 from tqdm import tqdm
 
 from aisafety.attack.call import AttackCall
+from aisafety.attack.precision import ReducedPrecision, compute_dtype
 from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
-from aisafety.attack.threat import ThreatModel, threat_model
+from aisafety.attack.threat import THREATS, ThreatModel, threat_model
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.errors import InputError, PluginError
-from aisafety.interfaces import AttackFamily, Capability, Norm
+from aisafety.interfaces import AttackFamily, Capability, Norm, Precision
 from aisafety.prediction.base import Predictor
 
 # On CPU, chunks of 128 were the fastest or within 10 % of it in bench/attacks.py on 2 cores
@@ -46,6 +49,11 @@ class AttackConfig(PluginConfig):
         gt=0,
         description="split larger batches into chunks of this size; "
         f"default {CPU_CHUNK} on CPU (1024 for Square), the whole batch on GPU",
+    )
+    precision: Precision = Field(
+        default="fp32",
+        description="arithmetic of the model passes in the search: fp32, bf16, fp16, or auto "
+        "(the fastest the device has); successes are always re-checked in fp32",
     )
 
 
@@ -77,6 +85,21 @@ class Attack(ABC):
     def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
         self.config = build_config(
             f"attack {self.name!r}", self.Config, {**(config or {}), **overrides}
+        )
+        self._check_norm()
+
+    def _check_norm(self) -> None:
+        """Every attack but a corruption declares the norm of its budget, so that the base
+        class can project what it returns into that budget (nothing escapes the check)."""
+        norm = getattr(self, "norm", None)
+        if self.family is AttackFamily.CORRUPTION or norm in THREATS:
+            return
+        raise PluginError(
+            f"attack {self.name!r} ({type(self).__module__}.{type(self).__qualname__}) declares "
+            f"norm {norm!r}; every attack must declare the norm of its budget, one of "
+            f"{', '.join(f'Norm.{n.name}' for n in THREATS)} (from aisafety.interfaces), e.g. "
+            "'norm = Norm.LINF' in the class body, so that its results are projected into "
+            "the budget; only corruption attacks (family = AttackFamily.CORRUPTION) have none"
         )
 
     @classmethod
@@ -132,11 +155,13 @@ class Attack(ABC):
         towards (attacks with ``targeted``); ``todo``: a boolean mask of the samples to attack
         (the others come back unchanged with 0 steps).
         """
+        self._check_norm()
         predictor.require(self.requires, f"attack {self.name!r}")
         self._check(predictor, x, y, eps)
         self._check_clean_logits(predictor, x, clean_logits)
         self._check_target(predictor, y, target)
         self._check_todo(x, todo)
+        self.search_predictor(predictor)  # a precision the device lacks fails before any work
         size = chunk_size or self.config.chunk_size
         if size is None:
             size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
@@ -163,6 +188,14 @@ class Attack(ABC):
         ]
         return parts[0] if len(parts) == 1 else AttackResult.concat(parts)
 
+    def search_predictor(self, predictor: Predictor) -> Predictor:
+        """The predictor ``perturb`` searches with: ``predictor`` itself, or a view of it
+        under autocast when the ``precision`` option asks for a reduced precision (a
+        ConfigError where the device has no fast unit for it)."""
+        precision = getattr(self.config, "precision", "fp32")
+        dtype = compute_dtype(precision, predictor.device, f"attack {self.name!r}")
+        return predictor if dtype is None else ReducedPrecision(predictor, dtype)
+
     def _attack_chunk(
         self,
         predictor: Predictor,
@@ -185,9 +218,12 @@ class Attack(ABC):
         # the attack's own copies: whatever it writes into them stays there
         call = AttackCall(generator, samples.to(device), clean_logits.clone(), target)
         todo = None if todo is None else todo.to(device)
-        candidate, steps = self.perturb_todo(predictor, x.clone(), y.clone(), eps, call, todo)
+        searcher = self.search_predictor(predictor)
+        candidate, steps = self.perturb_todo(searcher, x.clone(), y.clone(), eps, call, todo)
         candidate, steps = self._checked_output(candidate, steps, x)
         x_adv = project(candidate.detach(), x, eps, self.norm)
+        # the final check, always with the fp32 predictor: a candidate found under reduced
+        # precision counts only where the model in fp32 misclassifies it too
         with torch.inference_mode():
             adv_logits = predictor.logits(x_adv)
         return AttackResult(

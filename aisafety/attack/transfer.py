@@ -122,7 +122,9 @@ class TransferAttack(Attack):
         )
         with torch.no_grad():
             surrogate_logits = surrogate.logits(x)
-        return self.inner.perturb_todo(surrogate, x, y, eps, call.with_logits(surrogate_logits))
+        # the surrogate searches in the precision asked of transfer or of its inner attack
+        searcher = self.inner.search_predictor(self.search_predictor(surrogate))
+        return self.inner.perturb_todo(searcher, x, y, eps, call.with_logits(surrogate_logits))
 
     def _check_surrogate(self, surrogate: Predictor, target: Predictor) -> None:
         if tuple(surrogate.input_shape) != tuple(target.input_shape):

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 from torch import nn
 
+from aisafety.database.denoiser import DenoisedClassifier, Denoiser
+from aisafety.database.thermometer import ThermometerEncoding
 from aisafety.errors import UnknownNameError
 
 
@@ -35,6 +37,25 @@ def mnist_cnn_strided() -> nn.Module:
     )  # fmt: skip
 
 
+def mnist_cnn_thermometer(levels: int = 16) -> nn.Module:
+    """mnist-cnn reading a thermometer encoding of its input: ``levels`` channels per pixel
+    (Buckman et al. 2018 use 16 levels on MNIST). Train it with mean 0 and std 1: the
+    encoding needs pixel values in [0, 1]."""
+    return nn.Sequential(
+        ThermometerEncoding(levels),
+        nn.Conv2d(levels, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 100), nn.ReLU(),
+        nn.Linear(100, 10),
+    )  # fmt: skip
+
+
+def hgd_mnist_cnn() -> nn.Module:
+    """HGD: a small U-Net denoiser in front of ``mnist-cnn`` (Liao et al. 2018)."""
+    return DenoisedClassifier(Denoiser(), mnist_cnn())
+
+
 def fcnn(*widths: int) -> nn.Module:
     """Flatten, then ReLU layers of ``widths`` and a 10-way linear head (MNIST input)."""
     sizes = [28 * 28, *widths]
@@ -57,6 +78,8 @@ def fcnn_b() -> nn.Module:
 ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
     "mnist-cnn": mnist_cnn,
     "mnist-cnn-strided": mnist_cnn_strided,
+    "mnist-cnn-thermometer-16": mnist_cnn_thermometer,
+    "hgd-mnist-cnn": hgd_mnist_cnn,
     "fcnn-a": fcnn_a,
     "fcnn-b": fcnn_b,
 }

@@ -34,6 +34,9 @@ _TRANSIENT = (
     "locked", "busy", "deadlock", "could not serialize", "already exists", "duplicate column",
     "unique constraint failed: models.", "unique constraint failed: datasets.",
     'unique constraint "models_', 'unique constraint "datasets_',
+    # the same unit stored at once by two attempts of one task (Ray retries): the next
+    # attempt finds it stored and leaves it
+    "unique constraint failed: units.key", 'unique constraint "units_pkey"',
 )  # fmt: skip
 
 

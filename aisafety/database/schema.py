@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -39,7 +41,8 @@ class Run(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
     status: Mapped[str] = mapped_column(String(16), default="running")
     platform_version: Mapped[str] = mapped_column(String(32))
-    seed: Mapped[int] = mapped_column(Integer)
+    # seeds go up to 2^63 - 1: PostgreSQL's INTEGER is 32-bit (SQLite's is 64-bit either way)
+    seed: Mapped[int] = mapped_column(BigInteger)
     device: Mapped[str] = mapped_column(String(16))
     plan: Mapped[dict] = mapped_column(JSON)
     # Who runs it: a 'running' run whose process is gone on this host was killed (kill -9,
@@ -81,6 +84,22 @@ class Unit(Base):
     # dropped or emptied table cannot make ``--resume`` skip work whose results are gone.
     n_values: Mapped[int | None] = mapped_column(Integer)
     n_outcomes: Mapped[int | None] = mapped_column(Integer)
+    n_examples: Mapped[int | None] = mapped_column(Integer)
+    n_verdicts: Mapped[int | None] = mapped_column(Integer)
+    n_certificates: Mapped[int | None] = mapped_column(Integer)
+
+
+class UnitFailure(Base):
+    """A unit that still failed after its retries (``--executor ray``): the rest of the plan
+    went on; ``--resume`` computes it again, since it is not in ``units``."""
+
+    __tablename__ = "unit_failures"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    key: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(String(400))
+    error: Mapped[str] = mapped_column(Text)
+    failed_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
 class AttackRun(Base):

@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from aisafety.attack.result import AttackResult
-from aisafety.database import schema
+from aisafety.database import DEFAULT_URL, schema
 from aisafety.database.engine import (
     check_url,
     checkpoint,
@@ -31,7 +31,6 @@ from aisafety.database.read_only import query_read_only
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
 
-DEFAULT_URL = "sqlite:///aisafety.db"
 # details keys stored as rows of their own tables, not in the metric value's JSON
 ROW_DETAILS = (schema.SAMPLES, "per_sample")
 # Inputs kept per attack run for the report's example panels: successful ones first.
@@ -136,14 +135,41 @@ class ResultStore:
         values: list[MetricValue],
         version: str,
         attack: tuple[AttackSpec, str, AttackResult] | None = None,
-    ) -> None:
+    ) -> bool:
         """Write a unit, its attack run, outcomes and values in one transaction (retried
-        while another process holds the write lock)."""
-        with_retries(
+        while another process holds the write lock). Idempotent per (run, unit key): a unit
+        this run already stored (a retried task whose first attempt committed) is left as it
+        is and False is returned."""
+        written = with_retries(
             f"store unit {description!r} in {self.url}",
             lambda: self._write_unit(run_id, key, description, subject, values, version, attack),
         )
         checkpoint(self.engine)
+        return written
+
+    def record_failure(self, run_id: int, key: str, description: str, error: str) -> None:
+        """A unit that failed for good (after its retries): kept with its error, so the run
+        says what is missing; ``--resume`` computes it again."""
+
+        def write() -> None:
+            with Session(self.engine) as session, session.begin():
+                session.add(
+                    schema.UnitFailure(
+                        run_id=run_id, key=key, description=description[:400], error=error
+                    )
+                )
+
+        with_retries(f"record the failure of unit {description!r} in {self.url}", write)
+
+    def failures(self, run_id: int) -> list[tuple[str, str, str]]:
+        """(key, description, error) of the units of ``run_id`` that failed for good."""
+        with Session(self.engine) as session:
+            rows = session.scalars(
+                select(schema.UnitFailure)
+                .where(schema.UnitFailure.run_id == run_id)
+                .order_by(schema.UnitFailure.id)
+            )
+            return [(r.key, r.description, r.error) for r in rows]
 
     def _write_unit(
         self,
@@ -154,28 +180,37 @@ class ResultStore:
         values: list[MetricValue],
         version: str,
         attack: tuple[AttackSpec, str, AttackResult] | None,
-    ) -> None:
+    ) -> bool:
         with Session(self.engine) as session, session.begin():
+            # Locked until commit (PostgreSQL), so two attempts of one task cannot both write;
+            # two first inserts of one key collide on the primary key and the retry finds it.
+            stored = session.get(schema.Unit, key, with_for_update=True)
+            if stored is not None and stored.run_id == run_id:
+                return False
             model_id, dataset_id = self._subject_ids(session, subject)
             # A unit run again without --resume (same key) now points at its latest run; the
             # earlier run's rows stay, so history is kept and --resume shows the latest values.
-            session.merge(
-                schema.Unit(
-                    key=key,
-                    run_id=run_id,
-                    description=description,
-                    finished_at=schema.utcnow(),
-                    n_values=len(values),
-                    n_outcomes=0 if attack is None else len(attack[2].y),
-                )
-            )
+            fields = {
+                "run_id": run_id,
+                "description": description,
+                "finished_at": schema.utcnow(),
+                "n_values": len(values),
+                "n_outcomes": 0 if attack is None else len(attack[2].y),
+            }
+            if stored is None:  # an INSERT: a concurrent first write of this key collides
+                unit = schema.Unit(key=key, **fields)
+                session.add(unit)
+            else:
+                unit = stored
+                for name, value in fields.items():
+                    setattr(unit, name, value)
             session.flush()
-            attack_run_id = None
+            attack_run_id, unit.n_examples = None, 0
             if attack is not None:
-                attack_run_id = self._add_attack_run(
+                attack_run_id, unit.n_examples = self._add_attack_run(
                     session, run_id, key, model_id, dataset_id, *attack
                 )
-            self._add_certificates(session, run_id, key, values)
+            unit.n_certificates = self._add_certificates(session, run_id, key, values)
             rows = [
                 schema.MetricValueRow(
                     run_id=run_id,
@@ -201,15 +236,17 @@ class ResultStore:
                 for v in values
             ]
             session.add_all(rows)
-            _add_sample_verdicts(session, rows, values)
+            unit.n_verdicts = _add_sample_verdicts(session, rows, values)
+        return True
 
     @staticmethod
     def _add_certificates(
         session: Session, run_id: int, key: str, values: list[MetricValue]
-    ) -> None:
+    ) -> int:
         """Per-image rows of the values that carry them (``details["per_sample"]``, e.g. the
-        smoothed metrics), once per certificate setting (``details["certificates"]``)."""
-        written = set()
+        smoothed metrics), once per certificate setting (``details["certificates"]``); returns
+        how many rows it wrote."""
+        written, count = set(), 0
         for v in values:
             setting, columns = v.details.get("certificates"), v.details.get("per_sample")
             if setting is None or columns is None or setting in written:
@@ -218,6 +255,7 @@ class ResultStore:
             rows = [
                 dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)
             ]
+            count += len(rows)
             session.execute(
                 insert(schema.SmoothingCertificate),
                 [
@@ -232,6 +270,7 @@ class ResultStore:
                     for row in rows
                 ],
             )
+        return count
 
     def _subject_ids(self, session: Session, s: Subject) -> tuple[int, int]:
         model = session.scalar(
@@ -272,7 +311,8 @@ class ResultStore:
         spec: AttackSpec,
         family: str,
         result: AttackResult,
-    ) -> int:
+    ) -> tuple[int, int]:
+        """The attack run's row, its outcomes and examples: (its id, how many examples)."""
         row = schema.AttackRun(
             run_id=run_id,
             unit_key=key,
@@ -291,8 +331,9 @@ class ResultStore:
         session.add(row)
         session.flush()
         session.execute(insert(schema.SampleOutcome), _outcome_rows(row.id, result))
-        session.add_all(_example_rows(row.id, result))
-        return row.id
+        examples = _example_rows(row.id, result)
+        session.add_all(examples)
+        return row.id, len(examples)
 
     # queries ----------------------------------------------------------------------------
     def query(self, sql: str) -> tuple[list[str], list[tuple]]:
@@ -300,9 +341,10 @@ class ResultStore:
         return query_read_only(self.engine, sql)
 
 
-# A unit is finished when its row is there and so are all the metric values and per-sample
-# outcomes it wrote in its latest run (units of databases made before the counts existed
-# have NULL counts and are computed again).
+# A unit is finished when its row is there and so are all the rows it wrote in its latest
+# run: metric values, per-sample outcomes, example images, verification verdicts and
+# smoothing certificates (units of databases made before a count existed have it NULL and
+# are computed again).
 FINISHED_UNITS_SQL = """
 SELECT u.key FROM units u
 WHERE u.n_values = (
@@ -310,6 +352,16 @@ WHERE u.n_values = (
   AND u.n_outcomes = (
     SELECT COUNT(*) FROM sample_outcomes so JOIN attack_runs ar ON ar.id = so.attack_run_id
     WHERE ar.unit_key = u.key AND ar.run_id = u.run_id)
+  AND u.n_examples = (
+    SELECT COUNT(*) FROM example_images ei JOIN attack_runs ar ON ar.id = ei.attack_run_id
+    WHERE ar.unit_key = u.key AND ar.run_id = u.run_id)
+  AND u.n_verdicts = (
+    SELECT COUNT(*) FROM verification_samples vs JOIN metric_values mv
+      ON mv.id = vs.metric_value_id
+    WHERE mv.unit_key = u.key AND mv.run_id = u.run_id)
+  AND u.n_certificates = (
+    SELECT COUNT(*) FROM smoothing_certificates sc
+    WHERE sc.unit_key = u.key AND sc.run_id = u.run_id)
 """
 
 
@@ -337,10 +389,11 @@ def _mark_dead_runs(session: Session) -> None:
             run.status = "interrupted"
 
 
-def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]) -> None:
-    """Per-sample verdicts of certified metrics (details["samples"]) as table rows."""
+def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]) -> int:
+    """Per-sample verdicts of certified metrics (details["samples"]) as table rows; returns
+    how many it wrote."""
     if not any(schema.SAMPLES in v.details for v in values):
-        return
+        return 0
     session.flush()  # the metric rows' ids
     verdicts = [
         {"metric_value_id": row.id, "sample_index": s["sample_index"], "label": s["label"],
@@ -348,7 +401,9 @@ def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]
          "attack": {k: x for k, x in s.items() if k.startswith("attack")}}
         for row, v in zip(rows, values, strict=True) for s in v.details.get(schema.SAMPLES, [])
     ]  # fmt: skip
-    session.execute(insert(schema.VerificationSample), verdicts)
+    if verdicts:
+        session.execute(insert(schema.VerificationSample), verdicts)
+    return len(verdicts)
 
 
 def _outcome_rows(attack_run_id: int, result: AttackResult) -> list[dict[str, Any]]:

@@ -58,20 +58,47 @@ def pgd_robust_accuracy(
 CERTIFIED_TRAINING = ("ibp", "crown-ibp")
 
 
+def attack_robust_accuracy(
+    predictor: Predictor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    eps: float,
+    attack: str,
+    config: dict[str, Any],
+    registry: Registry | None = None,
+) -> float:
+    """Accuracy under the registered ``attack`` (built with ``config``) at budget ``eps``."""
+    registry = registry or default_registry()
+    return registry.create("attack", attack, config)(predictor, x, y, eps).robust_accuracy
+
+
 def robustness_metrics(
     predictor: Predictor,
     data: LoadedDataset,
     robust_eps: Sequence[float],
     certified_eps: Sequence[float] = (),
+    defense: TrainingDefense | None = None,
 ) -> dict[str, float]:
     """The manifest's robustness numbers on ``data`` (the fixed 1,000-image subset of
     ``robustness_subset``): PGD-40 robust accuracy at each l-inf budget of ``robust_eps``,
-    IBP-certified accuracy at each of ``certified_eps``."""
+    IBP-certified accuracy at each of ``certified_eps``, and where ``defense`` has an adaptive
+    attack (``TrainingDefense.adaptive_correct``) the accuracy on the samples that survive
+    both it and PGD-40 (``adaptive_robust_accuracy_eps*``); there too the robust accuracy
+    under each of the defense's ``evaluation_attacks`` (``<attack>_robust_accuracy_eps*``)."""
     metrics = {"robust_samples": float(len(data))} if robust_eps or certified_eps else {}
     for eps in robust_eps:
-        metrics[f"pgd40_robust_accuracy_eps{eps:g}"] = pgd_robust_accuracy(
+        survived = PGDLinf({"steps": 40})(predictor, data.x, data.y, eps).adv_pred == data.y
+        metrics[f"pgd40_robust_accuracy_eps{eps:g}"] = survived.double().mean().item()
+        adaptive = None if defense is None else defense.adaptive_correct(
             predictor, data.x, data.y, eps
-        )
+        )  # fmt: skip
+        if adaptive is not None:
+            worst = survived & adaptive
+            metrics[f"adaptive_robust_accuracy_eps{eps:g}"] = worst.double().mean().item()
+        for attack, config in [] if defense is None else defense.evaluation_attacks():
+            metrics[f"{attack}_robust_accuracy_eps{eps:g}"] = attack_robust_accuracy(
+                predictor, data.x, data.y, eps, attack, config
+            )
     for eps in certified_eps:
         mask = ibp_certified_mask(predictor.network, data.x, data.y, eps)
         metrics[f"ibp_certified_accuracy_eps{eps:g}"] = mask.double().mean().item()
@@ -142,6 +169,24 @@ def train_zoo_entry(
         recipe = recipe.model_copy(update={"init_sha256": pinned})
     module = train(recipe, train_set, quiet=quiet)
     train_seconds = round(time.time() - started, 1)
+    return record_zoo_entry(
+        name, recipe, module, test_set, out_dir, train_seconds, robust_eps, certified_eps
+    )
+
+
+def record_zoo_entry(
+    name: str,
+    recipe: TrainingRecipe,
+    module: nn.Module,
+    test_set: LoadedDataset,
+    out_dir: Path,
+    train_seconds: float,
+    robust_eps: Sequence[float] | None = None,
+    certified_eps: Sequence[float] | None = None,
+) -> ZooEntry:
+    """Write ``module`` (trained by ``recipe``) as checkpoint + manifest entry with what it
+    measures: ``train_zoo_entry``'s second half, also for a run whose measurement failed
+    after its checkpoint was written."""
     network = nn.Sequential(Normalize(recipe.mean, recipe.std), module)
     buffer = io.BytesIO()
     torch.save(module.state_dict(), buffer)
@@ -154,7 +199,7 @@ def train_zoo_entry(
     if certified_eps is None:
         certified_eps = training_eps(recipe) if recipe.defense in CERTIFIED_TRAINING else []
     predictor = TorchPredictor(
-        module, train_set.x.shape[1:], len(train_set.classes), name=name,
+        module, test_set.x.shape[1:], len(test_set.classes), name=name,
         mean=recipe.mean, std=recipe.std,
     )  # fmt: skip
     robustness = robustness_metrics(
@@ -162,6 +207,7 @@ def train_zoo_entry(
         robustness_subset(recipe.dataset, test_set),
         robust_eps,
         certified_eps,
+        training_defense(recipe.defense, recipe.defense_config),
     )
     entry = ZooEntry(
         name=name,
@@ -169,8 +215,8 @@ def train_zoo_entry(
         sha256=sha256_bytes(data),
         architecture=recipe.architecture,
         dataset=recipe.dataset,
-        input_shape=tuple(train_set.x.shape[1:]),
-        num_classes=len(train_set.classes),
+        input_shape=tuple(test_set.x.shape[1:]),
+        num_classes=len(test_set.classes),
         mean=recipe.mean,
         std=recipe.std,
         recipe=recipe,

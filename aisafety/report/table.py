@@ -8,9 +8,10 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aisafety.interfaces import MetricValue
+if TYPE_CHECKING:  # annotations only: the command line renders tables without pydantic
+    from aisafety.interfaces import MetricValue
 
 
 def _cell(value: Any) -> str:

@@ -18,6 +18,7 @@ from torch import nn
 
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.errors import ConfigError
+from aisafety.prediction.base import Predictor
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class TrainingDefense(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     Config: ClassVar[type[PluginConfig]] = PluginConfig
+    # What ``adaptive_correct`` runs, in words (empty: white-box PGD is the adaptive attack).
+    adaptive_attack: ClassVar[str] = ""
+    # The architecture the defense needs (None: any); pixel input in [0, 1] unless normalised.
+    architecture: ClassVar[str | None] = None
 
     def __init__(self, config: dict[str, Any] | None = None, *extra: Any, **overrides: Any):
         if extra or not (config is None or isinstance(config, dict)):
@@ -53,16 +58,38 @@ class TrainingDefense(ABC):
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
-        defaults = {k: f.default for k, f in cls.Config.model_fields.items()}
+        fields = cls.Config.model_fields.items()
+        defaults = {k: f.get_default(call_default_factory=True) for k, f in fields}
         return {
             "name": cls.name,
             "kind": "training",
             "description": cls.description,
             "config": defaults,
+            "adaptive_attack": cls.adaptive_attack,
+            "architecture": cls.architecture,
         }
 
     def prepare(self, network: nn.Module, fit: FitFunction) -> None:  # noqa: B027
         """Run any stage the main loop needs first (default: none)."""
+
+    def adaptive_correct(
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+    ) -> torch.Tensor | None:
+        """Per sample, whether the trained model still classifies ``x`` right under the attack
+        this defense's own paper or its later break requires beyond white-box PGD (BPDA for a
+        non-differentiable encoding, a transfer attack for gradient masking); None when
+        white-box PGD is already that attack. The zoo records the worst case of both."""
+        return None
+
+    def evaluation_attacks(self) -> list[tuple[str, dict[str, Any]]]:
+        """The attacks beyond PGD-40 a zoo entry of this defense records, as (registered
+        attack, its config): its paper's threat model, or the attack that later broke it.
+        Each runs at every robust budget, recorded as ``<attack>_robust_accuracy_eps<eps>``."""
+        return []
+
+    def after_step(self, network: nn.Module) -> None:  # noqa: B027
+        """Act on the weights after each optimiser step (default: nothing; Parseval's
+        retraction onto orthonormal weights lives here)."""
 
     @abstractmethod
     def loss(

@@ -46,6 +46,7 @@ def fit(
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
+            defense.after_step(network)
             schedule.step()
     network.eval()
 
@@ -69,6 +70,11 @@ def train_network(
         raise ConfigError(
             f"the recipe names training defense {recipe.defense!r}, but {defense.name!r} was "
             "given; build the defense the recipe names"
+        )
+    if defense.architecture not in (None, recipe.architecture):
+        raise ConfigError(
+            f"training defense {defense.name!r} needs architecture {defense.architecture!r}, "
+            f"the recipe has {recipe.architecture!r}; pass --architecture {defense.architecture}"
         )
     torch.manual_seed(recipe.seed)
     module = build(recipe.architecture)

@@ -1,0 +1,118 @@
+"""Reduced precision for the model passes inside an attack (the ``precision`` option).
+
+An attack's search may run the model under ``torch.autocast`` in bf16 or fp16 where the
+hardware does that faster than fp32; its own arithmetic (steps, projections, losses on the
+logits) stays fp32. The base class hands ``perturb`` a ``ReducedPrecision`` view of the
+predictor and re-evaluates the final candidates with the fp32 predictor, so a success is
+always an fp32 success (see ``aisafety.attack.base``).
+
+``fp32`` (the default): no autocast. ``auto``: the fastest reduced precision this device
+has (``fast_precisions``), else fp32. ``bf16`` / ``fp16``: that precision; a ``ConfigError``
+on a device that has no fast unit for it (there it would run slower than fp32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, get_args
+
+import torch
+
+from aisafety.errors import ConfigError
+from aisafety.interfaces import Precision
+from aisafety.prediction.base import Predictor
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _cpu_flags() -> dict[str, Any]:
+    """The CPU's features as torch's cpuinfo reports them ({} where torch cannot say)."""
+    try:
+        return dict(torch._C._cpu._get_cpu_capability())
+    except (AttributeError, RuntimeError):  # a torch without the (private) query
+        return {}
+
+
+def fast_precisions(device: torch.device) -> tuple[str, ...]:
+    """Reduced precisions ``device`` computes faster than fp32, best first.
+
+    CPU: bf16 with AVX512-BF16 or AMX-BF16 (Intel Cooper Lake / Sapphire Rapids and later,
+    AMD Zen 4 and later); without them oneDNN emulates bf16, 4-8x slower than fp32 on the
+    project's AMD EPYC (Zen 3; ``bench/precision.py``). CUDA: bf16 from compute capability
+    8.0 (Ampere), fp16 from 7.0 (tensor cores). Nothing on other devices.
+    """
+    if device.type == "cpu":
+        flags = _cpu_flags()
+        return ("bf16",) if flags.get("avx512_bf16") or flags.get("amx_bf16") else ()
+    if device.type == "cuda" and torch.cuda.is_available():
+        major, _ = torch.cuda.get_device_capability(device)
+        return ("bf16", "fp16") if major >= 8 else ("fp16",) if major >= 7 else ()
+    return ()
+
+
+def _device_words(device: torch.device) -> str:
+    if device.type == "cpu":
+        name = _cpu_flags().get("cpu_name") or "CPU"
+        return f"this CPU ({name}) has neither AVX512-BF16 nor AMX-BF16"
+    if device.type == "cuda" and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
+        return f"this GPU ({name}) has compute capability {major}.{minor}"
+    return f"device {device.type!r} has no fast reduced precision here"
+
+
+def compute_dtype(precision: str, device: torch.device, owner: str) -> torch.dtype | None:
+    """The autocast dtype ``precision`` means on ``device`` (None: fp32), or a ConfigError
+    naming ``owner`` when ``device`` has no fast unit for the precision asked for."""
+    if precision == "fp32":
+        return None
+    fast = fast_precisions(device)
+    if precision == "auto":
+        return DTYPES[fast[0]] if fast else None
+    if precision not in DTYPES:
+        raise ConfigError(f"{owner}: precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in fast:
+        needs = {
+            "bf16": "a CPU with AVX512-BF16 or AMX, or a CUDA GPU of compute capability 8.0+",
+            "fp16": "a CUDA GPU of compute capability 7.0+",
+        }[precision]
+        raise ConfigError(
+            f"{owner}: precision {precision!r} needs {needs}; {_device_words(device)}, "
+            f"where {precision} would run slower than fp32. Use precision: auto (the fastest "
+            "precision the device has, fp32 here) or precision: fp32"
+        )
+    return DTYPES[precision]
+
+
+class ReducedPrecision(Predictor):
+    """``inner`` with its forward passes under autocast to ``dtype``; logits come back as
+    fp32 tensors (holding the reduced-precision values), so an attack's arithmetic, losses
+    and gradients (with respect to the fp32 input) keep their dtypes."""
+
+    def __init__(self, inner: Predictor, dtype: torch.dtype):
+        self.inner, self.dtype = inner, dtype
+        self.name = inner.name
+        self.capabilities = inner.capabilities
+        self.input_shape = inner.input_shape
+        self.num_classes = inner.num_classes
+        self.device = inner.device
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.dtype):
+            scores = self.inner._logits(x)
+        return scores.float()
+
+    def layer_names(self) -> list[str]:
+        return self.inner.layer_names()
+
+    def features(self, x: torch.Tensor, layers: Sequence[str]) -> dict[str, torch.Tensor]:
+        with torch.autocast(self.device.type, dtype=self.dtype):
+            found = self.inner.features(x, layers)
+        return {name: value.float() for name, value in found.items()}
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else a plugin reads from its predictor (``network``, ...) is the inner's."""
+        if name == "inner":  # not set yet (during unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)

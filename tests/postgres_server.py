@@ -1,0 +1,115 @@
+"""A throw-away PostgreSQL server for tests: a temporary cluster on 127.0.0.1 and a free port.
+
+Debian's PostgreSQL refuses to run as root, so as root the cluster is made and started as
+the ``postgres`` user (``runuser``); as any other user it runs as that user. The server
+listens on 127.0.0.1 only, with ``trust`` authentication (nothing else can reach it), and
+its data directory is deleted when the server stops.
+
+Use it through the fixtures of ``tests/conftest.py``: ``postgres_server`` (one server per
+test session) and ``postgres_url`` (a fresh, empty database on it per test), e.g.::
+
+    def test_something(postgres_url):
+        store = ResultStore(postgres_url)  # postgresql+psycopg://postgres@127.0.0.1:PORT/test_3
+
+Both skip, naming the reason, where PostgreSQL or psycopg is not installed (``.ci/run``
+installs them).
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+USER = "postgres"  # the superuser initdb creates (also the OS user as root)
+
+
+def find_bindir() -> Path | None:
+    """The newest PostgreSQL server binaries (Debian: /usr/lib/postgresql/N/bin)."""
+
+    def version(initdb: str) -> int:
+        name = Path(initdb).parent.parent.name
+        return int(name) if name.isdigit() else 0
+
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=version)
+    if candidates:
+        return Path(candidates[-1]).parent
+    found = shutil.which("initdb")
+    return Path(found).parent if found else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class PostgresServer:
+    """One running cluster; ``url(database)`` is a SQLAlchemy URL for psycopg 3."""
+
+    bindir: Path
+    datadir: Path
+    port: int
+    as_postgres: bool
+    _names: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://{USER}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self) -> str:
+        """A new empty database; returns its URL."""
+        import psycopg
+
+        name = f"test_{next(self._names)}"
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user=USER, dbname="postgres", autocommit=True
+        ) as connection:
+            connection.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop", check=False)
+        shutil.rmtree(self.datadir.parent, ignore_errors=True)
+
+    def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        command = [str(self.bindir / tool), *args]
+        if self.as_postgres:
+            command = ["runuser", "-u", USER, "--", *command]
+        return subprocess.run(command, capture_output=True, text=True, check=check, timeout=120)
+
+
+def start_postgres() -> PostgresServer:
+    """initdb + pg_ctl start in a temporary directory; raises RuntimeError if unavailable."""
+    bindir = find_bindir()
+    if bindir is None:
+        raise RuntimeError("PostgreSQL server binaries (initdb) not found; apt install postgresql")
+    as_postgres = os.geteuid() == 0
+    root = Path(tempfile.mkdtemp(prefix="aisafety-pg-"))
+    datadir = root / "data"
+    if as_postgres:
+        shutil.chown(root, USER, USER)
+    server = PostgresServer(bindir, datadir, free_port(), as_postgres)
+    try:
+        server._run(
+            "initdb", "-D", str(datadir), "-U", USER, "--auth=trust", "-E", "UTF8",
+            "--locale=C", "--no-sync",
+        )  # fmt: skip
+        options = (
+            f"-p {server.port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=off "
+            "-c max_connections=200"
+        )
+        server._run(
+            "pg_ctl", "-D", str(datadir), "-o", options, "-l", str(root / "log"), "-w", "start"
+        )
+    except subprocess.CalledProcessError as exc:
+        log = (root / "log").read_text() if (root / "log").exists() else ""
+        shutil.rmtree(root, ignore_errors=True)
+        raise RuntimeError(f"PostgreSQL did not start: {exc.stderr}\n{log}") from None
+    return server

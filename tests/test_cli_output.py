@@ -1,0 +1,80 @@
+"""What the command line prints where: data on stdout (valid CSV/JSON when redirected),
+progress, headers and warnings on stderr."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from aisafety.cli import main
+
+PLAN = (
+    "dataset: {name: mnist-embedded, limit: 20}\n"
+    "attacks: [{name: fgsm, eps: [0.1, 0.3]}]\n"
+    "metrics: [ca, aaw, robust-accuracy]\n"
+)
+
+
+@pytest.fixture
+def plan(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text(PLAN)
+    return path
+
+
+def test_evaluate_json_stdout_is_only_json(tmp_path, plan, capsys):
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}",
+                 "--format", "json"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert {(r["metric"], r["attack"], r["eps"]) for r in rows} >= {
+        ("ca", "", None), ("aaw", "fgsm", 0.1), ("robust-accuracy", "fgsm", 0.3)
+    }  # fmt: skip
+    assert "model mnist-cnn on mnist-embedded" in captured.err  # the header: on stderr
+    assert "[3/3] fgsm eps=0.3" in captured.err  # progress: on stderr
+
+
+def test_evaluate_csv_stdout_is_only_csv_also_when_resumed(tmp_path, plan, capsys):
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    assert main(["evaluate", str(plan), "--db", db, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(plan), "--db", db, "--format", "csv", "--resume"]) == 0
+    captured = capsys.readouterr()
+    rows = list(csv.reader(io.StringIO(captured.out)))
+    assert rows[0] == ["metric", "attack", "eps", "value", "ci95_low", "ci95_high", "better", "n"]
+    assert len(rows) == 1 + 5 and all(len(r) == 8 for r in rows)
+    assert "taken from the database" in captured.err
+
+
+def test_evaluate_seeds_json_stdout_is_only_json(tmp_path, plan, capsys):
+    plan.write_text(PLAN + "seeds: [0, 1]\n")
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}",
+                 "--format", "json", "--quiet"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) and "seeds [0, 1]" in captured.err
+
+
+def test_compare_json_is_one_object_and_csv_one_table(tmp_path, plan, capsys):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    models = ["--models", "mnist-cnn", "mnist-cnn-pgd-at"]
+    assert main(["compare", str(plan), *models, "--db", db, "--format", "json", "--quiet"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [row["model"] for row in document["models"]] == ["mnist-cnn", "mnist-cnn-pgd-at"]
+    assert {"spearman p", "kendall p"} <= set(document["rank_correlations"][0])
+    assert main(["compare", str(plan), *models, "--db", db, "--format", "csv", "--resume",
+                 "--quiet"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    rows = list(csv.reader(io.StringIO(captured.out)))
+    assert rows[0][0] == "model" and [r[0] for r in rows[1:]] == models[1:]
+    assert "rank correlations" in captured.err
+
+
+def test_plugins_wraps_what_the_builtins_provide(capsys):
+    assert main(["plugins"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 120, max(lines, key=len)
+    names = {n.strip(",;") for line in lines[2:] for n in line.split()}
+    assert {"fgsm", "pgd-linf", "square-linf", "jpeg", "ca", "mnist-embedded"} <= names
