@@ -89,8 +89,8 @@ from aisafety.evaluation.metrics.smoothed import (
     SmoothedCertifiedAccuracy,
 )
 from aisafety.hookspecs import hookimpl
+from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.incomplete import INCOMPLETE
-from aisafety.verification.milp import CompleteVerifier
 
 
 @hookimpl
