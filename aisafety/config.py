@@ -17,12 +17,21 @@ from aisafety.plan_yaml import load_yaml
 DEFAULT_METRICS = ("ca", "aaw", "acac", "actc", "nte", "ald", "ass")
 
 
+# The AutoAttack-style ensemble at a budget the embedded default can afford: 10 APGD/FAB
+# iterations (torchattacks' AutoAttack default) and 500 Square queries cost 3.6x PGD-40 on the
+# default job (docs/attacks.md, "The embedded default"); AutoAttack's own 100 and 5,000 are
+# `standard`'s defaults in any plan.
+DEFAULT_ENSEMBLE = {"steps": 10, "queries": 500}
+
+
 def default_plan() -> EvaluationPlan:
-    """The zoo MNIST CNN on the embedded 1,000-image subset, FGSM and PGD-40 at three budgets."""
+    """The zoo MNIST CNN on the embedded 1,000-image subset: FGSM, PGD-40 and the ``standard``
+    ensemble (reduced budget) at three budgets."""
     return EvaluationPlan(
         attacks=(
             AttackSpec(name="fgsm", eps=(0.1, 0.2, 0.3)),
             AttackSpec(name="pgd-linf", config={"steps": 40}, eps=(0.1, 0.2, 0.3)),
+            AttackSpec(name="standard", config=DEFAULT_ENSEMBLE, eps=(0.1, 0.2, 0.3)),
         ),
         metrics=tuple(MetricSpec(name=n) for n in DEFAULT_METRICS),
     )
