@@ -72,7 +72,25 @@ def load_plan(path: str | Path) -> EvaluationPlan:
             f"config {str(path)!r} is empty; give at least 'attacks' or 'metrics' "
             "(see docs/configuration.md), or omit the file to run the embedded default plan"
         )
-    return plan_from_dict(raw, f"config {str(path)!r}")
+    return plan_from_dict(resolve_paths(raw, path.absolute().parent), f"config {str(path)!r}")
+
+
+PATH_SECTIONS = ("model", "reference_model", "dataset", "profile_dataset")
+
+
+def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative ``path`` fields of a plan file are relative to the file's folder, as in
+    other tools' config files: the plan runs the same from any working directory."""
+    resolved = dict(raw)
+    for section in PATH_SECTIONS:
+        spec = raw.get(section)
+        if isinstance(spec, dict) and isinstance(spec.get("path"), str) and spec["path"]:
+            given = Path(spec["path"]).expanduser()
+            resolved[section] = {
+                **spec,
+                "path": str(given if given.is_absolute() else base / given),
+            }
+    return resolved
 
 
 def _read_text(path: Path) -> str:
