@@ -22,7 +22,7 @@ def evaluate(
     """Run a plan (object, dict, YAML/TOML path, or None for the embedded default)."""
     from aisafety.config import default_plan, load_plan, plan_from_dict
     from aisafety.database.store import ResultStore
-    from aisafety.runner import Runner
+    from aisafety.execution import run_plan
 
     if plan is None:
         plan = default_plan()
@@ -30,4 +30,4 @@ def evaluate(
         plan = load_plan(plan)
     elif isinstance(plan, dict):
         plan = plan_from_dict(plan)
-    return Runner(plan, ResultStore(db), resume=resume, quiet=quiet).run()
+    return run_plan(plan, ResultStore(db), resume=resume, quiet=quiet)

@@ -6,12 +6,13 @@ import argparse
 import json
 import sys
 import textwrap
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aisafety.database import DEFAULT_URL
-from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
+from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError, UnknownNameError
 
 if TYPE_CHECKING:
     from aisafety.database.store import ResultStore
@@ -45,20 +46,26 @@ LIST_KINDS = {
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from aisafety.config import default_plan, load_plan
     from aisafety.database.store import ResultStore
+    from aisafety.execution import run_plan
     from aisafety.plugins import warn_failures
     from aisafety.report.table import curve_rows, metric_rows, render
-    from aisafety.runner import Runner
 
     plan = load_plan(args.config) if args.config else default_plan()
-    plan = apply_overrides(plan, device=args.device, limit=args.limit)
+    plan = apply_overrides(
+        plan,
+        device=args.device,
+        limit=args.limit,
+        address=args.address,
+        executor=args.executor or ("ray" if args.address else None),
+    )
     warn_failures(default_registry())
     store = ResultStore(args.db)
     if plan.seeds:
         return evaluate_seeds(plan, store, args)
-    record = Runner(plan, store, resume=args.resume, quiet=args.quiet).run()
+    record = run_plan(plan, store, resume=args.resume, quiet=args.quiet)
     columns, rows = metric_rows(record.values)
     say = info_printer(args.format)
-    say(f"model {plan.model.name} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
+    say(f"model {model_label(plan)} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
     print(render(columns, rows, args.format))
     curve = curve_rows(record.values) if args.format == "table" else None
     if curve is not None:
@@ -68,7 +75,28 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         say(f"({record.resumed_units} finished unit(s) taken from the database)")
     if args.format == "table":
         print_sanity_checks(store, record.run_id)
-    return 0
+    return report_failures(record)
+
+
+def report_failures(record) -> int:
+    """Units that failed for good (Ray): named on stderr, exit 1, rerun with --resume."""
+    if not record.failed_units:
+        return 0
+    print(
+        f"\n{len(record.failed_units)} unit(s) failed after their retries (stored in "
+        f"unit_failures of run {record.run_id}); rerun with --resume to compute only them:",
+        file=sys.stderr,
+    )
+    for line in record.failed_units:
+        print(f"  {line}", file=sys.stderr)
+    return 1
+
+
+def model_label(plan: EvaluationPlan) -> str:
+    """The evaluated model as stored: with its input defenses and their settings."""
+    from aisafety.interfaces import defended_name
+
+    return defended_name(plan.model.name, plan.defenses)
 
 
 def info_printer(fmt: str):
@@ -80,17 +108,17 @@ def info_printer(fmt: str):
 
 def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     """``seeds: [0, 1, 2]``: one run per seed, then each metric's mean +- std over them."""
+    from aisafety.execution import run_plan
     from aisafety.report.table import render, seed_rows
-    from aisafety.runner import Runner
 
     records = [
-        Runner(plan.model_copy(update={"seed": seed}), store, resume=args.resume,
-               quiet=args.quiet).run()
+        run_plan(plan.model_copy(update={"seed": seed}), store, resume=args.resume,
+                 quiet=args.quiet)
         for seed in plan.seeds
     ]  # fmt: skip
     run_ids = [r.run_id for r in records]
     info_printer(args.format)(
-        f"model {plan.model.name} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
+        f"model {model_label(plan)} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
         f"{', '.join(map(str, run_ids))}, db {args.db})"
     )
     per_seed = [(seed, r.values) for seed, r in zip(plan.seeds, records, strict=True)]
@@ -100,7 +128,7 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
         for run_id in run_ids:
             print_sanity_checks(store, run_id)
         print(f"\nreport over the seeds: aisafety report --compare {' '.join(map(str, run_ids))}")
-    return 0
+    return max(report_failures(r) for r in records)
 
 
 def print_sanity_checks(store: ResultStore, run_id: int) -> None:
@@ -142,9 +170,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from aisafety.config import default_plan, load_plan
     from aisafety.database.store import ResultStore
     from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
+    from aisafety.execution import run_plan
     from aisafety.interfaces import ModelSpec
     from aisafety.plugins import warn_failures
-    from aisafety.runner import Runner
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)
@@ -158,7 +186,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     results = {}
     for name in args.models:
         model_plan = plan.model_copy(update={"model": ModelSpec(name=name)})
-        record = Runner(model_plan, store, resume=args.resume, quiet=args.quiet).run()
+        record = run_plan(model_plan, store, resume=args.resume, quiet=args.quiet)
         results[name] = list(record.values)
     columns = metric_columns(results)
     tables = {
@@ -209,7 +237,13 @@ def print_comparison(tables: dict, header: str, baseline: str, fmt: str) -> None
             print(render(*tables[name], "table" if fmt == "csv" else fmt), file=stream)
 
 
-def apply_overrides(plan: EvaluationPlan, device: str | None, limit: int | None) -> EvaluationPlan:
+def apply_overrides(
+    plan: EvaluationPlan,
+    device: str | None,
+    limit: int | None,
+    executor: str | None = None,
+    address: str | None = None,
+) -> EvaluationPlan:
     """The plan with command-line options applied, validated like the plan file itself."""
     from aisafety.config import plan_from_dict
 
@@ -218,7 +252,13 @@ def apply_overrides(plan: EvaluationPlan, device: str | None, limit: int | None)
         raw["device"] = device
     if limit is not None:
         raw["dataset"] = {**raw.get("dataset", {}), "limit": limit}
-    return plan_from_dict(raw, "the plan with the command-line options (--device, --limit)")
+    if executor is not None:
+        raw["executor"] = {**raw.get("executor", {}), "name": executor}
+    if address is not None:
+        raw["executor"] = {**raw.get("executor", {}), "address": address}
+    return plan_from_dict(
+        raw, "the plan with the command-line options (--device, --limit, --executor, --address)"
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -444,6 +484,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=["auto", "cpu", "cuda"])
     ev.add_argument("--limit", type=int, help="evaluate on at most N samples (class-balanced)")
     ev.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    ev.add_argument(
+        "--executor", choices=["local", "ray"],
+        help="where the units run (default: the plan's executor, else local; docs/scale-out.md)",
+    )  # fmt: skip
+    ev.add_argument(
+        "--address", help="Ray cluster: auto, host:6379 or ray://host:10001 (implies --executor "
+        "ray unless given; default: a private Ray on this machine)",
+    )  # fmt: skip
     ev.set_defaults(func=cmd_evaluate)
 
     cp = sub.add_parser(
@@ -551,7 +599,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """Our own warnings as one ``warning: ...`` line; others as Python prints them."""
+    if issubclass(category, AISafetyWarning):
+        return f"warning: {message}\n"
+    return PYTHON_FORMAT_WARNING(message, category, filename, lineno, line)
+
+
+PYTHON_FORMAT_WARNING = warnings.formatwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.formatwarning = format_warning
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -52,3 +52,12 @@ class StoreError(AISafetyError):
 
 class ModelOutputError(AISafetyError):
     """A model returned scores of the wrong shape, or NaN/inf scores."""
+
+
+class AISafetyWarning(UserWarning):
+    """A result that would mislead if read at face value; the command line prints it as one
+    ``warning: ...`` line on stderr."""
+
+
+class GradientMaskingWarning(AISafetyWarning):
+    """An evaluation whose gradient attacks see an obfuscated gradient (defense/obfuscation.py)."""

@@ -217,6 +217,18 @@ class DefenseSpec(StrictModel):
     name: str
     config: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """``jpeg(bpda=True,quality=50)``: the defended model's name carries it, so variants
+        of one defense stay apart in the results."""
+        extra = ",".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        return f"{self.name}({extra})" if extra else self.name
+
+
+def defended_name(model: str, defenses: tuple[DefenseSpec, ...]) -> str:
+    """``mnist-cnn+jpeg(bpda=True)``: the model and its input defenses, innermost first."""
+    return "+".join([model, *(d.label for d in defenses)])
+
 
 class MetricSpec(StrictModel):
     name: str
@@ -255,6 +267,32 @@ class WorkLimits(StrictModel):
     restarts: int = Field(default=1_000, gt=0, strict=True)
 
 
+class ExecutorSpec(StrictModel):
+    """Where a plan's units run (``executor:`` in a plan, ``--executor`` on the command line;
+    docs/scale-out.md). It changes no number: the same plan stores the same values on every
+    executor."""
+
+    name: Literal["local", "ray"] = "local"
+    # Ray: "auto" (a cluster started with `ray start` on this machine), "ray://host:10001"
+    # (Ray Client) or "host:6379"; None starts a private Ray instance on this machine.
+    address: str | None = Field(default=None, min_length=1, max_length=500)
+    cpus: float = Field(default=1.0, gt=0, le=1024)  # per task
+    # per task; None: one GPU when the plan's device is cuda (or auto on a cluster with GPUs)
+    gpus: float | None = Field(default=None, ge=0, le=64)
+    # Ray retries a task whose worker died or that raised, at most this many times; a unit
+    # still failing is stored in unit_failures and the rest of the plan goes on.
+    max_retries: int = Field(default=2, ge=0, le=20, strict=True)
+
+    @model_validator(mode="after")
+    def _ray_settings_need_ray(self) -> ExecutorSpec:
+        if self.name == "local" and self.address is not None:
+            raise ValueError(
+                f"address {self.address!r} is for the ray executor; set name: ray (or "
+                "--executor ray), or remove the address"
+            )
+        return self
+
+
 class EvaluationPlan(StrictModel):
     """Everything one ``aisafety evaluate`` run does."""
 
@@ -282,6 +320,31 @@ class EvaluationPlan(StrictModel):
     precision: Precision = "fp32"
     # Raise these to run a bigger attack on purpose; below them a typo cannot run for days.
     limits: WorkLimits = WorkLimits()
+    executor: ExecutorSpec = ExecutorSpec()
+    # Attack each (attack, budget) in shards of this many samples, each shard its own task
+    # on Ray, with its own random stream (docs/scale-out.md). Part of the unit key: a sharded
+    # run stores other draws than an unsharded one, and the same ones on every executor.
+    shard_size: int | None = Field(default=None, gt=0, le=100_000_000, strict=True)
+
+    @model_validator(mode="after")
+    def _shards_of_whole_batches(self) -> EvaluationPlan:
+        """Shards must hold whole batches: the model then sees the same batches sharded or
+        not, and a deterministic attack's numbers do not change in their last bits (a batch
+        of another size sums its floats in another order)."""
+        size, batch = self.shard_size, self.batch_size
+        if size is not None and size % batch:
+            fit = max(batch, size // batch * batch)
+            raise ValueError(
+                f"shard_size {size} is not a multiple of batch_size {batch}; use e.g. "
+                f"shard_size: {fit} (shards of whole batches keep every number unchanged)"
+            )
+        return self
+
+    @field_validator("executor", mode="before")
+    @classmethod
+    def _executor_by_name(cls, value: Any) -> Any:
+        """``executor: ray`` as shorthand for ``executor: {name: ray}``."""
+        return {"name": value} if isinstance(value, str) else value
 
     @field_validator("seeds")
     @classmethod
@@ -326,3 +389,5 @@ class RunRecord(StrictModel):
     platform_version: str
     values: tuple[MetricValue, ...] = ()
     resumed_units: int = 0
+    # units that still failed after their retries (Ray): "description: error"
+    failed_units: tuple[str, ...] = ()

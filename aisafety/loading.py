@@ -109,7 +109,9 @@ def apply_defenses(
     predictor: Predictor, defenses: tuple[DefenseSpec, ...], registry: Registry
 ) -> Predictor:
     for spec in defenses:
+        inner = predictor.name
         predictor = registry.create("defense", spec.name, spec.config, predictor)
+        predictor.name = f"{inner}+{spec.label}"  # its settings too: BPDA or not, 2 or 4 bits
     return predictor
 
 

@@ -9,7 +9,9 @@ is thread-safe, keyed by the unit's key.
 The ETA is the sum over the units left of their expected cost: the mean time of the finished
 units of the same group (the same attack configuration at other budgets costs about the
 same), else the mean of all finished units. Units taken from the database (``--resume``)
-count as done and do not enter the means.
+count as done and do not enter the means. With ``workers`` running units side by side (a
+Ray cluster), that sum is shared among them: the ETA is the sum over min(workers, units
+left); an executor that times units on its workers passes their own ``seconds``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class UnitProgress:
     started: float | None = None
     seconds: float | None = None  # set when finished
     resumed: bool = False
+    failed: bool = False  # finished without a result: not timed
 
 
 def unit_group(description: str) -> str:
@@ -58,12 +61,14 @@ class RunProgress:
         stream: TextIO | None = None,
         heartbeat: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        workers: int = 1,
     ):
         self.units = {key: UnitProgress(key, d, unit_group(d)) for key, d in units}
         self.enabled = enabled
         self.stream = stream
         self.heartbeat = heartbeat
         self.clock = clock
+        self.workers = max(1, workers)  # units that run at once
         self.begun = clock()
         self._lock = threading.Lock()
         self._news = threading.Event()
@@ -81,15 +86,26 @@ class RunProgress:
             unit.started = self.clock()
             self._say(f"{self._position(unit)} {unit.description} ...")
 
-    def finish(self, key: str) -> None:
+    def finish(self, key: str, seconds: float | None = None) -> None:
+        """``seconds``: the unit's own time where it ran elsewhere (a Ray worker)."""
         with self._lock:
             unit = self.units[key]
             now = self.clock()
             unit.seconds = now - (unit.started if unit.started is not None else now)
+            if seconds is not None:
+                unit.seconds = seconds
             self._say(
                 f"{self._position(unit)} {unit.description}: {unit.seconds:.1f} s "
                 f"({self.summary(now)})"
             )
+
+    def fail(self, key: str, error: str) -> None:
+        """A unit that ended without a result (its error is stored): done, not timed."""
+        with self._lock:
+            unit = self.units[key]
+            unit.failed, unit.seconds = True, 0.0
+            self._say(f"{self._position(unit)} {unit.description}: FAILED ({error}; "
+                      f"{self.summary()})")  # fmt: skip
 
     def resume(self, key: str) -> None:
         with self._lock:
@@ -119,14 +135,16 @@ class RunProgress:
         """Seconds left (None before any unit has been timed): expected cost of each unit not
         finished, less the time a running one has already spent."""
         now = self.clock() if now is None else now
-        timed = [u for u in self.units.values() if u.seconds is not None and not u.resumed]
+        timed = [
+            u for u in self.units.values() if u.seconds is not None and not (u.resumed or u.failed)
+        ]
         if not timed:
             return None
         overall = sum(u.seconds for u in timed) / len(timed)
         by_group: dict[str, list[float]] = {}
         for u in timed:
             by_group.setdefault(u.group, []).append(u.seconds)
-        left = 0.0
+        left, count = 0.0, 0
         for u in self.units.values():
             if u.seconds is not None:
                 continue
@@ -135,7 +153,8 @@ class RunProgress:
             if u.started is not None:
                 expected = max(expected - (now - u.started), 0.0)
             left += expected
-        return left
+            count += 1
+        return left / max(1, min(self.workers, count))
 
     def summary(self, now: float | None = None) -> str:
         now = self.clock() if now is None else now

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -17,7 +19,8 @@ from aisafety.attack.base import Attack
 from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
-from aisafety.errors import CapabilityError, PluginError
+from aisafety.defense.obfuscation import warn_obfuscation
+from aisafety.errors import AISafetyWarning, CapabilityError, PluginError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.reference import missing_reference
@@ -43,6 +46,47 @@ log = logging.getLogger(__name__)
 def _key(*parts: object) -> str:
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """One unit of work: the clean metrics (``attack`` None), or one attack at one budget
+    with the attack metrics that read it. Plain data, so it travels to a Ray worker."""
+
+    key: str
+    description: str
+    attack: AttackSpec | None = None
+    eps: float | None = None
+
+
+@dataclass
+class Prepared:
+    """What every unit of one plan reads: the stored subject and the evaluation context."""
+
+    subject: Subject
+    context: EvaluationContext
+    device: torch.device
+
+
+ACCURACY_METRICS = ("robust-accuracy", "aaw", "aab")  # robust accuracy, by attack family
+
+
+def warn_unmeasured_attacks(attacks, metrics: list[Metric]) -> None:
+    """An attack no accuracy metric applies to would run and then be missing from the
+    table's robust-accuracy rows and the accuracy-against-budget curve (aaw reads white-box
+    attacks only, aab black-box ones): a baseline such as random noise then silently vanishes."""
+    for attack in attacks:
+        if attack.family is AttackFamily.CORRUPTION:
+            continue
+        if not any(m.name in ACCURACY_METRICS and m.applies_to(attack.family) for m in metrics):
+            warnings.warn(
+                f"attack {attack.name!r} ({attack.family.value}) has no accuracy metric among "
+                f"the plan's metrics, so its robust accuracy is not measured (aaw reads "
+                "gradient attacks only, aab score, decision and transfer ones); add "
+                "robust-accuracy (every attack) to metrics",
+                AISafetyWarning,
+                stacklevel=3,
+            )
 
 
 def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
@@ -83,6 +127,7 @@ class Runner:
         # Build every attack and metric now: a bad name or config fails before any work.
         self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
         self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
+        warn_unmeasured_attacks(self.attacks.values(), self.metrics)
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
         if baseline_users and plan.reference_model is None:
             raise missing_reference(f"metric {baseline_users[0]!r}")
@@ -112,11 +157,50 @@ class Runner:
         return metric
 
     def run(self) -> RunRecord:
+        """Every unit of the plan, one after the other in this process (the local executor;
+        ``aisafety.execution.run_plan`` picks the plan's executor)."""
+        prepared = self.prepare()
+        plan = self.plan
+        run_id = self.store.start_run(plan, __version__, str(prepared.device))
+        done = self.store.finished_units() if self.resume else set()
+        values: list[MetricValue] = []
+        resumed = 0
+        status = "failed"
+        try:
+            units = self.work_units(prepared.subject)
+            progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
+            with terminate_as_interrupt(), progress:
+                for unit in units:
+                    if unit.key in done:
+                        values += self.store.unit_values(unit.key)
+                        resumed += 1
+                        progress.resume(unit.key)
+                        continue
+                    progress.start(unit.key)
+                    values += self.compute(prepared, unit, run_id)
+                    progress.finish(unit.key)
+            status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.store.finish_run(run_id, status)
+        return RunRecord(
+            run_id=run_id,
+            plan=plan,
+            platform_version=__version__,
+            values=tuple(values),
+            resumed_units=resumed,
+        )
+
+    def prepare(self) -> Prepared:
+        """Model, reference, data and the evaluation context, checked before any work."""
         plan = self.plan
         torch.manual_seed(plan.seed)
         device = resolve_device(plan.device)
         predictor, weights = load_model(plan.model, device)
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
+        warn_obfuscation(predictor, self.attacks.values())
         reference = None
         if plan.reference_model is not None:  # the undefended baseline: no plan defenses
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
@@ -143,38 +227,9 @@ class Runner:
             predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet,
             load_profile=lambda: load_data(self._profile_spec(), self.registry),
             reference=reference, seed=plan.seed, corruptions=plan.corruptions,
+            shard_size=plan.shard_size,
         )  # fmt: skip
-        run_id = self.store.start_run(plan, __version__, str(device))
-        done = self.store.finished_units() if self.resume else set()
-        values: list[MetricValue] = []
-        resumed = 0
-        status = "failed"
-        try:
-            units = list(self._units(subject, context, run_id))
-            progress = RunProgress([(k, d) for k, d, _ in units], enabled=not self.quiet)
-            with terminate_as_interrupt(), progress:
-                for key, description, compute in units:
-                    if key in done:
-                        values += self.store.unit_values(key)
-                        resumed += 1
-                        progress.resume(key)
-                        continue
-                    progress.start(key)
-                    values += compute(key, description)
-                    progress.finish(key)
-            status = "finished"
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
-        finally:
-            self.store.finish_run(run_id, status)
-        return RunRecord(
-            run_id=run_id,
-            plan=plan,
-            platform_version=__version__,
-            values=tuple(values),
-            resumed_units=resumed,
-        )
+        return Prepared(subject, context, device)
 
     def _profile_spec(self) -> DatasetSpec:
         """The data neuron bounds come from: the plan's, else the whole train split."""
@@ -202,8 +257,8 @@ class Runner:
         for metric in self.metrics:
             predictor.require(metric.requires, f"metric {metric.name!r}")
 
-    def _units(self, subject: Subject, ctx: EvaluationContext, run_id: int):
-        """(key, description, compute) for each unit of work, clean metrics first."""
+    def work_units(self, subject: Subject) -> list[WorkUnit]:
+        """The plan's units, clean metrics first, each keyed for ``--resume``."""
         base = (subject.model_fingerprint, subject.dataset_fingerprint, self.plan.seed)
         if self._reference_fingerprint is not None:  # another baseline, other defense costs
             base += (self._reference_fingerprint,)
@@ -211,39 +266,42 @@ class Runner:
             base += (self.plan.profile_dataset.key(),)
         if self.plan.corruptions != CorruptionsSpec():  # other corrupted sets, other mCE
             base += (self.plan.corruptions.key(),)
-        clean = [m for m in self.metrics if isinstance(m, CleanMetric)]
+        units = []
+        clean = self._clean_metrics()
         if clean:
             key = _key(base, "clean", [m.label() for m in clean])
-
-            def compute_clean(key: str, description: str) -> list[MetricValue]:
-                values = [v for m in clean for v in _as_list(m.compute(ctx))]
-                self.store.record_unit(run_id, key, description, subject, values, __version__)
-                return values
-
-            yield key, f"clean metrics on {subject.dataset_name}", compute_clean
+            units.append(WorkUnit(key, f"clean metrics on {subject.dataset_name}"))
+        # other shards, other random streams: a sharded unit is another unit
+        shards = () if self.plan.shard_size is None else (("shards", self.plan.shard_size),)
         for spec in self.plan.attacks:
-            attack = self.attacks[spec.key()]
-            metrics = [
-                m
-                for m in self.metrics
-                if isinstance(m, AttackMetric) and m.applies_to(attack.family)
-            ]
+            labels = [m.label() for m in self._attack_metrics(spec)]
             for eps in spec.eps:
-                key = _key(base, spec.key(), eps, [m.label() for m in metrics])
-                yield (
-                    key,
-                    f"{spec.label} eps={eps:g}",
-                    self._attack_unit(ctx, run_id, subject, spec, eps, metrics),
-                )
+                key = _key(base, spec.key(), eps, labels, *shards)
+                units.append(WorkUnit(key, f"{spec.label} eps={eps:g}", spec, eps))
+        return units
 
-    def _attack_unit(self, ctx, run_id, subject, spec: AttackSpec, eps: float, metrics):
-        def compute(key: str, description: str) -> list[MetricValue]:
-            result = ctx.adversarial(spec, eps)
-            values = [v for m in metrics for v in _as_list(m.compute(ctx, spec, eps))]
-            family = self.attacks[spec.key()].family.value
-            self.store.record_unit(
-                run_id, key, description, subject, values, __version__, (spec, family, result)
-            )
+    def _clean_metrics(self) -> list[CleanMetric]:
+        return [m for m in self.metrics if isinstance(m, CleanMetric)]
+
+    def _attack_metrics(self, spec: AttackSpec) -> list[AttackMetric]:
+        family = self.attacks[spec.key()].family
+        return [m for m in self.metrics if isinstance(m, AttackMetric) and m.applies_to(family)]
+
+    def compute(self, prepared: Prepared, unit: WorkUnit, run_id: int) -> list[MetricValue]:
+        """Compute one unit and store it in one transaction: the same code on every executor
+        (on Ray, the attack's shards may have been handed to the context already)."""
+        ctx, subject = prepared.context, prepared.subject
+        if unit.attack is None:
+            values = [v for m in self._clean_metrics() for v in _as_list(m.compute(ctx))]
+            self.store.record_unit(run_id, unit.key, unit.description, subject, values, __version__)
             return values
-
-        return compute
+        spec, eps = unit.attack, unit.eps
+        result = ctx.adversarial(spec, eps)
+        values = [
+            v for m in self._attack_metrics(spec) for v in _as_list(m.compute(ctx, spec, eps))
+        ]
+        family = self.attacks[spec.key()].family.value
+        self.store.record_unit(
+            run_id, unit.key, unit.description, subject, values, __version__, (spec, family, result)
+        )
+        return values

@@ -40,15 +40,19 @@ def doc_files() -> list[Path]:
 
 
 def parse_directives(text: str) -> dict[str, str]:
-    """``skip: reason; limit 20`` -> {"skip": "reason", "limit": "20"}: ``;`` separates
-    directives, except that ``setup`` takes the rest of the comment (code may hold ``;``)."""
+    """``limit 20; skip: a reason`` -> {"limit": "20", "skip": "a reason"}: ``;`` separates
+    directives, except that ``skip`` and ``setup`` take the rest of the comment (a reason or
+    code may hold ``;``), so they come last."""
     found = {}
-    text, _, setup = text.partition("setup ")
-    if setup:
-        found["setup"] = setup.strip()
-    for part in filter(None, (p.strip() for p in text.split(";"))):
+    parts = [p.strip() for p in text.split(";")]
+    for i, part in enumerate(parts):
+        if not part:
+            continue
         name, _, value = part.partition(" ")
         name = name.rstrip(":")
+        if name in ("skip", "setup"):
+            found[name] = "; ".join([value.strip(), *parts[i + 1 :]]).strip("; ")
+            break
         found[name] = value.strip()
     return found
 

@@ -29,6 +29,10 @@ FAST = {
     "apgd-ce-l2": {"steps": 20},
     "apgd-dlr-l2": {"steps": 20},
     "apgd-mar-l2": {"steps": 20},
+    "apgd-t": {"steps": 20},
+    "apgd-t-l2": {"steps": 20},
+    "fab-t": {"steps": 20},
+    "fab-t-l2": {"steps": 20},
     "transfer": {"attack_config": {"steps": 20}},
 }
 
@@ -57,8 +61,8 @@ def batch(mnist_subset):
 
 def test_the_gradient_attacks_declare_targets():
     assert {"fgsm", "bim", "pgd-linf", "pgd-l2", "pgd-l1", "mi-fgsm", "r-fgsm"} <= set(TARGETED)
-    assert {"apgd-ce", "apgd-dlr", "apgd-mar", "apgd-ce-l2"} <= set(TARGETED)
-    assert {"square-linf", "cw-l2", "deepfool-l2", "boundary"} <= set(UNTARGETED)
+    assert {"apgd-ce", "apgd-dlr", "apgd-mar", "apgd-ce-l2", "apgd-t", "fab-t"} <= set(TARGETED)
+    assert {"square-linf", "cw-l2", "deepfool-l2", "boundary", "standard"} <= set(UNTARGETED)
 
 
 @pytest.mark.parametrize("name", TARGETED)
@@ -79,7 +83,7 @@ def test_targeted_call_moves_towards_the_target(zoo_predictor, batch, name):
     assert float(gain(aimed)) > float(gain(free))
     # iterative attacks reach most targets (the targeted DLR loss only needs misclassification,
     # as in AutoAttack's APGD-T, so it is checked by the gain alone)
-    if name not in ("fgsm", "r-fgsm") and "dlr" not in name:
+    if name not in ("fgsm", "r-fgsm") and "dlr" not in name and not name.startswith("apgd-t"):
         assert float(aimed.hit_target.double().mean()) >= 0.25
     assert torch.equal(aimed.success, aimed.adv_pred != y)  # success is misclassification
 
@@ -210,6 +214,44 @@ def test_linf_projection_is_clip_to_ball_then_box_bit_for_bit():
     candidate = x + 0.5 * torch.randn(16, 1, 6, 6, generator=gen)
     ball_then_box = torch.min(torch.max(candidate, x - 0.2), x + 0.2).clamp(0, 1)
     assert torch.equal(LinfThreat().project(candidate, x, 0.2), ball_then_box)
+
+
+def test_l2_projection_is_the_closest_point_of_ball_and_box_as_scipy_finds_it():
+    """Against scipy's SLSQP on the convex QP min ||z - v||^2, ||z - x|| <= eps, 0 <= z <= 1,
+    and never farther from ``v`` than either shortcut (shrink-then-clip, clip-then-shrink)."""
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(12, 1, 3, 3, generator=gen, dtype=torch.float64)
+    x[:4] = (x[:4] > 0.5).double()  # saturated pixels, where the shortcuts differ most
+    v = x + 0.8 * torch.randn(12, 1, 3, 3, generator=gen, dtype=torch.float64)
+    v[-2:] = (x[-2:] + 0.01).clamp(0, 1)  # already inside both sets: unchanged
+    eps = 0.6
+    z = L2Threat().contain(v, x, eps)
+    sizes = torch.linalg.vector_norm((z - x).flatten(1), dim=1)
+    assert float(sizes.max()) <= eps + 1e-12 and 0 <= float(z.min()) <= float(z.max()) <= 1
+    assert torch.equal(z[-2:], v[-2:])
+    rows = zip(z.flatten(1).numpy(), v.flatten(1).numpy(), x.flatten(1).numpy(), strict=True)
+    for zi, vi, xi in rows:
+        found = scipy_optimize.minimize(
+            lambda q, vi=vi: ((q - vi) ** 2).sum(),
+            xi,
+            jac=lambda q, vi=vi: 2 * (q - vi),
+            bounds=[(0, 1)] * len(xi),
+            constraints=[{"type": "ineq", "fun": lambda q, xi=xi: eps**2 - ((q - xi) ** 2).sum()}],
+            method="SLSQP",
+            options={"ftol": 1e-14, "maxiter": 500},
+        )
+        assert zi == pytest.approx(found.x, abs=1e-5)
+
+    def onto_ball(delta):
+        size = torch.linalg.vector_norm(delta.flatten(1), dim=1)
+        return delta * (eps / size).clamp(max=1).view(-1, 1, 1, 1)
+
+    shrink_then_clip = (x + onto_ball(v - x)).clamp(0, 1)
+    clip_then_shrink = x + onto_ball(v.clamp(0, 1) - x)
+    for shortcut in (shrink_then_clip, clip_then_shrink):
+        distance = torch.linalg.vector_norm((shortcut - v).flatten(1), dim=1)
+        assert (torch.linalg.vector_norm((z - v).flatten(1), dim=1) <= distance + 1e-12).all()
 
 
 @pytest.mark.parametrize("norm", [Norm.LINF, Norm.L2, Norm.L1])

@@ -216,3 +216,19 @@ def test_no_untested_command_outside_fences() -> None:
                 f"{path.relative_to(REPO)}:{line}: an indented command; put it in a ```bash "
                 "fence so tests/test_docs.py runs it"
             )
+
+
+def test_readme_states_the_sample_caps_of_full_yaml() -> None:
+    """README's account of examples/full.yaml names each metric that runs on fewer images."""
+    plan = yaml.safe_load((REPO / "examples" / "full.yaml").read_text())
+    caps = {m["name"]: m["config"]["samples"] for m in plan["metrics"]
+            if isinstance(m, dict) and "samples" in m.get("config", {})}  # fmt: skip
+    readme = " ".join((REPO / "README.md").read_text().split())
+    labels = {"mfr": "mFR", "mfp": "mFP", "ebd": "EBD", "ebd2": "EBD-2"}
+    assert caps and set(caps) <= set(labels), caps
+    for name, samples in caps.items():
+        assert re.search(rf"{re.escape(labels[name])}[^.]*? on {samples}\b", readme), (
+            name,
+            samples,
+        )
+    assert "on all 1,000 embedded images" not in readme

@@ -354,7 +354,7 @@ def test_every_input_defense_is_listed_with_its_kind(capsys):
 def test_plan_wraps_a_model_and_keeps_shape_and_range(name, mnist_subset):
     spec = DefenseSpec(name=name, config={"bpda": True})
     defended = apply_defenses(_linear(), (spec,), default_registry())
-    assert isinstance(defended, InputDefense) and defended.name == f"linear+{name}"
+    assert isinstance(defended, InputDefense) and defended.name == f"linear+{name}(bpda=True)"
     x = mnist_subset(10).x
     view = defended.transform(x)
     assert view.shape == x.shape

@@ -67,6 +67,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.config",
             "aisafety.loading",
             "aisafety.runner",
+            "aisafety.progress",  # progress and ETA over a plan's units
+            "aisafety.execution",  # picks the executor: local (runner) or Ray (distributed)
+            "aisafety.distributed",  # units as Ray tasks
             "aisafety.database.zoo_build",
             "aisafety.report.html",  # builds pages from the registry's sections
             "aisafety.report.sanity",  # reads attack defaults from the registry
@@ -213,4 +216,4 @@ def test_the_checks_catch_what_they_must():
     assert layer_of("aisafety.database.zoo") < layer_of("aisafety.attack.pgd")
     graph = import_graph()
     assert "aisafety.plugins" in graph["aisafety.database.zoo_build"]
-    assert "aisafety.runner" in graph["aisafety"]  # imported inside a function: still an edge
+    assert "aisafety.execution" in graph["aisafety"]  # imported inside a function: an edge

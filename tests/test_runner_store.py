@@ -103,7 +103,7 @@ def test_defended_model_is_a_separate_model_row(store):
     Runner(PLAN.model_copy(update={"attacks": ()}), store, quiet=True).run()
     Runner(plan, store, quiet=True).run()
     _, rows = store.query("SELECT model, value FROM results WHERE metric = 'ca' ORDER BY model")
-    assert [r[0] for r in rows] == ["mnist-cnn", "mnist-cnn+bit-depth"]
+    assert [r[0] for r in rows] == ["mnist-cnn", "mnist-cnn+bit-depth(bits=1)"]
 
 
 def test_bad_database_url_is_a_clear_error():

@@ -86,10 +86,9 @@ def test_only_a_listing_without_plugin_failures_is_cached(tmp_path, monkeypatch,
 def test_list_shows_every_attacks_and_metrics_settings(monkeypatch, capsys):
     assert cli.main(["list", "attacks", "--format", "json"]) == 0
     attacks = {e["name"]: e for e in json.loads(capsys.readouterr().out)}
-    assert attacks["pgd-linf"]["config"] == {
-        "seed": 0, "chunk_size": None, "steps": 40, "step_size": None, "random_start": True,
-        "early_stop": False,
-    }  # fmt: skip
+    expected = {"seed": 0, "chunk_size": None, "steps": 40, "step_size": None,
+                "random_start": True, "early_stop": False}  # fmt: skip
+    assert expected.items() <= attacks["pgd-linf"]["config"].items()
     assert attacks["square-linf"]["config"]["queries"] > 0
     assert cli.main(["list", "metrics", "--format", "json"]) == 0
     metrics = {e["name"]: e for e in json.loads(capsys.readouterr().out)}

@@ -58,6 +58,20 @@ def pgd_robust_accuracy(
 CERTIFIED_TRAINING = ("ibp", "crown-ibp")
 
 
+def attack_robust_accuracy(
+    predictor: Predictor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    eps: float,
+    attack: str,
+    config: dict[str, Any],
+    registry: Registry | None = None,
+) -> float:
+    """Accuracy under the registered ``attack`` (built with ``config``) at budget ``eps``."""
+    registry = registry or default_registry()
+    return registry.create("attack", attack, config)(predictor, x, y, eps).robust_accuracy
+
+
 def robustness_metrics(
     predictor: Predictor,
     data: LoadedDataset,
@@ -69,7 +83,8 @@ def robustness_metrics(
     ``robustness_subset``): PGD-40 robust accuracy at each l-inf budget of ``robust_eps``,
     IBP-certified accuracy at each of ``certified_eps``, and where ``defense`` has an adaptive
     attack (``TrainingDefense.adaptive_correct``) the accuracy on the samples that survive
-    both it and PGD-40 (``adaptive_robust_accuracy_eps*``)."""
+    both it and PGD-40 (``adaptive_robust_accuracy_eps*``); there too the robust accuracy
+    under each of the defense's ``evaluation_attacks`` (``<attack>_robust_accuracy_eps*``)."""
     metrics = {"robust_samples": float(len(data))} if robust_eps or certified_eps else {}
     for eps in robust_eps:
         survived = PGDLinf({"steps": 40})(predictor, data.x, data.y, eps).adv_pred == data.y
@@ -80,6 +95,10 @@ def robustness_metrics(
         if adaptive is not None:
             worst = survived & adaptive
             metrics[f"adaptive_robust_accuracy_eps{eps:g}"] = worst.double().mean().item()
+        for attack, config in [] if defense is None else defense.evaluation_attacks():
+            metrics[f"{attack}_robust_accuracy_eps{eps:g}"] = attack_robust_accuracy(
+                predictor, data.x, data.y, eps, attack, config
+            )
     for eps in certified_eps:
         mask = ibp_certified_mask(predictor.network, data.x, data.y, eps)
         metrics[f"ibp_certified_accuracy_eps{eps:g}"] = mask.double().mean().item()

@@ -6,6 +6,8 @@ and get the cached result, so twenty metrics over one PGD spec cost one PGD run.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 from collections import Counter
 from collections.abc import Callable, Hashable
 from functools import cached_property
@@ -42,6 +44,7 @@ class EvaluationContext:
         seed: int = 0,
         load_profile: Callable[[], LoadedDataset] | None = None,
         corruptions: CorruptionsSpec | None = None,
+        shard_size: int | None = None,
     ):
         self.predictor = predictor
         self.data = data
@@ -58,6 +61,10 @@ class EvaluationContext:
         self._artifacts: dict[Hashable, Any] = {}
         # the plan's corruptions: section: which corrupted sets, from which severity table
         self.corruptions = corruptions or CorruptionsSpec()
+        self.shard_size = shard_size  # attack in shards of this many samples (scale-out)
+        # Where attack results computed elsewhere come from (the other units' tasks on Ray):
+        # asked before an attack runs here; None from it means "run it here".
+        self.attack_source: Callable[[AttackSpec, float], AttackResult | None] | None = None
 
     def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """``build()`` once per ``key``: a costly artifact several metrics share (CERTIFY)."""
@@ -76,6 +83,13 @@ class EvaluationContext:
     def _batches(self) -> list[slice]:
         n = len(self.data)
         return [slice(i, min(i + self.batch_size, n)) for i in range(0, n, self.batch_size)]
+
+    def use_clean_logits(self, logits: torch.Tensor) -> None:
+        """Take the clean logits computed elsewhere (once per cluster, from Ray's object
+        store) instead of computing them here."""
+        if logits.shape != (len(self.data), *logits.shape[1:]):
+            raise ValueError(f"clean logits of shape {tuple(logits.shape)} for {len(self.data)}")
+        self.__dict__["clean_logits"] = logits
 
     @cached_property
     def clean_logits(self) -> torch.Tensor:
@@ -146,22 +160,65 @@ class EvaluationContext:
         return sample_subset(len(self.y), samples, self.seed)
 
     def adversarial(self, spec: AttackSpec, eps: float) -> AttackResult:
-        """The attack's result over the whole dataset at budget ``eps`` (computed once)."""
+        """The attack's result over the whole dataset at budget ``eps`` (computed once; shard
+        by shard when the plan sets ``shard_size``)."""
         key = (spec.key(), float(eps))
+        if key not in self._adversarial and self.attack_source is not None:
+            found = self.attack_source(spec, eps)
+            if found is not None:
+                self.set_adversarial(spec, eps, found)
         if key not in self._adversarial:
-            attack = self.make_attack(spec)
-            result = attack(
-                self.predictor,
-                self.x,
-                self.y,
-                eps,
-                chunk_size=self.batch_size,
-                progress=not self.quiet,
-                clean_logits=self.clean_logits,
-            )
-            self._adversarial[key] = self._to_cpu(result)
+            if self.shard_size is None:
+                attack = self.make_attack(spec)
+                result = attack(
+                    self.predictor,
+                    self.x,
+                    self.y,
+                    eps,
+                    chunk_size=self.batch_size,
+                    progress=not self.quiet,
+                    clean_logits=self.clean_logits,
+                )
+            else:
+                parts = [self.attack_shard(spec, eps, i) for i in range(len(self.shards()))]
+                result = AttackResult.concat(parts)
+            self.set_adversarial(spec, eps, result)
             self.attack_runs[key] += 1
         return self._adversarial[key]
+
+    def set_adversarial(self, spec: AttackSpec, eps: float, result: AttackResult) -> None:
+        """The attack's result at ``eps``, computed elsewhere (its shards, on Ray workers)."""
+        if len(result.y) != len(self.data):
+            raise ValueError(
+                f"{spec.label} eps={eps:g}: {len(result.y)} results for {len(self.data)}"
+            )
+        key = (spec.key(), float(eps))
+        self._adversarial[key] = self._to_cpu(result)
+
+    def forget_adversarial(self, spec: AttackSpec, eps: float) -> None:
+        """Free an attack result no later unit of this process reads (Ray workers)."""
+        self._adversarial.pop((spec.key(), float(eps)), None)
+
+    def shards(self) -> list[slice]:
+        """The samples of each shard (``shard_size`` consecutive samples; one shard if None)."""
+        n, size = len(self.data), self.shard_size or max(len(self.data), 1)
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)] or [slice(0, 0)]
+
+    def attack_shard(self, spec: AttackSpec, eps: float, index: int) -> AttackResult:
+        """The attack on shard ``index`` alone, with that shard's own random stream: the same
+        draws wherever the shard runs (a Ray worker or this process)."""
+        rows = self.shards()[index]
+        attack = shard_attack(self.make_attack(spec), index)
+        result = attack(
+            self.predictor,
+            self.x[rows],
+            self.y[rows],
+            eps,
+            chunk_size=self.batch_size,
+            progress=not self.quiet,
+            clean_logits=self.clean_logits[rows],
+        )
+        return self._to_cpu(result)
 
     @staticmethod
     def _to_cpu(result: AttackResult) -> AttackResult:
@@ -169,3 +226,17 @@ class EvaluationContext:
             if isinstance(value, torch.Tensor):
                 setattr(result, name, value.detach().cpu())
         return result
+
+
+def shard_attack(attack: Attack, index: int) -> Attack:
+    """``attack`` with the random stream of shard ``index``: shard 0 keeps the attack's seed
+    (one shard draws what the unsharded attack draws), shard i > 0 a seed derived from the
+    attack's and i, so no two shards repeat each other's random starts. ``random_seed`` is
+    where every attack's call takes its stream's seed (the transfer attack's included)."""
+    if index == 0:
+        return attack
+    text = f"{attack.random_seed()}:{index}".encode()
+    seed = int.from_bytes(hashlib.sha256(text).digest()[:8], "big") >> 1
+    shard = copy.copy(attack)
+    shard.random_seed = lambda: seed  # type: ignore[method-assign]
+    return shard

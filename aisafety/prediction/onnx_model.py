@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from aisafety.errors import AISafetyError, ConfigError
+from aisafety.errors import AISafetyError, CapabilityError, ConfigError
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import TorchPredictor
@@ -36,13 +36,32 @@ class OnnxConversionError(AISafetyError):
     """The ONNX graph could not be turned into a PyTorch module that computes the same."""
 
 
+def install_command() -> str:
+    """A command that installs the ONNX extra without replacing the installed torch.
+
+    onnx2torch depends on torchvision; left to choose, pip takes the newest torchvision and
+    with it a newer torch (from PyPI: a CUDA build of several GB). The torchvision release
+    made for the installed torch is 0.(minor + 15) (torch 2.13 -> torchvision 0.28), and a
+    CPU-only torch needs it from PyTorch's CPU wheel index.
+    """
+    version = torch.__version__.split("+")[0]
+    major, minor = (int(part) for part in version.split(".")[:2])
+    torchvision = f"torchvision=={major - 2}.{minor + 15}.*"
+    if torch.version.cuda is None and torch.version.hip is None:  # a CPU-only build
+        return (
+            f"pip install '{torchvision}' --index-url https://download.pytorch.org/whl/cpu "
+            "&& pip install 'aisafety[onnx]'"
+        )
+    return f"pip install '{torchvision}' 'aisafety[onnx]'"
+
+
 def _import(module: str, package: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(
-            f"loading ONNX models needs the package {package!r} ({exc}); "
-            f"install it with `pip install 'aisafety[onnx]'` or `pip install {package}`"
+            f"loading ONNX models needs the package {package!r} ({exc}); install it, with a "
+            f"torchvision that keeps your torch {torch.__version__}, by: {install_command()}"
         ) from None
 
 
@@ -174,6 +193,20 @@ class OnnxRuntimePredictor(Predictor):
         if self.fixed_batch is not None and relax_batch:
             self._try_relaxed(data)
         self.num_classes = int(num_classes) if num_classes else self._probe_classes()
+
+    def require(self, capability: Capability, user: str) -> None:
+        """The refusal names the way to gradients on this very file: ``gradients: true``."""
+        try:
+            super().require(capability, user)
+        except CapabilityError as exc:
+            if capability is not Capability.GRADIENTS:
+                raise
+            raise CapabilityError(
+                f"{exc} For this ONNX file set gradients: true in the plan's model (e.g. "
+                f"{{name: {self.name}, source: onnx, path: ..., gradients: true}}): the graph "
+                "is converted to PyTorch by onnx2torch and checked against onnxruntime "
+                "(docs/prediction.md)."
+            ) from None
 
     def _session(self, data: bytes) -> Any:
         try:

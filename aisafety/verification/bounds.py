@@ -83,7 +83,7 @@ def backward(
     return concretize(coeff, boxes[0]) + bias, coeff
 
 
-def _depends_on_activation(graph: BoundGraph) -> list[bool]:
+def depends_on_activation(graph: BoundGraph) -> list[bool]:
     flags = [False]
     for op in graph.ops[1:]:
         flags.append(any(flags[i] or graph.ops[i].kind == "activation" for i in op.inputs))
@@ -100,13 +100,13 @@ def linear_boxes(
     """IBP boxes with every activation's input tightened by a backward pass (CROWN), with
     ``alpha_steps`` of slope optimisation per layer (alpha-CROWN intermediate bounds)."""
     boxes = interval_boxes(graph, lower, upper)
-    deep = _depends_on_activation(graph)
+    deep = depends_on_activation(graph)
     for _i, op in enumerate(graph.ops):
         if op.kind != "activation" or not deep[op.inputs[0]]:
             continue  # IBP is exact on an affine function of the input
         j = op.inputs[0]
         boxes[j] = _tighten(graph, j, boxes, mode, op.relaxation is RELU, alpha_steps)
-        boxes = _forward_from(graph, boxes, j)
+        boxes = forward_from(graph, boxes, j)
     return boxes
 
 
@@ -135,7 +135,7 @@ def _tighten(
     return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
 
 
-def _forward_from(graph: BoundGraph, boxes: list[Box], j: int) -> list[Box]:
+def forward_from(graph: BoundGraph, boxes: list[Box], j: int) -> list[Box]:
     """Re-run IBP after node ``j`` (intersecting) so later boxes profit from a tighter one."""
     for i in range(j + 1, len(graph.ops)):
         op = graph.ops[i]

@@ -58,7 +58,8 @@ class TrainingDefense(ABC):
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
-        defaults = {k: f.default for k, f in cls.Config.model_fields.items()}
+        fields = cls.Config.model_fields.items()
+        defaults = {k: f.get_default(call_default_factory=True) for k, f in fields}
         return {
             "name": cls.name,
             "kind": "training",
@@ -79,6 +80,16 @@ class TrainingDefense(ABC):
         non-differentiable encoding, a transfer attack for gradient masking); None when
         white-box PGD is already that attack. The zoo records the worst case of both."""
         return None
+
+    def evaluation_attacks(self) -> list[tuple[str, dict[str, Any]]]:
+        """The attacks beyond PGD-40 a zoo entry of this defense records, as (registered
+        attack, its config): its paper's threat model, or the attack that later broke it.
+        Each runs at every robust budget, recorded as ``<attack>_robust_accuracy_eps<eps>``."""
+        return []
+
+    def after_step(self, network: nn.Module) -> None:  # noqa: B027
+        """Act on the weights after each optimiser step (default: nothing; Parseval's
+        retraction onto orthonormal weights lives here)."""
 
     @abstractmethod
     def loss(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from aisafety.defense.training.deep_defense import DeepDefense
 from aisafety.defense.training.distillation import DefensiveDistillation
+from aisafety.defense.training.ensemble_at import EnsembleAdversarialTraining
 from aisafety.defense.training.fgsm_at import FGSMAdversarialTraining
 from aisafety.defense.training.gaussian_augmentation import GaussianAugmentation
 from aisafety.defense.training.hgd import HighLevelGuidedDenoiser
@@ -10,6 +12,7 @@ from aisafety.defense.training.hypervolume import HypervolumeTraining
 from aisafety.defense.training.ibp import CrownIBPTraining, IBPTraining
 from aisafety.defense.training.macer import Macer
 from aisafety.defense.training.noise_augmentation import LaplaceAugmentation, UniformAugmentation
+from aisafety.defense.training.parseval import ParsevalTraining
 from aisafety.defense.training.pgd_at import PGDAdversarialTraining
 from aisafety.defense.training.sat import StandardAdversarialTraining
 from aisafety.defense.training.standard import StandardTraining
@@ -30,6 +33,9 @@ TRAINING_DEFENSES: list[type] = [
     IBPTraining,
     CrownIBPTraining,
     HypervolumeTraining,
+    ParsevalTraining,
+    EnsembleAdversarialTraining,
+    DeepDefense,
     ThermometerTraining,
     HighLevelGuidedDenoiser,
 ]

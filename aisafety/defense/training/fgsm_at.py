@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from aisafety.attack.threat import LinfThreat
 from aisafety.config_base import PluginConfig
 from aisafety.defense.adversarial_training import linear_warmup
 from aisafety.defense.training.base import TrainingDefense, TrainingStep
@@ -36,8 +37,7 @@ def fgsm_rs_examples(
     delta = ((2 * noise - 1) * eps).requires_grad_(True)
     loss = F.cross_entropy(network((x + delta).clamp(0, 1)), y)
     (grad,) = torch.autograd.grad(loss, delta)
-    delta = (delta.detach() + alpha * grad.sign()).clamp(-eps, eps)
-    return (x + delta).clamp(0, 1)
+    return LinfThreat.contain_delta(delta.detach() + alpha * grad.sign(), x, eps)
 
 
 class FGSMAdversarialTraining(TrainingDefense):

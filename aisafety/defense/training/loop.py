@@ -46,6 +46,7 @@ def fit(
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
+            defense.after_step(network)
             schedule.step()
     network.eval()
 

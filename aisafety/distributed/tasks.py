@@ -1,0 +1,113 @@
+"""What a Ray worker runs: plain functions over the same ``Runner`` code as a local run.
+
+Each worker process loads the plan's model, data and evaluation context once (``_prepared``)
+and keeps them for the next task of the same plan. Clean logits and attack results arrive
+from Ray's object store, computed once for the whole cluster; every unit is then computed
+and stored by ``Runner.compute`` exactly as the local executor does, so the numbers agree.
+This module imports no Ray: ``executor.py`` wraps these functions into tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+from aisafety.attack.result import AttackResult
+from aisafety.database.store import ResultStore
+from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
+from aisafety.runner import Prepared, Runner, WorkUnit
+
+# One plan per worker process at a time: its runner (with the store) and prepared context.
+_PREPARED: dict[str, tuple[Runner, Prepared]] = {}
+
+
+def _prepared(plan: EvaluationPlan, url: str, cwd: str) -> tuple[Runner, Prepared]:
+    """The plan's runner and context in this worker, built on its first task."""
+    key = json.dumps([plan.model_dump(mode="json"), url], sort_keys=True)
+    if key not in _PREPARED:
+        _PREPARED.clear()  # a new plan: free the previous one's model and data
+        if os.path.isdir(cwd):  # plan paths relative to where `aisafety evaluate` ran
+            os.chdir(cwd)
+        runner = Runner(plan, ResultStore(url), quiet=True)
+        _PREPARED[key] = (runner, runner.prepare())
+    return _PREPARED[key]
+
+
+def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tensor]:
+    """The plan's units (keyed from the model and data as a worker sees them), the device
+    and shard count, and the clean logits: computed once, shared through the object store."""
+    runner, prepared = _prepared(plan, url, cwd)
+    info = {
+        "units": runner.work_units(prepared.subject),
+        "device": str(prepared.device),
+        "shards": len(prepared.context.shards()),
+    }
+    return info, prepared.context.clean_logits
+
+
+def attack(
+    plan: EvaluationPlan, url: str, cwd: str, spec: AttackSpec, eps: float, shard: int,
+    clean_logits: torch.Tensor,
+) -> AttackResult:  # fmt: skip
+    """One shard of one attack at one budget (the whole data when the plan has no shards)."""
+    _, prepared = _prepared(plan, url, cwd)
+    ctx = prepared.context
+    _use_clean_logits(ctx, clean_logits)
+    if plan.shard_size is None:
+        result = ctx.adversarial(spec, eps)
+        ctx.forget_adversarial(spec, eps)
+        return result
+    return ctx.attack_shard(spec, eps, shard)
+
+
+def unit(
+    plan: EvaluationPlan, url: str, cwd: str, run_id: int, work: WorkUnit,
+    clean_logits: torch.Tensor, results: dict[tuple[str, float], list],
+    get: Callable[[list], list[AttackResult]] | None, *shards: AttackResult,
+) -> tuple[list[MetricValue], float]:  # fmt: skip
+    """Compute and store one unit: the attack's shards joined, then its metrics (or the clean
+    metrics, which read attack results of other units through ``results`` when they need
+    them). Idempotent: a retried task whose first attempt stored the unit writes nothing.
+    Returns the values and the unit's compute time (its shards' attack time included)."""
+    started = time.perf_counter()
+    runner, prepared = _prepared(plan, url, cwd)
+    ctx = prepared.context
+    _use_clean_logits(ctx, clean_logits)
+    if work.attack is not None:
+        ctx.set_adversarial(work.attack, work.eps, AttackResult.concat(list(shards)))
+    ctx.attack_source = _lookup(results, get)
+    try:
+        values = runner.compute(prepared, work, run_id)
+        return values, time.perf_counter() - started + sum(s.seconds for s in shards)
+    finally:
+        ctx.attack_source = None
+        if work.attack is not None:
+            ctx.forget_adversarial(work.attack, work.eps)
+
+
+def _use_clean_logits(ctx, clean_logits: torch.Tensor) -> None:
+    if "clean_logits" not in vars(ctx):
+        ctx.use_clean_logits(clean_logits)
+
+
+def _lookup(
+    results: dict[tuple[str, float], list], get: Callable[[list], list[AttackResult]] | None
+) -> Callable[[AttackSpec, float], AttackResult | None]:
+    """Attack results of the plan's other units (their shards' object references), fetched
+    from the object store on demand; None (compute here) when that unit is not running in
+    this run or its attack failed."""
+
+    def source(spec: AttackSpec, eps: float) -> AttackResult | None:
+        refs = results.get((spec.key(), float(eps)))
+        if not refs or get is None:
+            return None
+        try:
+            return AttackResult.concat(get(refs))
+        except Exception:  # noqa: BLE001 - that unit records its own failure
+            return None
+
+    return source

@@ -1,0 +1,142 @@
+"""The complete verifier: settles a ReLU network's property, given time.
+
+Per sample: alpha-CROWN (certifies the easy ones), box-PGD with restarts for a
+counterexample, then the unstable ReLUs' input bounds tightened by MILP (``refine.py``,
+up to ``refine_share`` of the timeout) and alpha-CROWN again on them, then one MILP per
+remaining spec row (``milp.py``), weakest bound first, under the sample's time limit. A row
+is proved when HiGHS finds no point with ``row <= 1e-5`` (or, with ``exact``, when its
+optimum or dual bound is > 0); a point it finds is replayed through the predictor.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from pydantic import Field
+
+from aisafety.verification import bounds as b
+from aisafety.verification.base import VerifierConfig
+from aisafety.verification.falsify import Model, pgd_on_rows, replay
+from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.incomplete import AlphaCrownVerifier
+from aisafety.verification.milp import decide_row, encode, minimise_row
+from aisafety.verification.property import Property
+from aisafety.verification.refine import refine_boxes
+from aisafety.verification.result import Verdict, VerificationResult
+
+
+class CompleteConfig(VerifierConfig):
+    batch_size: int = Field(default=16, gt=0)
+    attack_steps: int = Field(default=50, ge=0, description="box-PGD steps before the MILP")
+    attack_restarts: int = Field(
+        default=4, ge=0, description="box-PGD runs from random points, besides the centre"
+    )
+    alpha_steps: int = Field(default=20, ge=0, description="alpha-CROWN steps for the bounds")
+    refine_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="share of the timeout for tightening intermediate bounds by MILP (0: off)",
+    )
+    refine_neuron_time: float = Field(
+        default=1.0, gt=0, description="seconds per neuron bound when tightening by MILP"
+    )
+    exact: bool = Field(
+        default=False,
+        description="minimise each row to optimality (exact margins) instead of deciding its sign",
+    )
+
+
+class CompleteVerifier(AlphaCrownVerifier):
+    name = "complete"
+    description = (
+        "alpha-CROWN, box-PGD, then an exact MILP (HiGHS) per spec row; ReLU "
+        "networks; settles every sample given time"
+    )
+    complete = True
+    Config = CompleteConfig
+
+    @property
+    def alpha_steps(self) -> int:
+        return self.config.alpha_steps
+
+    @property
+    def alpha_lr(self) -> float:
+        return 0.1
+
+    def check(self, graph: BoundGraph) -> None:
+        super().check(graph)
+        if not graph.relu_only:
+            raise VerificationError(
+                f"verifier 'complete' needs a ReLU network; model {graph.model!r} has sigmoid "
+                "or tanh activations (use 'alpha-crown' or 'crown', which bound them)"
+            )
+
+    def _verify_batch(self, graph: BoundGraph, prop: Property, model: Model) -> VerificationResult:
+        began = time.perf_counter()
+        prop = prop.to(graph.dtype)
+        with torch.no_grad():  # alpha-CROWN's bound and boxes: fewer unstable ReLUs, tighter M
+            bound, _, boxes = self.bounds_and_boxes(graph, prop)
+            bound = bound + prop.offset
+        shared = (time.perf_counter() - began) / len(prop)
+        attack = pgd_on_rows(
+            lambda x: graph.forward(x.to(graph.dtype)),
+            prop,
+            self.config.attack_steps,
+            self.config.attack_restarts,
+        )
+        attacked = replay(model, prop, attack)
+        verdicts, margins, seconds, notes = [], [], [], []
+        counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
+        for s in range(len(prop)):
+            start = time.perf_counter()
+            sample_boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes]
+            verdict, margin, point, note = self._one(
+                graph, prop[s : s + 1], sample_boxes, bound[s], attacked[s], attack[s], model, start
+            )
+            if point is not None:
+                counter[s] = point
+            verdicts.append(verdict)
+            notes.append(note)
+            margins.append(margin)
+            seconds.append(time.perf_counter() - start + shared)
+        return VerificationResult(self.name, verdicts, torch.tensor(margins, dtype=torch.float32),
+                                  torch.tensor(seconds), counter, notes)  # fmt: skip
+
+    def _one(self, graph, prop, boxes, bound, attacked, attack_point, model, start):
+        """One sample: (verdict, margin, counterexample or None, why unknown)."""
+        if bound.min() > 0:
+            return Verdict.CERTIFIED, float(bound.min()), None, ""
+        if attacked:
+            with torch.no_grad():
+                value = prop.rows(model(attack_point[None].float()).double()).min()
+            return Verdict.FALSIFIED, float(value), attack_point.float(), ""
+        proved = bound.clone()
+        if self.config.refine_share > 0:
+            deadline = start + self.config.refine_share * self.config.timeout
+            boxes = refine_boxes(graph, boxes, deadline, self.config.refine_neuron_time)
+            with torch.no_grad():
+                again, _ = b.optimise_slopes(graph, boxes, prop.spec, self.config.alpha_steps, 0.1)
+            proved = torch.maximum(proved, again[0] + prop.offset[0])
+            if proved.min() > 0:
+                return Verdict.CERTIFIED, float(proved.min()), None, ""
+        enc = encode(graph, boxes)
+        for k in torch.argsort(bound).tolist():
+            if proved[k] > 0:
+                continue
+            left = self.config.timeout - (time.perf_counter() - start)
+            if left <= 0:
+                return Verdict.UNKNOWN, float(proved.min()), None, "timeout"
+            row = prop.spec[0, k].numpy()
+            solve = minimise_row if self.config.exact else decide_row
+            low, value, point = solve(enc, row, float(prop.offset[0, k]), left)
+            proved[k] = max(float(proved[k]), low)
+            if point is not None and value <= 0:
+                candidate = torch.from_numpy(point).reshape(prop.lower.shape)
+                if replay(model, prop, candidate)[0]:
+                    return Verdict.FALSIFIED, value, candidate.float()[0], ""
+            if proved[k] <= 0:
+                why = "timeout" if point is None or value > 0 else "MILP point did not replay"
+                return Verdict.UNKNOWN, float(proved.min()), None, why
+        return Verdict.CERTIFIED, float(proved.min()), None, ""

@@ -1,0 +1,142 @@
+"""A throw-away Ray cluster for tests: a head node and a second worker node on 127.0.0.1.
+
+Each node is one ``ray start --block`` process in its own process group with one CPU, so the
+cluster has two workers on two nodes (as two machines would); stopping kills exactly those
+process groups (never ``ray stop``, which would stop every Ray on the machine). Use it through
+the ``ray_cluster`` fixture of tests/test_scale_out.py: ``cluster.address`` goes to
+``aisafety evaluate --executor ray --address ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from postgres_server import free_port
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+@dataclass
+class RayCluster:
+    """``env`` must be in the environment of every process that connects (``aisafety
+    evaluate --address``): the cluster's own authentication token."""
+
+    address: str
+    temp_dir: Path
+    env: dict[str, str]
+    nodes: list[subprocess.Popen] = field(default_factory=list)
+
+    def worker_pids(self, busy_with: str = "") -> list[int]:
+        """PIDs of this cluster's worker processes (``ray::<task>`` titles), optionally only
+        those running a task whose name contains ``busy_with``."""
+        out = subprocess.run(
+            ["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True
+        ).stdout
+        pids = []
+        for line in out.splitlines()[1:]:
+            pid, _, args = line.strip().partition(" ")
+            busy = args.startswith("ray::") and "IDLE" not in args and busy_with in args
+            if busy and self._ours(int(pid)):
+                pids.append(int(pid))
+        return pids
+
+    def _ours(self, pid: int) -> bool:
+        """Whether ``pid`` descends from one of this cluster's node processes."""
+        roots = {p.pid for p in self.nodes}
+        while pid > 1:
+            if pid in roots:
+                return True
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                return False
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        return False
+
+    def stop(self) -> None:
+        """SIGKILL to each node's process group (its raylet, GCS and workers): a throw-away
+        cluster needs no draining, which takes Ray 30 s after SIGTERM."""
+        for node in reversed(self.nodes):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+        for node in self.nodes:
+            node.wait(30)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [RAY, "start", *args, "--block", "--disable-usage-stats"],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: stop() kills exactly it
+        env={**os.environ, **env},
+    )
+
+
+def start_ray_cluster(timeout: float = 120.0) -> RayCluster:
+    """Head + one worker node, one CPU each; returns once both nodes are alive."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="aisafety-ray-"))
+    port = free_port()
+    env = {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "OMP_NUM_THREADS": "1",
+        "RAY_AUTH_MODE": "token",  # Ray's default for `ray start`; a token of its own
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+    }
+    cluster = RayCluster(f"127.0.0.1:{port}", temp_dir, env)
+    common = ["--num-cpus=1", "--object-store-memory=200000000"]
+    cluster.nodes.append(
+        _start(
+            ["--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
+             "--include-dashboard=false", *common],
+            temp_dir.parent / f"{temp_dir.name}-head.log",
+            env,
+        )
+    )  # fmt: skip
+    try:
+        time.sleep(2)  # the worker node retries until the head's GCS answers
+        cluster.nodes.append(
+            _start(
+                [f"--address={cluster.address}", "--node-ip-address=127.0.0.1", *common],
+                temp_dir.parent / f"{temp_dir.name}-worker.log",
+                env,
+            )
+        )
+        _wait_for_nodes(cluster, 2, timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _wait_for_nodes(cluster: RayCluster, count: int, timeout: float) -> None:
+    check = (
+        "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+        "print(sum(n['Alive'] for n in ray.nodes()))"
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(node.poll() is not None for node in cluster.nodes):
+            raise RuntimeError(f"a Ray node exited; logs in {cluster.temp_dir.parent}")
+        result = subprocess.run(
+            [sys.executable, "-c", check, cluster.address],
+            capture_output=True, text=True, env={**os.environ, **cluster.env},
+        )  # fmt: skip
+        lines = result.stdout.strip().splitlines()
+        if result.returncode == 0 and lines and int(lines[-1]) >= count:
+            return
+        time.sleep(1)
+    raise RuntimeError(
+        f"the Ray cluster at {cluster.address} has not {count} nodes after {timeout} s"
+    )
