@@ -3,11 +3,27 @@ any plugin."""
 
 from __future__ import annotations
 
-from aisafety.attack.apgd import APGDCE, APGDCEL2, APGDDLR, APGDDLRL2, APGDMargin, APGDMarginL2
+from aisafety.attack.apgd import (
+    APGDCE,
+    APGDCEL2,
+    APGDDLR,
+    APGDDLRL2,
+    APGDT,
+    APGDTL2,
+    APGDMargin,
+    APGDMarginL2,
+)
 from aisafety.attack.bim import BIM
 from aisafety.attack.boundary import BoundaryAttack
 from aisafety.attack.cw import CWL2
 from aisafety.attack.deepfool import DeepFoolL2, DeepFoolLinf
+from aisafety.attack.ensemble import (
+    RandEnsemble,
+    RandEnsembleL2,
+    StandardEnsemble,
+    StandardEnsembleL2,
+)
+from aisafety.attack.fab import FABT, FABTL2
 from aisafety.attack.fgsm import FGSM
 from aisafety.attack.mifgsm import MIFGSM
 from aisafety.attack.nattack import NAttack
@@ -113,12 +129,20 @@ def aisafety_attacks() -> list[type]:
         APGDCEL2,
         APGDDLRL2,
         APGDMarginL2,
+        APGDT,
+        APGDTL2,
+        FABT,
+        FABTL2,
         SquareLinf,
         SquareL2,
         SPSA,
         NAttack,
         BoundaryAttack,
         TransferAttack,
+        StandardEnsemble,
+        StandardEnsembleL2,
+        RandEnsemble,
+        RandEnsembleL2,
         *CORRUPTION_ATTACKS,
     ]
 

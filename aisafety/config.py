@@ -17,12 +17,21 @@ from aisafety.plan_yaml import load_yaml
 DEFAULT_METRICS = ("ca", "aaw", "acac", "actc", "nte", "ald", "ass")
 
 
+# The AutoAttack-style ensemble at a budget the embedded default can afford: 10 APGD/FAB
+# iterations (torchattacks' AutoAttack default) and 500 Square queries cost 3.6x PGD-40 on the
+# default job (docs/attacks.md, "The embedded default"); AutoAttack's own 100 and 5,000 are
+# `standard`'s defaults in any plan.
+DEFAULT_ENSEMBLE = {"steps": 10, "queries": 500}
+
+
 def default_plan() -> EvaluationPlan:
-    """The zoo MNIST CNN on the embedded 1,000-image subset, FGSM and PGD-40 at three budgets."""
+    """The zoo MNIST CNN on the embedded 1,000-image subset: FGSM, PGD-40 and the ``standard``
+    ensemble (reduced budget) at three budgets."""
     return EvaluationPlan(
         attacks=(
             AttackSpec(name="fgsm", eps=(0.1, 0.2, 0.3)),
             AttackSpec(name="pgd-linf", config={"steps": 40}, eps=(0.1, 0.2, 0.3)),
+            AttackSpec(name="standard", config=DEFAULT_ENSEMBLE, eps=(0.1, 0.2, 0.3)),
         ),
         metrics=tuple(MetricSpec(name=n) for n in DEFAULT_METRICS),
     )
@@ -63,7 +72,25 @@ def load_plan(path: str | Path) -> EvaluationPlan:
             f"config {str(path)!r} is empty; give at least 'attacks' or 'metrics' "
             "(see docs/configuration.md), or omit the file to run the embedded default plan"
         )
-    return plan_from_dict(raw, f"config {str(path)!r}")
+    return plan_from_dict(resolve_paths(raw, path.absolute().parent), f"config {str(path)!r}")
+
+
+PATH_SECTIONS = ("model", "reference_model", "dataset", "profile_dataset")
+
+
+def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative ``path`` fields of a plan file are relative to the file's folder, as in
+    other tools' config files: the plan runs the same from any working directory."""
+    resolved = dict(raw)
+    for section in PATH_SECTIONS:
+        spec = raw.get(section)
+        if isinstance(spec, dict) and isinstance(spec.get("path"), str) and spec["path"]:
+            given = Path(spec["path"]).expanduser()
+            resolved[section] = {
+                **spec,
+                "path": str(given if given.is_absolute() else base / given),
+            }
+    return resolved
 
 
 def _read_text(path: Path) -> str:

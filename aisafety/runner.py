@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,7 @@ from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
 from aisafety.defense.obfuscation import warn_obfuscation
-from aisafety.errors import CapabilityError, PluginError
+from aisafety.errors import AISafetyWarning, CapabilityError, PluginError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.reference import missing_reference
@@ -67,6 +68,27 @@ class Prepared:
     device: torch.device
 
 
+ACCURACY_METRICS = ("robust-accuracy", "aaw", "aab")  # robust accuracy, by attack family
+
+
+def warn_unmeasured_attacks(attacks, metrics: list[Metric]) -> None:
+    """An attack no accuracy metric applies to would run and then be missing from the
+    table's robust-accuracy rows and the accuracy-against-budget curve (aaw reads white-box
+    attacks only, aab black-box ones): a baseline such as random noise then silently vanishes."""
+    for attack in attacks:
+        if attack.family is AttackFamily.CORRUPTION:
+            continue
+        if not any(m.name in ACCURACY_METRICS and m.applies_to(attack.family) for m in metrics):
+            warnings.warn(
+                f"attack {attack.name!r} ({attack.family.value}) has no accuracy metric among "
+                f"the plan's metrics, so its robust accuracy is not measured (aaw reads "
+                "gradient attacks only, aab score, decision and transfer ones); add "
+                "robust-accuracy (every attack) to metrics",
+                AISafetyWarning,
+                stacklevel=3,
+            )
+
+
 def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
     """Per-layer metrics return one value per layer; the others a single value."""
     return values if isinstance(values, list) else [values]
@@ -105,6 +127,7 @@ class Runner:
         # Build every attack and metric now: a bad name or config fails before any work.
         self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
         self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
+        warn_unmeasured_attacks(self.attacks.values(), self.metrics)
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
         if baseline_users and plan.reference_model is None:
             raise missing_reference(f"metric {baseline_users[0]!r}")

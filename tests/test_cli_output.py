@@ -78,3 +78,21 @@ def test_plugins_wraps_what_the_builtins_provide(capsys):
     assert max(map(len, lines)) <= 120, max(lines, key=len)
     names = {n.strip(",;") for line in lines[2:] for n in line.split()}
     assert {"fgsm", "pgd-linf", "square-linf", "jpeg", "ca", "mnist-embedded"} <= names
+
+
+def test_relative_paths_in_a_plan_file_are_relative_to_the_file(tmp_path, monkeypatch):
+    from aisafety.config import load_plan
+
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    plan = folder / "plan.yaml"
+    plan.write_text(
+        "model: {name: net, source: torchscript, path: models/net.pt, input_shape: [1, 28, 28]}\n"
+        "dataset: {name: npz, path: ../data/test.npz}\n"
+        f"reference_model: {{name: ref, source: onnx, path: {tmp_path / 'abs.onnx'}}}\n"
+    )
+    monkeypatch.chdir(tmp_path)  # any working directory: the same files
+    loaded = load_plan("plans/plan.yaml")
+    assert loaded.model.path == folder / "models" / "net.pt"
+    assert loaded.dataset.path == folder / ".." / "data" / "test.npz"
+    assert loaded.reference_model.path == tmp_path / "abs.onnx"

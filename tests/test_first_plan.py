@@ -17,7 +17,7 @@ from aisafety.cli import main
 from aisafety.config import load_plan, plan_from_dict
 from aisafety.database.store import ResultStore
 from aisafety.defense.obfuscation import obfuscation_warnings
-from aisafety.errors import GradientMaskingWarning
+from aisafety.errors import AISafetyWarning, GradientMaskingWarning
 from aisafety.loading import apply_defenses
 from aisafety.plugins import default_registry
 from aisafety.runner import Runner
@@ -102,3 +102,23 @@ def test_defended_variants_are_told_apart_in_the_results(tmp_path, capsys):
     assert rows[1:] == [
         ["mnist-cnn+jpeg(bpda=False,quality=50)"], ["mnist-cnn+jpeg(bpda=True,quality=50)"]
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("metrics", "warned"),
+    [(["ca", "aaw", "acac"], True), (["ca", "aaw", "aab"], False),
+     (["ca", "robust-accuracy"], False)],
+)  # fmt: skip
+def test_a_baseline_attack_without_an_accuracy_metric_is_flagged(metrics, warned):
+    """aaw reads white-box attacks only: a noise baseline next to PGD vanished from the table."""
+    plan = plan_from_dict({
+        "attacks": [{"name": "random-noise", "eps": [0.1]}, {"name": "pgd-linf", "eps": [0.1]}],
+        "metrics": metrics,
+    })  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Runner(plan, store=None)
+    messages = [str(w.message) for w in caught if issubclass(w.category, AISafetyWarning)]
+    assert len(messages) == int(warned)
+    if warned:
+        assert "'random-noise' (decision)" in messages[0] and "robust-accuracy" in messages[0]

@@ -25,13 +25,17 @@ from aisafety.attack.apgd import (
     APGDCEL2,
     APGDDLR,
     APGDDLRL2,
+    APGDT,
+    APGDTL2,
     APGDMargin,
     APGDMarginL2,
     checkpoints,
+    ranked_targets,
 )
 from aisafety.attack.bim import BIM
 from aisafety.attack.cw import CWL2
 from aisafety.attack.deepfool import DeepFoolL2, DeepFoolLinf
+from aisafety.attack.fab import FABT, FABTL2
 from aisafety.attack.losses import cross_entropy, dlr, margin
 from aisafety.attack.mifgsm import MIFGSM
 from aisafety.attack.pgd_l1 import PGDL1, percentile, sparse_direction
@@ -68,6 +72,10 @@ ATTACKS = {
     "apgd-ce-l2": (APGDCEL2, {"steps": 10}, {"steps": 3}),
     "apgd-dlr-l2": (APGDDLRL2, {"steps": 10}, {"steps": 3}),
     "apgd-mar-l2": (APGDMarginL2, {"steps": 10}, {"steps": 3}),
+    "apgd-t": (APGDT, {"steps": 10}, {"steps": 3}),
+    "apgd-t-l2": (APGDTL2, {"steps": 10}, {"steps": 3}),
+    "fab-t": (FABT, {"steps": 10}, {"steps": 3}),
+    "fab-t-l2": (FABTL2, {"steps": 10}, {"steps": 3}),
 }
 RANDOMISED = {"r-fgsm", "pgd-l2", "pgd-l1"} | {n for n in ATTACKS if n.startswith("apgd")}
 
@@ -467,3 +475,70 @@ def test_deepfool_no_weaker_than_torchattacks(zoo_predictor, mnist_subset):
     assert float(ours_l2.mean()) <= 1.05 * float(ref_l2.mean())
     at_budget = DeepFoolL2(steps=50, overshoot=0.02)(zoo_predictor, x, y, 2.0)
     _assert_no_weaker(at_budget, net, x, y, x_ref, 2.0, Norm.L2)
+
+
+def test_targets_are_the_other_classes_by_decreasing_clean_logit_as_autoattack():
+    """AutoAttack's k-th target is ``logits.sort()[1][:, -k]`` (k = 2 .. 10) on a correctly
+    classified sample; ours never picks y, and stops at the number of other classes."""
+    logits = torch.randn(64, 10, generator=torch.Generator().manual_seed(0))
+    y = logits.argmax(1)
+    targets = ranked_targets(logits, y, 9)
+    reference = torch.stack([logits.sort(dim=1)[1][:, -k] for k in range(2, 11)], dim=1)
+    assert torch.equal(targets, reference)
+    assert ranked_targets(logits, torch.zeros(64, dtype=torch.long), 20).shape == (64, 9)
+    assert not (ranked_targets(logits, torch.zeros(64, dtype=torch.long), 9) == 0).any()
+
+
+@pytest.mark.parametrize("cls", [APGDT, FABT])
+def test_multi_target_attacks_run_each_target_only_on_samples_still_robust(
+    zoo_predictor, mnist_subset, cls
+):
+    """More targets never lose a success (each target runs on what earlier ones left), and
+    one target equals a targeted call with the top other class as target."""
+    data = mnist_subset(N_SMALL)
+    x, y = data.x, data.y
+    one = cls(steps=3, n_target_classes=1)(zoo_predictor, x, y, 0.08)
+    three = cls(steps=3, n_target_classes=3)(zoo_predictor, x, y, 0.08)
+    assert bool((three.success | ~one.success).all())
+    assert int(three.steps.sum()) <= 3 * int(one.steps.sum())
+    with torch.no_grad():
+        logits = zoo_predictor.logits(x)
+    correct = logits.argmax(1) == y
+    top = ranked_targets(logits, y, 1)[:, 0]
+    xc, yc, tc = x[correct], y[correct], top[correct]
+    explicit = cls(steps=3)(zoo_predictor, xc, yc, 0.08, target=tc)
+    assert torch.equal(explicit.x_adv, one.x_adv[correct])
+
+
+@pytest.mark.parametrize(
+    ("cls", "norm", "eps"), [(FABT, "Linf", 0.1), (FABTL2, "L2", 1.5)], ids=["linf", "l2"]
+)
+def test_fab_t_matches_torchattacks_image_for_image(zoo_predictor, mnist_subset, cls, norm, eps):
+    """FAB-T with one restart has no randomness: at identical settings ours and torchattacks'
+    break the same images (up to float rounding at the boundary: at most one differs), and
+    early stop changes no outcome. The 1,000-image comparison is in test_peer_attacks.py."""
+    data = mnist_subset(N_SMALL)
+    x, y = data.x, data.y
+    net = zoo_predictor.network
+    ours = cls(steps=5, n_target_classes=9)(zoo_predictor, x, y, eps)
+    early = cls(steps=5, n_target_classes=9, early_stop=True)(zoo_predictor, x, y, eps)
+    peer = torchattacks.FAB(net, norm=norm, eps=eps, steps=5, multi_targeted=True, n_classes=10)
+    theirs = _predict(net, project(peer(x, y), x, eps, cls.norm)) != y
+    assert int((ours.success != theirs).sum()) <= 1, (ours.success, theirs)
+    assert 0 < int(ours.success.sum()) < len(y)  # neither saturated nor empty
+    assert torch.equal(early.success, ours.success)
+    assert int(early.steps.sum()) < int(ours.steps.sum())
+
+
+def test_apgd_t_close_to_torchattacks_on_a_small_batch(zoo_predictor, mnist_subset):
+    """A quick check at 3 targets and 5 steps (random starts differ: within 2 of 64 images);
+    the 1,000-image comparison at AutoAttack's 9 targets is in test_peer_attacks.py."""
+    data = mnist_subset(64)
+    x, y = data.x, data.y
+    net = zoo_predictor.network
+    ours = APGDT(steps=5, n_target_classes=3)(zoo_predictor, x, y, 0.1)
+    torch.manual_seed(0)
+    peer = torchattacks.APGDT(net, norm="Linf", eps=0.1, steps=5, n_classes=4)
+    theirs = float((_predict(net, project(peer(x, y), x, 0.1, Norm.LINF)) == y).double().mean())
+    assert ours.robust_accuracy <= theirs + 2 / 64, (ours.robust_accuracy, theirs)
+    assert ours.robust_accuracy < _accuracy(net, x, y) - 0.1

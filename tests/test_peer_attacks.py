@@ -133,6 +133,22 @@ def _apgd_case(name: str, norm: Norm, loss: str) -> Case:
     return Case(name, norm, lambda eps: config, peers, n=N_RANDOMISED)
 
 
+def _targeted_case(name: str, norm: Norm, attack: str) -> Case:
+    """APGD-T / FAB-T against torchattacks' APGDT / FAB(multi_targeted) at AutoAttack's
+    settings (9 target classes, one restart) with 20 iterations."""
+    ta_norm = "Linf" if norm is Norm.LINF else "L2"
+
+    def peer(network: torch.nn.Module, eps: float) -> Run:
+        if attack == "apgd":
+            return torchattacks.APGDT(network, norm=ta_norm, eps=eps, steps=20, n_classes=10)
+        return torchattacks.FAB(
+            network, norm=ta_norm, eps=eps, steps=20, multi_targeted=True, n_classes=10
+        )
+
+    config = {"steps": 20, "n_restarts": 1, "n_target_classes": 9, "early_stop": True}
+    return Case(name, norm, lambda eps: config, {"torchattacks": peer}, n=N_RANDOMISED)
+
+
 _CW_ROUND = {"c": 1.0, "kappa": 0.0, "steps": 100, "lr": 0.1}
 _ta, _fa = torchattacks, foolbox.attacks
 
@@ -182,6 +198,10 @@ CASES: dict[str, Case] = {
     "apgd-ce-l2": _apgd_case("apgd-ce-l2", Norm.L2, "ce"),
     "apgd-dlr-l2": _apgd_case("apgd-dlr-l2", Norm.L2, "dlr"),
     "apgd-mar-l2": _apgd_case("apgd-mar-l2", Norm.L2, "margin"),
+    "apgd-t": _targeted_case("apgd-t", Norm.LINF, "apgd"),
+    "apgd-t-l2": _targeted_case("apgd-t-l2", Norm.L2, "apgd"),
+    "fab-t": _targeted_case("fab-t", Norm.LINF, "fab"),
+    "fab-t-l2": _targeted_case("fab-t-l2", Norm.L2, "fab"),
     "cw-l2/1-round": Case("cw-l2", Norm.L2,
                           lambda eps: {**_CW_ROUND, "binary_search_steps": 1}, {
         "torchattacks": lambda net, eps: _ta.CW(net, **_CW_ROUND),

@@ -23,6 +23,8 @@ loss), and the margin ``max_{i != y} z_i - z_y`` (``apgd-mar``). l-inf and l2 ve
 separate names because the norm is part of an attack's identity.
 
 ``steps`` counts the moves per sample (one gradient each, plus one at every random start).
+``eot_iter`` > 1 averages that many gradients per move (Expectation over Transformation, for
+randomised models: AutoAttack's ``rand`` version uses 20).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
-from aisafety.attack.gradients import loss_gradient, require_finite_budget
+from aisafety.attack.gradients import eot_loss_gradient, require_finite_budget
 from aisafety.attack.losses import LOSSES
 from aisafety.attack.threat import per_sample
 from aisafety.interfaces import AttackFamily, Capability, Norm
@@ -48,6 +50,9 @@ class APGDConfig(AttackConfig):
     momentum: float = Field(default=0.75, ge=0, le=1, description="weight a of the new step")
     early_stop: bool = Field(
         default=False, description="stop moving a sample once it is misclassified"
+    )
+    eot_iter: int = Field(
+        default=1, gt=0, description="gradients averaged per step (EOT, randomised models)"
     )
 
 
@@ -71,6 +76,16 @@ def checkpoints(steps: int) -> list[int]:
     return marks
 
 
+class _Restarts:
+    """What the restarts of one call share: the output, best loss, fooled and steps per sample."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x_out = x.clone()
+        self.best_loss = torch.full((len(x),), -torch.inf, device=x.device)
+        self.fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
+        self.steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
+
+
 class _APGD(Attack):
     family = AttackFamily.GRADIENT
     requires = Capability.GRADIENTS
@@ -82,27 +97,36 @@ class _APGD(Attack):
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         require_finite_budget(self.name, eps)
-        generator = call.generator
-        x_out = x.clone()
-        best_loss = torch.full((len(x),), -torch.inf, device=x.device)
-        fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
-        steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
+        state = _Restarts(x)
+        self._restart(predictor, x, y, eps, call.generator, call.target, state)
+        return state.x_out, state.steps
+
+    def _restart(
+        self,
+        predictor: Predictor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        eps: float,
+        generator: torch.Generator,
+        target: torch.Tensor | None,
+        state: _Restarts,
+    ) -> None:
+        """``n_restarts`` runs on the samples of ``state`` not fooled yet, updating it."""
         for _ in range(self.config.n_restarts):
-            todo = (~fooled).nonzero().squeeze(1)
+            todo = (~state.fooled).nonzero().squeeze(1)
             if not len(todo):
                 break
-            target = None if call.target is None else call.target[todo]
+            aim = None if target is None else target[todo]
             x_best, x_adv, run_fooled, loss, moves = self._run(
-                predictor, x[todo], y[todo], eps, generator, target
+                predictor, x[todo], y[todo], eps, generator, aim
             )
-            steps[todo] += moves
-            keep = run_fooled | (loss > best_loss[todo])
-            x_out[todo[keep]] = torch.where(
-                run_fooled[keep].view(-1, *([1] * (x.dim() - 1))), x_adv[keep], x_best[keep]
+            state.steps[todo] += moves
+            keep = run_fooled | (loss > state.best_loss[todo])
+            state.x_out[todo[keep]] = torch.where(
+                per_sample(run_fooled[keep], x_adv), x_adv[keep], x_best[keep]
             )
-            best_loss[todo] = torch.maximum(best_loss[todo], loss)
-            fooled[todo] = run_fooled
-        return x_out, steps
+            state.best_loss[todo] = torch.maximum(state.best_loss[todo], loss)
+            state.fooled[todo] = run_fooled
 
     # --- one run -----------------------------------------------------------------------------
 
@@ -128,7 +152,7 @@ class _APGD(Attack):
             return None if target is None else target[rows]
 
         x_adv = threat.random_start(x, eps, generator, surface=True)
-        grad, logits, loss = loss_gradient(predictor, x_adv, y, loss_fn, target)
+        grad, logits, loss = eot_loss_gradient(predictor, x_adv, y, loss_fn, target, cfg.eot_iter)
         fooled = logits.argmax(1) != y
         x_found = torch.where(per_sample(fooled, x), x_adv, x)
         x_best, loss_best, grad_best = x_adv.clone(), loss.clone(), grad.clone()
@@ -152,7 +176,9 @@ class _APGD(Attack):
             a = cfg.momentum if k > 0 else 1.0
             x_new = threat.project(xa + a * (z - xa) + (1 - a) * (xa - x_prev[idx]), x0, eps)
             x_prev[idx], x_adv[idx] = xa, x_new
-            g, logits, current = loss_gradient(predictor, x_new, y[idx], loss_fn, aim(idx))
+            g, logits, current = eot_loss_gradient(
+                predictor, x_new, y[idx], loss_fn, aim(idx), cfg.eot_iter
+            )
             grad[idx] = g
             moves[idx] += 1
 
@@ -222,3 +248,54 @@ class APGDMarginL2(_APGD):
     norm = Norm.L2
     loss = "margin"
     description = "Auto-PGD with the margin (CW) loss, l2 (Croce & Hein 2020)"
+
+
+class APGDTConfig(APGDConfig):
+    n_target_classes: int = Field(
+        default=9, gt=0, description="target classes tried, by decreasing clean logit"
+    )
+
+
+def ranked_targets(clean_logits: torch.Tensor, y: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``count`` classes other than ``y`` with the highest clean logits, best first
+    (n, count): AutoAttack's targets ``sort(logits)[:, -k]`` for k = 2 .. count + 1 on a
+    correctly classified sample, without ever picking ``y`` itself."""
+    others = clean_logits.scatter(1, y[:, None], float("-inf"))
+    count = min(count, clean_logits.shape[1] - 1)
+    return others.argsort(dim=1, descending=True, stable=True)[:, :count]
+
+
+class _APGDTargeted(_APGD):
+    """APGD-T (Croce & Hein 2020, AutoAttack's second member): the targeted DLR loss towards
+    each of the ``n_target_classes`` most likely other classes in turn, ``n_restarts`` runs
+    per target, each only on the samples no earlier target fooled. Success stays
+    misclassification. Given explicit targets (``call.target``), it runs those alone."""
+
+    Config = APGDTConfig
+    loss = "dlr"
+    # a sample already misclassified needs no target (and its ranking would start at y)
+    skips_misclassified = True
+
+    def perturb(
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if call.target is not None:
+            return super().perturb(predictor, x, y, eps, call)
+        require_finite_budget(self.name, eps)
+        state = _Restarts(x)
+        targets = ranked_targets(call.clean_logits, y, self.config.n_target_classes)
+        for rank in range(targets.shape[1]):
+            self._restart(predictor, x, y, eps, call.generator, targets[:, rank], state)
+        return state.x_out, state.steps
+
+
+class APGDT(_APGDTargeted):
+    name = "apgd-t"
+    norm = Norm.LINF
+    description = "Targeted Auto-PGD, targeted DLR loss over the top-9 other classes, l-inf"
+
+
+class APGDTL2(_APGDTargeted):
+    name = "apgd-t-l2"
+    norm = Norm.L2
+    description = "Targeted Auto-PGD, targeted DLR loss over the top-9 other classes, l2"

@@ -14,6 +14,7 @@ from aisafety.attack.threat import normalized
 __all__ = [
     "class_jacobian",
     "cross_entropy_gradient",
+    "eot_loss_gradient",
     "iterate",
     "loss_gradient",
     "normalized",  # re-exported: it lives with the threat models now
@@ -59,6 +60,25 @@ def loss_gradient(
         loss = loss_fn(logits, y) if target is None else loss_fn(logits, y, target)
         (grad,) = torch.autograd.grad(loss.sum(), x)
     return grad, logits.detach(), loss.detach()
+
+
+def eot_loss_gradient(
+    predictor: Predictor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: LossFn,
+    target: torch.Tensor | None = None,
+    draws: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``loss_gradient`` averaged over ``draws`` forward passes (Expectation over
+    Transformation, Athalye et al. 2018): for a randomised model each pass draws its own
+    randomness, and the mean gradient follows the expected loss. The logits and losses are
+    the last draw's, as in AutoAttack's APGD with ``eot_iter``; one draw is ``loss_gradient``."""
+    grad, logits, loss = loss_gradient(predictor, x, y, loss_fn, target)
+    for _ in range(draws - 1):
+        more, logits, loss = loss_gradient(predictor, x, y, loss_fn, target)
+        grad = grad + more
+    return (grad / draws if draws > 1 else grad), logits, loss
 
 
 def class_jacobian(

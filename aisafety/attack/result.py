@@ -37,6 +37,13 @@ class AttackResult:
     seconds: float
     # the class each sample was pushed towards (targeted calls); success stays misclassification
     target: torch.Tensor | None = None
+    # an ensemble's members in order, and per sample which of them broke it (index into
+    # ``members``, -1: none), which ran on it, and their steps; each member's seconds
+    members: tuple[str, ...] | None = None
+    broken_by: torch.Tensor | None = None
+    member_attacked: torch.Tensor | None = None
+    member_steps: torch.Tensor | None = None
+    member_seconds: tuple[float, ...] | None = None
 
     @property
     def clean_pred(self) -> torch.Tensor:
@@ -52,6 +59,13 @@ class AttackResult:
         if self.target is None:
             raise ValueError(f"attack {self.attack!r} ran untargeted: it has no targets")
         return self.adv_pred == self.target
+
+    @property
+    def breakers(self) -> list[str | None]:
+        """Per sample, the name of the ensemble member that broke it (None: none did)."""
+        if self.members is None or self.broken_by is None:
+            return [None] * len(self.y)
+        return [self.members[i] if i >= 0 else None for i in self.broken_by.tolist()]
 
     @property
     def norms(self) -> dict[str, torch.Tensor]:
@@ -78,6 +92,8 @@ class AttackResult:
                 merged[f.name] = torch.cat(values)
             elif f.name == "seconds":
                 merged[f.name] = sum(values)
+            elif f.name == "member_seconds":
+                merged[f.name] = tuple(map(sum, zip(*values, strict=True)))
             else:
                 merged[f.name] = getattr(first, f.name)
         return cls(**merged)

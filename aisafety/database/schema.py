@@ -160,6 +160,24 @@ class SampleOutcome(Base):
     linf: Mapped[float] = mapped_column(Float)
     true_conf_clean: Mapped[float] = mapped_column(Float)
     true_conf_adv: Mapped[float] = mapped_column(Float)
+    # the ensemble member whose example broke the sample (``standard``, ``rand``); NULL for
+    # a single attack, for a sample no member broke, and for one misclassified unattacked
+    broken_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+
+
+class EnsembleMember(Base):
+    """One member of an ensemble attack run (``standard``, ``rand``): what it ran on, broke
+    and cost. ``n_broken`` over a run's members sums to the samples the attacks broke."""
+
+    __tablename__ = "ensemble_members"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attack_run_id: Mapped[int] = mapped_column(ForeignKey("attack_runs.id"), index=True)
+    position: Mapped[int] = mapped_column(Integer)  # 1 = ran first
+    member: Mapped[str] = mapped_column(String(200))
+    n_attacked: Mapped[int] = mapped_column(Integer)  # samples still robust when it ran
+    n_broken: Mapped[int] = mapped_column(Integer)  # of those, the ones it broke
+    steps: Mapped[int] = mapped_column(Integer)  # its steps (or queries), summed over samples
+    seconds: Mapped[float] = mapped_column(Float)
 
 
 class SmoothingCertificate(Base):

@@ -331,6 +331,7 @@ class ResultStore:
         session.add(row)
         session.flush()
         session.execute(insert(schema.SampleOutcome), _outcome_rows(row.id, result))
+        session.add_all(_member_rows(row.id, result))
         examples = _example_rows(row.id, result)
         session.add_all(examples)
         return row.id, len(examples)
@@ -424,10 +425,32 @@ def _outcome_rows(attack_run_id: int, result: AttackResult) -> list[dict[str, An
         "linf": norms["linf"].tolist(),
         "true_conf_clean": clean_true.tolist(),
         "true_conf_adv": adv_true.tolist(),
+        "broken_by": result.breakers,
     }
     return [
         {"attack_run_id": attack_run_id, **dict(zip(columns, values, strict=True))}
         for values in zip(*columns.values(), strict=True)
+    ]
+
+
+def _member_rows(attack_run_id: int, result: AttackResult) -> list[schema.EnsembleMember]:
+    """One row per member of an ensemble attack (none for a single attack)."""
+    if result.members is None or result.member_attacked is None:
+        return []
+    steps = result.member_steps.sum(0).tolist() if result.member_steps is not None else None
+    seconds = result.member_seconds or (0.0,) * len(result.members)
+    broken = result.broken_by
+    return [
+        schema.EnsembleMember(
+            attack_run_id=attack_run_id,
+            position=j + 1,
+            member=name,
+            n_attacked=int(result.member_attacked[:, j].sum()),
+            n_broken=int((broken == j).sum()) if broken is not None else 0,
+            steps=int(steps[j]) if steps is not None else 0,
+            seconds=float(seconds[j]),
+        )
+        for j, name in enumerate(result.members)
     ]
 
 
