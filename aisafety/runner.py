@@ -257,6 +257,16 @@ class Runner:
         for metric in self.metrics:
             predictor.require(metric.requires, f"metric {metric.name!r}")
 
+    def _random_defenses(self) -> list[str]:
+        """The plan's input defenses that draw at random (a ``seed`` in their config): one
+        stream per defense runs across the batches, so their results depend on the batch
+        size."""
+        return [
+            d.name
+            for d in self.plan.defenses
+            if "seed" in getattr(self.registry.get("defense", d.name).Config, "model_fields", {})
+        ]
+
     def work_units(self, subject: Subject) -> list[WorkUnit]:
         """The plan's units, clean metrics first, each keyed for ``--resume``."""
         base = (subject.model_fingerprint, subject.dataset_fingerprint, self.plan.seed)
@@ -264,6 +274,8 @@ class Runner:
             base += (self._reference_fingerprint,)
         if self.plan.profile_dataset is not None:  # other neuron bounds, other coverage
             base += (self.plan.profile_dataset.key(),)
+        if self._random_defenses():  # their draws run across batches: keyed by the size
+            base += (("batch_size", self.plan.batch_size),)
         if self.plan.corruptions != CorruptionsSpec():  # other corrupted sets, other mCE
             base += (self.plan.corruptions.key(),)
         units = []
@@ -275,8 +287,12 @@ class Runner:
         shards = () if self.plan.shard_size is None else (("shards", self.plan.shard_size),)
         for spec in self.plan.attacks:
             labels = [m.label() for m in self._attack_metrics(spec)]
+            # an attack whose results depend on the chunking: the batch size is part of its
+            # units' key, so another batch size is another unit and never mixes with this one
+            attack = self.attacks[spec.key()]
+            chunking = () if attack.chunk_independent else (("batch_size", self.plan.batch_size),)
             for eps in spec.eps:
-                key = _key(base, spec.key(), eps, labels, *shards)
+                key = _key(base, spec.key(), eps, labels, *shards, *chunking)
                 units.append(WorkUnit(key, f"{spec.label} eps={eps:g}", spec, eps))
         return units
 

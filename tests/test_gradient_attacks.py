@@ -331,9 +331,9 @@ def test_cw_result_of_a_sample_does_not_depend_on_its_batch(zoo_predictor, mnist
 # --- peer reference: torchattacks at identical settings ----------------------------------------
 
 
-def _theirs(attack, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _theirs(attack, x: torch.Tensor, y: torch.Tensor, seed: int = 0) -> torch.Tensor:
     with torch.random.fork_rng():
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         return attack(x, y)
 
 
@@ -407,10 +407,22 @@ PEERS["apgd-mar"] = (
 def test_robust_accuracy_no_worse_than_torchattacks(zoo_predictor, ref_batch, mnist_subset, name):
     """Our settings equal theirs; early_stop only saves time (see the early-stop test)."""
     x, y = ref_batch
-    if name == "r-fgsm":  # one gradient: use all 1,000 samples to keep the random noise small
-        data = mnist_subset(1000)
-        x, y = data.x, data.y
     ours_factory, theirs_factory, eps = PEERS[name]
+    if name == "r-fgsm":
+        # One gradient from one random point: a single draw moves robust accuracy by about a
+        # point even on all 1,000 samples (over seeds 0-5: ours 0.539-0.556, mean 0.550;
+        # torchattacks 0.537-0.560, mean 0.549), so the means over three seeds are compared.
+        data = mnist_subset(1000)
+        x, y, net = data.x, data.y, zoo_predictor.network
+        ours = [RFGSM(alpha_ratio=0.5, seed=s)(zoo_predictor, x, y, eps) for s in (0, 1, 2)]
+        theirs = [
+            _accuracy(net, project(_theirs(theirs_factory(net), x, y, s), x, eps, Norm.LINF), y)
+            for s in (0, 1, 2)
+        ]
+        mean_ours = sum(r.robust_accuracy for r in ours) / 3
+        assert mean_ours <= sum(theirs) / 3 + 0.01, ([r.robust_accuracy for r in ours], theirs)
+        assert mean_ours < _accuracy(net, x, y) - 0.1
+        return
     ours = ours_factory()(zoo_predictor, x, y, eps)
     net = zoo_predictor.network
     reference = _assert_no_weaker(

@@ -27,6 +27,7 @@ from torch import nn
 
 from aisafety import cli
 from aisafety.attack.fgsm import FGSM
+from aisafety.attack.streams import SampleStreams
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import CapabilityError, ConfigError
 from aisafety.evaluation.context import EvaluationContext
@@ -128,14 +129,15 @@ def test_noise_attack_with_zero_budget_never_succeeds():
 
 
 def test_noise_attack_keeps_the_first_flipping_draw():
-    """Re-draw the noise with the same seed by hand: the kept draw is the first that flips."""
+    """Re-draw the noise with the same seed by hand (one stream per sample, seeded from the
+    seed and the sample's index): the kept draw is the first that flips."""
     predictor, eps, k, seed = _linear_predictor(), 1.0, 6, 3
     x, y = _correctly_labelled(predictor)
     result = UniformNoiseLinf({"samples": k, "seed": seed})(predictor, x, y, eps)
     assert result.success.any(), "with eps=1 random noise must flip some labels of this model"
 
-    gen = torch.Generator().manual_seed(seed)
-    draws = [(x + eps * (2 * torch.rand(x.shape, generator=gen) - 1)).clamp(0, 1) for _ in range(k)]
+    streams = SampleStreams(seed, range(len(x)))
+    draws = [(x + eps * (2 * streams.rand(x.shape) - 1)).clamp(0, 1) for _ in range(k)]
     flips = torch.stack([predictor.predict(d) != y for d in draws])  # (k, n)
     expected_success = flips.any(0)
     first = flips.float().argmax(0)  # index of the first True

@@ -260,16 +260,25 @@ def test_at_least_as_strong_as_torchattacks(zoo_run):
     one bump orientation per iteration for the whole batch, and gets one extra query (its
     n_queries iterations follow the initial query); on one-channel MNIST its window norms
     equal the reference's per-channel ones. Same eps, queries, p_init: ours must fool at
-    least as many samples, up to noise."""
+    least as many samples, up to noise. One seed's robust accuracy moves by a sample or two
+    (+-0.03 on 64 images): the means over seeds 0, 1, 2 are compared (over seeds 0-4 both
+    measured 0.853 with per-sample streams; seed 0 alone 0.875 against 0.844)."""
     torchattacks = pytest.importorskip("torchattacks", reason="torchattacks is not installed")
     zoo, x, y, result = zoo_run
     net = zoo.network
-    peer_attack = torchattacks.Square(
-        net, norm="L2", eps=ZOO_EPS, n_queries=ZOO_QUERIES, p_init=0.1, seed=0
-    )
-    x_peer = peer_attack(x, y)
-    assert float(_norms(x_peer - x).max()) <= ZOO_EPS + 1e-4
-    peer = float((_labels(net, x_peer) == y).float().mean())
+    ours, peers = [result.robust_accuracy], []
+    for seed in (0, 1, 2):
+        if seed:
+            ours.append(
+                SquareL2(queries=ZOO_QUERIES, seed=seed)(zoo, x, y, ZOO_EPS).robust_accuracy
+            )
+        peer_attack = torchattacks.Square(
+            net, norm="L2", eps=ZOO_EPS, n_queries=ZOO_QUERIES, p_init=0.1, seed=seed
+        )
+        x_peer = peer_attack(x, y)
+        assert float(_norms(x_peer - x).max()) <= ZOO_EPS + 1e-4
+        peers.append(float((_labels(net, x_peer) == y).float().mean()))
+    peer = sum(peers) / len(peers)
     clean = float((_labels(net, x) == y).float().mean())
     assert peer < clean  # the peer attack works here, so the comparison means something
-    assert result.robust_accuracy <= peer + 0.03, (result.robust_accuracy, peer)
+    assert sum(ours) / len(ours) <= peer + 0.03, (ours, peers)

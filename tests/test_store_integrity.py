@@ -11,13 +11,16 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import text as sa_text
+from sqlalchemy.orm import Session
 
 from aisafety.attack.fgsm import FGSM
 from aisafety.cli import main
 from aisafety.database import engine as store_engine
+from aisafety.database import liveness, schema
 from aisafety.database.read_only import query_read_only, read_only_engine
 from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError, StoreError
@@ -82,6 +85,62 @@ def test_query_refuses_every_write(filled, sql, capsys):
     assert {t: _count(filled, t) for t in before} == before
     assert not (filled.parent / "copy.db").exists()
     assert not (filled.parent / "attached.db").exists()
+
+
+PG_WRITES = [
+    "DROP TABLE sample_outcomes",
+    "DELETE FROM metric_values",
+    "UPDATE runs SET status = 'x'",
+    "INSERT INTO runs (id) VALUES (99)",
+    "CREATE TABLE t (x int)",
+    "CREATE TEMP TABLE t (x int)",
+    "DROP VIEW results",
+    "ALTER TABLE runs ADD COLUMN y int",
+    "WITH gone AS (DELETE FROM units RETURNING key) SELECT * FROM gone",
+    "COPY runs TO '/tmp/aisafety-copied-runs.csv'",
+    "TRUNCATE units CASCADE",
+    "SELECT 1; DELETE FROM units",
+    "SET TRANSACTION READ WRITE",
+]
+
+
+@pytest.fixture(scope="module")
+def filled_postgres(postgres_server) -> str:
+    """A PostgreSQL database holding one finished run of PLAN (3 units)."""
+    url = postgres_server.create_database()
+    Runner(PLAN, ResultStore(url), quiet=True).run()
+    return url
+
+
+@pytest.mark.parametrize("sql", PG_WRITES)
+def test_query_refuses_every_write_on_postgresql(filled_postgres, sql, capsys):
+    store = ResultStore(filled_postgres)
+    tables = ("runs", "units", "metric_values", "sample_outcomes")
+    before = {t: _count_url(store, t) for t in tables}
+    assert main(["query", "--db", filled_postgres, sql]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: query refused:"), err
+    assert "Traceback" not in err
+    assert {t: _count_url(store, t) for t in tables} == before
+    assert len(store.finished_units()) == 3
+    assert not os.path.exists("/tmp/aisafety-copied-runs.csv")
+
+
+def test_query_reads_on_postgresql(filled_postgres, capsys):
+    assert main(["query", "--db", filled_postgres, "SELECT status FROM runs"]) == 0
+    assert "finished" in capsys.readouterr().out
+
+
+def test_a_unit_committed_twice_by_one_run_is_stored_once(store_url):
+    """Idempotent unit commits: a retried write of a unit this run stored is a no-op."""
+    store = ResultStore(store_url)
+    run_id = store.start_run(PLAN, "test", "cpu")
+    value = MetricValue(metric="ca", value=0.5, direction="higher", n_samples=2)
+    assert store.record_unit(run_id, "k", "unit", _subject(), [value], "test") is True
+    assert store.record_unit(run_id, "k", "unit", _subject(), [value], "test") is False
+    assert _count_url(store, "units") == 1 and _count_url(store, "metric_values") == 1
+    assert store.finished_units() == {"k"}
+    store.finish_run(run_id)
 
 
 def test_query_reads_and_store_query_is_read_only_too(filled):
@@ -239,20 +298,20 @@ def _subject():
     return Subject("m", "f" * 16, {}, "labels", "d", "test", 1, "g" * 16, {})
 
 
-def test_concurrent_writers_all_commit(tmp_path):
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
+def test_concurrent_writers_all_commit(store_url):
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(5)
     workers = [
-        context.Process(target=_write_units, args=(url, barrier, w)) for w in range(5)
+        context.Process(target=_write_units, args=(store_url, barrier, w)) for w in range(5)
     ]  # fmt: skip
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join(120)
     assert [w.exitcode for w in workers] == [0] * 5
-    assert _count(tmp_path / "shared.db", "units") == 100
-    assert len(ResultStore(url).finished_units()) == 100
+    store = ResultStore(store_url)
+    assert _count_url(store, "units") == 100
+    assert len(store.finished_units()) == 100
 
 
 def test_a_long_reader_does_not_stop_a_run(tmp_path):
@@ -348,3 +407,45 @@ def test_an_old_database_gets_the_new_columns(tmp_path):
     store = ResultStore(f"sqlite:///{path}")
     record = Runner(PLAN, store, quiet=True).run()
     assert len(store.finished_units()) == 3 and len(record.values) == 3
+
+
+def test_a_run_that_died_on_another_host_is_marked_when_its_lease_runs_out(store_url):
+    """No pid can be checked across hosts: a run whose heartbeat is older than the lease
+    (STALE_AFTER_S) is marked interrupted by the next run that starts, on any host; one
+    whose heartbeat is fresh is left running."""
+    store = ResultStore(store_url)
+    stale, fresh, legacy = (store.start_run(PLAN, "test", "cpu") for _ in range(3))
+    for run_id in (stale, fresh, legacy):
+        store._heartbeats.pop(run_id).stop()  # as if these ran elsewhere
+    long_ago = liveness.utc_now() - timedelta(seconds=liveness.STALE_AFTER_S + 60)
+    recent = liveness.utc_now() - timedelta(seconds=liveness.STALE_AFTER_S - 60)
+    with Session(store.engine) as session, session.begin():
+        for run_id, beat in ((stale, long_ago), (fresh, recent), (legacy, None)):
+            run = session.get(schema.Run, run_id)
+            run.host, run.pid, run.heartbeat_at = "another-host", 1, beat
+    mine = store.start_run(PLAN, "test", "cpu")
+    _, rows = store.query("SELECT id, status FROM runs ORDER BY id")
+    assert rows == [(stale, "interrupted"), (fresh, "running"), (legacy, "running"),
+                    (mine, "running")]  # fmt: skip
+    store.finish_run(mine)
+
+
+def test_a_running_run_renews_its_lease_until_it_ends(store_url, monkeypatch):
+    monkeypatch.setattr(liveness, "HEARTBEAT_S", 0.05)
+    store = ResultStore(store_url)
+    run_id = store.start_run(PLAN, "test", "cpu")
+
+    def heartbeat():
+        return store.query(f"SELECT heartbeat_at FROM runs WHERE id = {run_id}")[1][0][0]
+
+    first = heartbeat()
+    deadline = time.monotonic() + 30
+    while heartbeat() == first and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert heartbeat() != first  # renewed by the background thread
+    thread = store._heartbeats[run_id]._thread
+    store.finish_run(run_id)
+    assert not thread.is_alive()
+    ended = heartbeat()
+    time.sleep(0.3)
+    assert heartbeat() == ended  # a finished run holds no lease

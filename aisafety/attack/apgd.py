@@ -38,6 +38,7 @@ from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.gradients import eot_loss_gradient, require_finite_budget
 from aisafety.attack.losses import LOSSES
+from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import per_sample
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -89,6 +90,7 @@ class _Restarts:
 class _APGD(Attack):
     family = AttackFamily.GRADIENT
     requires = Capability.GRADIENTS
+    chunk_independent = True
     Config = APGDConfig
     loss: ClassVar[str]
     targeted = True
@@ -98,7 +100,7 @@ class _APGD(Attack):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         require_finite_budget(self.name, eps)
         state = _Restarts(x)
-        self._restart(predictor, x, y, eps, call.generator, call.target, state)
+        self._restart(predictor, x, y, eps, call.streams, call.target, state)
         return state.x_out, state.steps
 
     def _restart(
@@ -107,7 +109,7 @@ class _APGD(Attack):
         x: torch.Tensor,
         y: torch.Tensor,
         eps: float,
-        generator: torch.Generator,
+        streams: SampleStreams,
         target: torch.Tensor | None,
         state: _Restarts,
     ) -> None:
@@ -118,7 +120,7 @@ class _APGD(Attack):
                 break
             aim = None if target is None else target[todo]
             x_best, x_adv, run_fooled, loss, moves = self._run(
-                predictor, x[todo], y[todo], eps, generator, aim
+                predictor, x[todo], y[todo], eps, streams[todo], aim
             )
             state.steps[todo] += moves
             keep = run_fooled | (loss > state.best_loss[todo])
@@ -136,7 +138,7 @@ class _APGD(Attack):
         x: torch.Tensor,
         y: torch.Tensor,
         eps: float,
-        generator: torch.Generator,
+        streams: SampleStreams,
         target: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One APGD run: best-loss points, adversarial points, fooled, best loss, moves.
@@ -151,7 +153,7 @@ class _APGD(Attack):
         def aim(rows: torch.Tensor | slice) -> torch.Tensor | None:
             return None if target is None else target[rows]
 
-        x_adv = threat.random_start(x, eps, generator, surface=True)
+        x_adv = threat.random_start(x, eps, streams, surface=True)
         grad, logits, loss = eot_loss_gradient(predictor, x_adv, y, loss_fn, target, cfg.eot_iter)
         fooled = logits.argmax(1) != y
         x_found = torch.where(per_sample(fooled, x), x_adv, x)
@@ -285,7 +287,7 @@ class _APGDTargeted(_APGD):
         state = _Restarts(x)
         targets = ranked_targets(call.clean_logits, y, self.config.n_target_classes)
         for rank in range(targets.shape[1]):
-            self._restart(predictor, x, y, eps, call.generator, targets[:, rank], state)
+            self._restart(predictor, x, y, eps, call.streams, targets[:, rank], state)
         return state.x_out, state.steps
 
 

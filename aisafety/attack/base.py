@@ -1,7 +1,7 @@
 """The Attack base class: configuration at construction, budgets at call time.
 
 Subclasses implement ``perturb(predictor, x, y, eps, call)``; the instance holds only its
-configuration, and what varies per call (random stream, clean logits, targets, which samples)
+configuration, and what varies per call (random streams, clean logits, targets, which samples)
 arrives in ``call`` (``aisafety.attack.call.AttackCall``). The base class checks the model's
 capabilities and the inputs, computes the clean logits once, hands ``perturb`` only the
 samples still to do (query attacks skip those the model already gets wrong), projects
@@ -31,6 +31,7 @@ from aisafety.attack.call import AttackCall
 from aisafety.attack.precision import ReducedPrecision, compute_dtype
 from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
+from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import THREATS, ThreatModel, threat_model
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.errors import InputError, PluginError
@@ -74,6 +75,12 @@ class Attack(ABC):
     # query attacks spend no query on a sample the model already gets wrong (nor at eps 0):
     # the base class leaves such samples clean with 0 steps
     skips_misclassified: ClassVar[bool] = False
+    # whether a sample's result is the same whatever the chunking: true of an attack that
+    # draws only from ``call.streams`` (one stream per sample) for exactly the samples it
+    # works on. The built-in attacks are; a plugin that says nothing is taken not to be, and
+    # the runner keys its units by the batch size (so another chunking is another unit,
+    # never mixed with this one)
+    chunk_independent: ClassVar[bool] = False
     # plugins written for the older ``perturb(predictor, x, y, eps)`` get no ``call``
     _takes_call: ClassVar[bool] = True
 
@@ -146,14 +153,17 @@ class Attack(ABC):
         clean_logits: torch.Tensor | None = None,
         target: torch.Tensor | None = None,
         todo: torch.Tensor | None = None,
+        samples: torch.Tensor | None = None,
     ) -> AttackResult:
-        """Attack ``x`` at budget ``eps``, in chunks; one random stream runs across chunks.
+        """Attack ``x`` at budget ``eps``, in chunks; each sample draws from its own stream.
 
         ``clean_logits``: the model's logits on ``x`` where the caller has them already (an
         evaluation computes them once for every attack and budget); without them each chunk
         spends one forward pass on the clean batch. ``target``: a class per sample to move
         towards (attacks with ``targeted``); ``todo``: a boolean mask of the samples to attack
-        (the others come back unchanged with 0 steps).
+        (the others come back unchanged with 0 steps); ``samples``: the index of each input
+        in the caller's batch, which seeds its random stream (default ``0..n-1``; an attack
+        that runs others on some of its samples passes theirs on).
         """
         self._check_norm()
         predictor.require(self.requires, f"attack {self.name!r}")
@@ -166,7 +176,14 @@ class Attack(ABC):
         if size is None:
             size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
         generator = torch.Generator(device=predictor.device).manual_seed(self.random_seed())
-        samples = torch.arange(len(x))
+        if samples is None:
+            samples = torch.arange(len(x))
+        elif tuple(samples.shape) != (len(x),):
+            raise InputError(
+                f"attack {self.name!r}: samples must hold one index per input, shape "
+                f"({len(x)},), got {tuple(samples.shape)}"
+            )
+        samples = samples.cpu()
 
         def split(values: torch.Tensor | None) -> list[torch.Tensor | None]:
             return list(values.split(size)) if values is not None else [None] * len(x)
@@ -216,7 +233,8 @@ class Attack(ABC):
         if target is not None:
             target = target.to(device, torch.long)
         # the attack's own copies: whatever it writes into them stays there
-        call = AttackCall(generator, samples.to(device), clean_logits.clone(), target)
+        streams = SampleStreams(self.random_seed(), samples, device)
+        call = AttackCall(generator, samples.to(device), clean_logits.clone(), target, streams)
         todo = None if todo is None else todo.to(device)
         searcher = self.search_predictor(predictor)
         candidate, steps = self.perturb_todo(searcher, x.clone(), y.clone(), eps, call, todo)

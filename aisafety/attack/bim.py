@@ -35,6 +35,7 @@ class BIM(Attack):
     family = AttackFamily.GRADIENT
     norm = Norm.LINF
     requires = Capability.GRADIENTS
+    chunk_independent = True
     description = "Basic Iterative Method (iterative FGSM), l-inf (Kurakin et al. 2017)"
     Config = BIMConfig
     targeted = True

@@ -52,6 +52,7 @@ from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
+from aisafety.attack.streams import SampleStreams
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -112,6 +113,7 @@ class BoundaryAttack(Attack):
     family = AttackFamily.DECISION
     norm = Norm.L2
     requires = Capability.LABELS
+    chunk_independent = True
     description = "Boundary Attack, l2, decision-based random walk (Brendel et al. 2018)"
     Config = BoundaryConfig
     skips_misclassified = True
@@ -120,10 +122,10 @@ class BoundaryAttack(Attack):
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.inference_mode():
-            return self._walk(predictor, x, y, eps, call.generator)
+            return self._walk(predictor, x, y, eps, call.streams)
 
     def _start(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, streams: SampleStreams
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A misclassified blend of uniform noise and ``x`` per sample (where one is found)."""
         cfg = self.config
@@ -135,9 +137,9 @@ class BoundaryAttack(Attack):
             rows = torch.nonzero(~found).squeeze(1)
             if not len(rows):
                 break
-            draw = torch.rand((len(rows), *x.shape[1:]), generator=gen, device=x.device)
+            draw = streams[rows].rand((len(rows), *x.shape[1:]))
             if attempt:  # later draws: uniform on [0, s], a random brightness s per image
-                draw *= 1 - torch.rand((len(rows), 1, 1, 1), generator=gen, device=x.device)
+                draw *= 1 - streams[rows].rand((len(rows), 1, 1, 1))
             adv = predictor.predict(draw) != y[rows]
             used[rows] += 1
             noise[rows[adv]] = draw[adv]
@@ -164,10 +166,10 @@ class BoundaryAttack(Attack):
         x: torch.Tensor,
         y: torch.Tensor,
         eps: float,
-        gen: torch.Generator,
+        streams: SampleStreams,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        best, found, used = self._start(predictor, x, y, gen)
+        best, found, used = self._start(predictor, x, y, streams)
         m = len(x)
         spherical = torch.full((m,), cfg.spherical_step, device=x.device)
         source = torch.full((m,), cfg.source_step, device=x.device)
@@ -186,7 +188,7 @@ class BoundaryAttack(Attack):
                 break
             xa, ya = x[active], y[active]
             candidates, orthogonal, distance = self._propose(
-                xa, best[active], spherical[active], source[active], gen
+                xa, best[active], spherical[active], source[active], streams[active]
             )
             with_stats = step % cfg.update_stats_every_k == 0
             if with_stats:  # both candidates in one forward pass
@@ -225,7 +227,7 @@ class BoundaryAttack(Attack):
         current: torch.Tensor,
         spherical: torch.Tensor,
         source: torch.Tensor,
-        gen: torch.Generator,
+        streams: SampleStreams,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The full candidate, the orthogonal candidate and the current distance per sample."""
         shape = x.shape
@@ -233,7 +235,7 @@ class BoundaryAttack(Attack):
         towards = x - current
         distance = towards.norm(dim=1)
         direction = towards / distance[:, None]
-        eta = torch.randn(current.shape, generator=gen, device=x.device)
+        eta = streams.randn(current.shape)
         eta = eta - (eta * direction).sum(1, keepdim=True) * direction
         eta = eta * (spherical * distance / eta.norm(dim=1))[:, None]
         # back onto the sphere of radius ``distance`` around x (Pythagoras), then clip

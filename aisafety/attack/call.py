@@ -11,12 +11,18 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from aisafety.attack.streams import SampleStreams
+
 
 @dataclass(frozen=True)
 class AttackCall:
     """One call's inputs beyond ``(predictor, x, y, eps)``; every tensor has the batch first.
 
-    ``generator``: the call's random stream (seeded with the attack's ``seed``);
+    ``streams``: one random stream per sample (``aisafety.attack.streams``), seeded from the
+    attack's ``seed`` and the sample's index in the caller's batch: what an attack draws
+    from them does not depend on the chunking. Built-in attacks draw only from these;
+    ``generator``: one stream shared by the whole call (for plugins written before the
+    streams: their results depend on the chunking, and the runner keys their units by it);
     ``samples``: which samples of the caller's batch these are, the ones still to do (the
     base class hands ``perturb`` only those: see ``Attack.__call__``'s ``todo``);
     ``clean_logits``: the model's logits on the clean batch (n, C), computed once per call;
@@ -30,16 +36,27 @@ class AttackCall:
     samples: torch.Tensor
     clean_logits: torch.Tensor
     target: torch.Tensor | None = None
+    streams: SampleStreams | None = None
+
+    def __post_init__(self) -> None:
+        if self.streams is None:  # built by hand (tests): streams of these sample indices
+            device = self.clean_logits.device
+            object.__setattr__(self, "streams", SampleStreams(0, self.samples, device))
 
     @property
     def targeted(self) -> bool:
         return self.target is not None
 
     def select(self, rows: torch.Tensor) -> AttackCall:
-        """The same call restricted to the samples ``rows`` (the random stream is shared)."""
+        """The same call restricted to the samples ``rows`` (their streams go with them;
+        the shared generator is shared)."""
         target = None if self.target is None else self.target[rows]
         return replace(
-            self, samples=self.samples[rows], clean_logits=self.clean_logits[rows], target=target
+            self,
+            samples=self.samples[rows],
+            clean_logits=self.clean_logits[rows],
+            target=target,
+            streams=self.streams[rows],
         )
 
     def with_logits(self, clean_logits: torch.Tensor) -> AttackCall:

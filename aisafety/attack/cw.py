@@ -52,6 +52,7 @@ class CWL2(Attack):
     family = AttackFamily.GRADIENT
     norm = Norm.L2
     requires = Capability.GRADIENTS
+    chunk_independent = True
     description = "Carlini & Wagner l2, tanh space, Adam, binary search over c (2017)"
     Config = CWConfig
 

@@ -46,6 +46,7 @@ class DeepFoolConfig(AttackConfig):
 class _DeepFool(Attack):
     family = AttackFamily.GRADIENT
     requires = Capability.GRADIENTS
+    chunk_independent = True
     Config = DeepFoolConfig
 
     def perturb(

@@ -83,6 +83,8 @@ class _Ensemble(Attack):
     members_by_default: ClassVar[tuple[str, ...]]
     eot_by_default: ClassVar[int] = 1
     builds_from_registry = True
+    # members get each sample's own index (its random stream), whichever samples are left
+    chunk_independent = True
 
     def __init__(
         self,
@@ -131,7 +133,7 @@ class _Ensemble(Attack):
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        outcome = self._run_members(predictor, x, y, eps, call.clean_logits)
+        outcome = self._run_members(predictor, x, y, eps, call.clean_logits, call.samples)
         return outcome.x_adv, outcome.steps
 
     def _run_members(
@@ -141,6 +143,7 @@ class _Ensemble(Attack):
         y: torch.Tensor,
         eps: float,
         clean_logits: torch.Tensor,
+        samples: torch.Tensor,
         todo: torch.Tensor | None = None,
     ) -> _Outcome:
         """Each member in turn on the samples still robust; the worst case per sample."""
@@ -162,7 +165,7 @@ class _Ensemble(Attack):
             started = time.perf_counter()
             part = member(
                 predictor, x[rows], y[rows], eps, chunk_size=len(rows),
-                clean_logits=clean_logits[rows],
+                clean_logits=clean_logits[rows], samples=samples[rows.cpu()],
             )  # fmt: skip
             seconds[j] = time.perf_counter() - started
             attacked[rows, j] = True
@@ -196,7 +199,7 @@ class _Ensemble(Attack):
         with torch.no_grad():
             clean_logits = predictor.logits(x) if clean_logits is None else clean_logits.to(device)
         todo = None if todo is None else todo.to(device)
-        outcome = self._run_members(predictor, x, y, eps, clean_logits, todo)
+        outcome = self._run_members(predictor, x, y, eps, clean_logits, samples.cpu(), todo)
         x_adv = project(outcome.x_adv, x, eps, self.norm)
         with torch.inference_mode():
             adv_logits = predictor.logits(x_adv)

@@ -42,6 +42,7 @@ from aisafety.attack.apgd import ranked_targets
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.gradients import loss_gradient, require_finite_budget
+from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import normalized, per_sample
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -159,6 +160,7 @@ ORDERS = {Norm.LINF: math.inf, Norm.L2: 2.0}
 class _FABTargeted(Attack):
     family = AttackFamily.GRADIENT
     requires = Capability.GRADIENTS
+    chunk_independent = True
     Config = FABConfig
     targeted = True
     skips_misclassified = True  # a sample already misclassified needs no boundary search
@@ -184,7 +186,7 @@ class _FABTargeted(Attack):
                 if not len(todo):
                     break
                 found, size, moves = self._run(
-                    predictor, x[todo], y[todo], targets[todo, rank], eps, call.generator,
+                    predictor, x[todo], y[todo], targets[todo, rank], eps, call.streams[todo],
                     random_start=restart > 0,
                 )  # fmt: skip
                 steps[todo] += moves
@@ -200,7 +202,7 @@ class _FABTargeted(Attack):
         y: torch.Tensor,
         target: torch.Tensor,
         eps: float,
-        generator: torch.Generator,
+        streams: SampleStreams,
         random_start: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One run towards ``target``: the smallest misclassified points, their sizes (inf
@@ -210,12 +212,10 @@ class _FABTargeted(Attack):
         x1 = x.clone()
         if random_start:
             if self.norm is Norm.LINF:
-                noise = 2 * torch.rand(x.shape, generator=generator, device=x.device) - 1
+                noise = 2 * streams.rand(x.shape) - 1
                 direction = normalized(noise, math.inf)
             else:
-                direction = normalized(
-                    torch.randn(x.shape, generator=generator, device=x.device), 2
-                )
+                direction = normalized(streams.randn(x.shape), 2)
             x1 = (x + eps * direction * 0.5).clamp(0, 1)
         found = x.clone()
         size = torch.full((n,), math.inf, device=x.device)

@@ -16,6 +16,7 @@ class FGSM(Attack):
     family = AttackFamily.GRADIENT
     norm = Norm.LINF
     requires = Capability.GRADIENTS
+    chunk_independent = True
     description = "Fast Gradient Sign Method, a single l-inf step (Goodfellow et al. 2015)"
     targeted = True
 

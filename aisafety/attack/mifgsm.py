@@ -37,6 +37,7 @@ class MIFGSM(Attack):
     family = AttackFamily.GRADIENT
     norm = Norm.LINF
     requires = Capability.GRADIENTS
+    chunk_independent = True
     description = "Momentum iterative FGSM, l-inf (Dong et al. 2018)"
     Config = MIFGSMConfig
     targeted = True

@@ -45,6 +45,7 @@ from pydantic import Field
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.square import margin_loss
+from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import LinfThreat
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -76,6 +77,7 @@ class NAttack(Attack):
     family = AttackFamily.SCORE
     norm = Norm.LINF
     requires = Capability.SCORES
+    chunk_independent = True
     description = "NATTACK, Gaussian search distribution learnt by NES, l-inf (Li et al. 2019)"
     Config = NAttackConfig
     skips_misclassified = True
@@ -84,12 +86,11 @@ class NAttack(Attack):
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        gen = call.generator
         with torch.inference_mode():
             x0, y0 = x, y
             m = len(x)
             z0 = torch.atanh((2 * x0 - 1) * (1 - cfg.box_shrink))
-            mu = cfg.init_std * torch.randn(x0.shape, generator=gen, device=x.device)
+            mu = cfg.init_std * call.streams.randn(x0.shape)
             found = x0.clone()
             used = torch.zeros(m, dtype=torch.long, device=x.device)
             active = torch.arange(m, device=x.device)
@@ -112,7 +113,13 @@ class NAttack(Attack):
                 for lo in range(0, k, block):
                     part = slice(lo, lo + block)
                     new_mu, hit[part], adv_img = self._update(
-                        predictor, xa[part], ya[part], za[part], mua[part], eps, gen
+                        predictor,
+                        xa[part],
+                        ya[part],
+                        za[part],
+                        mua[part],
+                        eps,
+                        call.streams[active[part]],
                     )
                     rows = active[part]
                     mu[rows] = new_mu
@@ -134,7 +141,7 @@ class NAttack(Attack):
         z: torch.Tensor,
         mu: torch.Tensor,
         eps: float,
-        gen: torch.Generator,
+        streams: SampleStreams,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One NES update of the means ``mu`` of a block of samples.
 
@@ -143,7 +150,7 @@ class NAttack(Attack):
         """
         cfg = self.config
         k, pop = len(x), cfg.population
-        noise = torch.randn((k, pop, *x.shape[1:]), generator=gen, device=x.device)
+        noise = streams.randn((k, pop, *x.shape[1:]))
         images = self._image(z[:, None] + mu[:, None] + cfg.sigma * noise, x[:, None], eps)
         logits = self._logits(predictor, images.flatten(0, 1))
         margin = margin_loss(logits, y.repeat_interleave(pop)).view(k, pop)

@@ -31,6 +31,7 @@ class PGDLinf(Attack):
     family = AttackFamily.GRADIENT
     norm = Norm.LINF
     requires = Capability.GRADIENTS
+    chunk_independent = True
     description = "Projected gradient descent, l-inf, random start (Madry et al. 2018)"
     Config = PGDConfig
     targeted = True
@@ -42,7 +43,7 @@ class PGDLinf(Attack):
         alpha = cfg.step_size if cfg.step_size is not None else 2.5 * eps / cfg.steps
         x_adv = x.clone()
         if cfg.random_start:
-            x_adv = self.threat.random_start(x, eps, call.generator)
+            x_adv = self.threat.random_start(x, eps, call.streams)
         steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
         # the l-inf ball intersected with [0, 1], once: each step is then one clamp
         lower, upper = LinfThreat.bounds(x, eps)

@@ -89,6 +89,7 @@ class PGDL1(Attack):
     family = AttackFamily.GRADIENT
     norm = Norm.L1
     requires = Capability.GRADIENTS
+    chunk_independent = True
     description = "SLIDE, sparse l1 descent with l1-ball projection (Tramèr & Boneh 2019)"
     Config = SLIDEConfig
     targeted = True
@@ -102,7 +103,7 @@ class PGDL1(Attack):
         threat = self.threat
         x_start = x
         if cfg.random_start:
-            x_start = threat.random_start(x, eps, call.generator)
+            x_start = threat.random_start(x, eps, call.streams)
 
         def update(active, x_adv, grad):
             direction = sparse_direction(grad, x_adv, cfg.sparsity, cfg.clip_grad)

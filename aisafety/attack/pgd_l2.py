@@ -38,6 +38,7 @@ class PGDL2(Attack):
     family = AttackFamily.GRADIENT
     norm = Norm.L2
     requires = Capability.GRADIENTS
+    chunk_independent = True
     description = "Projected gradient descent, l2, random start (Madry et al. 2018)"
     Config = PGDL2Config
     targeted = True
@@ -51,7 +52,7 @@ class PGDL2(Attack):
         threat = self.threat
         x_start = x
         if cfg.random_start:
-            x_start = threat.random_start(x, eps, call.generator)
+            x_start = threat.random_start(x, eps, call.streams)
 
         def update(active, x_adv, grad):
             return threat.project(x_adv + alpha * threat.ascent(grad), x[active], eps)

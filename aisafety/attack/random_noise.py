@@ -27,24 +27,25 @@ class RandomNoise(Attack):
     family = AttackFamily.DECISION  # needs only labels; never follows the model
     norm = Norm.LINF
     requires = Capability.LABELS
+    chunk_independent = True
     description = "Random +-eps sign noise, best of N draws, l-inf (sanity baseline)"
     Config = RandomNoiseConfig
 
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        generator = call.generator
         best = x.clone()
         steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
         open_ = torch.ones(len(x), dtype=torch.bool, device=x.device)
         for _ in range(self.config.draws):
-            signs = torch.randint(0, 2, x.shape, generator=generator, device=x.device) * 2 - 1
-            candidate = (x + eps * signs.to(x.dtype)).clamp(0, 1)
+            rows = open_.nonzero().squeeze(1)  # only samples never flipped draw again
+            signs = call.streams[rows].signs((len(rows), *x.shape[1:]), x.dtype)
+            candidate = (x[rows] + eps * signs).clamp(0, 1)
             with torch.inference_mode():
-                flipped = predictor.predict(candidate) != y
-            best[open_] = candidate[open_]  # the last draw stands for a sample never flipped
-            steps += open_.long()
-            open_ &= ~flipped
+                flipped = predictor.predict(candidate) != y[rows]
+            best[rows] = candidate  # the last draw stands for a sample never flipped
+            steps[rows] += 1
+            open_[rows[flipped]] = False
             if not open_.any():
                 break
         return best, steps

@@ -32,6 +32,7 @@ class RFGSM(Attack):
     family = AttackFamily.GRADIENT
     norm = Norm.LINF
     requires = Capability.GRADIENTS
+    chunk_independent = True
     description = "R+FGSM: random sign step, then an FGSM step, l-inf (Tramèr et al. 2018)"
     Config = RFGSMConfig
     targeted = True
@@ -41,8 +42,7 @@ class RFGSM(Attack):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         require_finite_budget(self.name, eps)
         alpha = self.config.alpha_ratio * eps
-        noise = torch.randn(x.shape, generator=call.generator, device=x.device)
-        x_start = (x + alpha * noise.sign()).clamp(0, 1)
+        x_start = (x + alpha * call.streams.signs(x.shape, x.dtype)).clamp(0, 1)
         grad, _ = cross_entropy_gradient(predictor, x_start, y, call.target)
         steps = torch.ones(len(x), dtype=torch.long, device=x.device)
         return x_start + (eps - alpha) * self.threat.ascent(grad), steps

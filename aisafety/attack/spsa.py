@@ -33,6 +33,7 @@ from pydantic import Field
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.square import margin_loss
+from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import LinfThreat
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -66,6 +67,7 @@ class SPSA(Attack):
     family = AttackFamily.SCORE
     norm = Norm.LINF
     requires = Capability.SCORES
+    chunk_independent = True
     description = "SPSA gradient estimate + Adam, l-inf, score-based (Uesato et al. 2018)"
     Config = SPSAConfig
     skips_misclassified = True
@@ -74,7 +76,6 @@ class SPSA(Attack):
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        gen = call.generator
         with torch.inference_mode():
             x0, y0 = x, y
             m = len(x)
@@ -88,7 +89,7 @@ class SPSA(Attack):
             per_step = 2 * cfg.samples + 1
             for t in range(1, cfg.steps + 1):
                 point = x0[active] + delta[active]
-                grad = self._estimate(predictor, point, y0[active], gen)
+                grad = self._estimate(predictor, point, y0[active], call.streams[active])
                 m1 = cfg.beta1 * moment1[active] + (1 - cfg.beta1) * grad
                 m2 = cfg.beta2 * moment2[active] + (1 - cfg.beta2) * grad.square()
                 moment1[active], moment2[active] = m1, m2
@@ -109,7 +110,7 @@ class SPSA(Attack):
         return best, used
 
     def _estimate(
-        self, predictor: Predictor, point: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+        self, predictor: Predictor, point: torch.Tensor, y: torch.Tensor, streams: SampleStreams
     ) -> torch.Tensor:
         """The SPSA estimate of the margin's gradient at ``point``, one per sample."""
         cfg = self.config
@@ -120,8 +121,8 @@ class SPSA(Attack):
         while done < cfg.samples:
             k = min(cfg.nb_samples_per_step, cfg.samples - done)
             shape = (k, *point.shape)
-            v = torch.randint(0, 2, shape, generator=gen, device=point.device, dtype=point.dtype)
-            v.mul_(2).sub_(1)  # Rademacher +-1, (k, m, C, H, W)
+            # Rademacher +-1, (k, m, C, H, W), each sample's from its own stream
+            v = streams.signs((m, k, *point.shape[1:]), point.dtype).transpose(0, 1)
             batch = torch.empty((2, *shape), dtype=point.dtype, device=point.device)
             torch.add(point, v, alpha=cfg.delta, out=batch[0])
             torch.sub(point, v, alpha=cfg.delta, out=batch[1])

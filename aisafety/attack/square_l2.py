@@ -36,6 +36,7 @@ from pydantic import Field
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.square import margin_loss, p_selection
+from aisafety.attack.streams import SampleStreams, scaled
 from aisafety.errors import InputError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -139,6 +140,7 @@ class SquareL2(Attack):
     family = AttackFamily.SCORE
     norm = Norm.L2
     requires = Capability.SCORES
+    chunk_independent = True
     description = "Square Attack, l2, score-based random search (Andriushchenko et al. 2020)"
     Config = SquareL2Config
     skips_misclassified = True
@@ -149,11 +151,10 @@ class SquareL2(Attack):
         if not math.isfinite(eps):
             raise InputError(f"attack {self.name!r} needs a finite budget, got eps={eps}")
         cfg = self.config
-        gen = call.generator
         n, c, h, w = x.shape
         with torch.inference_mode():
             x0, y0 = x, y
-            best = to_sphere(x0, self._initial(x0, gen), eps)
+            best = to_sphere(x0, self._initial(x0, call.streams), eps)
             margin = margin_loss(predictor.logits(best), y0)
             used = torch.ones(n, dtype=torch.long, device=x.device)
             side_max = max(min(h, w) - 1, 1)
@@ -166,9 +167,12 @@ class SquareL2(Attack):
                 side = min(side + 1 - side % 2, side_max)  # odd, as in the reference
                 x_cur, best_cur = x0[active], best[active]
                 m = len(active)
-                first = self._corner(m, h, w, side, gen, x.device)
-                second = self._corner(m, h, w, side, gen, x.device)
-                pattern = self._patterns(m, c, side, gen, x.device)
+                # one draw per iteration: two (top, left) corners, orientation, signs
+                u = call.streams[active].rand((m, 5 + c))
+                rows, cols = max(h - side, 1), max(w - side, 1)
+                first = scaled(u[:, 0], rows), scaled(u[:, 1], cols)
+                second = scaled(u[:, 2], rows), scaled(u[:, 3], cols)
+                pattern = self._patterns(u[:, 4:], side)
                 delta = square_pair_update(best_cur - x_cur, first, second, side, pattern, eps)
                 proposal = to_sphere(x_cur, delta, eps)
                 new_margin = margin_loss(predictor.logits(proposal), y0[active])
@@ -179,33 +183,25 @@ class SquareL2(Attack):
         return best, used
 
     @staticmethod
-    def _corner(
-        m: int, h: int, w: int, side: int, gen: torch.Generator, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random top-left corners, one per sample (the reference's ``randint(0, h - s)``)."""
-        top = torch.randint(0, max(h - side, 1), (m,), generator=gen, device=device)
-        left = torch.randint(0, max(w - side, 1), (m,), generator=gen, device=device)
-        return top, left
-
-    @staticmethod
-    def _patterns(
-        m: int, c: int, side: int, gen: torch.Generator, device: torch.device
-    ) -> torch.Tensor:
-        """(m, c, side, side): per sample a bump, transposed with probability 1/2, times a
-        random sign per channel."""
-        base = bump(side, device)
-        flip = torch.randint(0, 2, (m, 1, 1, 1), generator=gen, device=device).bool()
+    def _patterns(uniform: torch.Tensor, side: int) -> torch.Tensor:
+        """(m, c, side, side) from uniforms (m, 1 + c): per row a bump, transposed with
+        probability 1/2, times a random sign per channel (the corners are the reference's
+        ``randint(0, h - s)``, drawn with them from the sample's stream)."""
+        m, c = uniform.shape[0], uniform.shape[1] - 1
+        base = bump(side, uniform.device)
+        flip = (uniform[:, 0] < 0.5).view(m, 1, 1, 1)
         oriented = torch.where(flip, base.T, base)
-        signs = 2 * torch.randint(0, 2, (m, c, 1, 1), generator=gen, device=device) - 1
+        signs = torch.where(uniform[:, 1:] < 0.5, 1.0, -1.0).view(m, c, 1, 1)
         return oriented * signs
 
-    def _initial(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    def _initial(self, x: torch.Tensor, streams: SampleStreams) -> torch.Tensor:
         """The initial pattern (unnormalised): a centred grid of s x s bumps, s = min(h, w) // 5,
         each with its own orientation and sign per sample and channel."""
         n, c, h, w = x.shape
         side = max(min(h, w) // 5, 1)
         grid_h, grid_w = h // side, w // side
-        patterns = self._patterns(n * grid_h * grid_w, c, side, gen, x.device)
+        uniform = streams.rand((n, grid_h * grid_w, 1 + c)).view(n * grid_h * grid_w, 1 + c)
+        patterns = self._patterns(uniform, side)
         blocks = patterns.view(n, grid_h, grid_w, c, side, side).permute(0, 3, 1, 4, 2, 5)
         delta = torch.zeros_like(x)
         top, left = (h - grid_h * side) // 2, (w - grid_w * side) // 2

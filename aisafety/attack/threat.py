@@ -5,7 +5,8 @@ code lives here once, instead of in each attack:
 
 - ``project(x_adv, x, eps)``: the step projection, back into the ball and the box;
 - ``contain(x_adv, x, eps)``: the base class's final guarantee on whatever an attack returns;
-- ``random_start(x, eps, generator, surface)``: a random point of the ball (or its sphere);
+- ``random_start(x, eps, generator, surface)``: a random point of the ball (or its sphere),
+  drawn from a batch's generator (training) or per-sample streams (attacks);
 - ``ascent(grad)``: the steepest-ascent direction of unit size in the norm.
 
 l-inf: ``project`` clamps to the per-pixel bounds ``[max(x - eps, 0), min(x + eps, 1)]``
@@ -36,6 +37,7 @@ import math
 
 import torch
 
+from aisafety.attack.streams import RandomSource, rand, randint, randn
 from aisafety.interfaces import Norm
 
 
@@ -114,7 +116,7 @@ class ThreatModel:
         return self.project(x_adv, x, eps)
 
     def random_start(
-        self, x: torch.Tensor, eps: float, generator: torch.Generator, surface: bool = False
+        self, x: torch.Tensor, eps: float, generator: RandomSource, surface: bool = False
     ) -> torch.Tensor:
         raise NotImplementedError
 
@@ -145,11 +147,11 @@ class LinfThreat(ThreatModel):
         return (x + delta.clamp(-eps, eps)).clamp(0.0, 1.0)
 
     def random_start(
-        self, x: torch.Tensor, eps: float, generator: torch.Generator, surface: bool = False
+        self, x: torch.Tensor, eps: float, generator: RandomSource, surface: bool = False
     ) -> torch.Tensor:
         """Uniform in the cube (Madry's PGD) or, with ``surface``, scaled so the largest
         coordinate sits on the cube's surface (APGD's start)."""
-        noise = 2 * torch.rand(x.shape, generator=generator, device=x.device) - 1
+        noise = 2 * rand(generator, x.shape, x.device) - 1
         if surface:
             return (x + eps * normalized(noise, math.inf)).clamp(0, 1)
         return (x + noise * eps).clamp(0, 1)
@@ -183,17 +185,17 @@ class L2Threat(ThreatModel):
         return torch.where(per_sample(in_box, x), radial, project_l2_box(x_adv, x, eps))
 
     def random_start(
-        self, x: torch.Tensor, eps: float, generator: torch.Generator, surface: bool = False
+        self, x: torch.Tensor, eps: float, generator: RandomSource, surface: bool = False
     ) -> torch.Tensor:
         """A Gaussian direction with a radius uniform in [0, eps] (as torchattacks' PGD-l2),
         or exactly eps with ``surface`` (APGD's start). A start uniform in the ball's volume
         (radius eps * U^(1/d)) would sit on the sphere in any realistic dimension, and since
         the l2 projection only rescales, that noise keeps a large share of the budget: on the
         zoo MNIST model it costs PGD-l2 about 4 points of robust accuracy at eps = 2."""
-        direction = normalized(torch.randn(x.shape, generator=generator, device=x.device), 2)
+        direction = normalized(randn(generator, x.shape, x.device), 2)
         if surface:
             return (x + eps * direction).clamp(0, 1)
-        radius = eps * torch.rand(len(x), generator=generator, device=x.device)
+        radius = eps * rand(generator, (len(x), 1), x.device)[:, 0]
         return (x + direction * per_sample(radius, x)).clamp(0, 1)
 
     def ascent(self, grad: torch.Tensor) -> torch.Tensor:
@@ -207,16 +209,16 @@ class L1Threat(ThreatModel):
         return (x + project_l1(x_adv - x, eps)).clamp(0.0, 1.0)
 
     def random_start(
-        self, x: torch.Tensor, eps: float, generator: torch.Generator, surface: bool = False
+        self, x: torch.Tensor, eps: float, generator: RandomSource, surface: bool = False
     ) -> torch.Tensor:
         """A uniform direction on the l1 sphere (Laplace noise, normalised) and a radius
         uniform in [0, eps] (exactly eps with ``surface``)."""
-        exponential = -torch.rand(x.shape, generator=generator, device=x.device).log()
-        signs = torch.randint(0, 2, x.shape, generator=generator, device=x.device) * 2 - 1
+        exponential = -rand(generator, x.shape, x.device).log()
+        signs = randint(generator, 0, 2, x.shape, x.device) * 2 - 1
         if surface:
             radius = torch.full((len(x),), eps, device=x.device)
         else:
-            radius = eps * torch.rand(len(x), generator=generator, device=x.device)
+            radius = eps * rand(generator, (len(x), 1), x.device)[:, 0]
         direction = normalized(exponential * signs, 1)
         return (x + direction * per_sample(radius, x)).clamp(0, 1)
 

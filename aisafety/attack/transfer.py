@@ -54,6 +54,7 @@ class TransferAttack(Attack):
     family = AttackFamily.TRANSFER
     norm = Norm.LINF  # the default inner attack's; instances take their inner attack's norm
     requires = Capability.LABELS
+    chunk_independent = True
     description = "Transfer: run an attack on a zoo surrogate, apply the examples to the target"
     Config = TransferConfig
 
@@ -93,6 +94,7 @@ class TransferAttack(Attack):
             "attack", cfg.attack, {"seed": cfg.seed, **cfg.attack_config}
         )
         self.norm = self.inner.norm  # type: ignore[misc]  # the instance's budget is the inner's
+        self.chunk_independent = self.inner.chunk_independent  # type: ignore[misc]
         self.targeted = self.inner.supports_targets()  # type: ignore[misc]
         models = list_models()
         if cfg.surrogate not in models:

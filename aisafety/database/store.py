@@ -27,6 +27,7 @@ from aisafety.database.engine import (
     open_engine,
     with_retries,
 )
+from aisafety.database.liveness import Heartbeat, mark_dead_runs, utc_now
 from aisafety.database.read_only import query_read_only
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
@@ -63,14 +64,16 @@ class ResultStore:
         except (SQLAlchemyError, ImportError) as exc:
             raise ConfigError(f"cannot open the results database {url!r}: {exc}") from exc
         self.url = url
+        self._heartbeats: dict[int, Heartbeat] = {}
 
     # runs -------------------------------------------------------------------------------
     def start_run(self, plan: EvaluationPlan, version: str, device: str) -> int:
-        """A new run row; runs of this host whose process died are marked interrupted."""
+        """A new run row, whose lease a heartbeat thread renews until ``finish_run``; runs
+        that died (lease expired, or process gone on this host) are marked interrupted."""
 
         def start() -> int:
             with Session(self.engine) as session, session.begin():
-                _mark_dead_runs(session)
+                mark_dead_runs(session)
                 run = schema.Run(
                     platform_version=version,
                     seed=plan.seed,
@@ -78,15 +81,22 @@ class ResultStore:
                     plan=plan.model_dump(mode="json"),
                     host=socket.gethostname(),
                     pid=os.getpid(),
+                    heartbeat_at=utc_now(),
                 )
                 session.add(run)
                 session.flush()
                 session.add(_environment(run.id))
                 return run.id
 
-        return with_retries(f"start a run in {self.url}", start)
+        run_id = with_retries(f"start a run in {self.url}", start)
+        self._heartbeats[run_id] = Heartbeat(self.engine, run_id)
+        return run_id
 
     def finish_run(self, run_id: int, status: str = "finished") -> None:
+        heartbeat = self._heartbeats.pop(run_id, None)
+        if heartbeat is not None:
+            heartbeat.stop()
+
         def finish() -> None:
             with Session(self.engine) as session, session.begin():
                 run = session.get(schema.Run, run_id)
@@ -364,30 +374,6 @@ WHERE u.n_values = (
     SELECT COUNT(*) FROM smoothing_certificates sc
     WHERE sc.unit_key = u.key AND sc.run_id = u.run_id)
 """
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
-
-
-def _mark_dead_runs(session: Session) -> None:
-    """'running' runs of this host whose process is gone were killed: say so."""
-    stale = session.scalars(
-        select(schema.Run).where(
-            schema.Run.status == "running",
-            schema.Run.host == socket.gethostname(),
-            schema.Run.pid.is_not(None),
-        )
-    )
-    for run in stale:
-        if run.pid != os.getpid() and not _process_alive(run.pid):
-            run.status = "interrupted"
 
 
 def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]) -> int:

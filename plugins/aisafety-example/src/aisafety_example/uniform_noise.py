@@ -35,20 +35,23 @@ class UniformNoiseLinf(Attack):
         "must beat (if it wins, gradients are masked)"
     )
     Config = UniformNoiseConfig
+    # it draws only from ``call.streams`` (one random stream per sample), so a sample's
+    # result does not depend on the chunking: its units need no batch size in their key
+    chunk_independent = True
 
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        generator = call.generator
         best = x.clone()
         steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
         found = torch.zeros(len(x), dtype=torch.bool, device=x.device)
-        # Batched over the batch; only the k draws are a loop. Every draw is taken for the
-        # whole batch, so a sample's noise does not depend on when its neighbours succeed.
+        # Batched over the batch; only the k draws are a loop. Each sample draws from its own
+        # stream (seeded from ``seed`` and its index), every draw for the whole batch, so a
+        # sample's noise depends neither on its chunk nor on when its neighbours succeed.
         for _ in range(self.config.samples):
             if bool(found.all()):
                 break
-            unit = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+            unit = call.streams.rand(x.shape, dtype=x.dtype)
             candidate = (x + eps * (2 * unit - 1)).clamp(0.0, 1.0)
             flipped = (predictor.predict(candidate) != y) & ~found
             steps += (~found).long()  # one more draw spent on every sample still searching

@@ -1,0 +1,190 @@
+"""Per-sample random streams: a sample's random draws depend on the seed and its index only.
+
+With one generator for a whole batch, what sample ``i`` draws depends on how many draws the
+samples before it took: on the chunk it landed in (``batch_size``), and on which of its
+neighbours were still being attacked. Here every sample index has a ``torch.Generator`` of
+its own, seeded from ``(seed, index)`` (splitmix64), so an attack's result for a sample is
+the same whatever the chunking, provided the attack draws for exactly the samples it works
+on (``streams[rows]``) and decides per sample when to stop.
+
+Speed: query attacks draw a handful of numbers per sample and iteration (Square's window
+corner and signs), and a Python loop over the samples on every draw would cost more than
+the model. So small draws are served from a buffer of ``BUFFER`` numbers per sample, refilled
+from the sample's generator (one call per sample every ``BUFFER / k`` draws), with one
+gather per draw; draws of more than ``BUFFER / 2`` numbers per sample (a random start, a
+population of noise images) call each sample's generator directly. Generators are created
+on a sample's first draw. ``bench/streams.py`` measures the cost against one shared
+generator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+BUFFER = 1024  # buffered numbers per sample and kind (uniform, normal)
+_MASK = (1 << 64) - 1
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """A 63-bit seed for sample ``index`` of a call seeded with ``seed`` (splitmix64 of the
+    pair: neighbouring indices and seeds give unrelated streams)."""
+    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return (z ^ (z >> 31)) >> 1
+
+
+class _Pool:
+    """The generators and buffers of one call's samples (shared by every view of them).
+
+    Rows and buffer positions are numpy arrays on the host: the bookkeeping of a draw costs
+    microseconds and no device synchronisation; only the gather runs on the device.
+    """
+
+    def __init__(self, seed: int, samples: Sequence[int], device: torch.device):
+        self.seed, self.samples, self.device = seed, list(samples), device
+        self.generators: list[torch.Generator | None] = [None] * len(self.samples)
+        n = len(self.samples)
+        self.buffers = {kind: torch.empty((n, BUFFER), device=device) for kind in ("rand", "randn")}
+        # where each sample's next buffered number is (BUFFER: empty)
+        self.positions = {kind: np.full(n, BUFFER, dtype=np.int64) for kind in self.buffers}
+
+    def generator(self, row: int) -> torch.Generator:
+        made = self.generators[row]
+        if made is None:
+            made = torch.Generator(device=self.device)
+            made.manual_seed(sample_seed(self.seed, self.samples[row]))
+            self.generators[row] = made
+        return made
+
+    def direct(self, kind: str, rows: np.ndarray, k: int) -> torch.Tensor:
+        draw = torch.rand if kind == "rand" else torch.randn
+        parts = [draw(k, generator=self.generator(r), device=self.device) for r in rows.tolist()]
+        return torch.stack(parts) if parts else torch.empty((0, k), device=self.device)
+
+    def buffered(self, kind: str, rows: np.ndarray, k: int) -> torch.Tensor:
+        buffer, positions = self.buffers[kind], self.positions[kind]
+        start = positions[rows]
+        empty = start + k > BUFFER
+        if empty.any():
+            draw = torch.rand if kind == "rand" else torch.randn
+            for r in rows[empty].tolist():
+                buffer[r] = draw(BUFFER, generator=self.generator(r), device=self.device)
+            positions[rows[empty]] = 0
+            start = positions[rows]
+        positions[rows] = start + k
+        index = torch.from_numpy((rows * BUFFER + start)[:, None] + np.arange(k))
+        if self.device.type != "cpu":
+            index = index.to(self.device, non_blocking=True)
+        return torch.take(buffer, index)
+
+
+class SampleStreams:
+    """The random streams of a batch's samples, one per sample (see the module docstring).
+
+    ``streams[rows]`` (an index tensor or boolean mask over the batch) is the streams of
+    those samples, sharing their state: drawing from it advances only those samples.
+    Every draw's first dimension is the batch: ``rand((len(streams), ...))``.
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        samples: torch.Tensor | Sequence[int],
+        device: torch.device | str = "cpu",
+        *,
+        _pool: _Pool | None = None,
+        _rows: np.ndarray | None = None,
+    ):
+        if _pool is None:
+            indices = samples.tolist() if isinstance(samples, torch.Tensor) else list(samples)
+            _pool = _Pool(int(seed), indices, torch.device(device))
+            _rows = np.arange(len(indices), dtype=np.int64)
+        self._pool, self._rows = _pool, _rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def device(self) -> torch.device:
+        return self._pool.device
+
+    @property
+    def samples(self) -> list[int]:
+        """The sample indices (of the caller's batch) these streams belong to."""
+        return [self._pool.samples[r] for r in self._rows.tolist()]
+
+    def __getitem__(self, rows: torch.Tensor | slice) -> SampleStreams:
+        if isinstance(rows, torch.Tensor):
+            rows = (rows if rows.device.type == "cpu" else rows.cpu()).numpy()
+        return SampleStreams(0, (), _pool=self._pool, _rows=self._rows[rows].reshape(-1))
+
+    def _draw(self, kind: str, shape: Sequence[int]) -> torch.Tensor:
+        shape = tuple(int(s) for s in shape)
+        if not shape or shape[0] != len(self):
+            raise ValueError(
+                f"a draw from the streams of {len(self)} samples needs shape "
+                f"({len(self)}, ...), got {shape}"
+            )
+        k = math.prod(shape[1:])
+        if k == 0 or not len(self):
+            return torch.empty(shape, device=self.device)
+        if k > BUFFER // 2:
+            out = self._pool.direct(kind, self._rows, k)
+        else:
+            out = self._pool.buffered(kind, self._rows, k)
+        return out.view(shape)
+
+    def rand(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Uniform in [0, 1), per sample from its own stream."""
+        return self._draw("rand", shape).to(dtype)
+
+    def randn(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Standard normal, per sample from its own stream."""
+        return self._draw("randn", shape).to(dtype)
+
+    def randint(self, low: int, high: int, shape: Sequence[int]) -> torch.Tensor:
+        """Integers uniform in [low, high) (int64; from a float32 uniform: for small ranges,
+        as the attacks' window positions and coin flips)."""
+        if high - low > 1 << 20:
+            raise ValueError(f"randint over {high - low} values is too wide for a float draw")
+        drawn = scaled(self._draw("rand", shape), high - low)
+        return drawn.add_(low) if low else drawn
+
+    def signs(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """+1 or -1 with probability 1/2 each (Rademacher)."""
+        u = self._draw("rand", shape)
+        return u.lt_(0.5).to(dtype).mul_(2).sub_(1)
+
+
+def scaled(uniform: torch.Tensor, n: int) -> torch.Tensor:
+    """Uniforms in [0, 1) as integers uniform in [0, n) (for small n)."""
+    return (uniform * n).long().clamp_max_(n - 1)
+
+
+# Code shared with training (one generator for a batch) draws through these: either kind.
+RandomSource = torch.Generator | SampleStreams
+
+
+def rand(source: RandomSource, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+    if isinstance(source, SampleStreams):
+        return source.rand(shape)
+    return torch.rand(tuple(shape), generator=source, device=device)
+
+
+def randn(source: RandomSource, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+    if isinstance(source, SampleStreams):
+        return source.randn(shape)
+    return torch.randn(tuple(shape), generator=source, device=device)
+
+
+def randint(
+    source: RandomSource, low: int, high: int, shape: Sequence[int], device: torch.device
+) -> torch.Tensor:
+    if isinstance(source, SampleStreams):
+        return source.randint(low, high, shape)
+    return torch.randint(low, high, tuple(shape), generator=source, device=device)
