@@ -374,8 +374,9 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     )
     name = args.name or args.recipe_of or "mnist-cnn"
     entry = train_zoo_entry(
-        name, recipe, train_set, test_set, Path(args.out), args.quiet, robust_eps, certified_eps
-    )
+        name, recipe, train_set, test_set, Path(args.out), args.quiet, robust_eps, certified_eps,
+        zoo_robust_every(args),
+    )  # fmt: skip
     measured = ", ".join(
         f"{key} {value:.4f}" for key, value in entry.metrics.items() if "accuracy" in key
     )
@@ -427,6 +428,17 @@ def zoo_recipe(
         args.certified_eps if args.certified_eps is not None else recorded.get("ibp_certified")
     )
     return recipe, robust, certified
+
+
+def zoo_robust_every(args: argparse.Namespace) -> int:
+    """``--robust-every``, else the value ``--recipe-of``'s entry was measured with, else 1."""
+    if args.robust_every is not None:
+        return args.robust_every
+    if args.recipe_of is None:
+        return 1
+    from aisafety.database.zoo import list_models
+
+    return int(list_models()[args.recipe_of][0].metrics.get("robust_every", 1))
 
 
 def parse_json_option(option: str, text: str) -> dict:
@@ -576,6 +588,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--certified-eps", type=float, nargs="*",
         help="l-inf budgets for IBP-certified accuracy on the same images (default: the "
         "training eps for ibp / crown-ibp, none otherwise)",
+    )  # fmt: skip
+    zt.add_argument(
+        "--robust-every", type=int, metavar="K",
+        help="measure robustness on every K-th of the 1,000 images only (costly defenses; "
+        "default: --recipe-of's recorded value, else 1)",
     )  # fmt: skip
     zt.add_argument("--quiet", action="store_true")
     zoo.set_defaults(func=cmd_zoo)

@@ -1,6 +1,6 @@
 """Verifier cost, next to a forward pass, and the complete verifier on VNN-COMP mnistfc.
 
-    python bench/verification.py [--part crown|complete|all] [--images 1000] [--eps 0.1]
+    python bench/verification.py [--part crown|complete|tightness|all] [--images 1000] [--eps 0.1]
                                  [--nets 256x2 ...] [--timeout 60] [--threads 2]
                                  [--cpu-limit 60]
 
@@ -14,6 +14,9 @@
    seconds (process time) are printed next to wall seconds, with the load average, and
    the fraction settled within ``--cpu-limit`` seconds of CPU is printed too (run with a
    longer ``--timeout`` on a loaded machine: HiGHS's limit is wall-clock).
+3. Tightness: certified instances (of the 15 properties per eps) per incomplete verifier
+   on each of ``--nets``, CPU seconds in brackets, and whether the certified sets are
+   nested on every instance.
 """
 
 from __future__ import annotations
@@ -105,9 +108,45 @@ def complete_part(nets: list[str], timeout: float, cpu_limit: float) -> None:
           f"{os.getloadavg()[0]:.1f}")  # fmt: skip
 
 
+def tightness_part(nets: list[str]) -> None:
+    """Certified instances per verifier on the mnistfc properties, and whether the certified
+    sets are nested (IBP <= CROWN-IBP, CROWN <= alpha-CROWN) on every instance."""
+    import math
+
+    from aisafety.plugins import default_registry
+    from aisafety.prediction.onnx_model import load_onnx
+    from aisafety.verification.graph import build_graph
+    from aisafety.verification.registry import make_verifier
+    from aisafety.verification.vnnlib import read_vnnlib
+
+    names = ["ibp", "crown-ibp", "crown", "alpha-crown"]
+    shape = (1, 28, 28)
+    print(f"{'network':<8} {'eps':<5} " + " ".join(f"{n:>12}" for n in names) + "  nested")
+    for net in nets:
+        predictor = load_onnx(DATA / f"mnist-net_{net}.onnx", gradients=True, input_shape=shape)
+        graph = build_graph(predictor.network.cpu(), shape, net)
+        for eps in ("0.03", "0.05"):
+            counts, cpu, nested = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0), True
+            for i in range(15):
+                prop = read_vnnlib(DATA / f"prop_{i}_{eps}.vnnlib", math.prod(shape), 10)
+                prop.lower = prop.lower.reshape(1, *shape)
+                prop.upper = prop.upper.reshape(1, *shape)
+                got = {}
+                for name in names:
+                    start = time.process_time()
+                    result = make_verifier(default_registry(), name).verify(graph, prop)
+                    cpu[name] += time.process_time() - start
+                    got[name] = bool(result.certified[0])
+                    counts[name] += got[name]
+                order = [got["ibp"] <= got["crown-ibp"], got["crown"] <= got["alpha-crown"]]
+                nested &= all(order)
+            cells = " ".join(f"{counts[n]:>3} ({cpu[n]:>5.1f}s)" for n in names)
+            print(f"{net:<8} {eps:<5} {cells}  {nested}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=["crown", "complete", "all"], default="all")
+    parser.add_argument("--part", choices=["crown", "complete", "tightness", "all"], default="all")
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--eps", type=float, default=0.1)
     parser.add_argument("--nets", nargs="*", default=["256x2"])
@@ -120,6 +159,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.part in ("crown", "all"):
         crown_part(args.images, args.eps)
+    if args.part in ("tightness", "all"):
+        tightness_part(args.nets)
     if args.part in ("complete", "all"):
         complete_part(args.nets, args.timeout, args.cpu_limit)
 

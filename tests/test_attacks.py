@@ -299,9 +299,9 @@ def test_project_l2_is_a_radial_shrink():
 
 
 def test_l2_projection_clips_to_the_box_first_then_shrinks_onto_the_ball():
-    """The l2 threat model's projection (every l2 attack's step, and the base class's final
-    guarantee) lies in both sets and, on saturated pixels, keeps the full budget that
-    ball-then-box would clip away."""
+    """The l2 step rule and the base class's final guarantee (the exact projection) both lie
+    in both sets and, on saturated pixels, keep the full budget that ball-then-box (the
+    guarantee's rule until the exact projection replaced it) would clip away."""
     x = torch.zeros(1, 1, 2, 2)
     x[0, 0, 0, 0] = 1.0  # a saturated pixel; a step pushing it up is clipped away
     step = torch.tensor([[[[1.0, 1.0], [0.0, 0.0]]]])
@@ -309,7 +309,9 @@ def test_l2_projection_clips_to_the_box_first_then_shrinks_onto_the_ball():
     assert out.min() >= 0 and out.max() <= 1
     assert float((out - x).norm()) == pytest.approx(0.5)  # whole budget on the free pixel
     assert float(out[0, 0, 0, 1]) == pytest.approx(0.5)
-    ball_then_box = project(x + step, x, 0.5, Norm.L2)  # the base class's radial shrink
+    guaranteed = project(x + step, x, 0.5, Norm.L2)  # the base class's exact projection
+    assert torch.allclose(guaranteed, out, atol=1e-6)
+    ball_then_box = (x + step * 0.5 / step.norm()).clamp(0, 1)  # radial shrink, then clip
     assert float((ball_then_box - x).norm()) == pytest.approx(0.5 / 2**0.5, abs=1e-6)
 
 

@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "aisafety.database.store",
             "aisafety.database.schema",
+            "aisafety.database.liveness",  # heartbeats and stale-run detection of stored runs
             "aisafety.database.compare",
             "aisafety.report",
         ),

@@ -197,6 +197,8 @@ def test_shipped_entry_robust_and_certified_accuracy_exactly(name):
     entry = list_models()[name][0]
     predictor = load_zoo_model(name)
     data = _robust_subset(entry.dataset)
+    every = int(entry.metrics.get("robust_every", 1))  # the images the entry was measured on
+    data = type(data)(data.name, data.x[::every], data.y[::every], data.classes)
     for key, claim in entry.metrics.items():
         if key.startswith("pgd40_robust_accuracy_eps"):
             eps = float(key.removeprefix("pgd40_robust_accuracy_eps"))
