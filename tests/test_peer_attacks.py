@@ -24,6 +24,7 @@ about 45 minutes on the loaded machine, 15 of them in ART's C&W on the PGD-train
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,6 +66,7 @@ class Case:
     config: Callable[[float], dict]
     peers: dict[str, PeerFactory] = field(default_factory=dict)
     n: int = N
+    seeds: int = 1  # > 1: both sides' robust accuracy is the mean over this many seeds
 
 
 def _art(make_attack: Callable) -> PeerFactory:
@@ -180,13 +182,16 @@ CASES: dict[str, Case] = {
         "torchattacks": lambda net, eps: _ta.MIFGSM(net, eps=eps, alpha=eps / 10, steps=10),
         "ART": _art(_pgd_art(eps_step_ratio=1 / 10, max_iter=10, decay=1.0)),
     }),
+    # a default row on 200 images: one seed's random start moves it by up to 2 points either
+    # way (ours 0.655-0.685 over 4 seeds on mnist-cnn-pgd-at, torchattacks 0.665-0.675; means
+    # 0.670 and 0.670), so it compares the mean of 3 seeds
     "pgd-l2": Case("pgd-l2", Norm.L2, lambda eps: {"steps": 20, "step_size": eps / 8}, {
         "torchattacks": lambda net, eps: _ta.PGDL2(
             net, eps=eps, alpha=eps / 8, steps=20, random_start=True
         ),
         "ART": _art(_pgd_art(norm=2, eps_step_ratio=1 / 8, max_iter=20, num_random_init=1)),
         "Foolbox": _foolbox(lambda eps: _fa.L2PGD(steps=20, abs_stepsize=eps / 8)),
-    }),
+    }, seeds=3),
     "pgd-l1": Case("pgd-l1", Norm.L1, lambda eps: {"steps": 20, "step_size": eps / 10}, {
         "Foolbox": _foolbox(
             lambda eps: _fa.SparseL1DescentAttack(quantile=0.99, abs_stepsize=eps / 10, steps=20)
@@ -238,13 +243,13 @@ PARAMS = [
 ]
 
 
-def _seeded(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _seeded(run: Run, x: torch.Tensor, y: torch.Tensor, seed: int = 0) -> torch.Tensor:
     """``run(x, y)`` with torch's and numpy's global generators seeded (ART uses numpy's)."""
     state = np.random.get_state()
     try:
         with torch.random.fork_rng():
-            torch.manual_seed(0)
-            np.random.seed(0)
+            torch.manual_seed(seed)
+            np.random.seed(seed)
             return run(x, y).detach().float()
     finally:
         np.random.set_state(state)
@@ -261,14 +266,22 @@ def test_no_weaker_than_peers(label, model, mnist_subset):
     data = mnist_subset(case.n)
     x, y = data.x, data.y
     eps = BUDGETS[predictor.name][case.norm]
-    ours = default_registry().create("attack", case.attack, case.config(eps))(predictor, x, y, eps)
+    registry = default_registry()
+    config = case.config(eps)
+    configs = [{**config, "seed": seed} if case.seeds > 1 else config for seed in range(case.seeds)]
+    ours = statistics.mean(
+        registry.create("attack", case.attack, c)(predictor, x, y, eps).robust_accuracy
+        for c in configs
+    )
     network = predictor.network
     for peer, factory in case.peers.items():
-        x_peer = _seeded(factory(network, eps), x, y)
-        x_adv = project(x_peer, x, eps, case.norm)
-        with torch.no_grad():
-            theirs = (network(x_adv).argmax(1) == y).float().mean().item()
-        assert ours.robust_accuracy <= theirs + TOLERANCE, (
-            f"{label} at eps={eps} on {predictor.name}: ours {ours.robust_accuracy:.3f} > "
-            f"{peer} {theirs:.3f}"
+        accuracies = []
+        for seed in range(case.seeds):
+            x_adv = project(_seeded(factory(network, eps), x, y, seed), x, eps, case.norm)
+            with torch.no_grad():
+                accuracies.append((network(x_adv).argmax(1) == y).float().mean().item())
+        theirs = statistics.mean(accuracies)
+        assert ours <= theirs + TOLERANCE, (
+            f"{label} at eps={eps} on {predictor.name}: ours {ours:.3f} > {peer} {theirs:.3f}"
+            f" (mean of {case.seeds} seeds)"
         )
