@@ -225,11 +225,9 @@ class Attack(ABC):
         target: torch.Tensor | None,
         todo: torch.Tensor | None,
     ) -> AttackResult:
-        device = predictor.device
-        x, y = x.to(device), y.to(device, torch.long)
         started = time.perf_counter()
-        with torch.no_grad():
-            clean_logits = predictor.logits(x) if clean_logits is None else clean_logits.to(device)
+        x, y, clean_logits = self._chunk_inputs(predictor, x, y, clean_logits)
+        device = predictor.device
         if target is not None:
             target = target.to(device, torch.long)
         # the attack's own copies: whatever it writes into them stays there
@@ -239,11 +237,7 @@ class Attack(ABC):
         searcher = self.search_predictor(predictor)
         candidate, steps = self.perturb_todo(searcher, x.clone(), y.clone(), eps, call, todo)
         candidate, steps = self._checked_output(candidate, steps, x)
-        x_adv = project(candidate.detach(), x, eps, self.norm)
-        # the final check, always with the fp32 predictor: a candidate found under reduced
-        # precision counts only where the model in fp32 misclassifies it too
-        with torch.inference_mode():
-            adv_logits = predictor.logits(x_adv)
+        x_adv, adv_logits = self._final_check(predictor, candidate.detach(), x, eps)
         return AttackResult(
             attack=self.name,
             eps=eps,
@@ -258,6 +252,28 @@ class Attack(ABC):
             seconds=time.perf_counter() - started,
             target=target,
         )
+
+    @staticmethod
+    def _chunk_inputs(
+        predictor: Predictor, x: torch.Tensor, y: torch.Tensor, clean_logits: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A chunk's inputs on the predictor's device, with its clean logits (one forward
+        pass where the caller has none)."""
+        device = predictor.device
+        x, y = x.to(device), y.to(device, torch.long)
+        with torch.no_grad():
+            clean_logits = predictor.logits(x) if clean_logits is None else clean_logits.to(device)
+        return x, y, clean_logits
+
+    def _final_check(
+        self, predictor: Predictor, candidate: torch.Tensor, x: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The candidate put into the budget and its logits, always with the fp32 predictor:
+        a candidate found under reduced precision counts only where the model in fp32
+        misclassifies it too."""
+        x_adv = project(candidate, x, eps, self.norm)
+        with torch.inference_mode():
+            return x_adv, predictor.logits(x_adv)
 
     def perturb_todo(
         self,

@@ -32,7 +32,6 @@ from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
-from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
 from aisafety.attack.transfer import AttackRegistry
 from aisafety.errors import ConfigError
@@ -193,16 +192,11 @@ class _Ensemble(Attack):
         todo: torch.Tensor | None,
     ) -> AttackResult:
         """The base class's chunk (project, re-evaluate), keeping who broke each sample."""
-        device = predictor.device
-        x, y = x.to(device), y.to(device, torch.long)
         started = time.perf_counter()
-        with torch.no_grad():
-            clean_logits = predictor.logits(x) if clean_logits is None else clean_logits.to(device)
-        todo = None if todo is None else todo.to(device)
+        x, y, clean_logits = self._chunk_inputs(predictor, x, y, clean_logits)
+        todo = None if todo is None else todo.to(predictor.device)
         outcome = self._run_members(predictor, x, y, eps, clean_logits, samples.cpu(), todo)
-        x_adv = project(outcome.x_adv, x, eps, self.norm)
-        with torch.inference_mode():
-            adv_logits = predictor.logits(x_adv)
+        x_adv, adv_logits = self._final_check(predictor, outcome.x_adv, x, eps)
         success = adv_logits.argmax(1) != y
         broken_by = torch.where(success, outcome.broken_by, -1)
         return AttackResult(
