@@ -256,6 +256,7 @@ class Runner:
                 ) from None
         for metric in self.metrics:
             predictor.require(metric.requires, f"metric {metric.name!r}")
+            metric.check_model(predictor)
 
     def _random_defenses(self) -> list[str]:
         """The plan's input defenses that draw at random (a ``seed`` in their config): one

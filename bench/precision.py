@@ -137,9 +137,16 @@ def main() -> None:
           f"{flags.get('cpu_name', '?')}: avx512_bf16={flags.get('avx512_bf16')}, "
           f"amx_bf16={flags.get('amx_bf16')}, fast reduced precisions: "
           f"{', '.join(fast) or 'none'}")  # fmt: skip
+    kernel = precision.kernel_cpu_flags()
+    shown = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    auto = precision.compute_dtype("auto", cpu, "bench") or "fp32"
+    print("kernel's CPU flags (/proc/cpuinfo): "
+          + ", ".join(f"{flag}={'yes' if flag in kernel else 'no'}" for flag in shown)
+          + f"; precision: auto picks {auto}")  # fmt: skip
     if "bf16" not in fast:
         print("This CPU has no fast bf16, so `precision: bf16` is refused here; the bench "
-              "forces it to measure what it would cost.")  # fmt: skip
+              "forces it to measure what it would cost. The 2x target cannot be met on this "
+              "hardware (bf16 is emulated): see the bf16 floor against the fp32 one.")  # fmt: skip
     predictor = load_zoo_model(args.model)
     data = EmbeddedMnist().load(None, "test")
     print(f"model {args.model}, embedded MNIST test images")

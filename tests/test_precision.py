@@ -179,6 +179,28 @@ def test_fast_precisions_follow_the_cpu_flags(monkeypatch):
     assert fast_precisions(torch.device("meta")) == ()
 
 
+def test_auto_on_this_cpu_follows_the_flags_the_kernel_reports():
+    """Unpatched: ``auto`` on the machine running the tests is bf16 exactly where the kernel
+    reports AVX512-BF16 or AMX-BF16, else fp32 (the project's AMD EPYC reports AVX2 and no
+    AVX-512 at all: fp32), and ``bf16`` is refused there."""
+    flags = precision.kernel_cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags on this system")
+    has_bf16 = bool({"avx512_bf16", "amx_bf16"} & flags)
+    assert fast_precisions(CPU) == (("bf16",) if has_bf16 else ())
+    assert compute_dtype("auto", CPU, "x") is (torch.bfloat16 if has_bf16 else None)
+    if not has_bf16:
+        with pytest.raises(ConfigError, match="AVX512-BF16"):
+            compute_dtype("bf16", CPU, "attack 'pgd-linf'")
+
+
+def test_kernel_cpu_flags_reads_the_flags_line(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\n")
+    assert precision.kernel_cpu_flags(cpuinfo) == {"fpu", "avx", "avx2", "fma"}
+    assert precision.kernel_cpu_flags(tmp_path / "absent") == frozenset()
+
+
 def test_auto_is_bf16_where_fast_and_fp32_elsewhere(monkeypatch):
     monkeypatch.setattr(precision, "fast_precisions", lambda device: ("bf16",))
     assert compute_dtype("auto", CPU, "x") is torch.bfloat16

@@ -14,6 +14,7 @@ on a device that has no fast unit for it (there it would run slower than fp32).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, get_args
 
 import torch
@@ -32,6 +33,20 @@ def _cpu_flags() -> dict[str, Any]:
         return dict(torch._C._cpu._get_cpu_capability())
     except (AttributeError, RuntimeError):  # a torch without the (private) query
         return {}
+
+
+def kernel_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU flags the operating system reports (Linux ``/proc/cpuinfo``; empty elsewhere):
+    a second opinion on ``_cpu_flags``, which the bench and the tests print and compare."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
 
 
 def fast_precisions(device: torch.device) -> tuple[str, ...]:

@@ -50,6 +50,11 @@ class Metric(ABC):
             "description": cls.description,
         }
 
+    def check_model(self, predictor: Any) -> None:
+        """Raise, when the plan is checked (before any work), if this metric cannot evaluate
+        ``predictor``; beyond ``requires`` (e.g. a verifier that cannot bound one of its ops)."""
+        return None  # most metrics evaluate any model meeting ``requires``
+
     def label(self) -> str:
         """Name plus non-default settings, e.g. ``ald(p=2)``: two configs, two rows."""
         extra = self.config.model_dump(exclude_defaults=True)

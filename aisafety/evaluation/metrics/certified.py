@@ -58,6 +58,14 @@ def predictor_graph(predictor: Any, metric: str) -> BoundGraph:
     return build_graph(network.cpu(), predictor.input_shape, predictor.name)
 
 
+def checked_graph(verifier: Any, predictor: Any, metric: str) -> BoundGraph:
+    """The predictor's bound graph, after ``verifier`` confirmed it can bound every op: an
+    unsupported op is an error naming the op and the model (called at the plan check)."""
+    graph = predictor_graph(predictor, metric)
+    verifier.check(graph)
+    return graph
+
+
 def attack_result(ctx: EvaluationContext, spec: AttackSpec, eps: float, registry: PluginRegistry):
     """The attack's result at ``eps``: the plan's (shared, computed once) if the plan runs
     this attack, else run here through the attack's public call."""
@@ -101,9 +109,11 @@ class CertifiedAccuracy(CleanMetric):
             self.registry, self.config.verifier, self.config.verifier_config
         )
 
+    def check_model(self, predictor: Any) -> None:
+        checked_graph(self.verifier, predictor, self.name)
+
     def compute(self, ctx: EvaluationContext) -> MetricValue:
-        graph = predictor_graph(ctx.predictor, self.name)
-        self.verifier.check(graph)
+        graph = checked_graph(self.verifier, ctx.predictor, self.name)
         eps = self.config.eps
         prop = robustness_property(ctx.x.cpu(), ctx.y.cpu(), eps, ctx.predictor.num_classes)
         result = self.verifier.verify(graph, prop, ctx.predictor.logits)
@@ -173,9 +183,11 @@ class AverageCertifiedRadius(CleanMetric):
             self.registry, self.config.verifier, self.config.verifier_config
         )
 
+    def check_model(self, predictor: Any) -> None:
+        checked_graph(self.verifier, predictor, self.name)
+
     def compute(self, ctx: EvaluationContext) -> MetricValue:
-        graph = predictor_graph(ctx.predictor, self.name)
-        self.verifier.check(graph)
+        graph = checked_graph(self.verifier, ctx.predictor, self.name)
         x, y = ctx.x.cpu(), ctx.y.cpu()
         classes = ctx.predictor.num_classes
         c = self.config

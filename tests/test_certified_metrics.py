@@ -1,0 +1,128 @@
+"""Certified metrics against a closed form, the plan check, and `aisafety list verifiers`.
+
+On a single linear layer every bound method is exact, so the largest certified l-inf radius
+of a sample has a closed form: the smallest r where min over the clipped box
+[max(0, x - r), min(1, x + r)] of some margin row (w_y - w_j) . x + (b_y - b_j) reaches 0.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from aisafety.cli import main
+from aisafety.database.datasets.base import LoadedDataset
+from aisafety.evaluation.context import EvaluationContext
+from aisafety.plugins import default_registry
+from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.verification.graph import VerificationError
+
+
+def linear_model() -> TorchPredictor:
+    torch.manual_seed(3)
+    layer = nn.Linear(6, 3)
+    with torch.no_grad():
+        layer.weight.mul_(4)
+    return TorchPredictor(nn.Sequential(nn.Flatten(), layer), (1, 2, 3), 3, name="linear")
+
+
+def exact_radius(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: int, grid: np.ndarray):
+    """The largest grid radius whose clipped box keeps every margin row positive (0 if the
+    sample is misclassified): the exact minimum of a linear row is at a corner."""
+    rows = w[y] - np.delete(w, y, 0), b[y] - np.delete(b, y)
+    best = 0.0
+    for r in grid:
+        lo, hi = np.clip(x - r, 0, 1), np.clip(x + r, 0, 1)
+        low = (np.where(rows[0] > 0, lo, hi) * rows[0]).sum(1) + rows[1]
+        if (low <= 0).any():
+            return best
+        best = r
+    return best
+
+
+def context(model: TorchPredictor, n: int = 12) -> EvaluationContext:
+    generator = torch.Generator().manual_seed(4)
+    x = torch.rand(n, 1, 2, 3, generator=generator)
+    with torch.no_grad():
+        y = model.logits(x).argmax(1)
+    y[0] = (y[0] + 1) % 3  # one misclassified sample: radius 0 on both sides
+    data = LoadedDataset("random", x, y, ("a", "b", "c"))
+    return EvaluationContext(
+        model, data, lambda s: default_registry().create("attack", s.name, s.config)
+    )
+
+
+@pytest.mark.parametrize("verifier", ["ibp", "crown", "alpha-crown"])
+def test_average_certified_radius_matches_the_closed_form_on_a_linear_layer(verifier):
+    model = linear_model()
+    ctx = context(model)
+    metric = default_registry().create("metric", "average-certified-radius",
+                                       {"verifier": verifier})  # fmt: skip
+    value = metric.compute(ctx)
+    layer = model.module[1]
+    w, b = layer.weight.double().numpy(), layer.bias.double().numpy()
+    grid = np.arange(0, 0.5 + 1e-9, 1e-4)
+    exact = np.array([
+        exact_radius(w, b, ctx.x[i].flatten().double().numpy(), int(ctx.y[i]), grid)
+        for i in range(len(ctx.y))
+    ])  # fmt: skip
+    samples = value.details["samples"]
+    certified = np.array([s["margin"] for s in samples])
+    attacked = np.array([s["attack_radius"] for s in samples])
+    # bisection to 0.01: the certified radius is within one step below the exact one
+    assert (certified <= exact + 1e-4).all() and (certified >= exact - 0.01 - 1e-4).all()
+    assert (attacked >= exact - 1e-4).all()  # no point closer than the exact radius breaks it
+    assert (attacked <= exact + 0.01 + 1e-4).all()  # PGD finds the corner on a linear model
+    assert certified[0] == 0 and attacked[0] == 0
+    assert 0 < (exact > 0).sum() < len(exact)  # the data covers both cases
+    assert value.value == pytest.approx(certified.mean())
+    assert value.details["attack_upper_bound"] == pytest.approx(attacked.mean())
+    # certified-accuracy at an eps between two samples' exact radii: exactly those above it
+    radii = np.unique(exact[exact > 0])
+    eps = float(radii[len(radii) // 2 - 1] + radii[len(radii) // 2]) / 2
+    accuracy = default_registry().create(
+        "metric", "certified-accuracy", {"verifier": verifier, "eps": eps}
+    )
+    verdicts = [s["verdict"] for s in accuracy.compute(ctx).details["samples"]]
+    assert [v == "certified" for v in verdicts] == list(exact > eps)
+
+
+def test_an_unsupported_op_fails_at_the_plan_check_before_any_work(tmp_path, capsys):
+    from aisafety.config import plan_from_dict
+    from aisafety.database.store import ResultStore
+    from aisafety.runner import Runner
+
+    plan = {
+        "model": {"name": "mnist-cnn"},  # max-pools: only IBP bounds it
+        "dataset": {"name": "mnist-embedded", "limit": 4},
+        "metrics": ["ca", {"name": "certified-accuracy", "config": {"verifier": "crown"}}],
+    }
+    store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
+    runner = Runner(plan_from_dict(plan), store, quiet=True)
+    with pytest.raises(VerificationError, match=r"crown.*maxpool.*'mnist-cnn'"):
+        runner.prepare()
+    with pytest.raises(VerificationError):
+        runner.run()
+    assert store.query("select count(*) from runs")[1] == [(0,)]  # nothing started
+    radius = {**plan, "metrics": [{"name": "average-certified-radius",
+                                   "config": {"verifier": "alpha-crown"}}]}  # fmt: skip
+    with pytest.raises(VerificationError, match=r"alpha-crown.*maxpool.*'mnist-cnn'"):
+        Runner(plan_from_dict(radius), store, quiet=True).prepare()
+    config = tmp_path / "plan.yaml"
+    config.write_text(json.dumps(plan))
+    assert main(["evaluate", str(config), "--db", f"sqlite:///{tmp_path / 'c.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert "maxpool" in err and "mnist-cnn" in err and "Traceback" not in err
+
+
+def test_list_verifiers_json_names_every_verifier_and_the_complete_one(capsys):
+    assert main(["list", "verifiers", "--format", "json"]) == 0
+    listed = {e["name"]: e for e in json.loads(capsys.readouterr().out)}
+    assert {"ibp", "crown", "fast-lin", "crown-ibp", "alpha-crown", "complete"} <= set(listed)
+    assert [n for n, e in listed.items() if e["complete"]] == ["complete"]
+    assert all(e["description"] and e["plugin"] for e in listed.values())
+    assert listed["complete"]["config"]["timeout"] == 60.0
