@@ -62,6 +62,7 @@ class RunProgress:
         heartbeat: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         workers: int = 1,
+        remote: bool = False,
     ):
         self.units = {key: UnitProgress(key, d, unit_group(d)) for key, d in units}
         self.enabled = enabled
@@ -69,6 +70,9 @@ class RunProgress:
         self.heartbeat = heartbeat
         self.clock = clock
         self.workers = max(1, workers)  # units that run at once
+        # units run elsewhere (a Ray cluster): when each starts is not seen here, so the
+        # heartbeat names how many are left instead of what is running
+        self.remote = remote
         self.begun = clock()
         self._lock = threading.Lock()
         self._news = threading.Event()
@@ -186,9 +190,14 @@ class RunProgress:
                 running = [
                     u for u in self.units.values() if u.started is not None and u.seconds is None
                 ]
+                now = self.clock()
+                left = len(self.units) - self.done
+                if self.remote and left:
+                    self._say(f"  {left} unit(s) running or queued on {self.workers} "
+                              f"worker(s); {self.summary(now)}")  # fmt: skip
+                    continue
                 if not running:
                     continue
-                now = self.clock()
                 names = ", ".join(
                     f"{u.description} ({format_duration(now - u.started)})" for u in running[:3]
                 )

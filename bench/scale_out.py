@@ -41,12 +41,12 @@ from aisafety.config import plan_from_dict  # noqa: E402
 from aisafety.database.store import ResultStore  # noqa: E402
 from aisafety.execution import run_plan  # noqa: E402
 
-# 4 units of PGD-40 on 200 MNIST images (>= 10 s each on one busy core) and the clean one
+# 4 units of PGD-40 on 1,000 MNIST images (>= 10 s each on one idle core) and the clean one
 PLAN = {
-    "dataset": {"name": "mnist-embedded", "limit": 200},
+    "dataset": {"name": "mnist-embedded", "limit": 1000},
     "attacks": [{"name": "pgd-linf", "config": {"steps": 40}, "eps": [0.05, 0.1, 0.2, 0.3]}],
     "metrics": ["ca", "aaw", "robust-accuracy"],
-    "batch_size": 200,
+    "batch_size": 250,
     "device": "cpu",
 }
 

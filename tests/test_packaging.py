@@ -22,6 +22,9 @@ def test_every_subpackage_is_listed_in_pyproject():
 
 
 def test_non_editable_install_runs_the_default_data_and_model(tmp_path):
+    from legacy_layouts import build
+
+    build(f"sqlite:///{tmp_path / 'old.db'}", "2a40541")  # upgraded by the shipped migrations
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
@@ -34,6 +37,11 @@ def test_non_editable_install_runs_the_default_data_and_model(tmp_path):
         "from aisafety.database.datasets.embedded import EmbeddedMnist;"
         "p = load_zoo_model('mnist-cnn'); d = EmbeddedMnist().load(None, 'test');"
         "acc = (p.predict(d.x) == d.y).float().mean().item();"
+        "from aisafety.database.store import ResultStore;"
+        "s = ResultStore('sqlite:///old.db');"
+        "assert s.query('SELECT version_num FROM alembic_version')[1] == [('0001_baseline',)];"
+        "n = 'SELECT COUNT(*) - COUNT(broken_by) FROM sample_outcomes';"
+        "assert s.query(n)[1] == [(5,)];"
         "print(aisafety.__file__, acc)"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}

@@ -79,6 +79,22 @@ def test_a_long_unit_is_never_silent():
     )
 
 
+def test_units_on_a_cluster_are_never_silent_either():
+    """A Ray run does not see its units start: the heartbeat says how many are left."""
+    out = io.StringIO()
+    with RunProgress(UNITS, stream=out, heartbeat=0.05, workers=2, remote=True) as progress:
+        progress.finish("k0", seconds=3.0)
+        deadline = time.monotonic() + 10
+        while "queued" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    beat = [line for line in out.getvalue().splitlines() if "queued" in line]
+    assert beat and re.match(
+        r"  3 unit\(s\) running or queued on 2 worker\(s\); 1/4 units done, 0:00 elapsed, "
+        r"about 0:0\d left",
+        beat[0],
+    )
+
+
 def test_disabled_progress_prints_nothing():
     out = io.StringIO()
     with RunProgress(UNITS, enabled=False, stream=out, heartbeat=0.01) as progress:

@@ -86,6 +86,8 @@ def test_zoo_train_writes_checkpoint_and_manifest_that_load(tmp_path, monkeypatc
     with torch.inference_mode():
         accuracy = (predictor.predict(data.x[1::2]) == data.y[1::2]).float().mean().item()
     assert accuracy == pytest.approx(manifest["metrics"]["clean_accuracy"], abs=1e-6)
+    # the robustness subset of a 500-image test split is the whole split
+    assert accuracy == pytest.approx(manifest["metrics"]["subset_clean_accuracy"], abs=1e-6)
 
 
 def test_zoo_train_records_robust_and_certified_accuracy_at_the_training_eps(tmp_path, monkeypatch):
@@ -150,11 +152,15 @@ def _robust_subset(dataset: str):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_entry_clean_accuracy_agrees_on_the_1000_image_subset(name):
+    """Entries recorded since the subset accuracy is measured compare with it (a weak
+    model's accuracy on the class-balanced 1,000 can sit several points from the full test
+    set's: sok-fcnn-a-cadv3 39.8% vs 45.5%); older ones with the full test set's."""
     entry = list_models()[name][0]
     data = _robust_subset(entry.dataset)
     with torch.inference_mode():
         accuracy = (load_zoo_model(name).predict(data.x) == data.y).double().mean().item()
-    assert accuracy == pytest.approx(entry.metrics["clean_accuracy"], abs=0.03)
+    reference = entry.metrics.get("subset_clean_accuracy", entry.metrics["clean_accuracy"])
+    assert accuracy == pytest.approx(reference, abs=0.03)
 
 
 @pytest.mark.slow

@@ -1,23 +1,21 @@
 """Opening the results database so that concurrent runs and readers cannot corrupt it.
 
 SQLite files run in WAL mode (a reader never blocks a writer, a writer never blocks
-readers) with a busy timeout; the schema is created with ``IF NOT EXISTS`` statements so
-that processes starting together on a fresh file all succeed; columns added to the schema
-later are added to older databases (additive migration); and writes are retried a bounded
-number of times when another process holds the write lock for longer than the timeout.
+readers) with a busy timeout, and writes are retried a bounded number of times when another
+process holds the write lock for longer than the timeout. Creating and upgrading the tables
+is ``migration.py``'s (Alembic).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import MetaData, create_engine, event, inspect, text
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.schema import CreateIndex, CreateTable
 
 from aisafety.errors import ConfigError, StoreError
 
@@ -99,37 +97,6 @@ def checkpoint(engine: Engine) -> None:
     if engine.dialect.name == "sqlite" and sqlite_file(str(engine.url)) is not None:
         with engine.connect() as connection:
             connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
-
-
-def create_schema(engine: Engine, metadata: MetaData, views: Iterable[str]) -> None:
-    """Tables, indexes, missing columns and views, each statement safe to race."""
-
-    def create() -> None:
-        with engine.begin() as connection:
-            for table in metadata.sorted_tables:
-                connection.execute(CreateTable(table, if_not_exists=True))
-                for index in table.indexes:
-                    connection.execute(CreateIndex(index, if_not_exists=True))
-            _add_missing_columns(connection, metadata)
-            for view in views:
-                if connection.dialect.name == "postgresql":  # no IF NOT EXISTS for views
-                    view = view.replace("CREATE VIEW IF NOT EXISTS", "CREATE OR REPLACE VIEW")
-                connection.execute(text(view))
-
-    with_retries(f"create the tables of {engine.url}", create)
-
-
-def _add_missing_columns(connection: Connection, metadata: MetaData) -> None:
-    """Columns added to the schema after a database was made are added to it, nullable."""
-    inspector = inspect(connection)
-    for table in metadata.sorted_tables:
-        present = {c["name"] for c in inspector.get_columns(table.name)}
-        for column in table.columns:
-            if column.name in present:
-                continue
-            kind = column.type.compile(dialect=connection.dialect)
-            # A process adding it at the same moment makes this fail; create_schema retries.
-            connection.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'))
 
 
 def with_retries(what: str, action: Callable[[], T]) -> T:

@@ -20,14 +20,9 @@ from sqlalchemy.orm import Session
 
 from aisafety.attack.result import AttackResult
 from aisafety.database import DEFAULT_URL, schema
-from aisafety.database.engine import (
-    check_url,
-    checkpoint,
-    create_schema,
-    open_engine,
-    with_retries,
-)
+from aisafety.database.engine import check_url, checkpoint, open_engine, with_retries
 from aisafety.database.liveness import Heartbeat, mark_dead_runs, utc_now
+from aisafety.database.migration import migrate
 from aisafety.database.read_only import query_read_only
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
@@ -60,7 +55,7 @@ class ResultStore:
         check_url(url, create)
         try:
             self.engine: Engine = open_engine(url)
-            create_schema(self.engine, schema.Base.metadata, schema.VIEWS)
+            migrate(self.engine, schema.Base.metadata, schema.VIEWS)
         except (SQLAlchemyError, ImportError) as exc:
             raise ConfigError(f"cannot open the results database {url!r}: {exc}") from exc
         self.url = url

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from pydantic import Field
-from scipy.stats import binom
 
 from aisafety.defense.base import InputDefense, RandomDefenseConfig, is_attacker_pass
 from aisafety.verification.smoothing.noise import Noise, sample_noise
@@ -129,5 +128,7 @@ def two_sided_binomial_p(successes: np.ndarray, trials: np.ndarray) -> np.ndarra
     For p = 1/2 the distribution is symmetric, so the p-value is twice the tail beyond the
     larger of k and n - k, capped at 1.
     """
+    from scipy.stats import binom  # here: every process building the registry imports us
+
     larger = np.maximum(successes, trials - successes)
     return np.minimum(1.0, 2 * binom.sf(larger - 1, trials, 0.5))

@@ -28,6 +28,9 @@ from aisafety.progress import RunProgress
 from aisafety.runner import Runner, WorkUnit
 from aisafety.version import __version__
 
+# A progress line at least this often while the cluster works on units of minutes or hours
+HEARTBEAT_S = 60.0
+
 
 def run_on_ray(runner: Runner) -> RunRecord:
     """The plan's units on the Ray cluster of ``plan.executor``; stored as a local run."""
@@ -71,7 +74,7 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
     }  # fmt: skip
     progress = RunProgress(
         [(u.key, u.description) for u in units], enabled=not runner.quiet,
-        workers=_slots(options), heartbeat=0,
+        workers=_slots(options), heartbeat=HEARTBEAT_S, remote=True,
     )  # fmt: skip
     for u in units:
         if u.key in done:

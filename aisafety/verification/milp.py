@@ -21,15 +21,20 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import highspy
 import numpy as np
 import torch
-from scipy.optimize import LinearConstraint
-from scipy.sparse import csr_matrix, vstack
 
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box
+
+# scipy.optimize/sparse take ~0.4 s to import, and every process that builds the plugin
+# registry imports this module (through the complete verifier): imported where used
+if TYPE_CHECKING:
+    from scipy.optimize import LinearConstraint
+    from scipy.sparse import csr_matrix
 
 
 @dataclass
@@ -49,6 +54,9 @@ class Encoding:
 
     def constraints(self) -> list[LinearConstraint]:
         """The rows as scipy constraints (the tests' independent LP reference)."""
+        from scipy.optimize import LinearConstraint
+        from scipy.sparse import vstack
+
         if not self.rows:
             return []
         matrix = vstack(self.rows).tocsr()
@@ -62,6 +70,8 @@ class Encoding:
         lp.col_cost_ = np.asarray(cost, dtype=np.float64)
         lp.col_lower_, lp.col_upper_ = self.lower, self.upper
         if self.rows:
+            from scipy.sparse import vstack
+
             matrix = vstack(self.rows).tocsr()
             inf = highspy.kHighsInf
             lp.num_row_ = matrix.shape[0]
@@ -79,6 +89,8 @@ class Encoding:
 
 def encode(graph: BoundGraph, boxes: list[Box], relax: bool = False) -> Encoding:
     """The MILP (or LP with ``relax``) of one sample (boxes of batch size 1)."""
+    from scipy.sparse import csr_matrix
+
     graph.require({"input", "dense", "conv", "elementwise", "reshape", "positive-linear", "add",
                    "activation"}, "the complete verifier")  # fmt: skip
     if not graph.relu_only:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import scipy.io
 import torch
 
 from aisafety.database.datasets.base import DatasetSource, LoadedDataset, images_to_tensor
@@ -16,6 +15,8 @@ _FILES = {"train": "train_32x32.mat", "test": "test_32x32.mat"}
 
 def read_mat(file: Path) -> tuple[np.ndarray, np.ndarray]:
     """One ``*_32x32.mat`` -> (N, 3, 32, 32) uint8 images and (N,) int64 digit labels."""
+    import scipy.io  # here: only SVHN needs it, and every registry build imports this module
+
     try:
         mat = scipy.io.loadmat(file)
     except (scipy.io.matlab.MatReadError, ValueError, OSError, NotImplementedError) as exc:

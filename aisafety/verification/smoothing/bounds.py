@@ -18,7 +18,6 @@ radius is the largest L over a grid of (eps, delta).
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import beta
 
 from aisafety.verification.smoothing.noise import Noise
 
@@ -28,6 +27,8 @@ _DP_DELTA = np.logspace(-15, -1, 57)
 
 def clopper_pearson_lower(successes: np.ndarray, trials: int, alpha: float) -> np.ndarray:
     """One-sided (1 - alpha) lower confidence bound on a binomial proportion (0 where k = 0)."""
+    from scipy.stats import beta  # here: scipy.stats takes ~0.7 s to import
+
     k = np.asarray(successes, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         bound = beta.ppf(alpha, k, trials - k + 1)

@@ -1,0 +1,1 @@
+"""Revision files (Alembic loads them by path; this file only makes the folder a package)."""
