@@ -267,6 +267,23 @@ def test_clamped_frontier_examples_stop_at_misclassification():
     assert torch.allclose(clamped[1], x[1] - 0.1) and torch.allclose(free[1], x[1] - 0.15)
 
 
+def test_trades_examples_of_frontier_points_stay_in_the_clean_points_ball():
+    """TRADES's search for a frontier example x' runs in B(x, eps) of its clean x when told
+    (AH training's default): around x' itself it reaches 2 eps from x."""
+    from aisafety.defense.training.trades import kl_examples
+
+    network = Linear2(torch.ones(4), -2.0)
+    x = torch.full((16, 1, 2, 2), 0.5)
+    frontier = x - 0.2  # a frontier example at the edge of B(x, 0.2)
+    found = {
+        ball: kl_examples(network, frontier, 0.2, 4, 0.1, torch.Generator().manual_seed(0), c)
+        for ball, c in (("clean", x), ("frontier", None))
+    }
+    assert (found["clean"] - x).abs().amax() <= 0.2 + 1e-6
+    assert (found["frontier"] - frontier).abs().amax() <= 0.2 + 1e-6
+    assert (found["frontier"] - x).abs().amax() > 0.3  # some went on away from x
+
+
 # --- AH on the zoo: does it rank the trained-for-it model first? ----------------------------
 
 
