@@ -145,6 +145,17 @@ def test_verify_prints_unsat_and_sat_with_a_counterexample_that_replays(capsys):
     assert predictor.logits(x).argmax(1).item() != label
 
 
+def test_verify_prints_timeout_and_unknown(capsys):
+    folder = SHARED / "vnncomp2021_mnistfc"
+    net, spec = str(folder / "mnist-net_256x2.onnx"), str(folder / "prop_1_0.03.vnnlib")
+    # the hardest 256x2 instance: not settled in 60 s, so its MILP runs out of 0.5 s
+    assert main(["verify", net, spec, "--timeout", "0.5"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "timeout"
+    # IBP certifies no mnistfc instance and finds no counterexample here
+    assert main(["verify", net, spec, "--verifier", "ibp"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "unknown"
+
+
 def test_certified_accuracy_with_crown_on_an_onnx_network_through_a_plan(tmp_path):
     from aisafety.config import plan_from_dict
     from aisafety.database.store import ResultStore

@@ -113,7 +113,9 @@ class SquareLinf(Attack):
 
         As in the reference, a window whose new signs leave the image unchanged (it already
         had them, or clipping undoes them) is redrawn, for all such samples at once (only
-        they draw again: a sample's draws do not depend on its neighbours).
+        they draw again: a sample's draws do not depend on its neighbours). Whether a sign
+        leaves a channel's window unchanged is worked out once per sign (two image-sized
+        comparisons), so a redraw costs a draw and a lookup, not a new image.
         """
         m, c, h, w = x.shape
         u = streams.rand((m, 2 + c))  # one draw per iteration: the corner and the signs
@@ -123,15 +125,27 @@ class SquareLinf(Attack):
         in_rows = (rows >= top[:, None]) & (rows < top[:, None] + side)
         in_cols = (cols >= left[:, None]) & (cols < left[:, None] + side)
         window = (in_rows[:, :, None] & in_cols[:, None, :])[:, None]  # (m, 1, h, w)
-        signs = torch.where(u[:, 2:] < 0.5, eps, -eps).view(m, c, 1, 1)
-        proposal = torch.where(window, (x + signs).clamp(0, 1), best)
-        redraw = ((proposal - best).abs() < 1e-7).flatten(1).all(1).nonzero().squeeze(1)
+        outside = ~window
+
+        def unchanged(sign: float) -> torch.Tensor:
+            """(m, c): whether this sign leaves the channel's window as it is in ``best``."""
+            same = ((x + sign).clamp(0, 1) - best).abs() < 1e-7
+            return (same | outside).flatten(2).all(2)
+
+        keeps = {True: unchanged(eps), False: unchanged(-eps)}  # by sign > 0
+        positive = u[:, 2:] < 0.5  # (m, c): the sign of each channel
+        redraw = self._unchanged(positive, keeps).nonzero().squeeze(1)
         for _ in range(self.config.max_resamples - 1):
             if not len(redraw):
                 break
-            signs = streams[redraw].signs((len(redraw), c, 1, 1)) * eps
-            candidate = torch.where(window[redraw], (x[redraw] + signs).clamp(0, 1), best[redraw])
-            proposal[redraw] = candidate
-            same = ((candidate - best[redraw]).abs() < 1e-7).flatten(1).all(1)
-            redraw = redraw[same]
-        return proposal
+            drawn = streams[redraw].signs((len(redraw), c)) > 0
+            positive[redraw] = drawn
+            part = {sign: flags[redraw] for sign, flags in keeps.items()}
+            redraw = redraw[self._unchanged(drawn, part)]
+        signs = torch.where(positive, eps, -eps).view(m, c, 1, 1)
+        return torch.where(window, (x + signs).clamp(0, 1), best)
+
+    @staticmethod
+    def _unchanged(positive: torch.Tensor, keeps: dict[bool, torch.Tensor]) -> torch.Tensor:
+        """Per sample, whether every channel's sign leaves its window unchanged."""
+        return torch.where(positive, keeps[True], keeps[False]).all(1)
