@@ -143,6 +143,20 @@ def test_a_unit_committed_twice_by_one_run_is_stored_once(store_url):
     store.finish_run(run_id)
 
 
+def test_per_sample_values_of_a_metric_without_certificates_are_read_back(store_url):
+    """AH's per-sample areas stay in the value's JSON (``aisafety compare --resume`` runs its
+    rank-sum test on them); a smoothed metric's per_sample goes to its certificate rows."""
+    store = ResultStore(store_url)
+    run_id = store.start_run(PLAN, "test", "cpu")
+    areas = [0.25, 0.0, 0.5]
+    value = MetricValue(metric="adversarial-hypervolume", value=0.25, direction="higher",
+                        n_samples=3, details={"std": 0.2, "per_sample": areas})  # fmt: skip
+    store.record_unit(run_id, "ah", "unit", _subject(), [value], "test")
+    (stored,) = store.unit_values("ah")
+    assert stored.details == {"std": 0.2, "per_sample": areas}
+    store.finish_run(run_id)
+
+
 def test_query_reads_and_store_query_is_read_only_too(filled):
     columns, rows = query_read_only(read_only_engine(f"sqlite:///{filled}"), "SELECT * FROM runs")
     assert "status" in columns and len(rows) == 1
