@@ -1,8 +1,9 @@
 """Verifier cost, next to a forward pass, and the complete verifier on VNN-COMP mnistfc.
 
-    python bench/verification.py [--part crown|complete|tightness|all] [--images 1000] [--eps 0.1]
-                                 [--nets 256x2 ...] [--timeout 60] [--threads 2]
-                                 [--cpu-limit 60]
+    python bench/verification.py [--part crown|complete|tightness|cnn-tightness|all]
+                                 [--images 1000] [--eps 0.1] [--nets 256x2 ...]
+                                 [--timeout 60] [--threads 2] [--cpu-limit 60]
+                                 [--cnn-images 100] [--alpha-steps 20]
 
 1. CROWN (and IBP, CROWN-IBP) on ``--images`` embedded MNIST test images for the zoo's
    ``mnist-cnn-strided-crown-ibp`` at ``--eps``: seconds, certified fraction, and the ratio
@@ -17,6 +18,9 @@
 3. Tightness: certified instances (of the 15 properties per eps) per incomplete verifier
    on each of ``--nets``, CPU seconds in brackets, and whether the certified sets are
    nested on every instance.
+4. CNN tightness: every verifier, the complete one included (``--timeout`` per image), on
+   ``--cnn-images`` evenly spaced embedded images for ``mnist-cnn-strided-crown-ibp`` at
+   ``--eps``: certified fraction, verdict counts, CPU seconds, nesting per image.
 """
 
 from __future__ import annotations
@@ -59,21 +63,26 @@ def crown_part(images: int, eps: float) -> None:
     x, y = data.x[:images], data.y[:images]
     graph = build_graph(predictor.network, predictor.input_shape, predictor.name)
     prop = robustness_property(x, y, eps, predictor.num_classes)
-    print(f"mnist-cnn-strided-crown-ibp, {len(y)} images, eps {eps}")
-    print(f"{'verifier':<12} {'certified':>9} {'seconds':>8} {'forward s':>9} {'ratio':>8}")
+    print(f"mnist-cnn-strided-crown-ibp, {len(y)} images, eps {eps}, {torch.get_num_threads()} "
+          f"thread(s); load average at start {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"{'verifier':<12} {'certified':>9} {'seconds':>8} {'cpu s':>8} {'forward s':>9} "
+          f"{'ratio':>8}")  # fmt: skip
     for name in ("ibp", "crown-ibp", "crown"):
         verifier = make_verifier(default_registry(), name, {"batch_size": 100})
-        ratios, runs = [], []
+        ratios, runs, cpu = [], [], []
         for _ in range(2):  # interleaved pairs: forward, verifier
             fwd = forward_seconds(predictor.logits, x, repeats=1)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             result = verifier.verify(graph, prop, predictor.logits)
             runs.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)
             ratios.append(runs[-1] / fwd)
         cert = result.certified.double().mean().item()
         print(f"{name:<12} {cert:>9.3f} {statistics.median(runs):>8.2f} "
+              f"{statistics.median(cpu):>8.2f} "
               f"{statistics.median(runs) / statistics.median(ratios):>9.4f} "
               f"{statistics.median(ratios):>8.0f}x")  # fmt: skip
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 
 def complete_part(nets: list[str], timeout: float, cpu_limit: float) -> None:
@@ -144,14 +153,60 @@ def tightness_part(nets: list[str]) -> None:
             print(f"{net:<8} {eps:<5} {cells}  {nested}", flush=True)
 
 
+def cnn_tightness_part(images: int, eps: float, alpha_steps: int, timeout: float) -> None:
+    """Certified fraction per verifier, complete included, on ``images`` evenly spaced
+    embedded test images for the zoo's ``mnist-cnn-strided-crown-ibp`` at ``eps``, and
+    whether the certified sets are nested per image (IBP <= CROWN-IBP, IBP <= CROWN <=
+    alpha-CROWN <= complete), with the complete verifier's verdict counts."""
+    from aisafety.database.datasets.embedded import EmbeddedMnist
+    from aisafety.database.zoo import load_zoo_model
+    from aisafety.plugins import default_registry
+    from aisafety.verification.graph import build_graph
+    from aisafety.verification.property import robustness_property
+    from aisafety.verification.registry import make_verifier
+
+    predictor = load_zoo_model("mnist-cnn-strided-crown-ibp")
+    data = EmbeddedMnist().load(None, "test")
+    step = max(1, len(data.y) // images)
+    x, y = data.x[::step][:images], data.y[::step][:images]
+    graph = build_graph(predictor.network, predictor.input_shape, predictor.name)
+    prop = robustness_property(x, y, eps, predictor.num_classes)
+    configs = {
+        "ibp": {}, "crown-ibp": {}, "crown": {}, "alpha-crown": {"steps": alpha_steps},
+        "complete": {"alpha_steps": alpha_steps, "timeout": timeout},
+    }  # fmt: skip
+    print(f"mnist-cnn-strided-crown-ibp, {len(y)} images (every {step}th), eps {eps}, "
+          f"alpha steps {alpha_steps}, complete timeout {timeout:g} s; load average "
+          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    certified, verdicts = {}, {}
+    for name, config in configs.items():
+        start = time.process_time()
+        result = make_verifier(default_registry(), name, config).verify(
+            graph, prop, predictor.logits
+        )
+        certified[name] = result.certified
+        verdicts[name] = {v: sum(r.value == v for r in result.verdicts)
+                          for v in ("certified", "falsified", "unknown")}  # fmt: skip
+        print(f"{name:<12} certified {result.certified.double().mean():.3f}  "
+              f"{verdicts[name]}  cpu {time.process_time() - start:.1f} s", flush=True)  # fmt: skip
+    chain = [("ibp", "crown-ibp"), ("ibp", "crown"), ("crown", "alpha-crown"),
+             ("alpha-crown", "complete")]  # fmt: skip
+    nested = all(bool((certified[a] <= certified[b]).all()) for a, b in chain)
+    print(f"nested per image (ibp<=crown-ibp, ibp<=crown<=alpha-crown<=complete): {nested}; "
+          f"load average at end {os.getloadavg()[0]:.1f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=["crown", "complete", "tightness", "all"], default="all")
+    parts = ["crown", "complete", "tightness", "cnn-tightness", "all"]
+    parser.add_argument("--part", choices=parts, default="all")
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--eps", type=float, default=0.1)
     parser.add_argument("--nets", nargs="*", default=["256x2"])
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cnn-images", type=int, default=100, help="images for cnn-tightness")
+    parser.add_argument("--alpha-steps", type=int, default=20, help="for cnn-tightness")
     parser.add_argument(
         "--cpu-limit", type=float, default=60.0, help="also count settled within this CPU time"
     )
@@ -161,6 +216,8 @@ def main() -> None:
         crown_part(args.images, args.eps)
     if args.part in ("tightness", "all"):
         tightness_part(args.nets)
+    if args.part in ("cnn-tightness", "all"):
+        cnn_tightness_part(args.cnn_images, args.eps, args.alpha_steps, args.timeout)
     if args.part in ("complete", "all"):
         complete_part(args.nets, args.timeout, args.cpu_limit)
 

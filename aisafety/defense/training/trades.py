@@ -40,8 +40,11 @@ def kl_examples(
     steps: int,
     step_size: float,
     generator: torch.Generator,
+    center: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The inner maximisation of TRADES: PGD on the KL to the clean prediction."""
+    """The inner maximisation of TRADES: PGD on the KL to the prediction at ``x``, inside
+    the eps-ball around ``center`` (default ``x``; AH training passes the clean point for a
+    frontier example that is itself a perturbation of it)."""
     was_training = network.training
     network.eval()
     with torch.no_grad():
@@ -53,7 +56,8 @@ def kl_examples(
     def objective(logits: torch.Tensor) -> torch.Tensor:
         return robustness_kl(clean, logits)
 
-    return ascend_linf(network, objective, x, x_start, eps, steps, step_size)
+    ball = x if center is None else center
+    return ascend_linf(network, objective, ball, x_start, eps, steps, step_size)
 
 
 def trades_loss(
