@@ -464,3 +464,23 @@ def test_a_running_run_renews_its_lease_until_it_ends(store_url, monkeypatch):
     ended = heartbeat()
     time.sleep(0.3)
     assert heartbeat() == ended  # a finished run holds no lease
+
+
+def test_a_duplicate_key_is_reported_at_once_not_retried_as_busy(monkeypatch):
+    """PostgreSQL ends every duplicate-key message with 'already exists': a key no retry can
+    fix is an error at once, not 'still busy after 5 attempts'."""
+    from sqlalchemy.exc import IntegrityError
+
+    monkeypatch.setattr(store_engine, "RETRY_PAUSE_S", 0.0)
+    calls = []
+
+    def insert() -> None:
+        calls.append(1)
+        raise IntegrityError(
+            "INSERT", {}, Exception('duplicate key value violates unique constraint '
+                                    '"metric_values_pkey"\nDETAIL:  Key (id)=(3) already exists.'),
+        )  # fmt: skip
+
+    with pytest.raises(StoreError, match="metric_values_pkey") as error:
+        store_engine.with_retries("store a unit", insert)
+    assert len(calls) == 1 and "busy" not in str(error.value)
