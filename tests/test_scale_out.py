@@ -186,6 +186,23 @@ def test_a_plan_on_ray_and_postgresql_stores_what_a_local_run_stores_in_sqlite(
     assert _count(postgres_url, "SELECT COUNT(*) FROM units") == 4
 
 
+@pytest.mark.slow
+def test_without_shards_each_unit_is_one_task_and_stores_what_a_local_run_stores(
+    ray_cluster, postgres_url, tmp_path
+):
+    """No shard_size: each attack unit is one task (attack, metrics, rows), so units finish
+    one by one as their tasks do; every number equals the local run's."""
+    local = _local(tmp_path, "local.db", threads=1)
+    args = ("--executor", "ray", "--address", ray_cluster.address, "--db", postgres_url)
+    driver = _evaluate(PLAN, *args, env=ray_cluster.env, cwd=tmp_path)
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 0, err
+    assert "4/4 units done" in err
+    counts, differences = compare(local, postgres_url)
+    assert differences == []
+    assert counts == {"metric_values": 10, "attack_runs": 3, "sample_outcomes": 90}
+
+
 SLOW_PLAN = {
     **PLAN,
     "dataset": {"name": "mnist-embedded", "limit": 120},

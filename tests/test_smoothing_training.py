@@ -50,3 +50,15 @@ def test_training_losses_train(defense):
         loss.backward()
         optimiser.step()
     assert loss.item() < 0.75 * first
+
+
+def test_shipped_macer_entry_fine_tunes_the_pinned_gaussian_model():
+    """``mnist-cnn-macer-0.5``: one MACER epoch (k = 8, sigma 0.5) from the shipped
+    ``mnist-cnn-gaussian-0.5``, pinned by its sha256, so ``zoo train --recipe-of`` rebuilds it."""
+    from aisafety.database.zoo import list_models
+
+    models = list_models()
+    recipe = models["mnist-cnn-macer-0.5"][0].recipe
+    assert recipe.defense == "macer" and recipe.defense_config == {"sigma": 0.5, "noise_samples": 8}
+    assert recipe.init_from == "mnist-cnn-gaussian-0.5"
+    assert recipe.init_sha256 == models["mnist-cnn-gaussian-0.5"][0].sha256

@@ -143,6 +143,20 @@ def test_a_unit_committed_twice_by_one_run_is_stored_once(store_url):
     store.finish_run(run_id)
 
 
+def test_per_sample_values_of_a_metric_without_certificates_are_read_back(store_url):
+    """AH's per-sample areas stay in the value's JSON (``aisafety compare --resume`` runs its
+    rank-sum test on them); a smoothed metric's per_sample goes to its certificate rows."""
+    store = ResultStore(store_url)
+    run_id = store.start_run(PLAN, "test", "cpu")
+    areas = [0.25, 0.0, 0.5]
+    value = MetricValue(metric="adversarial-hypervolume", value=0.25, direction="higher",
+                        n_samples=3, details={"std": 0.2, "per_sample": areas})  # fmt: skip
+    store.record_unit(run_id, "ah", "unit", _subject(), [value], "test")
+    (stored,) = store.unit_values("ah")
+    assert stored.details == {"std": 0.2, "per_sample": areas}
+    store.finish_run(run_id)
+
+
 def test_query_reads_and_store_query_is_read_only_too(filled):
     columns, rows = query_read_only(read_only_engine(f"sqlite:///{filled}"), "SELECT * FROM runs")
     assert "status" in columns and len(rows) == 1
@@ -450,3 +464,23 @@ def test_a_running_run_renews_its_lease_until_it_ends(store_url, monkeypatch):
     ended = heartbeat()
     time.sleep(0.3)
     assert heartbeat() == ended  # a finished run holds no lease
+
+
+def test_a_duplicate_key_is_reported_at_once_not_retried_as_busy(monkeypatch):
+    """PostgreSQL ends every duplicate-key message with 'already exists': a key no retry can
+    fix is an error at once, not 'still busy after 5 attempts'."""
+    from sqlalchemy.exc import IntegrityError
+
+    monkeypatch.setattr(store_engine, "RETRY_PAUSE_S", 0.0)
+    calls = []
+
+    def insert() -> None:
+        calls.append(1)
+        raise IntegrityError(
+            "INSERT", {}, Exception('duplicate key value violates unique constraint '
+                                    '"metric_values_pkey"\nDETAIL:  Key (id)=(3) already exists.'),
+        )  # fmt: skip
+
+    with pytest.raises(StoreError, match="metric_values_pkey") as error:
+        store_engine.with_retries("store a unit", insert)
+    assert len(calls) == 1 and "busy" not in str(error.value)

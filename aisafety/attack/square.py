@@ -113,25 +113,44 @@ class SquareLinf(Attack):
 
         As in the reference, a window whose new signs leave the image unchanged (it already
         had them, or clipping undoes them) is redrawn, for all such samples at once (only
-        they draw again: a sample's draws do not depend on its neighbours).
+        they draw again: a sample's draws do not depend on its neighbours). The work is on
+        the windows (side x side patches gathered per sample), not on whole images: whether
+        a sign leaves a channel's window unchanged is worked out once per sign, so a redraw
+        costs a draw and a lookup.
         """
         m, c, h, w = x.shape
         u = streams.rand((m, 2 + c))  # one draw per iteration: the corner and the signs
         top, left = scaled(u[:, 0], max(h - side, 1)), scaled(u[:, 1], max(w - side, 1))
-        rows = torch.arange(h, device=x.device)[None, :]
-        cols = torch.arange(w, device=x.device)[None, :]
-        in_rows = (rows >= top[:, None]) & (rows < top[:, None] + side)
-        in_cols = (cols >= left[:, None]) & (cols < left[:, None] + side)
-        window = (in_rows[:, :, None] & in_cols[:, None, :])[:, None]  # (m, 1, h, w)
-        signs = torch.where(u[:, 2:] < 0.5, eps, -eps).view(m, c, 1, 1)
-        proposal = torch.where(window, (x + signs).clamp(0, 1), best)
-        redraw = ((proposal - best).abs() < 1e-7).flatten(1).all(1).nonzero().squeeze(1)
+        span = torch.arange(side, device=x.device)
+        where = (
+            torch.arange(m, device=x.device)[:, None, None, None],
+            torch.arange(c, device=x.device)[None, :, None, None],
+            (top[:, None] + span)[:, None, :, None],
+            (left[:, None] + span)[:, None, None, :],
+        )
+        x_window, best_window = x[where], best[where]  # (m, c, side, side)
+
+        def unchanged(sign: float) -> torch.Tensor:
+            """(m, c): whether this sign leaves the channel's window as it is in ``best``."""
+            same = ((x_window + sign).clamp(0, 1) - best_window).abs() < 1e-7
+            return same.flatten(2).all(2)
+
+        keeps = {True: unchanged(eps), False: unchanged(-eps)}  # by sign > 0
+        positive = u[:, 2:] < 0.5  # (m, c): the sign of each channel
+        redraw = self._unchanged(positive, keeps).nonzero().squeeze(1)
         for _ in range(self.config.max_resamples - 1):
             if not len(redraw):
                 break
-            signs = streams[redraw].signs((len(redraw), c, 1, 1)) * eps
-            candidate = torch.where(window[redraw], (x[redraw] + signs).clamp(0, 1), best[redraw])
-            proposal[redraw] = candidate
-            same = ((candidate - best[redraw]).abs() < 1e-7).flatten(1).all(1)
-            redraw = redraw[same]
+            drawn = streams[redraw].signs((len(redraw), c)) > 0
+            positive[redraw] = drawn
+            part = {sign: flags[redraw] for sign, flags in keeps.items()}
+            redraw = redraw[self._unchanged(drawn, part)]
+        signs = torch.where(positive, eps, -eps).view(m, c, 1, 1)
+        proposal = best.clone()
+        proposal[where] = (x_window + signs).clamp(0, 1)
         return proposal
+
+    @staticmethod
+    def _unchanged(positive: torch.Tensor, keeps: dict[bool, torch.Tensor]) -> torch.Tensor:
+        """Per sample, whether every channel's sign leaves its window unchanged."""
+        return torch.where(positive, keeps[True], keeps[False]).all(1)

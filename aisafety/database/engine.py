@@ -25,11 +25,13 @@ RETRY_PAUSE_S = 0.5  # first pause between attempts; doubles each time
 
 T = TypeVar("T")
 
-# Errors worth another attempt: a lock held by another process, or a row or schema object
-# another process created between our check and our insert (a model or dataset row written
-# by a concurrent run: the next attempt finds it).
+# Errors worth another attempt: a lock held by another process, or a row another process
+# created between our check and our insert (a model or dataset row written by a concurrent
+# run: the next attempt finds it). Not any "already exists": PostgreSQL says that of every
+# duplicate key, which another attempt cannot fix (the tables themselves are created under
+# a lock, migration.py).
 _TRANSIENT = (
-    "locked", "busy", "deadlock", "could not serialize", "already exists", "duplicate column",
+    "locked", "busy", "deadlock", "could not serialize",
     "unique constraint failed: models.", "unique constraint failed: datasets.",
     'unique constraint "models_', 'unique constraint "datasets_',
     # the same unit stored at once by two attempts of one task (Ray retries): the next

@@ -28,6 +28,7 @@ from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
 
 # details keys stored as rows of their own tables, not in the metric value's JSON
+# ("per_sample" only for values with "certificates": _row_backed)
 ROW_DETAILS = (schema.SAMPLES, "per_sample")
 # Inputs kept per attack run for the report's example panels: successful ones first.
 EXAMPLES_PER_RUN = 4
@@ -230,11 +231,7 @@ class ResultStore:
                     attack=v.attack,
                     eps=v.eps,
                     n_samples=v.n_samples,
-                    details={
-                        k: d
-                        for k, d in v.details.items()
-                        if k not in (schema.SAMPLES, "per_sample")
-                    },
+                    details={k: d for k, d in v.details.items() if not _row_backed(k, v)},
                     platform_version=version,
                     **_interval(v),
                 )
@@ -369,6 +366,14 @@ WHERE u.n_values = (
     SELECT COUNT(*) FROM smoothing_certificates sc
     WHERE sc.unit_key = u.key AND sc.run_id = u.run_id)
 """
+
+
+def _row_backed(key: str, value: MetricValue) -> bool:
+    """Whether a details entry is stored as rows of its own table, not in the JSON: the
+    verification verdicts, and ``per_sample`` of a smoothed metric (its certificates). Other
+    metrics' ``per_sample`` (AH's areas, which ``aisafety compare``'s rank-sum test reads
+    back on ``--resume``) stays in the JSON."""
+    return key == schema.SAMPLES or (key == "per_sample" and "certificates" in value.details)
 
 
 def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]) -> int:

@@ -2,10 +2,11 @@
 
 The driver (this process) asks one task to load the model and data, key the units and
 compute the clean logits; the logits stay in Ray's object store, shared by every later
-task. Each (attack, budget) runs as one task per shard of the data, and its unit task joins
-the shards, computes the unit's metrics and stores them in one transaction from the worker;
-the clean metrics read any attack result they need from the object store instead of
-running it again. Ray retries a task whose worker died or that raised (``max_retries``); a
+task. Without shards, each (attack, budget) unit is one task: the attack, its metrics and
+its rows, stored in one transaction from the worker. With shards, each shard is an attack
+task and a unit task joins them, computes the metrics and stores the unit. The clean
+metrics read any attack result they need from the object store instead of running it
+again. Ray retries a task whose worker died or that raised (``max_retries``); a
 unit still failing is recorded in ``unit_failures`` and the rest of the plan goes on.
 Imported only when a plan runs on Ray: a local run never imports Ray.
 """
@@ -61,17 +62,7 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
     run_id = runner.store.start_run(plan, __version__, f"ray:{info['device']}"[:16])
     done = runner.store.finished_units() if runner.resume else set()
     todo = [u for u in units if u.key not in done]
-    shards = _submit_attacks(todo, plan, url, cwd, info["shards"], logits_ref, options)
-    results = {(u.attack.key(), float(u.eps)): shards[u.key] for u in todo if u.attack}
-    unit_task = ray.remote(tasks.unit).options(**options)
-    pending = {
-        unit_task.remote(
-            plan, url, cwd, run_id, u, logits_ref,
-            results if u.attack is None else {}, ray.get if u.attack is None else None,
-            *shards.get(u.key, []),
-        ): u
-        for u in todo
-    }  # fmt: skip
+    pending = _submit(todo, plan, url, cwd, run_id, info["shards"], logits_ref, options)
     progress = RunProgress(
         [(u.key, u.description) for u in units], enabled=not runner.quiet,
         workers=_slots(options), heartbeat=HEARTBEAT_S, remote=True,
@@ -116,21 +107,42 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
     )
 
 
-def _submit_attacks(
-    todo: list[WorkUnit], plan: EvaluationPlan, url: str, cwd: str, n_shards: int,
-    logits_ref: Any, options: dict[str, Any],
-) -> dict[str, list]:  # fmt: skip
-    """One attack task per shard of each (attack, budget) still to do: their references."""
-    attack = ray.remote(tasks.attack).options(**options)
-    count = n_shards if plan.shard_size is not None else 1
-    return {
-        u.key: [
-            attack.remote(plan, url, cwd, u.attack, u.eps, shard, logits_ref)
-            for shard in range(count)
-        ]
-        for u in todo
-        if u.attack is not None
-    }
+def _submit(
+    todo: list[WorkUnit], plan: EvaluationPlan, url: str, cwd: str, run_id: int,
+    n_shards: int, logits_ref: Any, options: dict[str, Any],
+) -> dict[Any, WorkUnit]:  # fmt: skip
+    """The tasks of the units still to do; returns the reference each unit is done with.
+
+    Unsharded: one task per attack unit (attack, metrics, rows), so a unit is done when its
+    task is. Sharded: one attack task per shard, then a task per unit that joins its shards
+    (it waits for them; Ray may queue it behind shards of later units). The clean unit's task
+    gets every attack result's references, for clean metrics that reuse an attack."""
+    pending: dict[Any, WorkUnit] = {}
+    shards: dict[str, list] = {}
+    attacked = [u for u in todo if u.attack is not None]
+    if plan.shard_size is None:
+        whole = ray.remote(tasks.attack_unit).options(num_returns=2, **options)
+        for u in attacked:
+            done_ref, result_ref = whole.remote(plan, url, cwd, run_id, u, logits_ref)
+            pending[done_ref], shards[u.key] = u, [result_ref]
+    else:
+        attack = ray.remote(tasks.attack).options(**options)
+        for u in attacked:
+            shards[u.key] = [
+                attack.remote(plan, url, cwd, u.attack, u.eps, shard, logits_ref)
+                for shard in range(n_shards)
+            ]
+    results = {(u.attack.key(), float(u.eps)): shards[u.key] for u in attacked}
+    unit_task = ray.remote(tasks.unit).options(**options)
+    for u in todo:
+        if u.attack is None or plan.shard_size is not None:
+            ref = unit_task.remote(
+                plan, url, cwd, run_id, u, logits_ref,
+                results if u.attack is None else {}, ray.get if u.attack is None else None,
+                *(shards[u.key] if u.attack is not None else []),
+            )  # fmt: skip
+            pending[ref] = u
+    return pending
 
 
 def _connect(address: str | None) -> bool:

@@ -53,15 +53,31 @@ def attack(
     plan: EvaluationPlan, url: str, cwd: str, spec: AttackSpec, eps: float, shard: int,
     clean_logits: torch.Tensor,
 ) -> AttackResult:  # fmt: skip
-    """One shard of one attack at one budget (the whole data when the plan has no shards)."""
+    """One shard of one attack at one budget (plans with ``shard_size``)."""
     _, prepared = _prepared(plan, url, cwd)
     ctx = prepared.context
     _use_clean_logits(ctx, clean_logits)
-    if plan.shard_size is None:
-        result = ctx.adversarial(spec, eps)
-        ctx.forget_adversarial(spec, eps)
-        return result
     return ctx.attack_shard(spec, eps, shard)
+
+
+def attack_unit(
+    plan: EvaluationPlan, url: str, cwd: str, run_id: int, work: WorkUnit,
+    clean_logits: torch.Tensor,
+) -> tuple[tuple[list[MetricValue], float], AttackResult]:  # fmt: skip
+    """A whole unsharded attack unit in one task: the attack, its metrics and its rows, so
+    the unit is done when its task is (one task per unit: no metric task queued behind every
+    other unit's attack). Returns (values, seconds) and, as a second output, the attack
+    result, for clean metrics that reuse it (through the object store)."""
+    started = time.perf_counter()
+    runner, prepared = _prepared(plan, url, cwd)
+    ctx = prepared.context
+    _use_clean_logits(ctx, clean_logits)
+    try:
+        values = runner.compute(prepared, work, run_id)  # runs the attack (ctx.adversarial)
+        result = ctx.adversarial(work.attack, work.eps)  # kept by the context: no rerun
+        return (values, time.perf_counter() - started), result
+    finally:
+        ctx.forget_adversarial(work.attack, work.eps)
 
 
 def unit(
