@@ -55,6 +55,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "aisafety.database.store",
             "aisafety.database.schema",
+            "aisafety.database.migration",  # brings a stored database to this schema (Alembic)
+            "aisafety.database.migrations",  # the schema's revisions
             "aisafety.database.liveness",  # heartbeats and stale-run detection of stored runs
             "aisafety.database.compare",
             "aisafety.report",
