@@ -482,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--resume", action="store_true", help="skip units already in the database")
     ev.add_argument("--quiet", action="store_true", help="no progress bars")
     ev.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    ev.add_argument("--limit", type=int, help="evaluate on at most N samples (class-balanced)")
+    ev.add_argument("--limit", type=int, help="evaluate on at most N samples (as dataset.sampling)")
     ev.add_argument("--format", choices=["table", "csv", "json"], default="table")
     ev.add_argument(
         "--executor", choices=["local", "ray"],
@@ -504,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--resume", action="store_true", help="skip units already in the database")
     cp.add_argument("--quiet", action="store_true", help="no progress bars")
     cp.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    cp.add_argument("--limit", type=int, help="evaluate on at most N samples (class-balanced)")
+    cp.add_argument("--limit", type=int, help="evaluate on at most N samples (as dataset.sampling)")
     cp.add_argument("--format", choices=["table", "csv", "json"], default="table")
     cp.set_defaults(func=cmd_compare)
 
