@@ -169,6 +169,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Evaluate several models with one plan; rank correlations between its metrics."""
     from aisafety.config import default_plan, load_plan
     from aisafety.database.store import ResultStore
+    from aisafety.database.zoo import list_models
     from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
     from aisafety.execution import run_plan
     from aisafety.interfaces import ModelSpec
@@ -179,6 +180,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     warn_failures(default_registry())
     if len(set(args.models)) < 2:
         raise ConfigError(f"compare needs at least two different models, got {args.models}")
+    known = list_models()
+    for name in args.models:  # before any work: a plan given after --models is read as one
+        if name not in known:
+            hint = (
+                f"; {name!r} looks like a plan file: give it before --models"
+                if name.endswith((".yaml", ".yml", ".toml"))
+                else ""
+            )
+            raise ConfigError(
+                f"--models: {name!r} is not a zoo model (`aisafety zoo list` names them){hint}"
+            )
     baseline = args.baseline or args.models[0]
     if baseline not in args.models:
         raise ConfigError(f"--baseline {baseline!r} is not among --models {args.models}")
@@ -482,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--resume", action="store_true", help="skip units already in the database")
     ev.add_argument("--quiet", action="store_true", help="no progress bars")
     ev.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    ev.add_argument("--limit", type=int, help="evaluate on at most N samples (class-balanced)")
+    ev.add_argument("--limit", type=int, help="evaluate on at most N samples (as dataset.sampling)")
     ev.add_argument("--format", choices=["table", "csv", "json"], default="table")
     ev.add_argument(
         "--executor", choices=["local", "ray"],
@@ -504,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--resume", action="store_true", help="skip units already in the database")
     cp.add_argument("--quiet", action="store_true", help="no progress bars")
     cp.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    cp.add_argument("--limit", type=int, help="evaluate on at most N samples (class-balanced)")
+    cp.add_argument("--limit", type=int, help="evaluate on at most N samples (as dataset.sampling)")
     cp.add_argument("--format", choices=["table", "csv", "json"], default="table")
     cp.set_defaults(func=cmd_compare)
 

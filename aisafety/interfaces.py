@@ -165,6 +165,9 @@ class DatasetSpec(StrictModel):
     split: Literal["train", "test"] = "test"
     limit: int | None = Field(default=None, gt=0, strict=True)
     seed: Seed = 0
+    # how ``limit`` samples are drawn: as many per class as possible (small evaluation sets
+    # weigh every class alike) or uniformly from the whole split (as the SoK benchmark does)
+    sampling: Literal["balanced", "uniform"] = "balanced"
 
 
 def _one_or_many(value: Any) -> Any:

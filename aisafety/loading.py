@@ -118,6 +118,8 @@ def apply_defenses(
 def load_data(spec: DatasetSpec, registry: Registry) -> LoadedDataset:
     source = registry.get("dataset", spec.name)()
     data = source.load(spec.path, spec.split)
+    if spec.sampling == "uniform":
+        return data.uniform_subset(spec.limit, spec.seed)
     return data.balanced_subset(spec.limit, spec.seed)
 
 

@@ -126,3 +126,69 @@ def test_list_verifiers_json_names_every_verifier_and_the_complete_one(capsys):
     assert [n for n, e in listed.items() if e["complete"]] == ["complete"]
     assert all(e["description"] and e["plugin"] for e in listed.values())
     assert listed["complete"]["config"]["timeout"] == 60.0
+
+
+@pytest.mark.parametrize("verifier", ["crown", "complete"])
+def test_attack_first_verifies_only_what_the_attack_left_with_the_same_certified_set(verifier):
+    ctx = context(linear_model(), n=24)
+    eps = 0.05
+    runs = {
+        first: default_registry()
+        .create("metric", "certified-accuracy",
+                {"verifier": verifier, "eps": eps, "attack_first": first})
+        .compute(ctx)
+        for first in (True, False)
+    }  # fmt: skip
+    every, first = runs[False].details, runs[True].details
+    broken = [s["attack_broken"] for s in every["samples"]]
+    assert broken[0] and 0 < sum(broken) < len(broken)  # sample 0 is misclassified
+    # a sound verifier certifies no broken sample, so skipping them changes no certificate
+    assert runs[True].value == runs[False].value > 0
+    certified = [[s["verdict"] == "certified" for s in d["samples"]] for d in (every, first)]
+    assert certified[0] == certified[1]
+    assert every["verified_samples"] == 24 and first["verified_samples"] == 24 - sum(broken)
+    for s, was_broken in zip(first["samples"], broken, strict=True):
+        if was_broken:  # the attack's counterexample stands; the verifier never ran
+            assert s["verdict"] == "falsified" and s["attack_first"] and s["seconds"] is None
+        else:
+            assert "attack_first" not in s and s["seconds"] >= 0
+    assert all(s["seconds"] is not None for s in every["samples"])
+    assert first["falsified"] == pytest.approx(sum(broken) / 24)
+    assert first["unknown"] + first["timeout"] + first["falsified"] + runs[True].value == (
+        pytest.approx(1.0)
+    )
+
+
+def test_without_attack_first_a_certificate_on_a_broken_sample_is_a_soundness_error():
+    from aisafety.errors import AISafetyError
+    from aisafety.verification.result import Verdict, VerificationResult
+
+    ctx = context(linear_model())
+    metric = default_registry().create(
+        "metric", "certified-accuracy", {"verifier": "ibp", "attack_first": False}
+    )
+
+    def certify_everything(graph, prop, model=None):  # an unsound verifier
+        n = len(prop)
+        return VerificationResult("ibp", [Verdict.CERTIFIED] * n, torch.ones(n),
+                                  torch.zeros(n), torch.zeros_like(prop.lower))  # fmt: skip
+
+    metric.verifier.verify = certify_everything
+    with pytest.raises(AISafetyError, match="soundness bug"):
+        metric.compute(ctx)
+
+
+def test_a_timed_out_sample_is_stored_as_timeout_never_certified():
+    torch.manual_seed(5)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    ctx = context(TorchPredictor(net, (1, 2, 3), 3, name="relu"))  # slopes to optimise
+    metric = default_registry().create(
+        "metric", "certified-accuracy",
+        {"verifier": "alpha-crown", "eps": 0.01,
+         "verifier_config": {"steps": 1_000_000, "timeout": 0.05}},
+    )  # fmt: skip
+    value = metric.compute(ctx)
+    samples = value.details["samples"]
+    assert value.value == 0 and value.details["timeout"] > 0
+    assert {s["verdict"] for s in samples} <= {"timeout", "falsified"}
+    assert all(s["margin"] is None for s in samples)  # nothing proved: no margin stored

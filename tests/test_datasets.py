@@ -11,7 +11,7 @@ import scipy.io
 import torch
 from PIL import Image
 
-from aisafety.database.datasets.base import LoadedDataset
+from aisafety.database.datasets.base import LoadedDataset, uniform_indices
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
 from aisafety.database.datasets.image_folder import ImageFolderDataset
@@ -369,3 +369,45 @@ def test_balanced_subset_runs_out_of_a_small_class() -> None:
     assert torch.bincount(subset.y).tolist() == [8, 5, 7]  # 'b' has only 5
     assert data.balanced_subset(None) is data
     assert data.balanced_subset(len(data)) is data
+
+
+# --- uniform_subset --------------------------------------------------------------------------
+
+
+def test_uniform_subset_is_numpys_seeded_draw_in_split_order() -> None:
+    data = _imbalanced()
+    subset = data.uniform_subset(9, seed=5)
+    # the reference: numpy's generator drawn directly, independent of the platform's code
+    expected = sorted(np.random.default_rng(5).choice(len(data), 9, replace=False).tolist())
+    assert uniform_indices(len(data), 9, 5) == expected
+    assert torch.equal(subset.x, data.x[expected]) and torch.equal(subset.y, data.y[expected])
+    assert data.uniform_subset(None) is data and data.uniform_subset(len(data)) is data
+
+
+def test_uniform_subset_is_uniform_not_balanced() -> None:
+    # every index equally likely: over 2,000 seeds each of the 33 is kept ~ 9/33 of the time
+    # (balanced_subset would keep each of class 'b''s 5 every time)
+    counts = torch.zeros(33)
+    for seed in range(2000):
+        counts[uniform_indices(33, 9, seed)] += 1
+    share = counts / 2000
+    assert share.sub(9 / 33).abs().max() < 0.05  # binomial sd ~ 0.01 per index
+
+
+def test_dataset_spec_sampling_is_validated_and_drives_load_data() -> None:
+    from pydantic import ValidationError
+
+    from aisafety.interfaces import DatasetSpec
+    from aisafety.loading import load_data
+    from aisafety.plugins import default_registry
+
+    with pytest.raises(ValidationError, match="balanced"):
+        DatasetSpec(sampling="random")
+    registry = default_registry()
+    uniform = load_data(DatasetSpec(limit=50, seed=3, sampling="uniform"), registry)
+    whole = load_data(DatasetSpec(), registry)
+    index = uniform_indices(len(whole), 50, 3)
+    assert torch.equal(uniform.x, whole.x[index]) and torch.equal(uniform.y, whole.y[index])
+    balanced = load_data(DatasetSpec(limit=50, seed=3), registry)
+    assert torch.bincount(balanced.y, minlength=10).tolist() == [5] * 10
+    assert not torch.equal(balanced.x, uniform.x)

@@ -249,6 +249,16 @@ def test_compare_command_runs_two_models(tmp_path, capsys):
     assert main(["compare", str(plan), "--models", "mnist-cnn", "--db", db]) == 2
 
 
+def test_compare_with_the_plan_after_models_fails_before_any_work(tmp_path, capsys):
+    # argparse reads a plan given after --models as one more model name
+    db = tmp_path / "c.db"
+    code = main(["compare", "--models", "mnist-cnn", "mnist-cnn-pgd-at", "sok.yaml",
+                 "--db", f"sqlite:///{db}"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "'sok.yaml' is not a zoo model" in err and "before --models" in err
+    assert not db.exists()  # nothing ran: not even the first model under the default plan
+
+
 # --- AH training's frontier examples (eq. 3's clamp) ---------------------------------------
 
 

@@ -166,7 +166,9 @@ def test_certified_accuracy_with_crown_on_an_onnx_network_through_a_plan(tmp_pat
                   "path": str(SHARED / "vnncomp2021_mnistfc" / "mnist-net_256x2.onnx"),
                   "input_shape": [1, 28, 28]},
         "dataset": {"name": "mnist-embedded", "limit": 10},
-        "metrics": [{"name": "certified-accuracy", "config": {"verifier": "crown", "eps": 0.02}}],
+        # every sample verified (attack_first off), so every row has its proved margin
+        "metrics": [{"name": "certified-accuracy",
+                     "config": {"verifier": "crown", "eps": 0.02, "attack_first": False}}],
     })  # fmt: skip
     store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
     record = Runner(plan, store, quiet=True).run()

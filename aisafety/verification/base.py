@@ -4,20 +4,22 @@ Subclasses give ``lower_bounds`` (a proved lower bound of every spec row on the 
 the input coefficients of the linear bound when there is one). The base class turns them
 into verdicts: certified where every row's bound is > 0; otherwise the relaxation's
 minimising corner and the box centre are replayed through the predictor and the sample is
-falsified if one violates the property, unknown if not.
+falsified if one violates the property, unknown if not. A batch of B samples has B times
+the per-instance ``timeout`` (its seconds are shared equally); a batch whose bounds are
+not done by then is ``timeout`` on every sample (``deadline.py``).
 """
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
 
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.verification.bounds import LINEAR_KINDS
+from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, replay
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
@@ -26,7 +28,14 @@ from aisafety.verification.result import Verdict, VerificationResult
 
 class VerifierConfig(PluginConfig):
     batch_size: int = Field(default=64, gt=0, description="samples bounded together")
-    timeout: float = Field(default=60.0, gt=0, description="seconds per sample (complete search)")
+    timeout: float = Field(
+        default=60.0, gt=0, description="seconds per sample, every phase included (-> timeout)"
+    )
+    clock: Literal["wall", "cpu"] = Field(
+        default="wall",
+        description="what timeout counts: wall seconds, or this process's CPU seconds "
+        "(load-independent on a shared machine)",
+    )
 
 
 class Verifier(ABC):
@@ -70,11 +79,21 @@ class Verifier(ABC):
             )
         return VerificationResult.concat(parts)
 
+    def deadline(self, n: int) -> Deadline:
+        """The deadline of a batch of ``n`` samples starting now: ``n`` times the timeout."""
+        clock = CLOCKS[self.config.clock]
+        return Deadline(clock() + n * self.config.timeout, clock)
+
     def _verify_batch(self, graph: BoundGraph, prop: Property, model: Model) -> VerificationResult:
-        began = time.perf_counter()
+        deadline = self.deadline(len(prop))
+        began = deadline.clock()
         prop = prop.to(graph.dtype)
-        with torch.no_grad():
-            bounds, coeff = self.lower_bounds(graph, prop)
+        try:
+            with torch.no_grad(), time_limit(deadline):
+                bounds, coeff = self.lower_bounds(graph, prop)
+        except OutOfTime:
+            spent = (deadline.clock() - began) / len(prop)
+            return VerificationResult.timed_out(self.name, prop.lower, spent)
         margins = (bounds + prop.offset).amin(1)
         certified = margins > 0
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
@@ -83,7 +102,7 @@ class Verifier(ABC):
             hit = ~certified & ~falsified & replay(model, prop, candidate)
             counter[hit] = candidate[hit].float()
             falsified |= hit
-        seconds = torch.full((len(prop),), (time.perf_counter() - began) / max(1, len(prop)))
+        seconds = torch.full((len(prop),), (deadline.clock() - began) / max(1, len(prop)))
         verdicts = [
             Verdict.CERTIFIED if c else Verdict.FALSIFIED if f else Verdict.UNKNOWN
             for c, f in zip(certified.tolist(), falsified.tolist(), strict=True)

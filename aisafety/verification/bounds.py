@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box, split_signs
 from aisafety.verification.relaxations import RELU, relu_default_slope
@@ -63,6 +64,7 @@ def backward(
     for i in range(start, 0, -1):
         if i not in pending:
             continue
+        check_time()  # a verifier's per-instance limit (deadline.py); no-op otherwise
         op, coeff = graph.ops[i], pending.pop(i)
         in_boxes = [boxes[j] for j in op.inputs]
         if op.kind == "activation":
@@ -196,6 +198,7 @@ def optimised_backward(
         return best, coeff
     optimiser = torch.optim.Adam(list(alphas.values()), lr=lr)
     for _ in range(steps):
+        check_time()
         with torch.enable_grad():
             bound, now = backward(graph, start, a, boxes, slopes=alphas)
             optimiser.zero_grad()

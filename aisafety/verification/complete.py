@@ -3,7 +3,10 @@
 Per sample: alpha-CROWN (certifies the easy ones), box-PGD with restarts for a
 counterexample, then the unstable ReLUs' input bounds tightened by MILP (``refine.py``,
 up to ``refine_share`` of the timeout) and alpha-CROWN again on them, then one MILP per
-remaining spec row (``milp.py``), weakest bound first, under the sample's time limit. A row
+remaining spec row (``milp.py``), weakest bound first. The sample's time limit covers every
+phase: the batch's alpha-CROWN and box-PGD share B limits (their seconds are charged
+equally), the rest of a sample's own limit goes to its refinement and MILPs, and a sample
+out of time is ``timeout``. A row
 is proved when HiGHS finds no point with ``row <= 1e-5`` (or, with ``exact``, when its
 optimum or dual bound is > 0); a point it finds is replayed through the predictor.
 """
@@ -17,6 +20,7 @@ from pydantic import Field
 
 from aisafety.verification import bounds as b
 from aisafety.verification.base import VerifierConfig
+from aisafety.verification.deadline import Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.incomplete import AlphaCrownVerifier
@@ -74,38 +78,52 @@ class CompleteVerifier(AlphaCrownVerifier):
             )
 
     def _verify_batch(self, graph: BoundGraph, prop: Property, model: Model) -> VerificationResult:
-        began = time.perf_counter()
+        n = len(prop)
+        batch = self.deadline(n)  # alpha-CROWN and box-PGD, shared by the batch
+        clock, began, wall_began = batch.clock, batch.clock(), time.perf_counter()
         prop = prop.to(graph.dtype)
-        with torch.no_grad():  # alpha-CROWN's bound and boxes: fewer unstable ReLUs, tighter M
-            bound, _, boxes = self.bounds_and_boxes(graph, prop)
-            bound = bound + prop.offset
-        shared = (time.perf_counter() - began) / len(prop)
-        attack = pgd_on_rows(
-            lambda x: graph.forward(x.to(graph.dtype)),
-            prop,
-            self.config.attack_steps,
-            self.config.attack_restarts,
-        )
+        try:
+            with time_limit(batch):
+                with torch.no_grad():  # alpha-CROWN: fewer unstable ReLUs, tighter big-M
+                    bound, _, boxes = self.bounds_and_boxes(graph, prop)
+                    bound = bound + prop.offset
+                attack = pgd_on_rows(
+                    lambda x: graph.forward(x.to(graph.dtype)),
+                    prop,
+                    self.config.attack_steps,
+                    self.config.attack_restarts,
+                )
+        except OutOfTime:
+            return VerificationResult.timed_out(self.name, prop.lower, (clock() - began) / n)
         attacked = replay(model, prop, attack)
+        shared = (clock() - began) / n
+        # HiGHS counts wall seconds: on the CPU clock it gets what is left scaled by this
+        # batch's wall/CPU ratio so far (a loaded machine gives the process under a core)
+        self._wall_per_clock = 1.0
+        if self.config.clock == "cpu":
+            ratio = (time.perf_counter() - wall_began) / max(clock() - began, 1e-3)
+            self._wall_per_clock = min(max(ratio, 1.0), 10.0)
         verdicts, margins, seconds, notes = [], [], [], []
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
-        for s in range(len(prop)):
-            start = time.perf_counter()
+        for s in range(n):
+            start = clock()
+            deadline = Deadline(start + self.config.timeout - shared, clock)  # what is left
             sample_boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes]
             verdict, margin, point, note = self._one(
-                graph, prop[s : s + 1], sample_boxes, bound[s], attacked[s], attack[s], model, start
-            )
+                graph, prop[s : s + 1], sample_boxes, bound[s], attacked[s], attack[s], model,
+                deadline,
+            )  # fmt: skip
             if point is not None:
                 counter[s] = point
             verdicts.append(verdict)
             notes.append(note)
             margins.append(margin)
-            seconds.append(time.perf_counter() - start + shared)
+            seconds.append(clock() - start + shared)
         return VerificationResult(self.name, verdicts, torch.tensor(margins, dtype=torch.float32),
                                   torch.tensor(seconds), counter, notes)  # fmt: skip
 
-    def _one(self, graph, prop, boxes, bound, attacked, attack_point, model, start):
-        """One sample: (verdict, margin, counterexample or None, why unknown)."""
+    def _one(self, graph, prop, boxes, bound, attacked, attack_point, model, deadline: Deadline):
+        """One sample: (verdict, margin, counterexample or None, why not settled)."""
         if bound.min() > 0:
             return Verdict.CERTIFIED, float(bound.min()), None, ""
         if attacked:
@@ -114,10 +132,16 @@ class CompleteVerifier(AlphaCrownVerifier):
             return Verdict.FALSIFIED, float(value), attack_point.float(), ""
         proved = bound.clone()
         if self.config.refine_share > 0:
-            deadline = start + self.config.refine_share * self.config.timeout
-            boxes = refine_boxes(graph, boxes, deadline, self.config.refine_neuron_time)
-            with torch.no_grad():
-                again, _ = b.optimise_slopes(graph, boxes, prop.spec, self.config.alpha_steps, 0.1)
+            share = self.config.refine_share * self.config.timeout
+            refine_by = Deadline(min(deadline.at, deadline.clock() + share), deadline.clock)
+            boxes = refine_boxes(graph, boxes, refine_by, self.config.refine_neuron_time)
+            try:
+                with torch.no_grad(), time_limit(deadline):
+                    again, _ = b.optimise_slopes(
+                        graph, boxes, prop.spec, self.config.alpha_steps, 0.1
+                    )
+            except OutOfTime:
+                return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
             proved = torch.maximum(proved, again[0] + prop.offset[0])
             if proved.min() > 0:
                 return Verdict.CERTIFIED, float(proved.min()), None, ""
@@ -125,18 +149,23 @@ class CompleteVerifier(AlphaCrownVerifier):
         for k in torch.argsort(bound).tolist():
             if proved[k] > 0:
                 continue
-            left = self.config.timeout - (time.perf_counter() - start)
+            left = deadline.left()
             if left <= 0:
-                return Verdict.UNKNOWN, float(proved.min()), None, "timeout"
+                return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
             row = prop.spec[0, k].numpy()
             solve = minimise_row if self.config.exact else decide_row
-            low, value, point = solve(enc, row, float(prop.offset[0, k]), left)
+            low, value, point = solve(
+                enc, row, float(prop.offset[0, k]), left * self._wall_per_clock
+            )
+            if deadline.passed():  # on the CPU clock the scaled wall limit may overrun it
+                return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
             proved[k] = max(float(proved[k]), low)
             if point is not None and value <= 0:
                 candidate = torch.from_numpy(point).reshape(prop.lower.shape)
                 if replay(model, prop, candidate)[0]:
                     return Verdict.FALSIFIED, value, candidate.float()[0], ""
             if proved[k] <= 0:
-                why = "timeout" if point is None or value > 0 else "MILP point did not replay"
-                return Verdict.UNKNOWN, float(proved.min()), None, why
+                if point is None or value > 0:  # HiGHS stopped at its time limit
+                    return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
+                return Verdict.UNKNOWN, float(proved.min()), None, "MILP point did not replay"
         return Verdict.CERTIFIED, float(proved.min()), None, ""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from aisafety.verification.deadline import check_time
 from aisafety.verification.property import Property
 
 Model = Callable[[torch.Tensor], torch.Tensor]
@@ -55,6 +56,7 @@ def pgd_on_rows(
     for x in starts:
         step = width.amax() / 4 if steps else 0
         for t in range(steps):
+            check_time()  # a verifier's per-instance limit; no-op for the radius search
             x = x.detach().requires_grad_(True)
             with torch.enable_grad():
                 value = prop.rows(model(x).double()).amin(1)

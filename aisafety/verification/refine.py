@@ -14,12 +14,11 @@ its limit still gives a sound bound: HiGHS's dual bound.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
 from aisafety.verification.bounds import depends_on_activation, forward_from
+from aisafety.verification.deadline import Deadline
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.milp import encode, solve
 from aisafety.verification.ops import Box
@@ -33,7 +32,7 @@ REFINE_OPTIONS = {"mip_rel_gap": 0.01, "mip_abs_gap": 1e-4}
 
 
 def refine_boxes(
-    graph: BoundGraph, boxes: list[Box], deadline: float, neuron_time: float
+    graph: BoundGraph, boxes: list[Box], deadline: Deadline, neuron_time: float
 ) -> list[Box]:
     """``boxes`` (batch of one) with the unstable ReLU inputs tightened by MILP."""
     boxes = list(boxes)
@@ -42,7 +41,7 @@ def refine_boxes(
         if op.kind != "activation" or not deep[op.inputs[0]]:
             continue  # IBP is exact on an affine function of the input
         j = op.inputs[0]
-        if time.perf_counter() >= deadline:
+        if deadline.passed():
             break
         boxes[j] = _refine_node(graph, boxes, j, deadline, neuron_time)
         boxes = forward_from(graph, boxes, j)
@@ -50,7 +49,7 @@ def refine_boxes(
 
 
 def _refine_node(
-    graph: BoundGraph, boxes: list[Box], j: int, deadline: float, neuron_time: float
+    graph: BoundGraph, boxes: list[Box], j: int, deadline: Deadline, neuron_time: float
 ) -> Box:
     lo, hi = (t.flatten().clone() for t in boxes[j])
     unstable = torch.nonzero((lo < 0) & (hi > 0)).flatten()
@@ -60,7 +59,7 @@ def _refine_node(
     area = -lo[unstable] * hi[unstable] / (hi[unstable] - lo[unstable])
     for u in unstable[torch.argsort(area, descending=True)].tolist():
         for sign in (1.0, -1.0):  # min z_u, then min -z_u = -max z_u
-            left = min(neuron_time, deadline - time.perf_counter())
+            left = min(neuron_time, deadline.left())
             if left <= 0:
                 return lo.reshape(boxes[j][0].shape), hi.reshape(boxes[j][1].shape)
             found = solve(enc, sign * enc.out_matrix[:, u], sign * float(enc.out_const[u]), left,

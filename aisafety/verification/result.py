@@ -11,7 +11,8 @@ import torch
 class Verdict(StrEnum):
     CERTIFIED = "certified"  # the property holds on the whole box (proved)
     FALSIFIED = "falsified"  # a replayed point of the box violates it
-    UNKNOWN = "unknown"  # bounds too loose, or out of time
+    UNKNOWN = "unknown"  # bounds too loose (or the MILP point did not replay)
+    TIMEOUT = "timeout"  # the per-instance time limit passed before a verdict
 
 
 @dataclass
@@ -41,6 +42,20 @@ class VerificationResult:
     @property
     def falsified(self) -> torch.Tensor:
         return torch.tensor([v is Verdict.FALSIFIED for v in self.verdicts], dtype=torch.bool)
+
+    @property
+    def timeouts(self) -> torch.Tensor:
+        return torch.tensor([v is Verdict.TIMEOUT for v in self.verdicts], dtype=torch.bool)
+
+    @staticmethod
+    def timed_out(verifier: str, like: torch.Tensor, seconds: float) -> VerificationResult:
+        """Every sample of a batch (inputs ``like``) out of time: nothing proved (margin -inf)."""
+        n = len(like)
+        return VerificationResult(
+            verifier, [Verdict.TIMEOUT] * n, torch.full((n,), float("-inf")),
+            torch.full((n,), seconds), torch.full_like(like, float("nan"), dtype=torch.float32),
+            ["timeout"] * n,
+        )  # fmt: skip
 
     @staticmethod
     def concat(parts: list[VerificationResult]) -> VerificationResult:

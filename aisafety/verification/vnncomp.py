@@ -55,7 +55,8 @@ def verify_instance(
         lines = [f"(X_{i} {v!r})" for i, v in enumerate(x.flatten().tolist())]
         lines += [f"(Y_{j} {v!r})" for j, v in enumerate(y.tolist())]
         return InstanceResult("sat", seconds, margin, "(" + "\n ".join(lines) + ")")
-    return InstanceResult("timeout" if note == "timeout" else "unknown", seconds, margin)
+    timed_out = verdict is Verdict.TIMEOUT or note == "timeout"
+    return InstanceResult("timeout" if timed_out else "unknown", seconds, margin)
 
 
 def _runtime(network: str | Path) -> OnnxRuntimePredictor:

@@ -49,8 +49,24 @@ class LoadedDataset:
                 if rank < len(indices) and len(chosen) < limit:
                     chosen.append(int(indices[rank]))
             rank += 1
-        index = torch.as_tensor(sorted(chosen))
-        return LoadedDataset(self.name, self.x[index], self.y[index], self.classes)
+        return self.take(sorted(chosen))
+
+    def uniform_subset(self, limit: int | None, seed: int = 0) -> LoadedDataset:
+        """``limit`` samples drawn uniformly without replacement with ``seed``, kept in the
+        split's order (``uniform_indices`` tells which)."""
+        if limit is None or limit >= len(self):
+            return self
+        return self.take(uniform_indices(len(self), limit, seed))
+
+    def take(self, index: list[int]) -> LoadedDataset:
+        chosen = torch.as_tensor(index, dtype=torch.long)
+        return LoadedDataset(self.name, self.x[chosen], self.y[chosen], self.classes)
+
+
+def uniform_indices(n: int, limit: int, seed: int = 0) -> list[int]:
+    """The sorted indices ``uniform_subset`` keeps: ``limit`` of ``range(n)``, each subset
+    of that size equally likely, drawn by numpy's PCG64 generator seeded with ``seed``."""
+    return sorted(np.random.default_rng(seed).choice(n, size=limit, replace=False).tolist())
 
 
 def images_to_tensor(images: np.ndarray, layout: str) -> torch.Tensor:

@@ -1,0 +1,70 @@
+"""The per-instance time limit covers every phase of a verifier, and out of time is never
+certified: alpha-CROWN with a million slope steps, or the complete verifier with a million
+alpha-CROWN steps before its MILP, stops at the limit with ``timeout`` on every sample,
+where a few steps certify the same samples."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from aisafety.errors import ConfigError
+from aisafety.plugins import default_registry
+from aisafety.verification import deadline as d
+from aisafety.verification.graph import build_graph
+from aisafety.verification.property import robustness_property
+from aisafety.verification.registry import make_verifier
+from aisafety.verification.result import Verdict
+
+
+def easy_instances():
+    torch.manual_seed(2)
+    net = nn.Sequential(
+        nn.Flatten(), nn.Linear(16, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 3)
+    ).eval()
+    x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    graph = build_graph(net, (1, 4, 4), "fc")
+    return graph, robustness_property(x, y, 0.002, 3), net
+
+
+SLOW = {"alpha-crown": {"steps": 1_000_000}, "complete": {"alpha_steps": 1_000_000}}
+FAST = {"alpha-crown": {"steps": 5}, "complete": {"alpha_steps": 5}}
+
+
+@pytest.mark.parametrize("name", ["alpha-crown", "complete"])
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_a_slow_bound_phase_ends_as_timeout_at_the_limit(name, clock):
+    graph, prop, net = easy_instances()
+    fast = make_verifier(default_registry(), name, FAST[name]).verify(graph, prop, net)
+    assert fast.certified.all()  # the same instances, given the steps to finish
+    config = {**SLOW[name], "timeout": 0.2, "clock": clock, "batch_size": 2}
+    began = time.perf_counter()
+    slow = make_verifier(default_registry(), name, config).verify(graph, prop, net)
+    spent = time.perf_counter() - began
+    assert slow.verdicts == [Verdict.TIMEOUT] * 4 and not slow.certified.any()
+    assert slow.notes == ["timeout"] * 4
+    assert (slow.seconds >= 0.2).all() and spent < 4 * 0.2 + 5  # 2 batches of 2 x 0.2 s
+    assert torch.isinf(slow.margins).all() and (slow.margins < 0).all()
+
+
+def test_check_time_raises_only_inside_a_passed_limit():
+    d.check_time()  # no limit: nothing
+    ticks = iter(range(100))
+    clock = lambda: float(next(ticks))  # noqa: E731 - one tick per reading
+    with d.time_limit(d.Deadline(3.0, clock)):
+        d.check_time()  # 0
+        d.check_time()  # 1
+        d.check_time()  # 2
+        with pytest.raises(d.OutOfTime):
+            d.check_time()  # 3
+    d.check_time()
+
+
+def test_the_clock_is_validated_with_the_choices_named():
+    with pytest.raises(ConfigError, match="clock"):
+        make_verifier(default_registry(), "crown", {"clock": "hour"})
