@@ -161,12 +161,12 @@ class Runner:
         ``aisafety.execution.run_plan`` picks the plan's executor)."""
         prepared = self.prepare()
         plan = self.plan
-        run_id = self.store.start_run(plan, __version__, str(prepared.device))
         done = self.store.finished_units() if self.resume else set()
         values: list[MetricValue] = []
         resumed = 0
+        run_id = self.store.start_run(plan, __version__, str(prepared.device))
         status = "failed"
-        try:
+        try:  # from start_run on: whatever happens, finish_run stops the run's heartbeat
             units = self.work_units(prepared.subject)
             progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
             with terminate_as_interrupt(), progress:

@@ -58,9 +58,11 @@ def free_port() -> int:
 
 
 def start_cluster(cpus: int, folder: Path) -> tuple[str, subprocess.Popen]:
+    """A 1-node Ray cluster of ``cpus`` CPUs, started by this interpreter's Ray (the module
+    of its `ray` script: a `ray` on PATH may be another installation's)."""
     port = free_port()
     node = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
          f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats",
          "--object-store-memory=300000000", f"--temp-dir={folder}/ray{cpus}", "--block"],
         stdout=(folder / f"ray{cpus}.log").open("w"), stderr=subprocess.STDOUT,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 # Idle OpenMP threads (onnxruntime's, torch's) spin-wait by default and starve each other
 # on 2 cores; set before torch or onnxruntime start their thread pools.
@@ -17,6 +18,21 @@ from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import load_zoo_model
 from aisafety.prediction.torch_module import TorchPredictor
+
+
+@pytest.fixture(autouse=True)
+def no_run_outlives_its_test():
+    """A run started in a test is finished in it: its heartbeat thread (liveness.py) would
+    otherwise go on renewing the lease in a database the test has deleted or whose server
+    has stopped ("heartbeat of run 1 failed: ... AdminShutdown" after the suite)."""
+    before = set(threading.enumerate())
+    yield
+    left = [
+        t.name
+        for t in threading.enumerate()
+        if t not in before and t.name.startswith("aisafety-heartbeat-") and t.is_alive()
+    ]
+    assert not left, f"runs left running (finish_run them in the test): {left}"
 
 
 @pytest.fixture(scope="session")

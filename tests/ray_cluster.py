@@ -18,12 +18,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from postgres_server import free_port
 
-RAY = str(Path(sys.executable).parent / "ray")
+# The `ray` command of this interpreter's Ray (its console script's module): a `ray` found
+# beside sys.executable or on PATH may belong to another installation (a virtual environment
+# without its own script), whose nodes would then start workers of another Python.
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
 
 @dataclass
@@ -76,7 +80,7 @@ class RayCluster:
 
 def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [RAY, "start", *args, "--block", "--disable-usage-stats"],
+        [*RAY, *args],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: stop() kills exactly it
@@ -84,35 +88,36 @@ def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     )
 
 
-def start_ray_cluster(timeout: float = 120.0) -> RayCluster:
-    """Head + one worker node, one CPU each; returns once both nodes are alive."""
+def one_cpu_nodes(address: str, temp_dir: Path) -> tuple[list[str], list[str]]:
+    """The `ray start` arguments of the head and the worker node: one CPU each."""
+    common = ["--num-cpus=1", "--object-store-memory=200000000", "--node-ip-address=127.0.0.1",
+              "--block", "--disable-usage-stats"]  # fmt: skip
+    head = ["start", "--head", f"--port={address.rsplit(':', 1)[1]}", f"--temp-dir={temp_dir}",
+            "--include-dashboard=false", *common]  # fmt: skip
+    return head, ["start", f"--address={address}", *common]
+
+
+def start_ray_cluster(
+    timeout: float = 120.0,
+    nodes: Callable[[str, Path], tuple[list[str], list[str]]] = one_cpu_nodes,
+    env: dict[str, str] | None = None,
+) -> RayCluster:
+    """Head + one worker node (``nodes(address, temp_dir)``: their `ray start` arguments);
+    returns once both nodes are alive. ``env``: the nodes' and drivers' environment, by
+    default token authentication with a token of its own."""
     temp_dir = Path(tempfile.mkdtemp(prefix="aisafety-ray-"))
-    port = free_port()
-    env = {
-        "RAY_USAGE_STATS_ENABLED": "0",
+    env = env or {
         "OMP_NUM_THREADS": "1",
         "RAY_AUTH_MODE": "token",  # Ray's default for `ray start`; a token of its own
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
     }
-    cluster = RayCluster(f"127.0.0.1:{port}", temp_dir, env)
-    common = ["--num-cpus=1", "--object-store-memory=200000000"]
-    cluster.nodes.append(
-        _start(
-            ["--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
-             "--include-dashboard=false", *common],
-            temp_dir.parent / f"{temp_dir.name}-head.log",
-            env,
-        )
-    )  # fmt: skip
+    env = {"RAY_USAGE_STATS_ENABLED": "0", **env}
+    cluster = RayCluster(f"127.0.0.1:{free_port()}", temp_dir, env)
+    head, worker = nodes(cluster.address, temp_dir)
+    cluster.nodes.append(_start(head, temp_dir.parent / f"{temp_dir.name}-head.log", env))
     try:
         time.sleep(2)  # the worker node retries until the head's GCS answers
-        cluster.nodes.append(
-            _start(
-                [f"--address={cluster.address}", "--node-ip-address=127.0.0.1", *common],
-                temp_dir.parent / f"{temp_dir.name}-worker.log",
-                env,
-            )
-        )
+        cluster.nodes.append(_start(worker, temp_dir.parent / f"{temp_dir.name}-worker.log", env))
         _wait_for_nodes(cluster, 2, timeout)
     except BaseException:
         cluster.stop()

@@ -51,6 +51,7 @@ def test_a_seed_beyond_32_bits_is_stored(postgres_url):
     store = ResultStore(postgres_url)
     run_id = store.start_run(PLAN.model_copy(update={"seed": 2**63 - 1}), "test", "cpu")
     assert store.query(f"SELECT seed FROM runs WHERE id = {run_id}")[1] == [(2**63 - 1,)]
+    store.finish_run(run_id)
 
 
 def test_many_writers_at_once_and_a_unit_written_twice_is_stored_once(postgres_url):
@@ -82,6 +83,7 @@ def test_many_writers_at_once_and_a_unit_written_twice_is_stored_once(postgres_u
     assert _count(store, "metric_values") == 11
     assert _count(store, "models") == 1 and _count(store, "datasets") == 1
     assert store.finished_units() == {*keys}
+    store.finish_run(run_id)
 
 
 def test_a_failed_unit_is_recorded_with_its_error(postgres_url):
@@ -90,3 +92,4 @@ def test_a_failed_unit_is_recorded_with_its_error(postgres_url):
     store.record_failure(run_id, "k", "fgsm eps=0.1", "RuntimeError: out of memory")
     assert store.failures(run_id) == [("k", "fgsm eps=0.1", "RuntimeError: out of memory")]
     assert store.finished_units() == set()
+    store.finish_run(run_id, "failed")

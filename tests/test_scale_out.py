@@ -135,6 +135,42 @@ def test_progress_on_a_cluster_shares_the_work_left_among_its_workers(capsys):
     assert "fgsm eps=0.2: FAILED (WorkerCrashedError: the worker died; 3/6 units done" in err
 
 
+def test_the_driver_submits_a_units_join_as_soon_as_its_shards_are_done():
+    """The schedule of a sharded plan (schedule.py, no Ray): attack shards in the plan's
+    order, a unit's join before any further shard once its last shard is done (not queued
+    behind later units' shards), the clean unit once every attack task exists."""
+    from aisafety.distributed.schedule import Schedule
+    from aisafety.interfaces import AttackSpec
+    from aisafety.runner import WorkUnit
+
+    pgd = AttackSpec(name="pgd-linf")
+    clean, a, b = WorkUnit("c", "clean"), WorkUnit("a", "a", pgd, 0.1), WorkUnit("b", "b", pgd, 0.2)
+    schedule = Schedule([clean, a, b], n_shards=2)
+    order, in_flight = [], []
+
+    def submit(slots: int) -> None:  # what the driver does: fill the free slots
+        while len(in_flight) < slots and (task := schedule.next()) is not None:
+            in_flight.append(task)
+            order.append((task.kind, task.unit.key, task.shard))
+
+    submit(slots=1)
+    while in_flight:
+        schedule.finished(in_flight.pop(0))
+        submit(slots=1)
+    assert order == [
+        ("shard", "a", 0), ("shard", "a", 1), ("join", "a", None),
+        ("shard", "b", 0), ("shard", "b", 1), ("join", "b", None), ("clean", "c", None),
+    ]  # fmt: skip
+    unsharded = Schedule([clean, a, b], n_shards=None)
+    tasks = [unsharded.next() for _ in range(4)]
+    assert [(t.kind, t.unit.key) for t in tasks[:3]] == [
+        ("unit", "a"),
+        ("unit", "b"),
+        ("clean", "c"),
+    ]
+    assert tasks[3] is None and all(t.stores_unit for t in tasks[:3])
+
+
 def test_executor_settings_are_checked(tmp_path):
     from aisafety.cli import main
 
@@ -201,6 +237,53 @@ def test_without_shards_each_unit_is_one_task_and_stores_what_a_local_run_stores
     counts, differences = compare(local, postgres_url)
     assert differences == []
     assert counts == {"metric_values": 10, "attack_runs": 3, "sample_outcomes": 90}
+
+
+def _one_slot(address: str, temp_dir: Path) -> tuple[list[str], list[str]]:
+    """The nodes of tests/ray_cluster.py, the worker node without CPUs: one task at a time."""
+    from ray_cluster import one_cpu_nodes
+
+    head, worker = one_cpu_nodes(address, temp_dir)
+    return head, [a if a != "--num-cpus=1" else "--num-cpus=0" for a in worker]
+
+
+@pytest.mark.slow  # ~1.5 min: a cluster of its own
+def test_a_sharded_unit_is_stored_as_soon_as_its_shards_are_done(postgres_url, tmp_path):
+    """Two units of three shards each on a cluster that runs one task at a time: the first
+    unit is stored before the second unit's shards run, not after them. When the driver
+    submitted every shard up front, Ray ran the shards of both units before either join
+    (the worker's lease went from one shard task to the next), so a sharded plan stored
+    its units only at its end. Bound asserted: half of the second unit's three shards."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
+    from ray_cluster import start_ray_cluster
+
+    plan = {
+        **PLAN,
+        "dataset": {"name": "mnist-embedded", "limit": 120},
+        "attacks": [{"name": "pgd-linf", "config": {"steps": 100}, "eps": [0.1, 0.2]}],
+        "metrics": ["ca", "robust-accuracy"],
+        "shard_size": 40,
+        "batch_size": 40,
+    }
+    cluster = start_ray_cluster(nodes=_one_slot)
+    try:
+        args = ("--executor", "ray", "--address", cluster.address, "--db", postgres_url)
+        driver = _evaluate(plan, *args, env=cluster.env, cwd=tmp_path)
+        out, err = driver.communicate(timeout=600)
+    finally:
+        cluster.stop()
+    assert driver.returncode == 0, err
+    with ResultStore(postgres_url).engine.connect() as connection:
+        rows = connection.execute(
+            text(
+                "SELECT u.finished_at, a.seconds FROM units u JOIN attack_runs a "
+                "ON a.unit_key = u.key ORDER BY a.eps"
+            )
+        ).all()
+    (first, _), (second, seconds) = rows
+    gap = (second - first).total_seconds()
+    print(f"units stored {gap:.2f} s apart; the second unit's 3 shards took {seconds:.2f} s")
+    assert gap > 0.5 * seconds, (first, second, seconds)
 
 
 SLOW_PLAN = {

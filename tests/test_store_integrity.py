@@ -263,6 +263,8 @@ def test_a_unit_missing_a_row_of_any_table_is_not_finished(
     again = store.start_run(PLAN, "test", "cpu")
     store.record_unit(again, "full", "unit", _subject(), values, "test", attack)
     assert store.finished_units() == {"full", "other"}
+    store.finish_run(run_id)
+    store.finish_run(again)
 
 
 def _of_unit(table: str, key: str) -> str:
@@ -359,6 +361,7 @@ def test_a_held_write_lock_is_waited_for_then_reported(tmp_path, monkeypatch):
         locker.rollback()
         locker.close()
     assert store.finished_units() == {"a"}
+    store.finish_run(run_id)
 
 
 def test_a_killed_run_is_marked_interrupted_by_the_next_run(tmp_path):
@@ -369,10 +372,14 @@ def test_a_killed_run_is_marked_interrupted_by_the_next_run(tmp_path):
     run_id = store.start_run(PLAN, "test", "cpu")
     with sqlite3.connect(path) as connection:  # as a kill -9 leaves it
         connection.execute("UPDATE runs SET pid = ? WHERE id = ?", (int(dead.stdout), run_id))
+    store._heartbeats.pop(run_id).stop()  # a killed process beats no more
     alive = store.start_run(PLAN, "test", "cpu")  # this process: still running
-    store.start_run(PLAN, "test", "cpu")
+    last = store.start_run(PLAN, "test", "cpu")
     _, rows = store.query("SELECT id, status FROM runs ORDER BY id")
-    assert rows == [(run_id, "interrupted"), (alive, "running"), (alive + 1, "running")]
+    assert rows == [(run_id, "interrupted"), (alive, "running"), (last, "running")]
+    assert last == alive + 1
+    store.finish_run(alive)
+    store.finish_run(last)
 
 
 CHILD = """

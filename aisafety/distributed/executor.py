@@ -6,8 +6,10 @@ task. Without shards, each (attack, budget) unit is one task: the attack, its me
 its rows, stored in one transaction from the worker. With shards, each shard is an attack
 task and a unit task joins them, computes the metrics and stores the unit. The clean
 metrics read any attack result they need from the object store instead of running it
-again. Ray retries a task whose worker died or that raised (``max_retries``); a
-unit still failing is recorded in ``unit_failures`` and the rest of the plan goes on.
+again. The driver keeps as many tasks in flight as the cluster has slots and submits the
+next as one finishes (schedule.py: a unit's join first, as soon as its shards are done).
+Ray retries a task whose worker died or that raised (``max_retries``); a unit still
+failing is recorded in ``unit_failures`` and the rest of the plan goes on.
 Imported only when a plan runs on Ray: a local run never imports Ray.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -23,6 +26,7 @@ from ray.exceptions import RayError, RayTaskError
 from aisafety.database.engine import sqlite_file
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.distributed import tasks
+from aisafety.distributed.schedule import Schedule, Task
 from aisafety.errors import AISafetyError, ConfigError
 from aisafety.interfaces import EvaluationPlan, ExecutorSpec, MetricValue, RunRecord
 from aisafety.progress import RunProgress
@@ -59,38 +63,38 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
     except RayTaskError as exc:  # a bad model path, a capability the model lacks, ...
         raise _user_error(exc) from None
     units: list[WorkUnit] = info["units"]
-    run_id = runner.store.start_run(plan, __version__, f"ray:{info['device']}"[:16])
     done = runner.store.finished_units() if runner.resume else set()
     todo = [u for u in units if u.key not in done]
-    pending = _submit(todo, plan, url, cwd, run_id, info["shards"], logits_ref, options)
-    progress = RunProgress(
-        [(u.key, u.description) for u in units], enabled=not runner.quiet,
-        workers=_slots(options), heartbeat=HEARTBEAT_S, remote=True,
-    )  # fmt: skip
-    for u in units:
-        if u.key in done:
-            progress.resume(u.key)
+    schedule = Schedule(todo, None if plan.shard_size is None else info["shards"])
     computed: dict[str, list[MetricValue]] = {}
     failed: list[str] = []
+
+    def unit_done(unit: WorkUnit, ref: Any) -> None:
+        try:
+            computed[unit.key], seconds = ray.get(ref)
+            progress.finish(unit.key, seconds)
+        except RayError as exc:
+            error = _describe(exc)
+            runner.store.record_failure(run_id, unit.key, unit.description, error)
+            failed.append(f"{unit.description}: {error.splitlines()[0][:300]}")
+            progress.fail(unit.key, error.splitlines()[0][:120])
+
+    run_id = runner.store.start_run(plan, __version__, f"ray:{info['device']}"[:16])
     status = "failed"
-    try:
+    try:  # from start_run on: whatever happens, finish_run stops the run's heartbeat
+        submit = _Submitter(plan, url, cwd, run_id, logits_ref, options)
+        progress = RunProgress(
+            [(u.key, u.description) for u in units], enabled=not runner.quiet,
+            workers=_slots(options), heartbeat=HEARTBEAT_S, remote=True,
+        )  # fmt: skip
+        for u in units:
+            if u.key in done:
+                progress.resume(u.key)
         with terminate_as_interrupt(), progress:
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                unit = pending.pop(ready[0])
-                try:
-                    computed[unit.key], seconds = ray.get(ready[0])
-                    progress.finish(unit.key, seconds)
-                except RayError as exc:
-                    error = _describe(exc)
-                    runner.store.record_failure(run_id, unit.key, unit.description, error)
-                    failed.append(f"{unit.description}: {error.splitlines()[0][:300]}")
-                    progress.fail(unit.key, error.splitlines()[0][:120])
+            _execute(schedule, submit, options, unit_done)
         status = "failed" if failed else "finished"
     except KeyboardInterrupt:
         status = "interrupted"
-        for ref in pending:
-            ray.cancel(ref, force=True)
         raise
     finally:
         runner.store.finish_run(run_id, status)
@@ -107,42 +111,80 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
     )
 
 
-def _submit(
-    todo: list[WorkUnit], plan: EvaluationPlan, url: str, cwd: str, run_id: int,
-    n_shards: int, logits_ref: Any, options: dict[str, Any],
-) -> dict[Any, WorkUnit]:  # fmt: skip
-    """The tasks of the units still to do; returns the reference each unit is done with.
+def _execute(
+    schedule: Schedule, submit: _Submitter, options: dict[str, Any],
+    unit_done: Callable[[WorkUnit, Any], None],
+) -> None:  # fmt: skip
+    """Run the schedule with as many tasks in flight as the cluster runs at once (so none
+    waits in Ray's queue, where the driver could no longer put a unit's join first; the
+    count is asked again as tasks finish: nodes come and go); ``unit_done`` gets each unit
+    whose task finished, with the reference of its result. Interrupted: the tasks in flight
+    are cancelled, the rest never submitted."""
+    in_flight: dict[Any, Task] = {}
+    try:
+        while True:
+            slots = _slots(options)
+            while len(in_flight) < slots and (task := schedule.next()) is not None:
+                in_flight[submit(task)] = task
+            if not in_flight:
+                return
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            task = in_flight.pop(ready[0])
+            schedule.finished(task)
+            if task.stores_unit:
+                unit_done(task.unit, ready[0])
+    except KeyboardInterrupt:
+        for ref in in_flight:
+            ray.cancel(ref, force=True)
+        raise
 
-    Unsharded: one task per attack unit (attack, metrics, rows), so a unit is done when its
-    task is. Sharded: one attack task per shard, then a task per unit that joins its shards
-    (it waits for them; Ray may queue it behind shards of later units). The clean unit's task
-    gets every attack result's references, for clean metrics that reuse an attack."""
-    pending: dict[Any, WorkUnit] = {}
-    shards: dict[str, list] = {}
-    attacked = [u for u in todo if u.attack is not None]
-    if plan.shard_size is None:
-        whole = ray.remote(tasks.attack_unit).options(num_returns=2, **options)
-        for u in attacked:
-            done_ref, result_ref = whole.remote(plan, url, cwd, run_id, u, logits_ref)
-            pending[done_ref], shards[u.key] = u, [result_ref]
-    else:
-        attack = ray.remote(tasks.attack).options(**options)
-        for u in attacked:
-            shards[u.key] = [
-                attack.remote(plan, url, cwd, u.attack, u.eps, shard, logits_ref)
-                for shard in range(n_shards)
-            ]
-    results = {(u.attack.key(), float(u.eps)): shards[u.key] for u in attacked}
-    unit_task = ray.remote(tasks.unit).options(**options)
-    for u in todo:
-        if u.attack is None or plan.shard_size is not None:
-            ref = unit_task.remote(
-                plan, url, cwd, run_id, u, logits_ref,
-                results if u.attack is None else {}, ray.get if u.attack is None else None,
-                *(shards[u.key] if u.attack is not None else []),
-            )  # fmt: skip
-            pending[ref] = u
-    return pending
+
+class _Submitter:
+    """Submits a task of the schedule; returns the reference its unit is done with (for a
+    shard: its attack result). Keeps every attack result's references, which the unit's
+    join and the clean unit's metrics read through the object store."""
+
+    def __init__(
+        self, plan: EvaluationPlan, url: str, cwd: str, run_id: int, logits_ref: Any,
+        options: dict[str, Any],
+    ) -> None:  # fmt: skip
+        self.common = (plan, url, cwd)
+        self.run_id, self.logits_ref, self.options = run_id, logits_ref, options
+        # each function made a remote function once (Ray exports it to the cluster once)
+        self.remote = {f: ray.remote(f) for f in (tasks.attack_unit, tasks.attack, tasks.unit)}
+        # (attack key, eps) -> the references of its result's shards (one if unsharded)
+        self.results: dict[tuple[str, float], list] = {}
+
+    def __call__(self, task: Task) -> Any:
+        u, run_id, logits = task.unit, self.run_id, self.logits_ref
+        if task.kind == "unit":
+            done_ref, result_ref = self._remote(tasks.attack_unit, task, num_returns=2).remote(
+                *self.common, run_id, u, logits
+            )
+            self.results[(u.attack.key(), float(u.eps))] = [result_ref]
+            return done_ref
+        if task.kind == "shard":
+            ref = self._remote(tasks.attack, task).remote(
+                *self.common, u.attack, u.eps, task.shard, logits
+            )
+            self.results.setdefault((u.attack.key(), float(u.eps)), []).append(ref)
+            return ref
+        if task.kind == "join":
+            shards = self.results[(u.attack.key(), float(u.eps))]
+            return self._remote(tasks.unit, task).remote(
+                *self.common, run_id, u, logits, {}, None, *shards
+            )
+        # the clean unit: every attack task exists by now (Schedule submits it last)
+        return self._remote(tasks.unit, task).remote(
+            *self.common, run_id, u, logits, dict(self.results), ray.get
+        )
+
+    def _remote(self, function: Callable, task: Task, **options: Any) -> Any:
+        """``function`` as a Ray task named after its unit (as the dashboard and ``ps`` show
+        it: ``ray::attack pgd-linf(...) eps=0.1 shard 2``)."""
+        shard = f" shard {task.shard}" if task.shard is not None else ""
+        name = f"{function.__name__} {task.unit.description}"[:200] + shard
+        return self.remote[function].options(name=name, **self.options, **options)
 
 
 def _connect(address: str | None) -> bool:
