@@ -424,7 +424,16 @@ def zoo_recipe(
             ]
     given = {
         field: getattr(args, field)
-        for field in ("architecture", "dataset", "defense", "epochs", "batch_size", "lr", "seed")
+        for field in (
+            "architecture",
+            "dataset",
+            "defense",
+            "epochs",
+            "batch_size",
+            "lr",
+            "seed",
+            *SCHEDULE_OPTIONS,
+        )  # fmt: skip
         if getattr(args, field) is not None
     }
     if args.defense_config is not None:
@@ -440,6 +449,20 @@ def zoo_recipe(
         args.certified_eps if args.certified_eps is not None else recorded.get("ibp_certified")
     )
     return recipe, robust, certified
+
+
+# Recipe fields for the optimiser, schedule and kept epoch (``TrainingRecipe``): option, type,
+# help. They reproduce trainings like the SoK's (SGD, step lr, best epoch on the test set).
+SCHEDULE_OPTIONS: dict[str, tuple[type, str]] = {
+    "optimizer": (str, "adam (default) or sgd"),
+    "momentum": (float, "SGD momentum (default 0)"),
+    "weight_decay": (float, "default 0"),
+    "lr_schedule": (str, "one-cycle (default) or step: lr x --lr-decay every --lr-decay-every"),
+    "lr_decay": (float, "the step schedule's factor (default 0.1)"),
+    "lr_decay_every": (int, "the step schedule's period in epochs (default 10)"),
+    "lr_decay_from": (int, "the step schedule counts periods from this epoch (0-based; default 0)"),
+    "keep": (str, "last (default) or best-test: the epoch scoring best on the TEST set"),
+}
 
 
 def zoo_robust_every(args: argparse.Namespace) -> int:
@@ -588,6 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
     zt.add_argument("--batch-size", type=int, help="default 128")
     zt.add_argument("--lr", type=float, help="default 1e-3 (Adam, one-cycle schedule)")
     zt.add_argument("--seed", type=int, help="default 0")
+    for field, (kind, text) in SCHEDULE_OPTIONS.items():
+        zt.add_argument(f"--{field.replace('_', '-')}", type=kind, help=text)
     zt.add_argument("--mean", type=float, nargs="+", help="per-channel input mean (MNIST's)")
     zt.add_argument("--std", type=float, nargs="+", help="per-channel input std (MNIST's)")
     zt.add_argument("--init-from", help="zoo model to fine-tune from (pinned by sha256)")

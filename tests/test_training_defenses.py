@@ -262,7 +262,7 @@ def test_recipe_with_defense_config_round_trips_through_the_manifest(tmp_path):
     again = read_manifest(tmp_path)["x"]
     assert again == entry
     defense = training_defense(again.recipe.defense, again.recipe.defense_config)
-    assert defense.config.model_dump() == {**recipe.defense_config, "eps": 0.2}
+    assert defense.config.model_dump() == {**recipe.defense_config, "eps": 0.2, "kappa_start": 1.0}
 
 
 def test_unknown_or_misconfigured_training_defense_names_the_fix():

@@ -15,7 +15,7 @@ import os
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -37,8 +37,20 @@ class TrainingRecipe(StrictModel):
     defense_config: dict[str, Any] = Field(default_factory=dict)
     epochs: int = Field(default=3, gt=0)
     batch_size: int = Field(default=128, gt=0)
-    optimizer: str = "adam"
+    optimizer: Literal["adam", "sgd"] = "adam"
     lr: float = Field(default=1e-3, gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1, description="SGD only")
+    weight_decay: float = Field(default=0.0, ge=0)
+    # "one-cycle": Adam-style one-cycle to ``lr``; "step": ``lr`` times ``lr_decay`` every
+    # ``lr_decay_every`` epochs counted from epoch ``lr_decay_from`` (0-based), as VeriGauge.
+    lr_schedule: Literal["one-cycle", "step"] = "one-cycle"
+    lr_decay: float = Field(default=0.1, gt=0, le=1)
+    lr_decay_every: int = Field(default=10, gt=0)
+    lr_decay_from: int = Field(default=0, ge=0)
+    # "last": the weights after the last epoch; "best-test": the epoch whose training
+    # defense's selection score (``TrainingDefense.selection_score``) on the *test set* is
+    # highest, as the SoK's code keeps its models (selection on the test set).
+    keep: Literal["last", "best-test"] = "last"
     seed: int = 0
     mean: tuple[float, ...] = (0.1307,)
     std: tuple[float, ...] = (0.3081,)

@@ -143,11 +143,30 @@ def initial_weights(recipe: TrainingRecipe) -> dict[str, torch.Tensor]:
     return state
 
 
-def train(recipe: TrainingRecipe, train_set: LoadedDataset, quiet: bool = False) -> nn.Module:
+def train(
+    recipe: TrainingRecipe,
+    train_set: LoadedDataset,
+    quiet: bool = False,
+    test_set: LoadedDataset | None = None,
+) -> nn.Module:
     """Train the model ``recipe`` describes on ``train_set``; returns the module."""
+    return train_selected(recipe, train_set, quiet, test_set)[0]
+
+
+def train_selected(
+    recipe: TrainingRecipe,
+    train_set: LoadedDataset,
+    quiet: bool = False,
+    test_set: LoadedDataset | None = None,
+) -> tuple[nn.Module, dict[str, float]]:
+    """``train``, also returning what a ``keep: best-test`` recipe kept, as manifest metrics:
+    ``selected_epoch`` (1-based) and ``selection_score`` (its score on ``test_set``)."""
     defense = training_defense(recipe.defense, recipe.defense_config)
     initial = initial_weights(recipe) if recipe.init_from is not None else None
-    return train_network(recipe, defense, train_set, initial, quiet)
+    module, selection = train_network(recipe, defense, train_set, initial, quiet, test_set)
+    if selection is None:
+        return module, {}
+    return module, {"selected_epoch": selection.epoch + 1.0, "selection_score": selection.score}
 
 
 def train_zoo_entry(
@@ -168,11 +187,11 @@ def train_zoo_entry(
     if recipe.init_from is not None and recipe.init_sha256 is None:
         pinned = load_zoo_state(recipe.init_from)[0].sha256
         recipe = recipe.model_copy(update={"init_sha256": pinned})
-    module = train(recipe, train_set, quiet=quiet)
+    module, selection = train_selected(recipe, train_set, quiet, test_set)
     train_seconds = round(time.time() - started, 1)
     return record_zoo_entry(
         name, recipe, module, test_set, out_dir, train_seconds, robust_eps, certified_eps,
-        robust_every,
+        robust_every, selection,
     )  # fmt: skip
 
 
@@ -186,11 +205,13 @@ def record_zoo_entry(
     robust_eps: Sequence[float] | None = None,
     certified_eps: Sequence[float] | None = None,
     robust_every: int = 1,
+    selection: dict[str, float] | None = None,
 ) -> ZooEntry:
     """Write ``module`` (trained by ``recipe``) as checkpoint + manifest entry with what it
     measures: ``train_zoo_entry``'s second half, also for a run whose measurement failed
     after its checkpoint was written. ``robust_every`` k > 1 measures robustness on every
-    k-th image of the 1,000 only (for defenses whose attacks are too costly; recorded)."""
+    k-th image of the 1,000 only (for defenses whose attacks are too costly; recorded);
+    ``selection`` is the kept epoch of a ``keep: best-test`` recipe (recorded)."""
     network = nn.Sequential(Normalize(recipe.mean, recipe.std), module)
     buffer = io.BytesIO()
     torch.save(module.state_dict(), buffer)
@@ -238,6 +259,7 @@ def record_zoo_entry(
             "subset_clean_accuracy": subset_clean,
             **robustness,
             **({"robust_every": float(robust_every)} if robust_every > 1 else {}),
+            **(selection or {}),
             "train_seconds": train_seconds,
         },
     )

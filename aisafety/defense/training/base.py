@@ -17,8 +17,23 @@ import torch
 from torch import nn
 
 from aisafety.config_base import PluginConfig, build_config
+from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError
 from aisafety.prediction.base import Predictor
+
+
+def batched_mean(
+    data: LoadedDataset,
+    per_sample: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    batch_size: int = 1000,
+) -> float:
+    """Mean of a per-sample boolean measure over ``data`` in batches (gradients allowed:
+    an attack inside ``per_sample`` may need them)."""
+    total = 0
+    for start in range(0, len(data), batch_size):
+        stop = start + batch_size
+        total += int(per_sample(data.x[start:stop], data.y[start:stop]).sum())
+    return total / len(data)
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,9 @@ class TrainingDefense(ABC):
     adaptive_attack: ClassVar[str] = ""
     # The architecture the defense needs (None: any); pixel input in [0, 1] unless normalised.
     architecture: ClassVar[str | None] = None
+    # What ``selection_score`` measures, in words, and whether a tie keeps the later epoch.
+    selection_metric: ClassVar[str] = "clean accuracy"
+    later_wins_ties: ClassVar[bool] = False
 
     def __init__(self, config: dict[str, Any] | None = None, *extra: Any, **overrides: Any):
         if extra or not (config is None or isinstance(config, dict)):
@@ -86,6 +104,13 @@ class TrainingDefense(ABC):
         attack, its config): its paper's threat model, or the attack that later broke it.
         Each runs at every robust budget, recorded as ``<attack>_robust_accuracy_eps<eps>``."""
         return []
+
+    def selection_score(self, network: nn.Module, data: LoadedDataset, epoch: int) -> float | None:
+        """How well the weights after ``epoch`` (0-based) do on ``data``, for a recipe that
+        keeps its best epoch (``keep: best-test``); None: this epoch may not be kept. The
+        default is clean accuracy, what the SoK's code keeps its clean models by."""
+        with torch.no_grad():
+            return batched_mean(data, lambda x, y: network(x).argmax(1) == y)
 
     def after_step(self, network: nn.Module) -> None:  # noqa: B027
         """Act on the weights after each optimiser step (default: nothing; Parseval's
