@@ -1,4 +1,4 @@
-# The platform with its scale-out extra (Ray, psycopg): the image of every Ray node in
+# The platform with its scale-out extra (ray[client], psycopg): the image of every Ray node in
 # docker/docker-compose.yml (docs/scale-out.md). Nodes and the driver must run the same
 # aisafety, Ray and Python versions.
 #   docker build -f docker/ray.Dockerfile -t aisafety-ray .

@@ -219,3 +219,30 @@ def test_certified_sets_are_nested_ibp_crown_alpha_crown_on_the_zoo_cnn():
     assert certified["ibp"].float().mean() >= 0.5  # a certifiably trained model
     assert (certified["ibp"] <= certified["crown"]).all()
     assert (certified["crown"] <= certified["alpha-crown"]).all()
+
+
+def test_a_milp_point_above_the_cutoff_keeps_highs_bound_and_certifies():
+    """HiGHS may answer decide_row's search with a point above the cutoff and its bound
+    (sok-fcnn-a-clean, embedded test image 33, eps 0.02: solved at the root); that bound
+    proves the row: the sample is certified, not out of time, and every row's proved
+    bound is below its exact minimum (minimise_row, to optimality) and above 0."""
+    from aisafety.database.datasets.embedded import EmbeddedMnist
+    from aisafety.database.zoo import load_zoo_model
+    from aisafety.verification.milp import decide_row
+
+    predictor = load_zoo_model("sok-fcnn-a-clean")
+    data = EmbeddedMnist().load(None, "test")
+    graph = build_graph(predictor.network, predictor.input_shape, predictor.name)
+    prop = robustness_property(data.x[33:34], data.y[33:34], 0.02, 10)
+    result = make_verifier(default_registry(), "complete").verify(graph, prop, predictor.logits)
+    assert result.verdicts == [Verdict.CERTIFIED]
+    boxes = b.linear_boxes(graph, prop.lower.double(), prop.upper.double())
+    enc = encode(graph, boxes)
+    above = 0
+    for k in range(prop.spec.shape[1]):
+        row, offset = prop.spec[0, k].double().numpy(), float(prop.offset[0, k])
+        low, value, point = decide_row(enc, row, offset, 30.0)
+        exact, _, _ = minimise_row(enc, row, offset, 30.0)
+        above += point is not None and value > 1e-5
+        assert 0 < low <= exact + 1e-6
+    assert above  # the case this test is about occurs on this instance

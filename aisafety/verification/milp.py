@@ -262,10 +262,15 @@ def decide_row(
     """Like ``minimise_row`` but only decides the sign: looks for a point with ``row . f +
     offset <= tolerance``, led by the row itself (so HiGHS branches where the row drops).
     None proves the row > ``tolerance`` (returned as the bound; the tolerance also absorbs
-    HiGHS's feasibility tolerance); the search stops at the first point found."""
+    HiGHS's feasibility tolerance); the search stops at the first point found. HiGHS may
+    also return a point above the cutoff with its dual bound (e.g. solved at the root): then
+    min(dual bound, tolerance) is the proved bound, sound whether or not HiGHS's bound
+    counts the nodes the cutoff pruned (their bounds were >= the cutoff)."""
     cost = enc.out_matrix @ row
     const = float(enc.out_const @ row + offset)
     found = solve(enc, cost, const, time_limit, cutoff=tolerance)
     if found.point is None:
         return found.bound, found.value, None
+    if found.value > tolerance:  # not a violation: keep what HiGHS proved
+        return min(found.bound, tolerance), found.value, found.point
     return float("-inf"), found.value, found.point
