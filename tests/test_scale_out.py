@@ -196,7 +196,8 @@ def ray_cluster():
     cluster.stop()
 
 
-@pytest.mark.slow  # ~2.5 min on 2 busy cores: starting two Ray nodes is most of it
+# In the default suite, so CI runs the real cluster and server: ~50 s at load 3-4, 17 s of it
+# the start of the two Ray nodes (shared with the fault test below).
 def test_a_plan_on_ray_and_postgresql_stores_what_a_local_run_stores_in_sqlite(
     ray_cluster, postgres_url, tmp_path
 ):
@@ -311,7 +312,7 @@ def _kill_a_busy_worker(cluster, driver: subprocess.Popen, timeout: float = 300)
     raise AssertionError("no attack task seen running on the cluster")
 
 
-@pytest.mark.slow
+# In the default suite: the issue's fault test, ~35 s at load 3-4 on the shared cluster.
 def test_a_worker_killed_mid_plan_loses_and_duplicates_nothing(ray_cluster, postgres_url, tmp_path):
     """kill -9 of a worker running an attack shard: Ray runs the task again, the plan
     completes, every unit is stored exactly once and every number equals an undisturbed
