@@ -145,6 +145,8 @@ class CompleteVerifier(AlphaCrownVerifier):
             proved = torch.maximum(proved, again[0] + prop.offset[0])
             if proved.min() > 0:
                 return Verdict.CERTIFIED, float(proved.min()), None, ""
+        if deadline.passed():  # alpha-CROWN and box-PGD took the sample's whole limit
+            return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
         enc = encode(graph, boxes)
         for k in torch.argsort(bound).tolist():
             if proved[k] > 0:
