@@ -285,6 +285,10 @@ class ExecutorSpec(StrictModel):
     # Ray retries a task whose worker died or that raised, at most this many times; a unit
     # still failing is stored in unit_failures and the rest of the plan goes on.
     max_retries: int = Field(default=2, ge=0, le=20, strict=True)
+    # Tasks submitted beyond the cluster's free task slots. 0: none wait in Ray's queue, so a
+    # sharded unit's join runs as soon as its shards are done; an autoscaling cluster grows
+    # only for tasks that wait, so set this (e.g. to the slots it may add) to let it grow.
+    queue_ahead: int = Field(default=0, ge=0, le=100_000, strict=True)
 
     @model_validator(mode="after")
     def _ray_settings_need_ray(self) -> ExecutorSpec:

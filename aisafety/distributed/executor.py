@@ -91,7 +91,7 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
             if u.key in done:
                 progress.resume(u.key)
         with terminate_as_interrupt(), progress:
-            _execute(schedule, submit, options, unit_done)
+            _execute(schedule, submit, options, spec.queue_ahead, unit_done)
         status = "failed" if failed else "finished"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -112,19 +112,20 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
 
 
 def _execute(
-    schedule: Schedule, submit: _Submitter, options: dict[str, Any],
+    schedule: Schedule, submit: _Submitter, options: dict[str, Any], ahead: int,
     unit_done: Callable[[WorkUnit, Any], None],
 ) -> None:  # fmt: skip
-    """Run the schedule with as many tasks in flight as the cluster runs at once (so none
-    waits in Ray's queue, where the driver could no longer put a unit's join first; the
-    count is asked again as tasks finish: nodes come and go); ``unit_done`` gets each unit
+    """Run the schedule with as many tasks in flight as the cluster runs at once, plus
+    ``ahead`` (0: none waits in Ray's queue, where the driver could no longer put a unit's
+    join first; the count is asked again as tasks finish: nodes come and go, and an
+    autoscaler adds them only for waiting tasks); ``unit_done`` gets each unit
     whose task finished, with the reference of its result. Interrupted: the tasks in flight
     are cancelled, the rest never submitted."""
     in_flight: dict[Any, Task] = {}
     try:
         while True:
             slots = _slots(options)
-            while len(in_flight) < slots and (task := schedule.next()) is not None:
+            while len(in_flight) < slots + ahead and (task := schedule.next()) is not None:
                 in_flight[submit(task)] = task
             if not in_flight:
                 return

@@ -17,10 +17,11 @@ from aisafety.defense.training.base import TrainingDefense, TrainingStep, batche
 
 
 class PGDAdversarialTraining(TrainingDefense):
-    """Cross-entropy on l-inf PGD examples (random start), budget warmed up linearly."""
+    """Cross-entropy on l-inf PGD examples (random start by default), budget warmed up
+    linearly or per epoch (``PGDTrainingConfig``)."""
 
     name = "pgd-at"
-    description = "PGD adversarial training (Madry et al. 2018), l-inf, random start"
+    description = "PGD adversarial training (Madry et al. 2018), l-inf, random start by default"
     Config = PGDTrainingConfig
     selection_metric = "PGD robust accuracy"
 
