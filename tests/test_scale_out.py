@@ -210,14 +210,7 @@ def test_a_plan_on_ray_and_postgresql_stores_what_a_local_run_stores_in_sqlite(
     finds every unit and computes nothing."""
     local = _local(tmp_path, "local.db", threads=1, shard_size=10, batch_size=10)
     plan = {**PLAN, "shard_size": 10, "batch_size": 10}
-    args = ("--executor", "ray", "--address", ray_cluster.address, "--db", postgres_url)
-    driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
-    out, err = driver.communicate(timeout=600)
-    assert driver.returncode == 0, err
-    assert "4/4 units done" in err
-    counts, differences = compare(local, postgres_url)
-    assert differences == []
-    assert counts == {"metric_values": 10, "attack_runs": 3, "sample_outcomes": 90}
+    args = _stores_what_local_stores(plan, local, ray_cluster, postgres_url, tmp_path)
     resumed = _evaluate(plan, *args, "--resume", env=ray_cluster.env, cwd=tmp_path)
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
@@ -232,14 +225,21 @@ def test_without_shards_each_unit_is_one_task_and_stores_what_a_local_run_stores
     """No shard_size: each attack unit is one task (attack, metrics, rows), so units finish
     one by one as their tasks do; every number equals the local run's."""
     local = _local(tmp_path, "local.db", threads=1)
+    _stores_what_local_stores(PLAN, local, ray_cluster, postgres_url, tmp_path)
+
+
+def _stores_what_local_stores(plan, local, ray_cluster, postgres_url, tmp_path) -> tuple:
+    """Run ``plan`` (PLAN's 4 units) on the cluster into PostgreSQL; assert every stored
+    number equals the ``local`` run's. Returns the command-line arguments it used."""
     args = ("--executor", "ray", "--address", ray_cluster.address, "--db", postgres_url)
-    driver = _evaluate(PLAN, *args, env=ray_cluster.env, cwd=tmp_path)
+    driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, err
     assert "4/4 units done" in err
     counts, differences = compare(local, postgres_url)
     assert differences == []
     assert counts == {"metric_values": 10, "attack_runs": 3, "sample_outcomes": 90}
+    return args
 
 
 def _one_slot(address: str, temp_dir: Path) -> tuple[list[str], list[str]]:
