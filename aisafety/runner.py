@@ -50,13 +50,15 @@ def _key(*parts: object) -> str:
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """One unit of work: the clean metrics (``attack`` None), or one attack at one budget
-    with the attack metrics that read it. Plain data, so it travels to a Ray worker."""
+    """One unit of work: clean metrics (``attack`` None; ``metrics`` names them by label),
+    or one attack at one budget with the attack metrics that read it. Plain data, so it
+    travels to a Ray worker."""
 
     key: str
     description: str
     attack: AttackSpec | None = None
     eps: float | None = None
+    metrics: tuple[str, ...] = ()
 
 
 @dataclass
@@ -279,11 +281,7 @@ class Runner:
             base += (("batch_size", self.plan.batch_size),)
         if self.plan.corruptions != CorruptionsSpec():  # other corrupted sets, other mCE
             base += (self.plan.corruptions.key(),)
-        units = []
-        clean = self._clean_metrics()
-        if clean:
-            key = _key(base, "clean", [m.label() for m in clean])
-            units.append(WorkUnit(key, f"clean metrics on {subject.dataset_name}"))
+        units = self._clean_units(base, subject.dataset_name)
         # other shards, other random streams: a sharded unit is another unit
         shards = () if self.plan.shard_size is None else (("shards", self.plan.shard_size),)
         for spec in self.plan.attacks:
@@ -297,8 +295,25 @@ class Runner:
                 units.append(WorkUnit(key, f"{spec.label} eps={eps:g}", spec, eps))
         return units
 
-    def _clean_metrics(self) -> list[CleanMetric]:
-        return [m for m in self.metrics if isinstance(m, CleanMetric)]
+    def _clean_units(self, base: tuple, dataset_name: str) -> list[WorkUnit]:
+        """The cheap clean metrics as one unit, then one unit per label of the metrics that
+        are units of their own (a verifier's hours on one model: ``--resume`` loses one)."""
+        clean = self._clean_metrics()
+        shared = [m.label() for m in clean if not m.own_unit]
+        own = list(dict.fromkeys(m.label() for m in clean if m.own_unit))
+        units = []
+        if shared:
+            key = _key(base, "clean", shared)
+            units.append(WorkUnit(key, f"clean metrics on {dataset_name}", metrics=tuple(shared)))
+        for label in own:
+            key = _key(base, "clean", [label])
+            units.append(WorkUnit(key, f"{label} on {dataset_name}", metrics=(label,)))
+        return units
+
+    def _clean_metrics(self, labels: tuple[str, ...] | None = None) -> list[CleanMetric]:
+        """The plan's clean metrics, or those of one unit (``labels``)."""
+        clean = [m for m in self.metrics if isinstance(m, CleanMetric)]
+        return clean if labels is None else [m for m in clean if m.label() in labels]
 
     def _attack_metrics(self, spec: AttackSpec) -> list[AttackMetric]:
         family = self.attacks[spec.key()].family
@@ -309,7 +324,8 @@ class Runner:
         (on Ray, the attack's shards may have been handed to the context already)."""
         ctx, subject = prepared.context, prepared.subject
         if unit.attack is None:
-            values = [v for m in self._clean_metrics() for v in _as_list(m.compute(ctx))]
+            metrics = self._clean_metrics(unit.metrics)
+            values = [v for m in metrics for v in _as_list(m.compute(ctx))]
             self.store.record_unit(run_id, unit.key, unit.description, subject, values, __version__)
             return values
         spec, eps = unit.attack, unit.eps

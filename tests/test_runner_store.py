@@ -113,3 +113,40 @@ def test_bad_database_url_is_a_clear_error():
         ResultStore("results.db")
     with pytest.raises(ConfigError, match="query failed"):
         ResultStore("sqlite://").query("SELECT * FROM no_such_table")
+
+
+def test_each_verifier_metric_is_a_resumable_unit_of_its_own(store, monkeypatch):
+    """A killed run loses at most the verifier metric it was in: the finished ones are
+    stored units that ``--resume`` takes from the database."""
+    from aisafety.evaluation.metrics.certified import CertifiedAccuracy
+
+    certified = [
+        MetricSpec(name="ibp-certified-accuracy", config={"eps": eps}) for eps in (0.01, 0.05, 0.1)
+    ]
+    plan = PLAN.model_copy(update={"attacks": (), "metrics": (MetricSpec(name="ca"), *certified)})
+    calls, kill_at = [], {"eps": 0.1}
+    original = CertifiedAccuracy.compute
+
+    def killed_at(self, ctx):
+        calls.append(self.config.eps)
+        if self.config.eps == kill_at["eps"]:
+            raise RuntimeError("simulated kill")
+        return original(self, ctx)
+
+    monkeypatch.setattr(CertifiedAccuracy, "compute", killed_at)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        Runner(plan, store, quiet=True).run()
+    _, units = store.query("SELECT description FROM units ORDER BY finished_at, rowid")
+    assert [u for (u,) in units] == [
+        "clean metrics on mnist-embedded",
+        "ibp-certified-accuracy(eps=0.01) on mnist-embedded",
+        "ibp-certified-accuracy(eps=0.05) on mnist-embedded",
+    ]
+    kill_at["eps"] = None
+    calls.clear()
+    resumed = Runner(plan, store, quiet=True, resume=True).run()
+    assert resumed.resumed_units == 3  # the cheap clean unit and two certified ones
+    assert calls == [0.1]  # only the metric the kill lost runs again
+    fresh = Runner(plan, ResultStore(store.url.replace("r.db", "fresh.db")), quiet=True).run()
+    assert _by_key(resumed.values) == pytest.approx(_by_key(fresh.values))
+    assert len(_by_key(fresh.values)) == 4

@@ -90,6 +90,9 @@ class CleanMetric(Metric):
     corrupted copies of the data): computed once per run."""
 
     per_attack = False
+    # True for a metric that can run for hours on one model (a verifier): it is a resumable
+    # unit of its own instead of sharing the one unit of the cheap clean metrics
+    own_unit: ClassVar[bool] = False
 
     @abstractmethod
     def compute(self, ctx: EvaluationContext) -> MetricValue | list[MetricValue]:

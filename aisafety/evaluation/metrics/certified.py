@@ -98,15 +98,14 @@ class CertifiedConfig(PluginConfig):
     )
 
 
-class CertifiedAccuracy(CleanMetric):
-    name = "certified-accuracy"
-    description = "Fraction of samples a verifier proves robust in the l-inf eps-ball (lower bound)"
-    direction = Direction.HIGHER
-    unit = "fraction"
+class VerifierMetric(CleanMetric):
+    """What the certified metrics share: a verifier built from the registry by name, checked
+    against the model before any work, and a resumable unit of its own per metric (a
+    complete verifier can run for hours on one model)."""
+
     category = "certified"
     requires = Capability.GRADIENTS  # white-box: needs the weights, not only outputs
-    Config = CertifiedConfig
-
+    own_unit = True
     # The registry passes itself (``registry=``): verifier and attack are built by name from
     # it. Importing the registry here would close the cycle certified -> plugins -> builtin.
     builds_from_registry = True
@@ -125,6 +124,14 @@ class CertifiedAccuracy(CleanMetric):
 
     def check_model(self, predictor: Any) -> None:
         checked_graph(self.verifier, predictor, self.name)
+
+
+class CertifiedAccuracy(VerifierMetric):
+    name = "certified-accuracy"
+    description = "Fraction of samples a verifier proves robust in the l-inf eps-ball (lower bound)"
+    direction = Direction.HIGHER
+    unit = "fraction"
+    Config = CertifiedConfig
 
     def compute(self, ctx: EvaluationContext) -> MetricValue:
         graph = checked_graph(self.verifier, ctx.predictor, self.name)
@@ -191,33 +198,12 @@ class RadiusConfig(PluginConfig):
     attack_steps: int = Field(default=50, ge=1, description="box-PGD steps of the upper bound")
 
 
-class AverageCertifiedRadius(CleanMetric):
+class AverageCertifiedRadius(VerifierMetric):
     name = "average-certified-radius"
     description = "Mean largest l-inf radius a verifier certifies per sample (binary search)"
     direction = Direction.HIGHER
     unit = "linf"
-    category = "certified"
-    requires = Capability.GRADIENTS
     Config = RadiusConfig
-
-    # The registry passes itself (``registry=``): verifier and attack are built by name from
-    # it. Importing the registry here would close the cycle certified -> plugins -> builtin.
-    builds_from_registry = True
-
-    def __init__(
-        self,
-        config: dict[str, Any] | None = None,
-        registry: PluginRegistry | None = None,
-        **overrides: Any,
-    ):
-        super().__init__(config, **overrides)
-        self.registry = needs_registry(registry, self.name)
-        self.verifier = make_verifier(
-            self.registry, self.config.verifier, self.config.verifier_config
-        )
-
-    def check_model(self, predictor: Any) -> None:
-        checked_graph(self.verifier, predictor, self.name)
 
     def compute(self, ctx: EvaluationContext) -> MetricValue:
         graph = checked_graph(self.verifier, ctx.predictor, self.name)
