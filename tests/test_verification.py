@@ -246,3 +246,20 @@ def test_a_milp_point_above_the_cutoff_keeps_highs_bound_and_certifies():
         above += point is not None and value > 1e-5
         assert 0 < low <= exact + 1e-6
     assert above  # the case this test is about occurs on this instance
+
+
+def test_alpha_crowns_float32_search_is_as_tight_as_a_float64_one(monkeypatch):
+    """The slope search runs in float32 and its slopes are bounded again in float64: the
+    bound is a float64 one, within float32 noise of a search done wholly in float64."""
+    net = residual_net()
+    graph = build_graph(net, (1, 4, 4), "residual")
+    x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    prop = robustness_property(x, y, 0.1, 3)
+    fast = lower_bounds("alpha-crown", graph, prop)
+    monkeypatch.setattr(b, "SEARCH_DTYPE", torch.float64)
+    exact = lower_bounds("alpha-crown", graph, prop)
+    assert fast.dtype == torch.float64
+    assert (lower_bounds("crown", graph, prop) < exact - 1e-3).any()  # the search matters
+    assert fast == pytest.approx(exact, abs=1e-4)

@@ -10,9 +10,10 @@ before any bound is computed.
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,6 +47,7 @@ class BoundGraph:
     ops: list[ops.Op]
     model: str
     dtype: torch.dtype = torch.float64
+    _copies: dict[torch.dtype, BoundGraph] = field(default_factory=dict, repr=False)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -59,9 +61,20 @@ class BoundGraph:
 
     def to(self, dtype: torch.dtype) -> BoundGraph:
         self.dtype = dtype
+        self._copies.clear()
         for op in self.ops:
             op.to(dtype)
         return self
+
+    def in_dtype(self, dtype: torch.dtype) -> BoundGraph:
+        """This graph with its weights in ``dtype`` (itself when it is already): a copy,
+        made once, for work whose result is re-checked in the graph's own dtype."""
+        if dtype == self.dtype:
+            return self
+        if dtype not in self._copies:
+            ops_copy = [copy.copy(op) for op in self.ops]
+            self._copies[dtype] = BoundGraph(ops_copy, self.model, self.dtype).to(dtype)
+        return self._copies[dtype]
 
     def require(self, kinds: set[str], method: str) -> None:
         """Raise before any work if an op is not boundable by ``method``."""
