@@ -263,3 +263,35 @@ def test_alpha_crowns_float32_search_is_as_tight_as_a_float64_one(monkeypatch):
     assert fast.dtype == torch.float64
     assert (lower_bounds("crown", graph, prop) < exact - 1e-3).any()  # the search matters
     assert fast == pytest.approx(exact, abs=1e-4)
+
+
+def test_box_pgd_keeps_its_last_step():
+    """f = (x0 + x1, 0) around (0.1, 0.1) +- 0.3 breaks below x0 + x1 = 0: one step of a
+    quarter of the box from the centre, to (-0.05, -0.05), crosses the line; that last
+    step's point is the answer."""
+    net = nn.Linear(2, 2)
+    with torch.no_grad():
+        net.weight.copy_(torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+        net.bias.zero_()
+    x = torch.full((1, 1, 1, 2), 0.1)
+    prop = robustness_property(x, torch.zeros(1, dtype=torch.long), 0.3, 2)
+    prop.lower[:], prop.upper[:] = -0.2, 0.4
+    point = pgd_on_rows(lambda z: net(z.flatten(1)), prop, steps=1)
+    assert point.flatten().tolist() == pytest.approx([-0.05, -0.05], abs=1e-6)
+
+
+def test_box_pgd_steps_each_row_by_its_own_box():
+    """The property breaks only within 0.0005 of 0.503, inside a row's box 0.5 +- 0.005;
+    batched with a row 100x wider, that row is still stepped by a quarter of its own box
+    (not bounced between its corners by the wide row's step) and finds the violation."""
+
+    def model(z: torch.Tensor) -> torch.Tensor:
+        x = z.flatten(1)[:, 0]
+        return torch.stack([(x - 0.503).abs(), torch.full_like(x, 0.0005)], 1)
+
+    x = torch.full((2, 1, 1, 1), 0.5)
+    prop = robustness_property(x, torch.zeros(2, dtype=torch.long), 0.0, 2)
+    prop.lower[0], prop.upper[0] = 0.0, 1.0
+    prop.lower[1], prop.upper[1] = 0.495, 0.505
+    point = pgd_on_rows(model, prop, steps=20, restarts=0)  # from the centre only
+    assert abs(float(point[1].flatten()[0]) - 0.503) < 0.0005

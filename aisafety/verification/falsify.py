@@ -48,13 +48,14 @@ def pgd_on_rows(
     lower, upper = prop.lower.float(), prop.upper.float()
     width = upper - lower
     best = (lower + upper) / 2
-    with torch.no_grad():
-        best_value = prop.rows(model(best).double()).amin(1)
+    best_value = _lowest_row(model, prop, best)
     starts = [best.clone()] + [
         lower + width * torch.rand(lower.shape, generator=generator) for _ in range(restarts)
     ]
+    # each row's own box sets its step (rows of a radius search have different widths)
+    first_step = width.flatten(1).amax(1).reshape(-1, *([1] * (width.dim() - 1))) / 4
     for x in starts:
-        step = width.amax() / 4 if steps else 0
+        step = first_step
         for t in range(steps):
             check_time()  # a verifier's per-instance limit; no-op for the radius search
             x = x.detach().requires_grad_(True)
@@ -62,13 +63,25 @@ def pgd_on_rows(
                 value = prop.rows(model(x).double()).amin(1)
                 (grad,) = torch.autograd.grad(value.sum(), x)
             with torch.no_grad():
-                better = value < best_value
-                best = torch.where(_expand(better, x), x, best)
-                best_value = torch.where(better, value, best_value)
+                best, best_value = _keep_lower(x, value, best, best_value)
                 x = torch.minimum(torch.maximum(x - step * grad.sign(), lower), upper)
                 if t in (steps // 2, 3 * steps // 4):
                     step = step / 2
+        best, best_value = _keep_lower(x, _lowest_row(model, prop, x), best, best_value)
     return best.detach()
+
+
+def _lowest_row(model: Model, prop: Property, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return prop.rows(model(x).double()).amin(1)
+
+
+def _keep_lower(
+    x: torch.Tensor, value: torch.Tensor, best: torch.Tensor, best_value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample, ``x`` where its lowest row is below the best so far."""
+    better = value < best_value
+    return torch.where(_expand(better, x), x.detach(), best), torch.where(better, value, best_value)
 
 
 def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
