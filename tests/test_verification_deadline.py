@@ -68,3 +68,34 @@ def test_check_time_raises_only_inside_a_passed_limit():
 def test_the_clock_is_validated_with_the_choices_named():
     with pytest.raises(ConfigError, match="clock"):
         make_verifier(default_registry(), "crown", {"clock": "hour"})
+
+
+def test_the_milp_stops_at_the_verifiers_own_deadline_with_a_sound_bound():
+    """HiGHS's own limit counts wall seconds; ``stop`` (the verifier's deadline, e.g. on the
+    CPU clock) ends its search at the next MIP interrupt point, keeping its dual bound."""
+    from aisafety.verification import bounds as b
+    from aisafety.verification.milp import encode, minimise_row
+
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Flatten(), nn.Linear(16, 60), nn.ReLU(), nn.Linear(60, 60), nn.ReLU(), nn.Linear(60, 3)
+    ).eval()
+    x = torch.rand(1, 1, 4, 4)
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    graph = build_graph(net, (1, 4, 4), "fc60")
+    prop = robustness_property(x, y, 0.1, 3).to(torch.float64)
+    enc = encode(graph, b.linear_boxes(graph, prop.lower, prop.upper))
+    row = prop.spec[0, 0].numpy()
+    asked = []
+
+    def stop() -> bool:  # the deadline passes at HiGHS's 4th interrupt point
+        asked.append(1)
+        return len(asked) > 3
+
+    low, _, _ = minimise_row(enc, row, 0.0, 60.0, stop=stop)
+    assert len(asked) == 4  # asked until it said stop, never after
+    exact, value, _ = minimise_row(enc, row, 0.0, 120.0)
+    assert exact == pytest.approx(value, abs=1e-6)  # the reference is solved to optimality
+    assert low <= exact + 1e-6
+    assert low < exact - 1e-3  # stopped early: a weaker bound than the optimum

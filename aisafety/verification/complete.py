@@ -29,6 +29,10 @@ from aisafety.verification.property import Property
 from aisafety.verification.refine import refine_boxes
 from aisafety.verification.result import Verdict, VerificationResult
 
+# on the CPU clock, HiGHS's wall-clock limit is this many times the CPU seconds left: a
+# process at a tenth of a core still reaches its CPU deadline, which is what stops HiGHS
+WALL_BACKSTOP = 10.0
+
 
 class CompleteConfig(VerifierConfig):
     batch_size: int = Field(default=16, gt=0)
@@ -80,7 +84,7 @@ class CompleteVerifier(AlphaCrownVerifier):
     def _verify_batch(self, graph: BoundGraph, prop: Property, model: Model) -> VerificationResult:
         n = len(prop)
         batch = self.deadline(n)  # alpha-CROWN and box-PGD, shared by the batch
-        clock, began, wall_began = batch.clock, batch.clock(), time.perf_counter()
+        clock, began = batch.clock, batch.clock()
         prop = prop.to(graph.dtype)
         try:
             with time_limit(batch):
@@ -97,12 +101,6 @@ class CompleteVerifier(AlphaCrownVerifier):
             return VerificationResult.timed_out(self.name, prop.lower, (clock() - began) / n)
         attacked = replay(model, prop, attack)
         shared = (clock() - began) / n
-        # HiGHS counts wall seconds: on the CPU clock it gets what is left scaled by this
-        # batch's wall/CPU ratio so far (a loaded machine gives the process under a core)
-        self._wall_per_clock = 1.0
-        if self.config.clock == "cpu":
-            ratio = (time.perf_counter() - wall_began) / max(clock() - began, 1e-3)
-            self._wall_per_clock = min(max(ratio, 1.0), 10.0)
         verdicts, margins, seconds, notes = [], [], [], []
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
         for s in range(n):
@@ -156,9 +154,11 @@ class CompleteVerifier(AlphaCrownVerifier):
                 return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
             row = prop.spec[0, k].numpy()
             solve = minimise_row if self.config.exact else decide_row
-            limit = left * self._wall_per_clock
+            # HiGHS's own limit counts wall seconds: on the CPU clock only a backstop, the
+            # deadline itself stops it (``deadline.passed`` at its MIP interrupt points)
+            limit = left * (WALL_BACKSTOP if self.config.clock == "cpu" else 1.0)
             began = time.perf_counter()
-            low, value, point = solve(enc, row, float(prop.offset[0, k]), limit)
+            low, value, point = solve(enc, row, float(prop.offset[0, k]), limit, deadline.passed)
             # HiGHS at its own limit, or on the CPU clock past the sample's (scaled limit)
             out_of_time = deadline.passed() or time.perf_counter() - began >= 0.99 * limit
             if deadline.passed():

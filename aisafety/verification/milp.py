@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -216,14 +217,21 @@ def solve(
     time_limit: float,
     cutoff: float | None = None,
     options: dict | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Solved:
     """min ``cost . vars + constant`` by HiGHS. With ``cutoff``, only points below it are
     looked for: the search prunes every node whose bound reaches it and stops at the first
-    point under it; no point at all then proves the minimum >= ``cutoff``."""
+    point under it; no point at all then proves the minimum >= ``cutoff``.
+
+    ``time_limit`` is HiGHS's own, in wall seconds; ``stop`` (a verifier's deadline on its
+    own clock, e.g. CPU seconds) is asked at HiGHS's MIP interrupt points and ends the search
+    there. Either way the result is what HiGHS proved so far: its dual bound stays sound."""
     highs = _new_highs()
     for key, value in {**HIGHS_OPTIONS, **(options or {})}.items():
         highs.setOptionValue(key, value)
     highs.setOptionValue("time_limit", max(float(time_limit), 0.01))
+    if stop is not None:
+        highs.cbMipInterrupt.subscribe(lambda event: event.interrupt() if stop() else None)
     if cutoff is not None:
         highs.setOptionValue("objective_bound", cutoff - constant)
         highs.setOptionValue("objective_target", cutoff - constant)
@@ -247,17 +255,27 @@ def solve(
 
 
 def minimise_row(
-    enc: Encoding, row: np.ndarray, offset: float, time_limit: float
+    enc: Encoding,
+    row: np.ndarray,
+    offset: float,
+    time_limit: float,
+    stop: Callable[[], bool] | None = None,
 ) -> tuple[float, float, np.ndarray | None]:
     """(lower bound proved, best value found, its input point or None) of ``row . f + offset``."""
     cost = enc.out_matrix @ row
     const = float(enc.out_const @ row + offset)
-    found = solve(enc, cost, const, time_limit, options={"mip_rel_gap": 0.0, "mip_abs_gap": 1e-9})
+    exact = {"mip_rel_gap": 0.0, "mip_abs_gap": 1e-9}
+    found = solve(enc, cost, const, time_limit, options=exact, stop=stop)
     return found.bound, found.value, found.point
 
 
 def decide_row(
-    enc: Encoding, row: np.ndarray, offset: float, time_limit: float, tolerance: float = 1e-5
+    enc: Encoding,
+    row: np.ndarray,
+    offset: float,
+    time_limit: float,
+    stop: Callable[[], bool] | None = None,
+    tolerance: float = 1e-5,
 ) -> tuple[float, float, np.ndarray | None]:
     """Like ``minimise_row`` but only decides the sign: looks for a point with ``row . f +
     offset <= tolerance``, led by the row itself (so HiGHS branches where the row drops).
@@ -268,7 +286,7 @@ def decide_row(
     counts the nodes the cutoff pruned (their bounds were >= the cutoff)."""
     cost = enc.out_matrix @ row
     const = float(enc.out_const @ row + offset)
-    found = solve(enc, cost, const, time_limit, cutoff=tolerance)
+    found = solve(enc, cost, const, time_limit, cutoff=tolerance, stop=stop)
     if found.point is None:
         return found.bound, found.value, None
     if found.value > tolerance:  # not a violation: keep what HiGHS proved

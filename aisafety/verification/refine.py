@@ -63,7 +63,7 @@ def _refine_node(
             if left <= 0:
                 return lo.reshape(boxes[j][0].shape), hi.reshape(boxes[j][1].shape)
             found = solve(enc, sign * enc.out_matrix[:, u], sign * float(enc.out_const[u]), left,
-                          options=REFINE_OPTIONS)  # fmt: skip
+                          options=REFINE_OPTIONS, stop=deadline.passed)  # fmt: skip
             if not np.isfinite(found.bound):
                 continue
             bound = found.bound - SAFETY * (1 + abs(found.bound))
