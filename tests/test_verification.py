@@ -73,6 +73,15 @@ def fc_net() -> nn.Module:
     ).eval()
 
 
+def around_predictions(net: nn.Module, n: int, seed: int, eps: float):
+    """(inputs, property): ``n`` random 4x4 inputs, robust at ``eps`` around ``net``'s own
+    predictions (3 classes)."""
+    x = torch.rand(n, 1, 4, 4, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    return x, robustness_property(x, y, eps, 3)
+
+
 def lower_bounds(name: str, graph, prop) -> torch.Tensor:
     with torch.no_grad():
         return make_verifier(default_registry(), name).lower_bounds(graph, prop.to(graph.dtype))[0]
@@ -143,16 +152,13 @@ def test_every_bound_is_below_the_margin_at_centre_random_points_and_the_attack(
 def test_incomplete_bounds_are_below_scipys_lp_relaxation_and_the_exact_milp_optimum():
     net = fc_net()
     graph = build_graph(net, (1, 4, 4), "fc")
-    x = torch.rand(3, 1, 4, 4, generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        y = net(x).argmax(1)
-    prop = robustness_property(x, y, 0.1, 3)
+    x, prop = around_predictions(net, 3, seed=4, eps=0.1)
     found = {name: lower_bounds(name, graph, prop) for name in INCOMPLETE}
     crown_boxes = b.linear_boxes(graph, prop.lower, prop.upper)
     # alpha-CROWN's own intermediate boxes (optimised slopes): its bound is the larger of
     # the bound on those and CROWN's, so it is below the larger of the two LP optima
     alpha_boxes = b.linear_boxes(graph, prop.lower, prop.upper, "adaptive", 20)
-    for s in range(len(y)):
+    for s in range(len(x)):
         boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in crown_boxes]
         tighter = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in alpha_boxes]
         enc = encode(graph, boxes)
@@ -253,10 +259,7 @@ def test_alpha_crowns_float32_search_is_as_tight_as_a_float64_one(monkeypatch):
     bound is a float64 one, within float32 noise of a search done wholly in float64."""
     net = residual_net()
     graph = build_graph(net, (1, 4, 4), "residual")
-    x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        y = net(x).argmax(1)
-    prop = robustness_property(x, y, 0.1, 3)
+    _, prop = around_predictions(net, 4, seed=5, eps=0.1)
     fast = lower_bounds("alpha-crown", graph, prop)
     monkeypatch.setattr(b, "SEARCH_DTYPE", torch.float64)
     exact = lower_bounds("alpha-crown", graph, prop)

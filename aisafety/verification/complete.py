@@ -159,7 +159,7 @@ class CompleteVerifier(AlphaCrownVerifier):
             limit = left * (WALL_BACKSTOP if self.config.clock == "cpu" else 1.0)
             began = time.perf_counter()
             low, value, point = solve(enc, row, float(prop.offset[0, k]), limit, deadline.passed)
-            # HiGHS at its own limit, or on the CPU clock past the sample's (scaled limit)
+            # HiGHS at its own limit (its wall-clock backstop), or the sample's deadline passed
             out_of_time = deadline.passed() or time.perf_counter() - began >= 0.99 * limit
             if deadline.passed():
                 return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
