@@ -22,6 +22,7 @@ from aisafety.verification.bounds import LINEAR_KINDS
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, replay
 from aisafety.verification.graph import BoundGraph
+from aisafety.verification.memory import reuse_freed_memory
 from aisafety.verification.property import Property
 from aisafety.verification.result import Verdict, VerificationResult
 
@@ -73,10 +74,11 @@ class Verifier(ABC):
         self.check(graph)
         model = model or (lambda x: graph.forward(x.to(graph.dtype)))
         parts = []
-        for start in range(0, len(prop), self.config.batch_size):
-            parts.append(
-                self._verify_batch(graph, prop[start : start + self.config.batch_size], model)
-            )
+        with reuse_freed_memory():  # the bound passes' large temporaries (``memory.py``)
+            for start in range(0, len(prop), self.config.batch_size):
+                parts.append(
+                    self._verify_batch(graph, prop[start : start + self.config.batch_size], model)
+                )
         return VerificationResult.concat(parts)
 
     def deadline(self, n: int) -> Deadline:

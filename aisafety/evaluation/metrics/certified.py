@@ -39,6 +39,7 @@ from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
 from aisafety.verification.falsify import pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph, build_graph
 from aisafety.verification.margins import certified, ibp_margin_bounds
+from aisafety.verification.memory import reuse_freed_memory
 from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import PluginRegistry, make_verifier, needs_registry
 from aisafety.verification.result import Verdict, VerificationResult
@@ -220,7 +221,8 @@ class AverageCertifiedRadius(VerifierMetric):
             point = pgd_on_rows(ctx.predictor.logits, prop, c.attack_steps)
             return replay(ctx.predictor.logits, prop, point)
 
-        certified_radius = bisect(certifies, len(y), c.max_radius, c.precision, proved_low=True)
+        with reuse_freed_memory():  # kept between the search's verify calls
+            certified_radius = bisect(certifies, len(y), c.max_radius, c.precision, True)
         attack_radius = bisect(breaks, len(y), c.max_radius, c.precision, proved_low=False)
         samples = [
             {"sample_index": i, "label": int(y[i]), "verdict": "radius",

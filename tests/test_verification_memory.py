@@ -1,0 +1,72 @@
+"""Freed memory reused inside the verifiers (verification/memory.py), measured in page faults.
+
+Each case runs in a fresh process: what a large allocation costs depends on the heap's
+history, and earlier tests in this process leave free chunks behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from aisafety.verification import memory
+
+pytestmark = pytest.mark.skipif(memory._libc() is None, reason="needs glibc's mallopt")
+BLOCK = 64 << 20  # bytes: above glibc's largest dynamic mmap threshold (32 MiB)
+PAGES = BLOCK // resource.getpagesize()
+
+CASE = """
+import json, resource, sys, torch
+from aisafety.verification.memory import reuse_freed_memory
+
+def faults(rounds=6):
+    # minor page faults of allocating, writing and freeing one large tensor `rounds` times
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(rounds):
+        block = torch.empty(%(block)d // 4)
+        block.fill_(1.0)
+        del block
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+
+found = {"outside": faults()}
+with reuse_freed_memory():
+    faults(12)  # the heap settles: glibc's aligned allocations need a few holes to coalesce
+    found["inside"] = faults()
+    with reuse_freed_memory():
+        faults(1)
+    found["inner_ended"] = faults()
+    blocks = [torch.ones(%(block)d // 4) for _ in range(6)]
+    del blocks
+    found["kept"] = resident()
+found["trimmed"] = resident()
+print(json.dumps(found))
+"""
+
+
+def run_case(**env: str) -> dict[str, int]:
+    code = CASE % {"block": BLOCK}
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_inside_a_freed_block_is_reused_and_given_back_at_the_end():
+    found = run_case(AISAFETY_REUSE_FREED_MEMORY="1")
+    assert found["outside"] >= 5 * PAGES  # every round maps and faults the block in anew
+    assert found["inside"] <= PAGES // 2  # once the heap has settled, every round reuses it
+    assert found["inner_ended"] <= PAGES // 2  # a nested block's end changes nothing
+    # the six blocks stayed in the heap until the end, then malloc_trim gave them back
+    assert found["kept"] - found["trimmed"] >= 4 * BLOCK
+
+
+def test_the_environment_turns_it_off():
+    found = run_case(AISAFETY_REUSE_FREED_MEMORY="0")
+    assert found["inside"] >= 5 * PAGES
