@@ -36,6 +36,7 @@ from aisafety.interfaces import (
 )
 from aisafety.limits import check_budgets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
+from aisafety.memory import reuse_freed_memory
 from aisafety.plugins import Registry, default_registry
 from aisafety.progress import RunProgress
 from aisafety.version import __version__
@@ -325,14 +326,16 @@ class Runner:
         ctx, subject = prepared.context, prepared.subject
         if unit.attack is None:
             metrics = self._clean_metrics(unit.metrics)
-            values = [v for m in metrics for v in _as_list(m.compute(ctx))]
+            with reuse_freed_memory():  # the unit's large temporaries (``memory.py``)
+                values = [v for m in metrics for v in _as_list(m.compute(ctx))]
             self.store.record_unit(run_id, unit.key, unit.description, subject, values, __version__)
             return values
         spec, eps = unit.attack, unit.eps
-        result = ctx.adversarial(spec, eps)
-        values = [
-            v for m in self._attack_metrics(spec) for v in _as_list(m.compute(ctx, spec, eps))
-        ]
+        with reuse_freed_memory():
+            result = ctx.adversarial(spec, eps)
+            values = [
+                v for m in self._attack_metrics(spec) for v in _as_list(m.compute(ctx, spec, eps))
+            ]
         family = self.attacks[spec.key()].family.value
         self.store.record_unit(
             run_id, unit.key, unit.description, subject, values, __version__, (spec, family, result)

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.config_base",
             "aisafety.version",
             "aisafety.hookspecs",
+            "aisafety.memory",
         ),
     ),
     (

@@ -36,6 +36,7 @@ from aisafety.attack.threat import THREATS, ThreatModel, threat_model
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.errors import InputError, PluginError
 from aisafety.interfaces import AttackFamily, Capability, Norm, Precision
+from aisafety.memory import reuse_freed_memory
 from aisafety.prediction.base import Predictor
 
 # On CPU, chunks of 128 were the fastest or within 10 % of it in bench/attacks.py on 2 cores
@@ -199,10 +200,13 @@ class Attack(ABC):
                 strict=False,
             )
         )
-        parts = [
-            self._attack_chunk(predictor, xc, yc, eps, generator, *rest)
-            for xc, yc, *rest in tqdm(chunks, desc=f"{self.name} eps={eps:g}", disable=not progress)
-        ]
+        with reuse_freed_memory():  # every step frees and allocates the same tensors
+            parts = [
+                self._attack_chunk(predictor, xc, yc, eps, generator, *rest)
+                for xc, yc, *rest in tqdm(
+                    chunks, desc=f"{self.name} eps={eps:g}", disable=not progress
+                )
+            ]
         return parts[0] if len(parts) == 1 else AttackResult.concat(parts)
 
     def search_predictor(self, predictor: Predictor) -> Predictor:

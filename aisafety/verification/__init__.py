@@ -5,6 +5,5 @@ alpha-CROWN) and a complete MILP verifier on a model's traced graph, VNN-LIB pro
 (``relaxations.py``); ``bounds.py`` propagates bounds; ``incomplete.py`` and ``complete.py``
 are the verifiers (registered through the ``aisafety_verifiers`` hook), the latter on the
 MILP of ``milp.py`` with bounds tightened by ``refine.py``; ``vnnlib.py``
-reads VNN-COMP properties; ``memory.py`` keeps the bound passes' freed memory for reuse.
-``smoothing/`` (randomized smoothing) lives beside them.
+reads VNN-COMP properties. ``smoothing/`` (randomized smoothing) lives beside them.
 """

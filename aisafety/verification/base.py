@@ -18,11 +18,11 @@ import torch
 from pydantic import Field
 
 from aisafety.config_base import PluginConfig, build_config
+from aisafety.memory import reuse_freed_memory
 from aisafety.verification.bounds import LINEAR_KINDS
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, replay
 from aisafety.verification.graph import BoundGraph
-from aisafety.verification.memory import reuse_freed_memory
 from aisafety.verification.property import Property
 from aisafety.verification.result import Verdict, VerificationResult
 

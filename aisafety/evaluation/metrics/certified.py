@@ -36,10 +36,10 @@ from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import SAMPLES_DETAILS_KEY as SAMPLES
 from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
+from aisafety.memory import reuse_freed_memory
 from aisafety.verification.falsify import pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph, build_graph
 from aisafety.verification.margins import certified, ibp_margin_bounds
-from aisafety.verification.memory import reuse_freed_memory
 from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import PluginRegistry, make_verifier, needs_registry
 from aisafety.verification.result import Verdict, VerificationResult

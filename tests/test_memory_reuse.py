@@ -1,4 +1,4 @@
-"""Freed memory reused inside the verifiers (verification/memory.py), measured in page faults.
+"""Freed memory reused (aisafety/memory.py), measured in page faults.
 
 Each case runs in a fresh process: what a large allocation costs depends on the heap's
 history, and earlier tests in this process leave free chunks behind.
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from aisafety.verification import memory
+from aisafety import memory
 
 pytestmark = pytest.mark.skipif(memory._libc() is None, reason="needs glibc's mallopt")
 BLOCK = 64 << 20  # bytes: above glibc's largest dynamic mmap threshold (32 MiB)
@@ -22,7 +22,7 @@ PAGES = BLOCK // resource.getpagesize()
 
 CASE = """
 import json, resource, sys, torch
-from aisafety.verification.memory import reuse_freed_memory
+from aisafety.memory import reuse_freed_memory
 
 def faults(rounds=6):
     # minor page faults of allocating, writing and freeing one large tensor `rounds` times
