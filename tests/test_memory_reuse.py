@@ -21,7 +21,7 @@ BLOCK = 64 << 20  # bytes: above glibc's largest dynamic mmap threshold (32 MiB)
 PAGES = BLOCK // resource.getpagesize()
 
 CASE = """
-import json, resource, sys, torch
+import json, resource, torch
 from aisafety.memory import reuse_freed_memory
 
 def faults(rounds=6):

@@ -36,7 +36,6 @@ from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import SAMPLES_DETAILS_KEY as SAMPLES
 from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
-from aisafety.memory import reuse_freed_memory
 from aisafety.verification.falsify import pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph, build_graph
 from aisafety.verification.margins import certified, ibp_margin_bounds
@@ -221,8 +220,7 @@ class AverageCertifiedRadius(VerifierMetric):
             point = pgd_on_rows(ctx.predictor.logits, prop, c.attack_steps)
             return replay(ctx.predictor.logits, prop, point)
 
-        with reuse_freed_memory():  # kept between the search's verify calls
-            certified_radius = bisect(certifies, len(y), c.max_radius, c.precision, True)
+        certified_radius = bisect(certifies, len(y), c.max_radius, c.precision, proved_low=True)
         attack_radius = bisect(breaks, len(y), c.max_radius, c.precision, proved_low=False)
         samples = [
             {"sample_index": i, "label": int(y[i]), "verdict": "radius",
