@@ -99,3 +99,27 @@ def test_the_milp_stops_at_the_verifiers_own_deadline_with_a_sound_bound():
     assert exact == pytest.approx(value, abs=1e-6)  # the reference is solved to optimality
     assert low <= exact + 1e-6
     assert low < exact - 1e-3  # stopped early: a weaker bound than the optimum
+
+
+def test_the_milp_encoding_stops_at_the_deadline_between_layers():
+    """Encoding a CNN's MILP takes seconds (4 s on a Conv-Small image): the deadline is
+    asked once per op, so an instance out of time stops there, not after the whole model."""
+    from aisafety.verification import bounds as b
+    from aisafety.verification.milp import encode
+
+    net = nn.Sequential(
+        nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3)
+    ).eval()
+    graph = build_graph(net, (1, 4, 4), "fc8")
+    prop = robustness_property(torch.rand(1, 1, 4, 4), torch.tensor([0]), 0.1, 3)
+    boxes = b.linear_boxes(graph, prop.lower.double(), prop.upper.double())
+    reads = []
+
+    def clock() -> float:  # one second per read: the deadline passes at the 3rd read
+        reads.append(1)
+        return float(len(reads))
+
+    with pytest.raises(d.OutOfTime), d.time_limit(d.Deadline(2.5, clock)):
+        encode(graph, boxes)
+    assert len(reads) == 3 < len(graph.ops) - 1  # stopped at the 3rd op of the encoding
+    assert encode(graph, boxes).n_vars > 16  # outside a time limit it encodes as before

@@ -28,6 +28,7 @@ import highspy
 import numpy as np
 import torch
 
+from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box
 
@@ -124,6 +125,7 @@ def encode(graph: BoundGraph, boxes: list[Box], relax: bool = False) -> Encoding
         )
     )
     for i, op in enumerate(graph.ops[1:], start=1):
+        check_time()  # a verifier's per-instance limit: a CNN's encoding takes seconds
         ins = [exprs[j] for j in op.inputs]
         if op.kind == "add":
             exprs.append((ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]))
