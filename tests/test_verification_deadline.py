@@ -107,6 +107,7 @@ def test_the_milp_encoding_stops_at_the_deadline_between_layers():
     from aisafety.verification import bounds as b
     from aisafety.verification.milp import encode
 
+    torch.manual_seed(0)
     net = nn.Sequential(
         nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3)
     ).eval()
