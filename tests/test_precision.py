@@ -181,8 +181,8 @@ def test_fast_precisions_follow_the_cpu_flags(monkeypatch):
 
 def test_auto_on_this_cpu_follows_the_flags_the_kernel_reports():
     """Unpatched: ``auto`` on the machine running the tests is bf16 exactly where the kernel
-    reports AVX512-BF16 or AMX-BF16, else fp32 (the project's AMD EPYC reports AVX2 and no
-    AVX-512 at all: fp32), and ``bf16`` is refused there."""
+    reports AVX512-BF16 or AMX-BF16, else fp32, and ``bf16`` is refused there (the project's
+    VM has been both: an AVX2-only AMD EPYC, fp32, and an AVX512-BF16 one, bf16)."""
     flags = precision.kernel_cpu_flags()
     if not flags:
         pytest.skip("no /proc/cpuinfo flags on this system")
