@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.version",
             "aisafety.hookspecs",
             "aisafety.memory",
+            "aisafety.randomness",
         ),
     ),
     (
