@@ -32,8 +32,8 @@ if [ "$smoke" = --smoke ]; then
     step 600 autoattack python3 bench/autoattack.py --images 20 --rounds 1 --steps 2 --queries 20
     exit 0
 fi
-TAIL=25 step 210 cuda-tests python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py \
+TAIL=25 step 200 cuda-tests python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py \
     -s --durations=10
-step 150 gpu-speed python3 bench/gpu_speed.py --rounds 3
-step 100 autoattack python3 bench/autoattack.py --device cuda --images 1000 --steps 100 \
+step 150 gpu-speed python3 bench/gpu_speed.py --rounds 2
+step 90 autoattack python3 bench/autoattack.py --device cuda --images 1000 --steps 100 \
     --rounds 1
