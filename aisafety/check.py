@@ -41,14 +41,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     header = f"candidate run {candidate_id} ({_models(candidate)}{', reused' if reused else ''})"
     verdicts: list[Verdict] = []
     if spec.regression:
+        if args.baseline is None:
+            raise ConfigError(
+                "--baseline RUN_ID_OR_MODEL is needed to compare with (or set "
+                "'regression: false' in the --require file to check only its requirements)"
+            )
         baseline_id, how = baseline_run(args.baseline, plan, store, args.quiet)
         baseline = load_gate_run(store, baseline_id)
         check_comparable(baseline, candidate)
+        if baseline_id == candidate_id:
+            how += "; the candidate run itself, so nothing can regress"
         header += f" against baseline run {baseline_id} ({_models(baseline)}, {how})"
         verdicts += regression_verdicts(baseline.measures, candidate.measures, spec)
     checks = [c for c in sanity_checks(candidate.data) if c.status == "warn"]
     verdicts += requirement_verdicts(spec, candidate, [f"{c.check}: {c.detail}" for c in checks])
-    header += f"; level {spec.level:g}, minimum effect {spec.min_effect:g} (db {args.db})"
+    header += f"; level {spec.level:g}, minimum effect {spec.min_effect:g} (db {shown(args.db)})"
     print(header)
     print("\n".join(text_lines(verdicts)))
     write_outputs(args, store, candidate, verdicts, header)
@@ -57,15 +64,23 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def gate_spec(args: argparse.Namespace) -> GateSpec:
     """The requirement file's settings (or the defaults), with --level/--min-effect over them."""
-    from aisafety.report.gate.spec import GateSpec, load_gate_spec
+    from aisafety.report.gate.spec import GateSpec, gate_spec_from, load_gate_spec
 
     spec = load_gate_spec(args.require) if args.require else GateSpec()
     updates = {"level": args.level, "min_effect": args.min_effect}
     given = {k: v for k, v in updates.items() if v is not None}
+    return gate_spec_from({**spec.model_dump(), **given}, "--level/--min-effect with --require")
+
+
+def shown(url: str) -> str:
+    """The database URL without its password: the header goes into PR comments and CI logs."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
-        return GateSpec.model_validate({**spec.model_dump(), **given})
-    except ValueError as exc:
-        raise ConfigError(f"--level/--min-effect: {exc}") from None
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
 
 
 def evaluated_run(plan: EvaluationPlan, store: ResultStore, quiet: bool) -> tuple[int, bool]:
@@ -176,7 +191,7 @@ def add_parser(sub) -> None:
     )
     ck.add_argument("plan", help="YAML/TOML evaluation plan of the candidate model")
     ck.add_argument(
-        "--baseline", required=True, metavar="RUN_ID_OR_MODEL",
+        "--baseline", metavar="RUN_ID_OR_MODEL",
         help="a stored run id, or a zoo model evaluated (or reused) with the same plan",
     )  # fmt: skip
     ck.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
+from aisafety.check import shown
 from aisafety.cli import main
 from aisafety.database.store import ResultStore
 from aisafety.report.gate.comparable import differences
@@ -161,6 +162,20 @@ def test_usage_errors_exit_2_with_a_message(gate, capsys, tmp_path):
                           'eps = 0.5\nat_least = 0.5\n')  # fmt: skip
     assert check(gate, gate["plan0"], 1, "--require", str(unmeasured)) == 2
     assert "has no such measurement" in capsys.readouterr().err
+    assert check(gate, gate["plan0"], 1, "--level", "0") == 2
+    assert "level: Input should be greater than 0" in capsys.readouterr().err
+    assert main(["check", gate["plan0"], "--db", gate["db"], "--quiet"]) == 2
+    assert "--baseline RUN_ID_OR_MODEL is needed" in capsys.readouterr().err
+
+
+def test_requirements_alone_need_no_baseline(gate, capsys, tmp_path):
+    only = tmp_path / "only.yaml"
+    only.write_text("regression: false\nrequirements: [{kind: clean-accuracy, at_least: 0.9}]\n")
+    args = ["check", gate["plan0"], "--db", gate["db"], "--quiet", "--require", str(only)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "PASS  clean accuracy >= 0.9" in out and "no regression" not in out
+    assert shown("postgresql://gate:secret@db/results") == "postgresql://gate:***@db/results"
 
 
 def test_false_alarm_rate_over_simulated_seed_pairs_is_at_most_the_level(gate):
