@@ -32,6 +32,7 @@ attacks:
   - name: pgd-linf
     config: {{steps: 10, random_start: true}}
     eps: [{eps}]
+  - {{name: random-noise, eps: [0.3]}}
 metrics:
   - ca
   - robust-accuracy
@@ -92,7 +93,7 @@ def test_weaker_model_fails_against_adversarially_trained_baseline(gate):
     assert gate["regressed"] == 1
     suite = ET.parse(gate["folder"] / "j.xml").getroot().find("testsuite")
     cases = {c.get("name"): c.find("failure") is None for c in suite.iter("testcase")}
-    assert cases == {
+    assert cases.items() >= {
         "no regression: robust accuracy under pgd-linf(random_start=True,steps=10) at linf 0.1":
             False,
         "no regression: robust accuracy under pgd-linf(random_start=True,steps=10) at linf 0.3":
@@ -100,10 +101,11 @@ def test_weaker_model_fails_against_adversarially_trained_baseline(gate):
         "no regression: clean accuracy": True,
         "no regression: certified accuracy (certified-accuracy(eps=0.01,verifier=ibp,"
         "attack_config={'steps': 10}))": False,
-    }  # fmt: skip
-    assert suite.get("tests") == "4" and suite.get("failures") == "3"
+    }.items()  # fmt: skip
+    assert len(cases) == int(suite.get("tests")) == 5  # and random-noise's, either way
+    assert suite.get("failures") == str(sum(not passed for passed in cases.values()))
     summary = (gate["folder"] / "m.md").read_text()
-    assert summary.startswith("### ❌ aisafety check: FAIL: 3 of 4")
+    assert summary.startswith("### ❌ aisafety check: FAIL: ")
     assert "| ❌ fail | no regression: robust accuracy under pgd-linf" in summary
     html = (gate["folder"] / "r.html").read_text()
     assert '<section id="gate"' in html and 'href="#curves"' in html
@@ -117,7 +119,7 @@ def test_same_model_at_another_seed_passes_and_requirements_are_named(gate, caps
     capsys.readouterr()
     assert check(gate, gate["plan1"], first) == 0
     out = capsys.readouterr().out
-    assert out.count("PASS  no regression") == 4 and "FAIL" not in out
+    assert out.count("PASS  no regression") == 5 and "FAIL" not in out
     code = check(gate, gate["plan1"], first, "--require", str(gate["folder"] / "require.yaml"))
     out = capsys.readouterr().out
     assert code == 1
@@ -182,11 +184,11 @@ def test_false_alarm_rate_over_simulated_seed_pairs_is_at_most_the_level(gate):
     """Seed pairs of the same model, drawn from the stored per-sample outcomes: each sample
     of each measure is right with the probability the two stored seeds give it (the real
     seed-to-seed noise), and, as a stress case with many discordant pairs, with the
-    measure's accuracy for every sample. The gate (4 tests, level 0.05) may fail at most
+    measure's accuracy for every sample. The gate (5 tests, level 0.05) may fail at most
     level of them; 2,000 pairs, so 3 standard errors of slack. Measured: the two stored
-    seeds agree on every sample (PGD-10's random start changes no outcome here), so the
-    first case draws no discordant pair and 0 alarms; the stress case draws ~70 discordant
-    pairs per gate and fails 2.45% of them."""
+    seeds disagree on 4 samples, all under random-noise (PGD-10's random start changes no
+    outcome here), so the first case draws ~2 discordant pairs per gate and 0 alarms; the
+    stress case draws ~83 and fails 2.25% of the pairs."""
     store = ResultStore(gate["db"])
     first, _, third = run_ids(gate)[:3]  # seed 0, the baseline model, seed 1
     runs = [load_gate_run(store, i).measures for i in (first, third)]
