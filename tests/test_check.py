@@ -108,7 +108,7 @@ def test_weaker_model_fails_against_adversarially_trained_baseline(gate):
     assert summary.startswith("### ❌ aisafety check: FAIL: ")
     assert "| ❌ fail | no regression: robust accuracy under pgd-linf" in summary
     html = (gate["folder"] / "r.html").read_text()
-    assert '<section id="gate"' in html and 'href="#curves"' in html
+    assert '<section id="gate"' in html and 'href="#curves"' in html and 'href="#certified"' in html
 
 
 def test_same_model_at_another_seed_passes_and_requirements_are_named(gate, capsys):

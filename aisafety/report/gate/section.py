@@ -1,12 +1,10 @@
 """The report section of a candidate run's gate verdicts: ``aisafety check --report`` writes
-the run's report with it, each verdict linked to its evidence (the metric table, the curves
-or the sanity checks)."""
+the run's report with it, each verdict linked to its evidence (the model cards, the curves,
+the certified accuracy or the sanity checks)."""
 
 from __future__ import annotations
 
 from aisafety.report.sections import ReportSection, ReportView
-
-EVIDENCE = {"regression": "curves", "requirement": "metrics", "sanity": "sanity"}
 
 
 class GateVerdicts(ReportSection):
@@ -16,9 +14,5 @@ class GateVerdicts(ReportSection):
         gate = getattr(report, "gate", None)  # set by ``aisafety check``, absent otherwise
         if not gate:
             return None
-        rows = [
-            {"v": v, "evidence": "sanity" if "sanity" in v.name else EVIDENCE[v.kind]}
-            for v in gate["verdicts"]
-        ]
-        return report.template("gate.html.j2", rows=rows, header=gate["header"],
+        return report.template("gate.html.j2", verdicts=gate["verdicts"], header=gate["header"],
                                summary=gate["summary"])  # fmt: skip

@@ -27,6 +27,8 @@ from aisafety.report.gate.spec import (
 from aisafety.report.paired import lower_bound, mcnemar_exact, newcombe_interval, paired_table
 
 EPS_TOLERANCE = 1e-6  # a written 8/255 against a stored 0.0313725...
+# the report section (aisafety/report/sections.py) showing each kind of measure
+EVIDENCE = {"attack": "curves", "clean": "models", "certified": "certified"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Verdict:
     passed: bool
     detail: str  # the numbers behind it, one line
     numbers: dict[str, Any] = field(default_factory=dict)
+    evidence: str = "metrics"  # the report section that shows what it is about
 
     @property
     def status(self) -> str:
@@ -73,7 +76,7 @@ def _regression(base: Measure, cand: Measure, level: float, min_effect: float) -
         "n": table.n, "lost": table.regressions, "gained": table.improvements, "p": p,
         "level": level, "low": low, "high": high,
     }  # fmt: skip
-    return Verdict(name, "regression", not worse, detail, numbers)
+    return Verdict(name, "regression", not worse, detail, numbers, EVIDENCE[cand.key[0]])
 
 
 def requirement_verdicts(
@@ -85,7 +88,8 @@ def requirement_verdicts(
     for req in spec.requirements:
         if isinstance(req, NoSanityWarnings):
             detail = "; ".join(sanity_warnings) or "every sanity check passed or was skipped"
-            out.append(Verdict(req.title(), "requirement", not sanity_warnings, detail))
+            passed = not sanity_warnings
+            out.append(Verdict(req.title(), "requirement", passed, detail, evidence="sanity"))
         else:
             out.append(_at_least(req, _requirement_outcomes(req, candidate)))
     return out
@@ -99,7 +103,8 @@ def _at_least(req: CleanAccuracy | RobustAccuracy | CertifiedAccuracy, correct: 
         f"{bound:.4f} {'>=' if bound >= req.at_least else '<'} {req.at_least:g}"
     )
     numbers = {"observed": k / n, "k": k, "n": n, "lower_bound": bound}
-    return Verdict(req.title(), "requirement", bound >= req.at_least, detail, numbers)
+    evidence = {"clean-accuracy": "models", "robust-accuracy": "curves"}.get(req.kind, "certified")
+    return Verdict(req.title(), "requirement", bound >= req.at_least, detail, numbers, evidence)
 
 
 def _requirement_outcomes(req, run: GateRun) -> dict[int, bool]:
