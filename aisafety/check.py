@@ -25,10 +25,9 @@ if TYPE_CHECKING:  # torch, SQLAlchemy and the plugins load inside the command (
 def cmd_check(args: argparse.Namespace) -> int:
     from aisafety.config import load_plan
     from aisafety.database.store import ResultStore
-    from aisafety.report.gate.comparable import check_comparable
     from aisafety.report.gate.measures import load_gate_run
     from aisafety.report.gate.output import text_lines
-    from aisafety.report.gate.verdicts import gate_passed, regression_verdicts, requirement_verdicts
+    from aisafety.report.gate.verdicts import gate_passed, requirement_verdicts
     from aisafety.report.sanity import sanity_checks
 
     spec = gate_spec(args)
@@ -41,25 +40,48 @@ def cmd_check(args: argparse.Namespace) -> int:
     header = f"candidate run {candidate_id} ({_models(candidate)}{', reused' if reused else ''})"
     verdicts: list[Verdict] = []
     if spec.regression:
-        if args.baseline is None:
-            raise ConfigError(
-                "--baseline RUN_ID_OR_MODEL is needed to compare with (or set "
-                "'regression: false' in the --require file to check only its requirements)"
-            )
-        baseline_id, how = baseline_run(args.baseline, plan, store, args.quiet)
-        baseline = load_gate_run(store, baseline_id)
-        check_comparable(baseline, candidate)
-        if baseline_id == candidate_id:
-            how += "; the candidate run itself, so nothing can regress"
-        header += f" against baseline run {baseline_id} ({_models(baseline)}, {how})"
-        verdicts += regression_verdicts(baseline.measures, candidate.measures, spec)
+        found, against = compared_with_baseline(args, spec, plan, store, candidate)
+        verdicts, header = found, f"{header} against {against}"
     checks = [c for c in sanity_checks(candidate.data) if c.status == "warn"]
     verdicts += requirement_verdicts(spec, candidate, [f"{c.check}: {c.detail}" for c in checks])
+    if not verdicts:
+        raise ConfigError(
+            f"nothing to check: run {candidate_id} stored no per-sample outcome to compare "
+            "(add attacks or a certified metric to the plan) and --require gives no requirement"
+        )
     header += f"; level {spec.level:g}, minimum effect {spec.min_effect:g} (db {shown(args.db)})"
     print(header)
     print("\n".join(text_lines(verdicts)))
     write_outputs(args, store, candidate, verdicts, header)
     return 0 if gate_passed(verdicts) else 1
+
+
+def compared_with_baseline(
+    args: argparse.Namespace,
+    spec: GateSpec,
+    plan: EvaluationPlan,
+    store: ResultStore,
+    candidate: GateRun,
+) -> tuple[list[Verdict], str]:
+    """The regression verdicts against ``--baseline``, and the baseline said in words."""
+    from aisafety.report.gate.comparable import check_comparable
+    from aisafety.report.gate.measures import load_gate_run
+    from aisafety.report.gate.verdicts import regression_verdicts
+
+    if args.baseline is None:
+        raise ConfigError(
+            "--baseline RUN_ID_OR_MODEL is needed to compare with (or set "
+            "'regression: false' in the --require file to check only its requirements)"
+        )
+    baseline_id, how = baseline_run(args.baseline, plan, store, args.quiet)
+    baseline = load_gate_run(store, baseline_id)
+    check_comparable(baseline, candidate)
+    if baseline_id == candidate.run_id:
+        how += "; the candidate run itself, so nothing can regress"
+    return (
+        regression_verdicts(baseline.measures, candidate.measures, spec),
+        f"baseline run {baseline_id} ({_models(baseline)}, {how})",
+    )
 
 
 def gate_spec(args: argparse.Namespace) -> GateSpec:

@@ -168,6 +168,10 @@ def test_usage_errors_exit_2_with_a_message(gate, capsys, tmp_path):
     assert "level: Input should be greater than 0" in capsys.readouterr().err
     assert main(["check", gate["plan0"], "--db", gate["db"], "--quiet"]) == 2
     assert "--baseline RUN_ID_OR_MODEL is needed" in capsys.readouterr().err
+    clean_only = tmp_path / "clean.yaml"
+    clean_only.write_text("dataset: {name: mnist-embedded, limit: 20}\nmetrics: [ca]\n")
+    assert check(gate, str(clean_only), "mnist-cnn") == 2
+    assert "nothing to check: run" in capsys.readouterr().err
 
 
 def test_requirements_alone_need_no_baseline(gate, capsys, tmp_path):
