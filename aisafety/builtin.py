@@ -229,6 +229,7 @@ def aisafety_verifiers() -> list[type]:
 
 @hookimpl
 def aisafety_report_sections() -> list[type]:
+    from aisafety.report.gate.section import GateVerdicts
     from aisafety.report.sections import BUILTIN_SECTIONS
 
-    return list(BUILTIN_SECTIONS)
+    return [*BUILTIN_SECTIONS, GateVerdicts]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aisafety.check import add_parser as add_check_parser
 from aisafety.database import DEFAULT_URL
 from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError, UnknownNameError
 
@@ -542,6 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--limit", type=int, help="evaluate on at most N samples (as dataset.sampling)")
     cp.add_argument("--format", choices=["table", "csv", "json"], default="table")
     cp.set_defaults(func=cmd_compare)
+
+    add_check_parser(sub)  # aisafety/check.py: the release gate (docs/release-gate.md)
 
     ls = sub.add_parser("list", help="list what is registered")
     ls.add_argument("kind", choices=[*LIST_KINDS, "models"])

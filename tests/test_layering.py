@@ -78,6 +78,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.database.zoo_build",
             "aisafety.report.html",  # builds pages from the registry's sections
             "aisafety.report.sanity",  # reads attack defaults from the registry
+            "aisafety.check",  # the release gate: evaluates, reads sanity checks, writes pages
             "aisafety.cli",
         ),
     ),
