@@ -17,9 +17,15 @@ from aisafety.database.architectures import build
 from aisafety.defense.training.base import TrainingStep
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
+from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Direction, MetricValue, Norm
-from aisafety.plugins import KINDS, default_registry
-from aisafety.prediction.torch_module import Normalize
+from aisafety.plugins import KINDS, build_registry, default_registry
+from aisafety.prediction.torch_module import Normalize, TorchPredictor
+from aisafety.verification.falsify import pgd_on_rows, replay
+from aisafety.verification.graph import VerificationError, build_graph
+from aisafety.verification.incomplete import CrownVerifier, IBPVerifier
+from aisafety.verification.property import robustness_property
+from aisafety.verification.registry import make_verifier
 
 REGISTRY = default_registry()
 N = 8
@@ -237,12 +243,173 @@ def test_metric_contract(name, metric_context):
     ), "not deterministic"
 
 
-# --- verifiers (a kind the certified-robustness issues add) -------------------------------
+# --- verifiers -----------------------------------------------------------------------------
+#
+# Every registered verifier runs on every small net its ``check`` accepts (a ReLU net, and a
+# sigmoid/tanh one for those that bound them) and must be sound there: its bound of every
+# spec row below the row's value at the box centre, at 400 sampled points and at box-PGD's
+# best point; no certified sample broken by the ``standard`` attack; every falsified
+# sample's counterexample replaying; and its margin never below a verifier it declares
+# itself at least as tight as (``tighter_than``), sample by sample.
+
+VERIFIER_FAST = {"steps": 5, "alpha_steps": 5, "attack_steps": 10, "attack_restarts": 1}
+# LP-based bounds are moved outwards by the solver's tolerance (at most 1e-5 (1 + |b|))
+NESTING_SLACK = 1e-4
+SOUND_SLACK = 1e-6
+
+
+def _scaled(net: torch.nn.Module, factor: float) -> torch.nn.Module:
+    """``net`` with every parameter times ``factor``: steep enough that some samples break."""
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.mul_(factor)
+    return net.eval()
+
+
+def _relu_net() -> torch.nn.Module:
+    torch.manual_seed(2)
+    return _scaled(torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(16, 10), torch.nn.ReLU(),
+        torch.nn.Linear(10, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3),
+    ), 2.0)  # fmt: skip
+
+
+def _smooth_net() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return _scaled(torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Sigmoid(),
+        torch.nn.Linear(12, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3),
+    ), 3.0)  # fmt: skip
+
+
+class VerifierProblem:
+    """A (steep, tiny) net, its bound graph, 6 inputs robust around its own predictions at
+    one radius, and the lowest value of each spec row found at the centre, at sampled
+    points and at box-PGD's point."""
+
+    def __init__(self, make, eps: float):
+        self.net = make()
+        self.graph = build_graph(self.net, (1, 4, 4), make.__name__)
+        self.predictor = TorchPredictor(self.net, (1, 4, 4), 3, name=make.__name__)
+        generator = torch.Generator().manual_seed(3)
+        self.x = torch.rand(6, 1, 4, 4, generator=generator)
+        with torch.no_grad():
+            self.y = self.net(self.x).argmax(1)
+        self.eps = eps
+        self.prop = robustness_property(self.x, self.y, eps, 3)
+        lower, upper = self.prop.lower.float(), self.prop.upper.float()
+        points = [self.x, pgd_on_rows(self.net, self.prop, steps=30, restarts=2)]
+        noise = torch.rand(400, *self.x.shape, generator=generator)
+        points += list(lower + noise * (upper - lower))
+        with torch.no_grad():
+            values = [self.prop.rows(self.net(p).double()) for p in points]
+        self.lowest_rows = torch.stack(values).amin(0)  # (B, K)
+
+
+@pytest.fixture(scope="module")
+def verifier_problems() -> list[VerifierProblem]:
+    # radii with certified, falsified and unknown samples for most verifiers
+    problems = [(_relu_net, 0.05), (_relu_net, 0.1), (_smooth_net, 0.05)]
+    return [VerifierProblem(make, eps) for make, eps in problems]
+
+
+def _verifier(registry, name: str):
+    return make_verifier(registry, name, fast_config(registry.get("verifier", name)))
+
+
+def _accepts(verifier, problem: VerifierProblem) -> bool:
+    try:
+        verifier.check(problem.graph)
+    except VerificationError:
+        return False
+    return True
+
+
+def check_verifier_contract(registry, name: str, problems: list[VerifierProblem]) -> None:
+    """Assert the verifier contract of ``registry``'s verifier ``name`` on ``problems``."""
+    cls = registry.get("verifier", name)
+    described = cls.describe()
+    assert described["name"] == name and described["description"], "describe() incomplete"
+    verifier = _verifier(registry, name)
+    ran = [p for p in problems if _accepts(verifier, p)]
+    assert ran, f"verifier {name!r} accepts none of the contract's nets"
+    for problem in ran:
+        prop = problem.prop.to(problem.graph.dtype)
+        with torch.no_grad():
+            bounds = verifier.lower_bounds(problem.graph, prop)[0] + prop.offset
+        over = bounds - problem.lowest_rows
+        assert (over <= SOUND_SLACK).all(), (
+            f"{name}: bound above a row's value in the box by {over.max():.3g} "
+            f"({problem.graph.model}, eps {problem.eps})"
+        )
+        result = verifier.verify(problem.graph, problem.prop, problem.predictor.logits)
+        _check_verdicts(name, result, problem)
+        for other in cls.tighter_than:
+            theirs = _verifier(registry, other).verify(
+                problem.graph, problem.prop, problem.predictor.logits
+            )
+            settled = ~result.timeouts & ~theirs.timeouts
+            gap = (theirs.margins - result.margins)[settled]
+            assert (gap <= NESTING_SLACK * (1 + theirs.margins[settled].abs())).all(), (
+                f"{name} declares itself at least as tight as {other} but is looser by "
+                f"{gap.max():.3g} ({problem.graph.model})"
+            )
+
+
+def _check_verdicts(name: str, result, problem: VerifierProblem) -> None:
+    assert len(result) == len(problem.x)
+    open_ = ~result.falsified & ~result.timeouts
+    lowest = problem.lowest_rows.amin(1).float()
+    over = (result.margins - lowest)[open_]
+    assert (over <= SOUND_SLACK).all(), (
+        f"{name}: margin above the box's minimum by {over.max():.3g}"
+    )
+    if result.falsified.any():
+        cex = result.counterexamples[result.falsified]
+        assert replay(problem.predictor.logits, problem.prop[result.falsified], cex).all(), (
+            f"{name}: a falsified sample's counterexample does not replay"
+        )
+    if result.certified.any():
+        attack = REGISTRY.create("attack", "standard", {"steps": 10, "queries": 100, "seed": 0})
+        broken = attack(problem.predictor, problem.x, problem.y, problem.eps).success.cpu()
+        assert not (broken & result.certified).any(), f"{name}: a certified sample is broken"
 
 
 @pytest.mark.parametrize("name", names("verifier"))
-def test_verifier_contract(name):
-    cls = REGISTRY.get("verifier", name)
-    described = cls.describe() if hasattr(cls, "describe") else {"name": cls.name}
-    assert described["name"] == name
-    assert getattr(cls, "description", "") or described.get("description")
+def test_verifier_contract(name, verifier_problems):
+    check_verifier_contract(REGISTRY, name, verifier_problems)
+
+
+class _BadVerifiers:
+    """A plugin with two wrong verifiers: CROWN with its bound moved up by 0.2 (unsound),
+    and IBP declaring itself at least as tight as CROWN (a false nesting)."""
+
+    @staticmethod
+    @hookimpl
+    def aisafety_verifiers() -> list[type]:
+        class ShiftedCrown(CrownVerifier):
+            name = "shifted-crown"
+            description = "CROWN plus 0.2: deliberately unsound (the contract's own test)"
+            tighter_than = ()
+
+            def lower_bounds(self, graph, prop):
+                bound, coeff = super().lower_bounds(graph, prop)
+                return bound + 0.2, coeff
+
+        class BoastingIbp(IBPVerifier):
+            name = "boasting-ibp"
+            description = "IBP claiming CROWN's tightness (the contract's own test)"
+            tighter_than = ("crown",)
+
+        return [ShiftedCrown, BoastingIbp]
+
+
+@pytest.mark.parametrize(
+    "name, failure", [("shifted-crown", "shifted-crown: bound above"),
+                      ("boasting-ibp", "boasting-ibp declares itself at least as tight as crown")],
+)  # fmt: skip
+def test_the_verifier_contract_fails_a_wrong_plugin_verifier(name, failure, verifier_problems):
+    registry = build_registry([("bad-verifiers", _BadVerifiers)])
+    assert name in registry.names("verifier"), registry.failures
+    with pytest.raises(AssertionError, match=failure):
+        check_verifier_contract(registry, name, verifier_problems)

@@ -45,6 +45,9 @@ class Verifier(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     complete: ClassVar[bool] = False  # settles every ReLU instance given enough time
+    # verifiers whose margin this one never falls below, per sample (what its paper or its
+    # construction proves); the registry-wide contract (tests/test_contract.py) checks it
+    tighter_than: ClassVar[tuple[str, ...]] = ()
     kinds: ClassVar[set[str]] = LINEAR_KINDS  # the graph ops it can bound
     Config: ClassVar[type[PluginConfig]] = VerifierConfig
 
@@ -55,7 +58,12 @@ class Verifier(ABC):
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
-        return {"name": cls.name, "complete": cls.complete, "description": cls.description}
+        return {
+            "name": cls.name,
+            "complete": cls.complete,
+            "description": cls.description,
+            "tighter_than": list(cls.tighter_than),
+        }
 
     def check(self, graph: BoundGraph) -> None:
         """Raise, before any work, if ``graph`` has an op this verifier cannot bound."""

@@ -64,6 +64,8 @@ class CompleteVerifier(AlphaCrownVerifier):
     )
     complete = True
     Config = CompleteConfig
+    # its alpha-CROWN bound first; a MILP only raises it, a replayed point is above the minimum
+    tighter_than = ("alpha-crown", "crown", "ibp")
 
     @property
     def alpha_steps(self) -> int:

@@ -33,6 +33,7 @@ class CrownVerifier(Verifier):
         "CROWN backward linear relaxation with CROWN intermediate bounds (Zhang et al. 2018)"
     )
     mode = "adaptive"
+    tighter_than = ("ibp",)  # its boxes are IBP's intersected, its bound the larger of both
 
     def boxes(self, graph: BoundGraph, prop: Property):
         return b.linear_boxes(graph, prop.lower, prop.upper, self.mode)
@@ -77,6 +78,7 @@ class AlphaCrownVerifier(CrownVerifier):
         "intermediate and output bound"
     )
     Config = AlphaCrownConfig
+    tighter_than = ("crown", "ibp")  # CROWN's bound is kept where it is higher
 
     @property
     def alpha_steps(self) -> int:
