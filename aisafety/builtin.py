@@ -107,6 +107,7 @@ from aisafety.evaluation.metrics.smoothed import (
 from aisafety.hookspecs import hookimpl
 from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.incomplete import INCOMPLETE
+from aisafety.verification.lp_full import LPFullVerifier
 
 
 @hookimpl
@@ -224,7 +225,7 @@ def aisafety_datasets() -> list[type]:
 
 @hookimpl
 def aisafety_verifiers() -> list[type]:
-    return [*INCOMPLETE, CompleteVerifier]
+    return [*INCOMPLETE, LPFullVerifier, CompleteVerifier]
 
 
 @hookimpl

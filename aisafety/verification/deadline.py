@@ -51,6 +51,12 @@ def time_limit(deadline: Deadline) -> Iterator[Deadline]:
         _CURRENT.reset(token)
 
 
+def current_deadline() -> Deadline | None:
+    """The deadline of the enclosing ``time_limit`` (None outside one): for a solver's own
+    time limit."""
+    return _CURRENT.get()
+
+
 def check_time() -> None:
     deadline = _CURRENT.get()
     if deadline is not None and deadline.passed():

@@ -1,0 +1,119 @@
+"""LP-Full (Salman et al. 2019): every bound from the LP over the triangle relaxation.
+
+Layer by layer, each unstable ReLU's input is minimised and maximised by a linear program:
+the network up to it with every earlier unstable ReLU replaced by its triangle (Ehlers
+2017; ``milp.encode(relax=True)``) on the bounds already found; then each spec row is
+minimised by the LP of the whole network. This is the tightest bound any single-neuron
+linear relaxation gives (the "convex relaxation barrier": CROWN, Fast-Lin, DeepPoly and
+the dual network are feasible points of this LP's dual), at one LP per bound.
+
+Intermediate bounds start from CROWN's boxes and are intersected with them and with IBP's:
+both are sound and the LP's optimum is never below them, so this changes the cost (fewer
+unstable neurons to solve for), not the result. The spec rows' bounds are the LP optima
+alone, so CROWN <= LP-Full is a checked result (the contract's ``tighter_than``), not a
+construction. Each LP optimum is moved outwards by HiGHS's
+tolerance (``refine.SAFETY``) before it is used; an LP HiGHS does not solve to optimality
+keeps the bound it had. ReLU networks only, as the paper.
+"""
+
+from __future__ import annotations
+
+import highspy
+import numpy as np
+import torch
+
+from aisafety.verification import bounds as b
+from aisafety.verification.base import Verifier
+from aisafety.verification.deadline import check_time, current_deadline
+from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.milp import HIGHS_OPTIONS, Encoding, _new_highs, encode
+from aisafety.verification.ops import Box
+from aisafety.verification.property import Property
+from aisafety.verification.refine import SAFETY
+
+
+class LinearPrograms:
+    """One HiGHS model of an LP relaxation whose objective changes between solves (each
+    solve starts from the last basis: warm, where a fresh model would start cold)."""
+
+    def __init__(self, enc: Encoding):
+        self.enc = enc
+        self.highs = _new_highs()
+        for key, value in HIGHS_OPTIONS.items():
+            self.highs.setOptionValue(key, value)
+        self.highs.passModel(enc.highs_lp(np.zeros(enc.n_vars)))
+        self.columns = np.arange(enc.n_vars, dtype=np.int32)
+
+    def minimum(self, output: np.ndarray, offset: float) -> float:
+        """A sound lower bound of ``output . f + offset`` over the LP (-inf if unsolved)."""
+        check_time()
+        cost = self.enc.out_matrix @ output
+        constant = float(self.enc.out_const @ output + offset)
+        self.highs.changeColsCost(len(cost), self.columns, cost.astype(np.float64))
+        deadline = current_deadline()
+        limit = max(deadline.left(), 0.01) if deadline is not None else highspy.kHighsInf
+        self.highs.setOptionValue("time_limit", float(limit))
+        self.highs.run()
+        check_time()
+        if self.highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return float("-inf")
+        value = float(self.highs.getInfo().objective_function_value) + constant
+        return value - SAFETY * (1 + abs(value))
+
+
+def lp_full_boxes(graph: BoundGraph, boxes: list[Box]) -> list[Box]:
+    """``boxes`` (batch of one) with every unstable ReLU's input bounded by the LP."""
+    boxes = list(boxes)
+    deep = b.depends_on_activation(graph)
+    for op in graph.ops:
+        if op.kind != "activation" or not deep[op.inputs[0]]:
+            continue  # IBP is exact on an affine function of the input
+        j = op.inputs[0]
+        boxes[j] = _tighten_node(graph, boxes, j)
+        boxes = b.forward_from(graph, boxes, j)
+    return boxes
+
+
+def _tighten_node(graph: BoundGraph, boxes: list[Box], j: int) -> Box:
+    lo, hi = (t.flatten().clone() for t in boxes[j])
+    unstable = torch.nonzero((lo < 0) & (hi > 0)).flatten().tolist()
+    if not unstable:
+        return boxes[j]
+    prefix = BoundGraph(graph.ops[: j + 1], graph.model, graph.dtype)
+    programs = LinearPrograms(encode(prefix, boxes[: j + 1], relax=True))
+    unit = np.eye(len(lo))
+    for u in unstable:
+        lo[u] = max(float(lo[u]), programs.minimum(unit[u], 0.0))
+        hi[u] = min(float(hi[u]), -programs.minimum(-unit[u], 0.0))
+    return lo.reshape(boxes[j][0].shape), hi.reshape(boxes[j][1].shape)
+
+
+class LPFullVerifier(Verifier):
+    name = "lp-full"
+    description = (
+        "LP-Full (Salman et al. 2019): every unstable ReLU's input bounds and every spec "
+        "row from an LP over the triangle relaxation (HiGHS); ReLU networks"
+    )
+    # the LP's dual has CROWN's, Fast-Lin's and CROWN-IBP's bounds as feasible points
+    tighter_than = ("crown", "fast-lin", "crown-ibp", "ibp")
+
+    def check(self, graph: BoundGraph) -> None:
+        super().check(graph)
+        if not graph.relu_only:
+            raise VerificationError(
+                f"verifier 'lp-full' needs a ReLU network; model {graph.model!r} has sigmoid "
+                "or tanh activations (use 'alpha-crown' or 'crown', which bound them)"
+            )
+
+    def lower_bounds(self, graph: BoundGraph, prop: Property):
+        """Each row's LP optimum (CROWN's bound where HiGHS does not reach optimality)."""
+        crown = b.linear_boxes(graph, prop.lower, prop.upper)
+        bound, _ = b.spec_lower(graph, crown, prop.spec)
+        for s in range(len(prop)):
+            boxes = lp_full_boxes(graph, [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in crown])
+            programs = LinearPrograms(encode(graph, boxes, relax=True))
+            for k, row in enumerate(prop.spec[s].double().numpy()):
+                value = programs.minimum(row, 0.0)
+                if np.isfinite(value):
+                    bound[s, k] = value
+        return bound, None
