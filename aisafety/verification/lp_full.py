@@ -112,7 +112,7 @@ class LPFullVerifier(Verifier):
         for s in range(len(prop)):
             boxes = lp_full_boxes(graph, [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in crown])
             programs = LinearPrograms(encode(graph, boxes, relax=True))
-            for k, row in enumerate(prop.spec[s].double().numpy()):
+            for k, row in enumerate(prop.spec[s].double().cpu().numpy()):
                 value = programs.minimum(row, 0.0)
                 if np.isfinite(value):
                     bound[s, k] = value
