@@ -106,6 +106,8 @@ from aisafety.evaluation.metrics.smoothed import (
 )
 from aisafety.hookspecs import hookimpl
 from aisafety.verification.complete import CompleteVerifier
+from aisafety.verification.deeppoly import DeepPolyVerifier
+from aisafety.verification.dual_network import DualNetworkVerifier
 from aisafety.verification.incomplete import INCOMPLETE
 from aisafety.verification.lp_full import LPFullVerifier
 
@@ -225,7 +227,7 @@ def aisafety_datasets() -> list[type]:
 
 @hookimpl
 def aisafety_verifiers() -> list[type]:
-    return [*INCOMPLETE, LPFullVerifier, CompleteVerifier]
+    return [*INCOMPLETE, DeepPolyVerifier, DualNetworkVerifier, LPFullVerifier, CompleteVerifier]
 
 
 @hookimpl
