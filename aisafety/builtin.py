@@ -109,6 +109,7 @@ from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.deeppoly import DeepPolyVerifier
 from aisafety.verification.dual_network import DualNetworkVerifier
 from aisafety.verification.incomplete import INCOMPLETE
+from aisafety.verification.lipschitz import FastLipVerifier, OpNormVerifier
 from aisafety.verification.lp_full import LPFullVerifier
 
 
@@ -227,7 +228,15 @@ def aisafety_datasets() -> list[type]:
 
 @hookimpl
 def aisafety_verifiers() -> list[type]:
-    return [*INCOMPLETE, DeepPolyVerifier, DualNetworkVerifier, LPFullVerifier, CompleteVerifier]
+    return [
+        *INCOMPLETE,
+        DeepPolyVerifier,
+        DualNetworkVerifier,
+        LPFullVerifier,
+        OpNormVerifier,
+        FastLipVerifier,
+        CompleteVerifier,
+    ]
 
 
 @hookimpl
