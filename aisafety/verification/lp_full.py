@@ -94,8 +94,8 @@ class LPFullVerifier(Verifier):
         "LP-Full (Salman et al. 2019): every unstable ReLU's input bounds and every spec "
         "row from an LP over the triangle relaxation (HiGHS); ReLU networks"
     )
-    # the LP's dual has CROWN's, Fast-Lin's and CROWN-IBP's bounds as feasible points
-    tighter_than = ("crown", "fast-lin", "crown-ibp", "ibp")
+    # the dual of its LP has these bounds as feasible points (on looser boxes)
+    tighter_than = ("crown", "fast-lin", "deeppoly", "wk", "crown-ibp", "ibp")
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)
