@@ -111,6 +111,7 @@ from aisafety.verification.dual_network import DualNetworkVerifier
 from aisafety.verification.incomplete import INCOMPLETE
 from aisafety.verification.lipschitz import FastLipVerifier, OpNormVerifier
 from aisafety.verification.lp_full import LPFullVerifier
+from aisafety.verification.zonotope import DeepZVerifier
 
 
 @hookimpl
@@ -232,6 +233,7 @@ def aisafety_verifiers() -> list[type]:
         *INCOMPLETE,
         DeepPolyVerifier,
         DualNetworkVerifier,
+        DeepZVerifier,
         LPFullVerifier,
         OpNormVerifier,
         FastLipVerifier,
