@@ -111,6 +111,7 @@ from aisafety.verification.dual_network import DualNetworkVerifier
 from aisafety.verification.incomplete import INCOMPLETE
 from aisafety.verification.lipschitz import FastLipVerifier, OpNormVerifier
 from aisafety.verification.lp_full import LPFullVerifier
+from aisafety.verification.refine_zono import RefineZonoVerifier
 from aisafety.verification.zonotope import DeepZVerifier
 
 
@@ -234,6 +235,7 @@ def aisafety_verifiers() -> list[type]:
         DeepPolyVerifier,
         DualNetworkVerifier,
         DeepZVerifier,
+        RefineZonoVerifier,
         LPFullVerifier,
         OpNormVerifier,
         FastLipVerifier,

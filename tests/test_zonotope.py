@@ -83,3 +83,23 @@ def test_deepz_equals_the_dual_network_row_by_row(eps):
     x = torch.rand(8, 1, 4, 4, generator=torch.Generator().manual_seed(1))
     prop = robustness_property(x, net(x).argmax(1), eps, 3)
     assert bounds_of("deepz", graph, prop) == pytest.approx(bounds_of("wk", graph, prop), abs=1e-10)
+
+
+@pytest.mark.parametrize("eps", [0.05, 0.1])
+def test_refinezono_is_between_deepz_and_the_exact_milp_and_refines(eps):
+    from aisafety.verification import bounds as b
+    from aisafety.verification.milp import encode, minimise_row
+
+    net = steep_net()
+    graph = build_graph(net, (1, 4, 4), "steep")
+    x = torch.rand(6, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    prop = robustness_property(x, net(x).argmax(1), eps, 3)
+    deepz, refined = bounds_of("deepz", graph, prop), bounds_of("refinezono", graph, prop)
+    assert (deepz <= refined).all() and (refined > deepz + 1e-3).any()
+    boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    for s in range(len(x)):
+        enc = encode(graph, [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes])
+        for k, row in enumerate(prop.spec[s].numpy()):
+            exact, value, _ = minimise_row(enc, row, 0.0, 30.0)
+            assert exact == pytest.approx(value, abs=1e-6)
+            assert refined[s, k] <= exact + 1e-6, (s, k)

@@ -15,7 +15,7 @@ import torch
 from aisafety.verification.base import Verifier
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
-from aisafety.verification.ops import Op
+from aisafety.verification.ops import Box, Op
 from aisafety.verification.property import Property
 
 ZONOTOPE_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "positive-linear",
@@ -46,10 +46,13 @@ def concretize(zonotope: Zonotope) -> tuple[torch.Tensor, torch.Tensor]:
     return centre - spread, centre + spread
 
 
-def relu(zonotope: Zonotope) -> Zonotope:
-    """DeepZ's ReLU transformer (exact where stable, one new generator per unstable)."""
+def relu(zonotope: Zonotope, known: Box | None = None) -> Zonotope:
+    """DeepZ's ReLU transformer (exact where stable, one new generator per unstable), on
+    the zonotope's bounds intersected with ``known`` sound ones (RefineZono's)."""
     centre, generators = zonotope
     lower, upper = concretize(zonotope)
+    if known is not None:
+        lower, upper = torch.maximum(lower, known[0]), torch.minimum(upper, known[1])
     unstable = (lower < 0) & (upper > 0)
     active = (lower >= 0).to(lower.dtype)
     slope = torch.where(unstable, upper / (upper - lower).clamp(min=1e-300), active)
