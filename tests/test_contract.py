@@ -1,8 +1,9 @@
 """One contract for every registered plugin, as Foolbox 3's attack tests run every attack.
 
-Each registered attack, input defense, training defense and metric (and verifier, once that
-kind is registered) goes through the same checks on a tiny problem (8 MNIST images, the zoo
-CNN), parametrized with its registry name as the test id. A new plugin is checked without a
+Each registered attack, input defense, training defense and metric goes through the same
+checks on a tiny problem (8 MNIST images, the zoo CNN), and each registered verifier through
+the soundness contract on tiny nets (its section below), parametrized with its registry name
+as the test id. A new plugin is checked without a
 line added here; settings that only shorten a run (``FAST``) apply where a class has them.
 """
 
