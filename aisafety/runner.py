@@ -20,9 +20,10 @@ from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
 from aisafety.defense.obfuscation import warn_obfuscation
-from aisafety.errors import AISafetyWarning, CapabilityError, PluginError
+from aisafety.errors import AISafetyWarning, CapabilityError, PluginError, TamperingError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
+from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.reference import missing_reference
 from aisafety.interfaces import (
     AttackFamily,
@@ -69,6 +70,7 @@ class Prepared:
     subject: Subject
     context: EvaluationContext
     device: torch.device
+    integrity: RunIntegrity | None = None  # fingerprints of the shared state, on first use
 
 
 ACCURACY_METRICS = ("robust-accuracy", "aaw", "aab")  # robust accuracy, by attack family
@@ -166,6 +168,7 @@ class Runner:
         plan = self.plan
         done = self.store.finished_units() if self.resume else set()
         values: list[MetricValue] = []
+        failed: list[str] = []
         resumed = 0
         run_id = self.store.start_run(plan, __version__, str(prepared.device))
         status = "failed"
@@ -173,6 +176,7 @@ class Runner:
             units = self.work_units(prepared.subject)
             progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
             with terminate_as_interrupt(), progress:
+                self._check_clean_pass(prepared)
                 for unit in units:
                     if unit.key in done:
                         values += self.store.unit_values(unit.key)
@@ -180,9 +184,15 @@ class Runner:
                         progress.resume(unit.key)
                         continue
                     progress.start(unit.key)
-                    values += self.compute(prepared, unit, run_id)
+                    try:
+                        values += self.compute(prepared, unit, run_id)
+                    except TamperingError as exc:  # its values are not stored; the rest goes on
+                        self.store.record_failure(run_id, unit.key, unit.description, str(exc))
+                        failed.append(f"{unit.description}: {exc}")
+                        progress.fail(unit.key, str(exc))
+                        continue
                     progress.finish(unit.key)
-            status = "finished"
+            status = "failed" if failed else "finished"
         except KeyboardInterrupt:
             status = "interrupted"
             raise
@@ -194,7 +204,21 @@ class Runner:
             platform_version=__version__,
             values=tuple(values),
             resumed_units=resumed,
+            failed_units=tuple(failed),
         )
+
+    def _check_clean_pass(self, prepared: Prepared) -> None:
+        """The clean outputs, computed before any plugin runs, with the model's first
+        forward passes checked: a model that changes its inputs or weights fails here."""
+        integrity = self._integrity(prepared)
+        prepared.context.clean_logits  # noqa: B018 - computed now, under the check below
+        integrity.check(f"model {prepared.context.predictor.name!r} (the clean forward pass)")
+
+    def _integrity(self, prepared: Prepared) -> RunIntegrity:
+        """The fingerprints of ``prepared``'s shared state (taken on first use)."""
+        if prepared.integrity is None:
+            prepared.integrity = RunIntegrity(prepared.context)
+        return prepared.integrity
 
     def prepare(self) -> Prepared:
         """Model, reference, data and the evaluation context, checked before any work."""
@@ -323,19 +347,38 @@ class Runner:
     def compute(self, prepared: Prepared, unit: WorkUnit, run_id: int) -> list[MetricValue]:
         """Compute one unit and store it in one transaction: the same code on every executor
         (on Ray, the attack's shards may have been handed to the context already)."""
+        integrity = self._integrity(prepared)
+        try:
+            return self._compute(prepared, unit, run_id, integrity)
+        except TamperingError:
+            integrity.restore()  # the next unit computes on what a run without it would
+            raise
+        finally:
+            integrity.end_unit()
+
+    def _compute(
+        self, prepared: Prepared, unit: WorkUnit, run_id: int, integrity: RunIntegrity
+    ) -> list[MetricValue]:
+        """One unit, each plugin call followed by the integrity check naming it."""
         ctx, subject = prepared.context, prepared.subject
+        checked = integrity.checked
         if unit.attack is None:
-            metrics = self._clean_metrics(unit.metrics)
+            values = []
             with reuse_freed_memory():  # the unit's large temporaries (``memory.py``)
-                values = [v for m in metrics for v in _as_list(m.compute(ctx))]
+                for m in self._clean_metrics(unit.metrics):
+                    values += _as_list(checked(f"metric {m.label()!r}", lambda m=m: m.compute(ctx)))
             self.store.record_unit(run_id, unit.key, unit.description, subject, values, __version__)
             return values
         spec, eps = unit.attack, unit.eps
+        values = []
         with reuse_freed_memory():
-            result = ctx.adversarial(spec, eps)
-            values = [
-                v for m in self._attack_metrics(spec) for v in _as_list(m.compute(ctx, spec, eps))
-            ]
+            result = checked(
+                f"attack {spec.label!r} at eps={eps:g}", lambda: ctx.adversarial(spec, eps)
+            )
+            integrity.watch_result(f"{spec.label} eps={eps:g}", result)
+            for m in self._attack_metrics(spec):
+                who = f"metric {m.label()!r} (on {spec.label} eps={eps:g})"
+                values += _as_list(checked(who, lambda m=m: m.compute(ctx, spec, eps)))
         family = self.attacks[spec.key()].family.value
         self.store.record_unit(
             run_id, unit.key, unit.description, subject, values, __version__, (spec, family, result)

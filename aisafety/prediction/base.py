@@ -14,6 +14,7 @@ import torch
 
 from aisafety.errors import AISafetyError, CapabilityError, InputError, ModelOutputError
 from aisafety.interfaces import Capability
+from aisafety.prediction.watch import check_forward, model_tensors, versions
 
 
 class Predictor(ABC):
@@ -31,6 +32,8 @@ class Predictor(ABC):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
+        watched = self._watched_tensors()
+        before = versions(x, watched)
         try:
             scores = self._logits(x)
         except AISafetyError:
@@ -42,8 +45,15 @@ class Predictor(ABC):
                 f"model {self.name!r} failed on a batch of shape {tuple(x.shape)}: {reason} "
                 "(check input_shape, num_classes and that the file is the intended model)"
             ) from exc
+        check_forward(self.name, x, watched, before)
         self.check_output(scores, len(x))
         return scores
+
+    def _watched_tensors(self) -> dict[str, torch.Tensor]:
+        """The weights and buffers a forward pass must leave alone (found once)."""
+        if "_watched" not in self.__dict__:
+            self.__dict__["_watched"] = model_tensors(self)
+        return self.__dict__["_watched"]
 
     def probs(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.logits(x), dim=1)
