@@ -142,8 +142,10 @@ def _entry_point_plugins() -> list[tuple[str, str, ModuleType | None, str | None
         origin = f"{dist.name} {dist.version}" if dist else ep.value
         try:
             found.append((ep.name, origin, ep.load(), None))
-        except Exception:  # a broken plugin must not take the others down
-            found.append((ep.name, origin, None, traceback.format_exc()))
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # a broken plugin (even one calling sys.exit) must not take
+            found.append((ep.name, origin, None, traceback.format_exc()))  # the others down
     return found
 
 
@@ -175,8 +177,10 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
         for kind, hook in KINDS.items():
             for impl in getattr(manager.hook, hook).get_hookimpls():
                 if impl.plugin_name == name:
-                    provides[kind] = list(impl.function() or [])
-    except Exception:
+                    provides[kind] = _classes(kind, hook, impl.function())
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # SystemExit or junk from a hook disables this plugin only
         if registered:
             manager.unregister(module)
         registry.failures.append(PluginFailure(name, origin, traceback.format_exc()))
@@ -186,6 +190,22 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
             registry.add(kind, cls, name, origin)
     names = {kind: [c.name for c in classes] for kind, classes in provides.items()}
     registry.plugins.append(PluginInfo(name, origin, names))
+
+
+def _classes(kind: str, hook: str, returned: object) -> list[type]:
+    """What a hook returned, checked: a list of classes, each with a ``name``."""
+    if returned is None:
+        return []
+    if isinstance(returned, str | bytes) or not hasattr(returned, "__iter__"):
+        raise PluginError(f"hook {hook} returned {returned!r}; return a list of {kind} classes")
+    classes = list(returned)
+    for item in classes:
+        if not isinstance(item, type) or not isinstance(getattr(item, "name", None), str):
+            raise PluginError(
+                f"hook {hook} returned {item!r} among its {kind}s; return a list of "
+                f"{kind} classes, each with a 'name' (a str class attribute)"
+            )
+    return classes
 
 
 def warn_failures(registry: Registry) -> None:
