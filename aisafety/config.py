@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from aisafety.config_base import describe_errors
 from aisafety.errors import ConfigError
+from aisafety.files import regular_file
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricSpec
 from aisafety.plan_yaml import load_yaml
 
@@ -51,9 +52,7 @@ MAX_PLAN_BYTES = 1 << 20  # a plan is a few KiB; this is not one
 
 
 def load_plan(path: str | Path) -> EvaluationPlan:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+    path = regular_file(path, "config file", MAX_PLAN_BYTES)  # stat, before any read
     if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
         raise ConfigError(f"config {path.name!r}: use a .yaml, .yml, .toml or .json file")
     text = _read_text(path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-from pathlib import Path
 
 import torch
 
@@ -12,6 +11,7 @@ from aisafety.database.architectures import build
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.zoo import list_models, load_zoo_model, sha256_bytes
 from aisafety.errors import ConfigError
+from aisafety.files import MAX_MODEL_BYTES, regular_file
 from aisafety.interfaces import DatasetSpec, DefenseSpec, ModelSpec
 from aisafety.plugins import Registry
 from aisafety.prediction.base import Predictor
@@ -27,9 +27,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def _read_model_file(spec: ModelSpec) -> bytes:
-    path = Path(spec.path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"model {spec.name!r}: file {str(path)!r} does not exist")
+    path = regular_file(spec.path, f"model {spec.name!r}: file", MAX_MODEL_BYTES)
     return path.read_bytes()
 
 

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.version",
             "aisafety.hookspecs",
             "aisafety.memory",
+            "aisafety.files",  # files from outside, checked by stat before they are read
         ),
     ),
     (

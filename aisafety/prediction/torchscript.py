@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from aisafety.errors import ConfigError
+from aisafety.files import MAX_MODEL_BYTES, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import Normalize
@@ -27,9 +28,7 @@ def _jit_load(source: str | Path | bytes, device: torch.device) -> torch.jit.Scr
         target: io.BytesIO | str = io.BytesIO(source)
         label = "TorchScript archive"
     else:
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"TorchScript model {str(path)!r} does not exist")
+        path = regular_file(source, "TorchScript model", MAX_MODEL_BYTES)
         target, label = str(path), str(path)
     try:
         with warnings.catch_warnings():
