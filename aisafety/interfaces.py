@@ -268,6 +268,21 @@ class WorkLimits(StrictModel):
     steps: int = Field(default=100_000, gt=0, strict=True)
     queries: int = Field(default=1_000_000, gt=0, strict=True)
     restarts: int = Field(default=1_000, gt=0, strict=True)
+    # how many runs ``seeds:`` may ask for
+    seeds: int = Field(default=100, gt=0, strict=True)
+    # random draws per image (smoothing's n and n0, a smoothing defense's samples, SPSA's)
+    samples: int = Field(default=1_000_000, gt=0, strict=True)
+    # expectation-over-transformation copies of each input per gradient
+    eot_samples: int = Field(default=1_000, gt=0, strict=True)
+    # candidates per image per update of a population attack (NAttack)
+    population: int = Field(default=100_000, gt=0, strict=True)
+    # target classes of a targeted attack (also never more than the model's classes - 1)
+    targets: int = Field(default=1_000, gt=0, strict=True)
+    # the largest tensor a setting implies (batch x copies x image), in GiB; None: the
+    # machine's memory. Refused before it is allocated, naming the setting.
+    memory_gib: float | None = Field(default=None, gt=0)
+    # a local model's forward pass that has not returned after this long ends its unit
+    forward_seconds: float = Field(default=3600.0, gt=0)
 
 
 class ExecutorSpec(StrictModel):
@@ -359,6 +374,17 @@ class EvaluationPlan(StrictModel):
         if value is not None and (not value or len(set(value)) != len(value)):
             raise ValueError(f"seeds must be a non-empty list of distinct integers, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _seeds_within_limits(self) -> EvaluationPlan:
+        """``seeds:`` runs the plan once per entry: 5,000 entries are 5,000 runs."""
+        if self.seeds is not None and len(self.seeds) > self.limits.seeds:
+            raise ValueError(
+                f"seeds holds {len(self.seeds):,} seeds, above the limit of "
+                f"{self.limits.seeds:,} runs; if you mean it, raise it in the plan: "
+                f"'limits: {{seeds: {len(self.seeds)}}}'"
+            )
+        return self
 
     @field_validator("attacks", "metrics", "defenses", mode="before")
     @classmethod

@@ -20,7 +20,13 @@ from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
 from aisafety.defense.obfuscation import warn_obfuscation
-from aisafety.errors import AISafetyWarning, CapabilityError, PluginError, TamperingError
+from aisafety.errors import (
+    AISafetyWarning,
+    CapabilityError,
+    ConfigError,
+    PluginError,
+    TamperingError,
+)
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
@@ -35,7 +41,7 @@ from aisafety.interfaces import (
     MetricValue,
     RunRecord,
 )
-from aisafety.limits import check_budgets, check_work_limits
+from aisafety.limits import check_budgets, check_memory, check_targets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.memory import reuse_freed_memory
 from aisafety.plugins import Registry, default_registry
@@ -153,6 +159,9 @@ class Runner:
 
     def _make_metric(self, spec: MetricSpec) -> Metric:
         metric = self.registry.create("metric", spec.name, spec.config)
+        check_work_limits(
+            f"metric {spec.name!r}", getattr(metric, "config", None), self.plan.limits, False
+        )
         if not isinstance(metric, CleanMetric | AttackMetric):
             source = self.registry.sources["metric"].get(spec.name, "?")
             raise PluginError(
@@ -231,6 +240,10 @@ class Runner:
         reference = None
         if plan.reference_model is not None:  # the undefended baseline: no plan defenses
             reference, self._reference_fingerprint = load_model(plan.reference_model, device)
+        self._check_sizes(predictor)
+        for model in (predictor, reference):  # a forward pass that never returns ends
+            if model is not None:  # its unit (prediction/watch.py)
+                model.forward_timeout = plan.limits.forward_seconds
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
         for attack in self.attacks.values():  # bf16 where the device has none: fail now
@@ -257,6 +270,22 @@ class Runner:
             shard_size=plan.shard_size,
         )  # fmt: skip
         return Prepared(subject, context, device)
+
+    def _check_sizes(self, predictor) -> None:
+        """Counts that only the model's shape makes too large, refused before any work: the
+        memory EOT copies or a population would take, targets beyond the model's classes,
+        and the input defenses' counts."""
+        limits, batch = self.plan.limits, self.plan.batch_size
+        for attack in self.attacks.values():
+            label, config = f"attack {attack.name!r}", getattr(attack, "config", None)
+            check_memory(label, config, limits, batch, predictor.input_shape)
+            check_targets(label, config, predictor.num_classes)
+        layer = predictor
+        while hasattr(layer, "inner"):  # the input defenses, outermost first
+            label, config = f"defense {type(layer).name!r}", getattr(layer, "config", None)
+            check_work_limits(label, config, limits)
+            check_memory(label, config, limits, batch, predictor.input_shape)
+            layer = layer.inner
 
     def _profile_spec(self) -> DatasetSpec:
         """The data neuron bounds come from: the plan's, else the whole train split."""
@@ -353,6 +382,15 @@ class Runner:
         except TamperingError:
             integrity.restore()  # the next unit computes on what a run without it would
             raise
+        except RuntimeError as exc:  # torch.OutOfMemoryError included
+            if "allocate" not in str(exc):
+                raise
+            reason = str(exc).strip().splitlines()[0][:300]
+            raise ConfigError(
+                f"{unit.description}: out of memory ({reason}); lower batch_size, or the "
+                "setting that multiplies the inputs (eot_samples, population, samples), or "
+                "give a smaller limits.memory_gib so that such settings are refused up front"
+            ) from None
         finally:
             integrity.end_unit()
 

@@ -14,7 +14,7 @@ import torch
 
 from aisafety.errors import AISafetyError, CapabilityError, InputError, ModelOutputError
 from aisafety.interfaces import Capability
-from aisafety.prediction.watch import check_forward, model_tensors, versions
+from aisafety.prediction.watch import check_forward, forward_deadline, model_tensors, versions
 
 
 class Predictor(ABC):
@@ -25,6 +25,9 @@ class Predictor(ABC):
     input_shape: tuple[int, int, int]
     num_classes: int
     device: torch.device = torch.device("cpu")
+    # seconds one forward pass may take before it is stopped (the runner sets the plan's
+    # limits.forward_seconds); None: no watchdog
+    forward_timeout: float | None = None
 
     @abstractmethod
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -35,7 +38,8 @@ class Predictor(ABC):
         watched = self._watched_tensors()
         before = versions(x, watched)
         try:
-            scores = self._logits(x)
+            with forward_deadline(self.name, self.forward_timeout):
+                scores = self._logits(x)
         except AISafetyError:
             raise
         except (RuntimeError, ValueError, IndexError, TypeError) as exc:  # the model's own code

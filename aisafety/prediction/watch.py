@@ -11,12 +11,15 @@ the counters (``.data``) are caught by the run's content fingerprints
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from aisafety.errors import TamperingError
+from aisafety.errors import ModelOutputError, TamperingError
 
 _MAX_DEPTH = 4  # predictors wrap predictors (defenses); deeper nesting is not searched
 
@@ -81,3 +84,36 @@ def check_forward(
             "eval() mode (BatchNorm in training mode updates its running statistics) and "
             "remove in-place updates of its state"
         )
+
+
+@contextmanager
+def forward_deadline(name: str, seconds: float | None) -> Iterator[None]:
+    """A watchdog on one forward pass of model ``name``: after ``seconds`` a SIGALRM raises
+    ``ModelOutputError`` in the forward's Python code (a ``while True`` or a ``sleep`` in the
+    model), so the run ends naming the model instead of running forever. Only in the main
+    thread, where signals are delivered, and never nested; a single C call that never
+    returns cannot be interrupted from Python."""
+    usable = (
+        seconds is not None
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    )
+    if not usable:
+        yield
+        return
+
+    def expire(_signum: int, _frame: object) -> None:
+        raise ModelOutputError(
+            f"model {name!r} did not return from a forward pass within {seconds:g} s "
+            f"(limits.forward_seconds); check the model's code for a loop that never ends, "
+            f"or raise 'limits: {{forward_seconds: ...}}' if one batch really takes that long"
+        )
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
