@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aisafety.database import DEFAULT_URL, QUERY_MAX_ROWS, QUERY_TIMEOUT_S
+from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError, UnknownNameError
 
 if TYPE_CHECKING:
@@ -673,7 +674,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = format_warning
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        # SIGTERM/SIGHUP from the first moment (loading a model can take a while): the
+        # command ends as Ctrl-C does, 130 and 'interrupted', not killed with 143
+        with terminate_as_interrupt():
+            return args.func(args)
     except AISafetyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

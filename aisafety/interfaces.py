@@ -201,10 +201,22 @@ class ThreatModel(StrictModel):
     eps: Budgets = (0.1,)
 
 
+def _bare_name(name: str) -> str:
+    """``'fgsm '`` was looked up as ``fgsm`` in one place and stored as typed in another."""
+    if name != name.strip() or not name:
+        raise ValueError(
+            f"name {name!r} has spaces around it (or is empty); write {name.strip()!r}"
+        )
+    return name
+
+
+PluginName = Annotated[str, AfterValidator(_bare_name)]
+
+
 class AttackSpec(StrictModel):
     """One attack with its configuration and budgets."""
 
-    name: str
+    name: PluginName
     config: dict[str, Any] = Field(default_factory=dict)
     eps: Budgets = (0.1,)
 
@@ -217,7 +229,7 @@ class AttackSpec(StrictModel):
 class DefenseSpec(StrictModel):
     """An input defense wrapped around the model."""
 
-    name: str
+    name: PluginName
     config: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -234,7 +246,7 @@ def defended_name(model: str, defenses: tuple[DefenseSpec, ...]) -> str:
 
 
 class MetricSpec(StrictModel):
-    name: str
+    name: PluginName
     config: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -374,6 +386,29 @@ class EvaluationPlan(StrictModel):
         if value is not None and (not value or len(set(value)) != len(value)):
             raise ValueError(f"seeds must be a non-empty list of distinct integers, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _seed_or_seeds(self) -> EvaluationPlan:
+        """``seed`` beside ``seeds`` was ignored without a word."""
+        if self.seeds is not None and "seed" in self.model_fields_set:
+            raise ValueError(
+                f"the plan gives both seed ({self.seed}) and seeds ({list(self.seeds)}); seeds "
+                "runs the plan once per seed, so give one of them"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _nothing_twice(self) -> EvaluationPlan:
+        """``metrics: [ca, ca]`` stored every value twice."""
+        for kind, specs in (("metric", self.metrics), ("attack", self.attacks)):
+            keys = [spec.key() for spec in specs]
+            twice = [spec for spec, key in zip(specs, keys, strict=True) if keys.count(key) > 1]
+            if twice:
+                raise ValueError(
+                    f"{kind} {twice[0].name!r} is listed twice with the same settings; "
+                    "list it once (give the copies different config to run variants)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _seeds_within_limits(self) -> EvaluationPlan:

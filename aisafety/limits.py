@@ -119,7 +119,7 @@ def check_budgets(spec: AttackSpec, norm: Norm | None, input_shape: Iterable[int
         if eps > bound:
             hint = f" (on the 0-255 scale {eps:g} is {eps / 255:.4g})" if eps >= 1 else ""
             raise ConfigError(
-                f"attack {spec.name!r}: budget eps={eps:g} exceeds {bound:g}, the largest "
+                f"attack {spec.name!r}: budget eps={eps!r} exceeds {bound:.10g}, the largest "
                 f"{norm.value} distance between two images of shape {shape} in [0, 1]; budgets "
                 f"are in the [0, 1] pixel scale{hint}"
             )

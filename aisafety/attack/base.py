@@ -35,7 +35,7 @@ from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import THREATS, ThreatModel, threat_model
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.errors import InputError, PluginError
-from aisafety.interfaces import AttackFamily, Capability, Norm, Precision
+from aisafety.interfaces import AttackFamily, Capability, Norm, Precision, Seed
 from aisafety.memory import reuse_freed_memory
 from aisafety.prediction.base import Predictor
 
@@ -45,7 +45,7 @@ CPU_CHUNK = 128
 
 
 class AttackConfig(PluginConfig):
-    seed: int = 0
+    seed: Seed = 0  # as the plan's: a non-negative integer (seed: -1 was accepted here only)
     chunk_size: int | None = Field(
         default=None,
         gt=0,
