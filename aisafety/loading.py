@@ -116,6 +116,12 @@ def apply_defenses(
 def load_data(spec: DatasetSpec, registry: Registry) -> LoadedDataset:
     source = registry.get("dataset", spec.name)()
     data = source.load(spec.path, spec.split)
+    if len(data) == 0:
+        where = f" at {spec.path}" if spec.path else ""
+        raise ConfigError(
+            f"dataset {spec.name!r} ({spec.split} split{where}) holds no samples; give a "
+            "file or folder with at least one image"
+        )
     if spec.sampling == "uniform":
         return data.uniform_subset(spec.limit, spec.seed)
     return data.balanced_subset(spec.limit, spec.seed)

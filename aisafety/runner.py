@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import traceback
 import warnings
 from dataclasses import dataclass
 
@@ -21,9 +22,11 @@ from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
 from aisafety.defense.obfuscation import warn_obfuscation
 from aisafety.errors import (
+    AISafetyError,
     AISafetyWarning,
     CapabilityError,
     ConfigError,
+    PluginCrash,
     PluginError,
     TamperingError,
 )
@@ -195,8 +198,9 @@ class Runner:
                     progress.start(unit.key)
                     try:
                         values += self.compute(prepared, unit, run_id)
-                    except TamperingError as exc:  # its values are not stored; the rest goes on
-                        self.store.record_failure(run_id, unit.key, unit.description, str(exc))
+                    except (TamperingError, PluginCrash) as exc:  # nothing of it is stored;
+                        details = getattr(exc, "details", str(exc))  # the rest goes on
+                        self.store.record_failure(run_id, unit.key, unit.description, details)
                         failed.append(f"{unit.description}: {exc}")
                         progress.fail(unit.key, str(exc))
                         continue
@@ -382,15 +386,21 @@ class Runner:
         except TamperingError:
             integrity.restore()  # the next unit computes on what a run without it would
             raise
-        except RuntimeError as exc:  # torch.OutOfMemoryError included
-            if "allocate" not in str(exc):
-                raise
-            reason = str(exc).strip().splitlines()[0][:300]
-            raise ConfigError(
-                f"{unit.description}: out of memory ({reason}); lower batch_size, or the "
-                "setting that multiplies the inputs (eot_samples, population, samples), or "
-                "give a smaller limits.memory_gib so that such settings are refused up front"
-            ) from None
+        except AISafetyError:
+            raise
+        except Exception as exc:  # torch.OutOfMemoryError included
+            reason = (str(exc).strip().splitlines() or [""])[0][:300]
+            if isinstance(exc, RuntimeError) and "allocate" in reason:
+                raise ConfigError(
+                    f"{unit.description}: out of memory ({reason}); lower batch_size, or the "
+                    "setting that multiplies the inputs (eot_samples, population, samples), or "
+                    "give a smaller limits.memory_gib so that such settings are refused up front"
+                ) from None
+            raise PluginCrash(
+                f"{integrity.calling or unit.description} raised {type(exc).__name__}: "
+                f"{reason} (a bug in it; the traceback is in unit_failures)",
+                traceback.format_exc(),
+            ) from exc
         finally:
             integrity.end_unit()
 

@@ -4,6 +4,7 @@ aisafety/prediction/watch.py)."""
 
 from __future__ import annotations
 
+import pickle
 import sqlite3
 import types
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from aisafety.attack.fgsm import FGSM
 from aisafety.database.store import ResultStore
-from aisafety.errors import TamperingError
+from aisafety.errors import PluginCrash, TamperingError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import EvaluationPlan, MetricValue
@@ -152,3 +153,25 @@ def test_an_honest_model_passes_and_costs_no_copy():
         predictor.logits(x)
     predictor.logits(x.requires_grad_())
     assert torch.equal(x.detach(), before)
+
+
+class Crashing(FGSM):
+    name = "crashing"
+
+    def perturb(self, predictor, x, y, eps, call):
+        return 1 / 0
+
+
+def test_a_crashing_attack_fails_its_unit_with_its_traceback_stored(tmp_path):
+    module = types.ModuleType("crashing")
+    module.aisafety_attacks = hookimpl(lambda: [Crashing])
+    registry = build_registry(extra_plugins=[("crashing", module)])
+    path = tmp_path / "c.db"
+    plan = _plan([{"name": "crashing", "eps": [0.1]}, FGSM_SPEC], ["ca", "aaw"])
+    record = Runner(plan, ResultStore(f"sqlite:///{path}"), registry=registry, quiet=True).run()
+    (failure,) = record.failed_units
+    assert "attack 'crashing' at eps=0.1 raised ZeroDivisionError: division by zero" in failure
+    ((error,),) = _rows(path, "SELECT error FROM unit_failures")
+    assert "Traceback" in error and "1 / 0" in error
+    assert {attack for (attack,) in _rows(path, "SELECT attack FROM results")} == {None, "fgsm"}
+    pickle.loads(pickle.dumps(PluginCrash("m", "d")))  # travels back from a Ray task

@@ -62,7 +62,13 @@ def check_url(url: str, create: bool) -> None:
     if path is None:
         return
     if create:  # ``--db sqlite:///results/run.db`` works without creating results/ first
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create the folder of the results database {str(path)!r} (--db {url}): "
+                f"{exc.strerror}; give a --db path in a folder you can write"
+            ) from None
     elif not path.is_file():
         raise ConfigError(
             f"results database {str(path)!r} does not exist (--db {url}); check the path, "

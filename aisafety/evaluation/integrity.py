@@ -47,6 +47,7 @@ class RunIntegrity:
         self._pristine = {name: t.detach().clone() for name, t in self._shared().items()}
         self._digests = {name: digest(t) for name, t in self._pristine.items()}
         self._unit: tuple[str, object, dict[str, str]] | None = None  # the unit's attack result
+        self.calling = ""  # the plugin call under way (or last made)
 
     def _shared(self) -> dict[str, torch.Tensor]:
         """The shared tensors by a name a user understands."""
@@ -94,6 +95,7 @@ class RunIntegrity:
     def checked(self, who: str, call: Callable[[], T]) -> T:
         """``call()`` followed by ``check(who)``; when it raises, a change it made first is
         reported instead (zeroed weights end in NaN scores: the cause is the plugin)."""
+        self.calling = who  # named if the call crashes (runner.py)
         try:
             result = call()
         except TamperingError:

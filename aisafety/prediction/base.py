@@ -42,7 +42,13 @@ class Predictor(ABC):
                 scores = self._logits(x)
         except AISafetyError:
             raise
-        except (RuntimeError, ValueError, IndexError, TypeError) as exc:  # the model's own code
+        except (
+            RuntimeError,
+            ValueError,
+            IndexError,
+            TypeError,
+            torch.jit.Error,
+        ) as exc:  # its code
             lines = [line for line in str(exc).strip().splitlines() if line.strip()]
             reason = (lines[-1] if lines else type(exc).__name__)[:300]
             raise ModelOutputError(
@@ -95,6 +101,12 @@ class Predictor(ABC):
                 f"model {self.name!r} returned scores of shape {got} for {n} input(s); "
                 f"expected {expected} (one score per class: check num_classes and the "
                 "model's last layer)"
+            )
+        if not scores.is_floating_point():
+            raise ModelOutputError(
+                f"model {self.name!r} returned scores of dtype {scores.dtype}; expected "
+                "floating-point scores, one per class (logits): a model that returns labels "
+                "or rounded scores cannot be attacked or measured"
             )
         finite = torch.isfinite(scores.detach()).all(dim=1)
         if not bool(finite.all()):
