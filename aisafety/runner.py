@@ -28,6 +28,7 @@ from aisafety.errors import (
     ConfigError,
     PluginCrash,
     PluginError,
+    StoreError,
     TamperingError,
 )
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
@@ -183,7 +184,7 @@ class Runner:
         failed: list[str] = []
         resumed = 0
         run_id = self.store.start_run(plan, __version__, str(prepared.device))
-        status = "failed"
+        status, completed = "failed", False
         try:  # from start_run on: whatever happens, finish_run stops the run's heartbeat
             units = self.work_units(prepared.subject)
             progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
@@ -206,11 +207,12 @@ class Runner:
                         continue
                     progress.finish(unit.key)
             status = "failed" if failed else "finished"
+            completed = True
         except KeyboardInterrupt:
             status = "interrupted"
             raise
         finally:
-            self.store.finish_run(run_id, status)
+            self._finish_run(run_id, status, completed)
         return RunRecord(
             run_id=run_id,
             plan=plan,
@@ -219,6 +221,17 @@ class Runner:
             resumed_units=resumed,
             failed_units=tuple(failed),
         )
+
+    def _finish_run(self, run_id: int, status: str, completed: bool) -> None:
+        """Mark the run; when an error is already ending it (a database server that stayed
+        away), failing to mark it must not hide that error: it is warned about instead."""
+        try:
+            self.store.finish_run(run_id, status)
+        except StoreError as exc:
+            if completed:
+                raise
+            warnings.warn(f"{exc} (the run stays 'running' until the next run marks it)",
+                          AISafetyWarning, stacklevel=2)  # fmt: skip
 
     def _check_clean_pass(self, prepared: Prepared) -> None:
         """The clean outputs, computed before any plugin runs, with the model's first
