@@ -686,6 +686,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "interrupted: finished units are in the database; rerun with --resume", file=sys.stderr
         )
         return 130
+    except Exception as exc:
+        failed_in = getattr(exc, "failed_in", None)  # set by the runner on a plugin's crash
+        if failed_in is None:
+            raise
+        print(
+            f"error: {failed_in} raised {type(exc).__name__}: {exc} (a bug in it, or in the "
+            "model; the run is marked failed, and the traceback is stored in unit_failures: "
+            'aisafety query "SELECT error FROM unit_failures"; --resume computes the unit '
+            "again)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -46,18 +46,6 @@ class IntegrityError(AISafetyError):
     """A shipped or downloaded file does not match its recorded checksum."""
 
 
-class PluginCrash(PluginError):
-    """An attack, defense or metric raised an unexpected exception while computing a unit:
-    that unit fails (its traceback stored in ``unit_failures``), the others go on."""
-
-    def __init__(self, message: str, details: str):
-        super().__init__(message)
-        self.details = details
-
-    def __reduce__(self) -> tuple:  # picklable (Ray sends a task's exception back)
-        return (type(self), (self.args[0], self.details))
-
-
 class TamperingError(AISafetyError):
     """A model or plugin changed what the run shares (weights, data, cached results)."""
 

@@ -26,7 +26,6 @@ from aisafety.errors import (
     AISafetyWarning,
     CapabilityError,
     ConfigError,
-    PluginCrash,
     PluginError,
     StoreError,
     TamperingError,
@@ -199,9 +198,8 @@ class Runner:
                     progress.start(unit.key)
                     try:
                         values += self.compute(prepared, unit, run_id)
-                    except (TamperingError, PluginCrash) as exc:  # nothing of it is stored;
-                        details = getattr(exc, "details", str(exc))  # the rest goes on
-                        self.store.record_failure(run_id, unit.key, unit.description, details)
+                    except TamperingError as exc:  # nothing of it is stored; the rest goes on
+                        self.store.record_failure(run_id, unit.key, unit.description, str(exc))
                         failed.append(f"{unit.description}: {exc}")
                         progress.fail(unit.key, str(exc))
                         continue
@@ -210,6 +208,10 @@ class Runner:
             completed = True
         except KeyboardInterrupt:
             status = "interrupted"
+            raise
+        except Exception as exc:
+            if getattr(exc, "failed_in", None) is not None:  # its traceback, kept
+                self._record_crash(run_id, exc)
             raise
         finally:
             self._finish_run(run_id, status, completed)
@@ -221,6 +223,18 @@ class Runner:
             resumed_units=resumed,
             failed_units=tuple(failed),
         )
+
+    def _record_crash(self, run_id: int, exc: Exception) -> None:
+        """The crashed unit and its traceback in ``unit_failures`` (``--resume`` computes
+        it again); the exception itself goes on ending the run."""
+        unit = getattr(exc, "failed_unit", None)
+        if unit is None:
+            return
+        details = "".join(traceback.format_exception(exc))
+        try:
+            self.store.record_failure(run_id, unit.key, unit.description, details)
+        except StoreError as error:  # the crash, not the database, is what to show
+            warnings.warn(str(error), AISafetyWarning, stacklevel=2)
 
     def _finish_run(self, run_id: int, status: str, completed: bool) -> None:
         """Mark the run; when an error is already ending it (a database server that stayed
@@ -409,11 +423,11 @@ class Runner:
                     "setting that multiplies the inputs (eot_samples, population, samples), or "
                     "give a smaller limits.memory_gib so that such settings are refused up front"
                 ) from None
-            raise PluginCrash(
-                f"{integrity.calling or unit.description} raised {type(exc).__name__}: "
-                f"{reason} (a bug in it; the traceback is in unit_failures)",
-                traceback.format_exc(),
-            ) from exc
+            # a bug in a plugin (or the model): the run ends as before, and the command line
+            # names the call instead of printing a traceback (cli.py, docs/reliability.md)
+            exc.failed_in = integrity.calling or unit.description  # type: ignore[attr-defined]
+            exc.failed_unit = unit  # type: ignore[attr-defined]
+            raise
         finally:
             integrity.end_unit()
 

@@ -4,7 +4,6 @@ aisafety/prediction/watch.py)."""
 
 from __future__ import annotations
 
-import pickle
 import sqlite3
 import types
 
@@ -13,8 +12,9 @@ import torch
 from torch import nn
 
 from aisafety.attack.fgsm import FGSM
+from aisafety.cli import main
 from aisafety.database.store import ResultStore
-from aisafety.errors import PluginCrash, TamperingError
+from aisafety.errors import TamperingError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import EvaluationPlan, MetricValue
@@ -162,16 +162,25 @@ class Crashing(FGSM):
         return 1 / 0
 
 
-def test_a_crashing_attack_fails_its_unit_with_its_traceback_stored(tmp_path):
+def test_a_crashing_attack_is_named_and_its_traceback_stored(tmp_path, monkeypatch, capsys):
+    """The run ends as on any crash (units before it kept, --resume recomputes it), and the
+    command line names the plugin instead of printing a traceback."""
     module = types.ModuleType("crashing")
     module.aisafety_attacks = hookimpl(lambda: [Crashing])
     registry = build_registry(extra_plugins=[("crashing", module)])
+    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.runner.default_registry", lambda: registry)
     path = tmp_path / "c.db"
-    plan = _plan([{"name": "crashing", "eps": [0.1]}, FGSM_SPEC], ["ca", "aaw"])
-    record = Runner(plan, ResultStore(f"sqlite:///{path}"), registry=registry, quiet=True).run()
-    (failure,) = record.failed_units
-    assert "attack 'crashing' at eps=0.1 raised ZeroDivisionError: division by zero" in failure
+    plan = tmp_path / "p.yaml"
+    plan.write_text(
+        "dataset: {limit: 24}\nattacks: [{name: fgsm, eps: [0.1]}, {name: crashing, eps: [0.1]}]"
+        "\nmetrics: [ca, aaw]\ndevice: cpu\n"
+    )
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{path}", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "error: attack 'crashing' at eps=0.1 raised ZeroDivisionError: division by zero" in err
+    assert "Traceback" not in err
     ((error,),) = _rows(path, "SELECT error FROM unit_failures")
     assert "Traceback" in error and "1 / 0" in error
     assert {attack for (attack,) in _rows(path, "SELECT attack FROM results")} == {None, "fgsm"}
-    pickle.loads(pickle.dumps(PluginCrash("m", "d")))  # travels back from a Ray task
+    assert _rows(path, "SELECT status FROM runs") == [("failed",)]
