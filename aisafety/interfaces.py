@@ -213,11 +213,23 @@ def _bare_name(name: str) -> str:
 PluginName = Annotated[str, AfterValidator(_bare_name)]
 
 
+def _no_nan(config: dict[str, Any]) -> dict[str, Any]:
+    """A NaN setting compares false with every bound, and a plan's JSON copy turns it into
+    null (``step_size: .nan`` was stored as None, the default): refused by name."""
+    for key, value in config.items():
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"config {key}: NaN is not a setting; give a number")
+    return config
+
+
+PluginSettings = Annotated[dict[str, Any], AfterValidator(_no_nan)]
+
+
 class AttackSpec(StrictModel):
     """One attack with its configuration and budgets."""
 
     name: PluginName
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: PluginSettings = Field(default_factory=dict)
     eps: Budgets = (0.1,)
 
     @property
@@ -230,7 +242,7 @@ class DefenseSpec(StrictModel):
     """An input defense wrapped around the model."""
 
     name: PluginName
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: PluginSettings = Field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -247,7 +259,7 @@ def defended_name(model: str, defenses: tuple[DefenseSpec, ...]) -> str:
 
 class MetricSpec(StrictModel):
     name: PluginName
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: PluginSettings = Field(default_factory=dict)
 
 
 SEVERITY_TABLES = ("auto", "cifar10-c", "tiny-imagenet-c", "imagenet-c")

@@ -66,3 +66,11 @@ def test_a_plan_mistake_exits_2_without_a_traceback(tmp_path, capsys):
     assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
     err = capsys.readouterr().err
     assert "steps must be an integer, not the string '3'" in err and "Traceback" not in err
+
+
+def test_a_nan_setting_in_a_plan_file_is_refused_not_stored_as_none(tmp_path, capsys):
+    """The plan's JSON copy turned NaN into null, the default: caught on the spec itself."""
+    plan = tmp_path / "p.yaml"
+    plan.write_text("attacks: [{name: pgd-linf, config: {step_size: .nan}}]\nmetrics: [aaw]\n")
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
+    assert "config step_size: NaN is not a setting" in capsys.readouterr().err
