@@ -38,7 +38,7 @@ from aisafety.attack.square_l2 import SquareL2
 from aisafety.attack.transfer import TransferAttack
 from aisafety.corruption import CORRUPTION_ATTACKS
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
-from aisafety.database.datasets.embedded import EmbeddedMnist
+from aisafety.database.datasets.embedded import EmbeddedCifar10, EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
 from aisafety.database.datasets.image_folder import ImageFolderDataset
 from aisafety.database.datasets.npz import NpzDataset
@@ -213,6 +213,7 @@ def aisafety_metrics() -> list[type]:
 def aisafety_datasets() -> list[type]:
     return [
         EmbeddedMnist,
+        EmbeddedCifar10,
         MnistDataset,
         FashionMnistDataset,
         Cifar10Dataset,
