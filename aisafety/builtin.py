@@ -1,5 +1,5 @@
-"""The built-in attacks, input and training defenses, metrics and datasets, registered like
-any plugin."""
+"""The built-in attacks, input and training defenses, metrics, datasets and architectures,
+registered like any plugin."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from aisafety.attack.square import SquareLinf
 from aisafety.attack.square_l2 import SquareL2
 from aisafety.attack.transfer import TransferAttack
 from aisafety.corruption import CORRUPTION_ATTACKS
+from aisafety.database.architectures import builtin_architectures
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedCifar10, EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
@@ -105,6 +106,7 @@ from aisafety.evaluation.metrics.smoothed import (
     SmoothedCertifiedAccuracy,
 )
 from aisafety.hookspecs import hookimpl
+from aisafety.interfaces import Architecture
 from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.incomplete import INCOMPLETE
 
@@ -221,6 +223,11 @@ def aisafety_datasets() -> list[type]:
         ImageFolderDataset,
         NpzDataset,
     ]
+
+
+@hookimpl
+def aisafety_architectures() -> list[Architecture]:
+    return builtin_architectures()
 
 
 @hookimpl

@@ -201,12 +201,14 @@ class Runner:
         plan = self.plan
         torch.manual_seed(plan.seed)
         device = resolve_device(plan.device)
-        predictor, weights = load_model(plan.model, device)
+        predictor, weights = load_model(plan.model, device, self.registry)
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
         warn_obfuscation(predictor, self.attacks.values())
         reference = None
         if plan.reference_model is not None:  # the undefended baseline: no plan defenses
-            reference, self._reference_fingerprint = load_model(plan.reference_model, device)
+            reference, self._reference_fingerprint = load_model(
+                plan.reference_model, device, self.registry
+            )
         data = load_data(plan.dataset, self.registry)
         self._check_capabilities(predictor)
         for attack in self.attacks.values():  # bf16 where the device has none: fail now
