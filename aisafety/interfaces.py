@@ -82,13 +82,15 @@ class ModelSpec(StrictModel):
     always is). ``export``: a ``torch.export`` archive (``.pt2``). ``torchscript``: a
     TorchScript archive. ``onnx``: an ONNX file, run by onnxruntime (scores only) or, with
     ``gradients: true``, converted to PyTorch and checked against onnxruntime. ``remote``: a
-    model served over the Open Inference Protocol v2 at ``url`` (scores only).
+    model served over the Open Inference Protocol v2 at ``url`` (scores only). ``object``:
+    the record of a module or predictor handed to ``aisafety.evaluate(model=...)``; it is
+    stored with the run but cannot be loaded from a plan file.
     """
 
     name: str = "mnist-cnn"
-    source: Literal["zoo", "checkpoint", "python", "export", "torchscript", "onnx", "remote"] = (
-        "zoo"
-    )
+    source: Literal[
+        "zoo", "checkpoint", "python", "export", "torchscript", "onnx", "remote", "object"
+    ] = "zoo"
     path: Path | None = None
     url: str | None = None
     architecture: str | None = None
@@ -179,6 +181,7 @@ _MODEL_FIELDS_USED = {
         "std",
     },
     "export": {"name", "path", "input_shape", "num_classes", "mean", "std"},
+    "object": {"name", "input_shape", "num_classes"},
     "torchscript": {"name", "path", "input_shape", "num_classes", "mean", "std"},
     "onnx": {"name", "path", "gradients", "input_shape", "num_classes", "mean", "std"},
     "remote": {"name", "url", "input_shape", "num_classes", "timeout", "retries"},

@@ -58,6 +58,12 @@ def load_model(
         return predictor, sha256_bytes(f"{spec.url}|{spec.name}".encode())
     if spec.source == "python":
         return _load_python(spec, device)
+    if spec.source == "object":
+        raise ConfigError(
+            f"model {spec.name!r} was handed to aisafety.evaluate(model=...) in memory; a plan "
+            "cannot load it again: pass the module again with model=, or describe it with "
+            "source: python (docs/own-model.md)"
+        )
     data = _read_model_file(spec)
     if spec.source == "onnx":
         from aisafety.prediction.onnx_model import load_onnx
@@ -179,3 +185,18 @@ def fingerprint(data: LoadedDataset) -> str:
     digest = hashlib.sha256(data.x.numpy().tobytes())
     digest.update(data.y.numpy().tobytes())
     return digest.hexdigest()
+
+
+def predictor_fingerprint(predictor: Predictor) -> str:
+    """sha256 of what an in-memory predictor computes: its network's code and weights, or
+    for a predictor without one its class's code and its logits on a fixed random batch."""
+    network = getattr(predictor, "network", None)
+    if isinstance(network, torch.nn.Module):
+        return module_fingerprint(network, type(predictor).__qualname__)
+    probe = torch.rand((4, *predictor.input_shape), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = predictor.logits(probe).detach().cpu().double().numpy()
+    return sha256_bytes(
+        module_fingerprint(torch.nn.Module(), type(predictor).__qualname__).encode()
+        + logits.tobytes()
+    )

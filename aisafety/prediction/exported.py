@@ -11,6 +11,7 @@ that size; it cannot be bounded (the verifier traces a batch of two).
 
 from __future__ import annotations
 
+import importlib
 import io
 import warnings
 from collections.abc import Sequence
@@ -53,6 +54,29 @@ def exported_input(program: torch.export.ExportedProgram, model: str) -> tuple[i
     return (int(batch) if isinstance(batch, int) else None), rest
 
 
+def _mark_layer_types(unflat: nn.Module, program: torch.export.ExportedProgram) -> None:
+    """Give each rebuilt layer the torch.nn class it was exported from (``original_type``),
+    read from the graph's ``nn_module_stack``, so that coverage and feature metrics find the
+    ReLUs and the Linear head as in the original module. Only ``torch.*`` classes are
+    resolved: no user code is imported for this."""
+    modules = dict(unflat.named_modules())
+    for node in program.graph.nodes:
+        for path, type_name in node.meta.get("nn_module_stack", {}).values():
+            cls = _torch_class(type_name) if isinstance(type_name, str) else type_name
+            if path in modules and isinstance(cls, type):
+                modules[path].original_type = cls
+
+
+def _torch_class(qualified: str) -> type | None:
+    module_name, _, name = qualified.rpartition(".")
+    if module_name.split(".")[0] != "torch":
+        return None
+    try:
+        return getattr(importlib.import_module(module_name), name, None)
+    except ImportError:
+        return None
+
+
 class _Fixed(nn.Module):
     """An exported graph module: its train/eval mode is fixed at export (torch refuses
     ``.eval()`` on it), so switching the mode of a container around it leaves it alone."""
@@ -92,6 +116,7 @@ class ExportedPredictor(TorchPredictor):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             unflat = torch.export.unflatten(program)
+        _mark_layer_types(unflat, program)
         super().__init__(
             unflat, input_shape, num_classes, name=name, mean=mean, std=std, device=device
         )
@@ -126,5 +151,7 @@ class ExportedPredictor(TorchPredictor):
     def features(self, x: torch.Tensor, layers: Sequence[str]) -> dict[str, torch.Tensor]:
         if self.batch is None:
             return super().features(x, layers)
-        parts = [(super().features(chunk, layers), real) for chunk, real in self._chunks(x)]
+        parts = [
+            (TorchPredictor.features(self, chunk, layers), real) for chunk, real in self._chunks(x)
+        ]
         return {layer: torch.cat([p[layer][:real] for p, real in parts]) for layer in layers}

@@ -20,7 +20,7 @@ from aisafety.errors import ConfigError
 PREFIXES = ("module.", "model.", "_orig_mod.", "net.")
 # Keys under which training loops store the weights in a larger checkpoint dict.
 NESTED_KEYS = ("state_dict", "model_state_dict")
-SHOWN = 8  # mismatches listed per kind; the rest are counted
+SHOWN = 8  # missing or left-over keys listed; the rest are counted
 
 
 def read_state_dict(data: bytes, model: str, path: object) -> dict[str, torch.Tensor]:
@@ -75,8 +75,9 @@ def load_into(module: nn.Module, state: Mapping[str, object], model: str, path: 
     ]
     missing = [key for key in own if key not in state]
     unexpected = [key for key in state if key not in own]
+    if shapes:  # every layer: which ones differ tells which setting (width, classes) is off
+        problems.append(f"shape mismatch: {'; '.join(shapes)}")
     for label, items in (
-        ("shape mismatch", shapes),
         ("missing from the file", missing),
         ("in the file but not in the model", unexpected),
     ):

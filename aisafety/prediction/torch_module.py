@@ -90,6 +90,12 @@ class TorchPredictor(Predictor):
         return captured
 
 
+def layer_type(module: nn.Module) -> type:
+    """The class a layer was written as: a ``torch.export`` program's rebuilt layers are
+    ``InterpreterModule``s that carry it as ``original_type`` (prediction/exported.py)."""
+    return getattr(module, "original_type", None) or type(module)
+
+
 def module_fingerprint(module: nn.Module, label: str = "") -> str:
     """sha256 of what a module computes: its class and the code of the file defining it,
     and every parameter and buffer (name, dtype, shape, values). Two runs share stored
