@@ -39,13 +39,13 @@ def load_model(
     """The predictor and a fingerprint of what it computes (the sha256 of its file, or of
     a ``python`` model's code and weights)."""
     registry = registry or default_registry()
-    if spec.source == "zoo":
-        if spec.name not in list_models() and spec.name in registry.classes["model"]:
+    if spec.source == "zoo":  # a zoo model, else a plugin's model entry of that name
+        zoo = list_models()
+        if spec.name not in zoo and spec.name in registry.classes["model"]:
             return load_model(registry.get("model", spec.name).model_spec(), device, registry)
-        if spec.name not in list_models():
-            known = {*list_models(), *registry.classes["model"]}
-            raise UnknownNameError("zoo model", spec.name, known)
-        return load_zoo_model(spec.name, device), list_models()[spec.name][0].sha256
+        if spec.name not in zoo:
+            raise UnknownNameError("zoo model", spec.name, {*zoo, *registry.classes["model"]})
+        return load_zoo_model(spec.name, device), zoo[spec.name][0].sha256
     if spec.source == "remote":
         from aisafety.prediction.remote import RemotePredictor
 
