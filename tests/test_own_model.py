@@ -187,6 +187,9 @@ def test_python_factory_errors_name_the_problem(own, tmp_path):
 
     with pytest.raises(ConfigError, match="no module 'absent_module'"):
         load(factory="absent_module:Net")
+    (own.folder / "needs_absent.py").write_text("import absent_dependency_xyz\n")
+    with pytest.raises(ConfigError, match="imports 'absent_dependency_xyz', which is not inst"):
+        load(factory="needs_absent:Net")
     with pytest.raises(ConfigError, match="has no 'ResNet'.*TinyResNet"):
         load(factory=f"{MODULE}:ResNet")
     with pytest.raises(ConfigError, match=r"stem.0.weight: file \(8, 3, 3, 3\), model"):

@@ -38,8 +38,12 @@ def resolve_factory(factory: str, folders: Sequence[Path], model: str) -> Callab
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name is None or not module_name.startswith(exc.name):
-                raise  # the factory's own module imports something missing: its traceback
+            missing = exc.name or "?"
+            if module_name != missing and not module_name.startswith(missing + "."):
+                raise ConfigError(
+                    f"model {model!r}: factory {factory!r}: module {module_name!r} imports "
+                    f"{missing!r}, which is not installed; pip install it"
+                ) from None
             where = ", ".join(str(f) for f in folders) or "(no plan folder)"
             raise ConfigError(
                 f"model {model!r}: factory {factory!r}: no module {module_name!r} in {where} "
