@@ -413,7 +413,9 @@ def test_python_api_with_a_module_and_arrays(own, tmp_path):
         aisafety.evaluate(plan, db, model=other)
     from aisafety.in_memory import in_memory_model
 
-    (_, mine), _ = in_memory_model(own.net, (3, 32, 32), mean=MEAN, std=STD)
+    (predictor, mine), spec = in_memory_model(own.net, (3, 32, 32), mean=MEAN, std=STD)
+    _same_logits(predictor, own, "aisafety.evaluate(model=nn.Module)")
+    assert spec.num_classes == 10 and spec.input_shape == (3, 32, 32)
     (_, theirs), _ = in_memory_model(other, (3, 32, 32), mean=MEAN, std=STD)
     assert mine != theirs  # other weights, another fingerprint
 
