@@ -41,6 +41,7 @@ LIST_KINDS = {
     "metrics": ("metric",),
     "datasets": ("dataset",),
     "verifiers": ("verifier",),
+    "architectures": ("architecture",),
 }
 
 
@@ -309,13 +310,22 @@ def list_entries(kind: str) -> tuple[list[dict], bool]:
             }
             for e, root in list_models().values()
         ]
-        return entries, True
+        registry = default_registry()
+        entries += [
+            {"name": name, "source": registry.sources["model"][name],
+             "description": registry.get("model", name).description}
+            for name in registry.names("model")
+            if name not in {e["name"] for e in entries}
+        ]  # fmt: skip
+        return entries, not registry.failures
     registry = default_registry()
     entries = []
     for registry_kind in LIST_KINDS[kind]:
         for name in registry.names(registry_kind):
             cls = registry.get(registry_kind, name)
             info = cls.describe() if hasattr(cls, "describe") else {"name": name}
+            if registry_kind == "architecture":
+                info.update(input_shape=list(cls.input_shape), num_classes=cls.num_classes)
             info.setdefault("description", getattr(cls, "description", ""))
             if "config" not in info and hasattr(cls, "Config"):
                 info["config"] = config_defaults(cls.Config)

@@ -71,6 +71,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety",  # the package's __init__: aisafety.evaluate()
             "aisafety.config",
             "aisafety.loading",
+            "aisafety.in_memory",  # aisafety.evaluate(model=..., data=...): a notebook's objects
             "aisafety.runner",
             "aisafety.progress",  # progress and ETA over a plan's units
             "aisafety.execution",  # picks the executor: local (runner) or Ray (distributed)

@@ -58,7 +58,12 @@ def ibp_certified_mask(
 
 def predictor_graph(predictor: Any, metric: str) -> BoundGraph:
     """The bound graph of a predictor's PyTorch network (normalisation included)."""
-    network = getattr(predictor, "network", None)
+    why_not = getattr(predictor, "unavailable", {}).get("bounds")
+    if why_not:
+        raise CapabilityError(
+            f"metric {metric!r} needs a bound graph of model {predictor.name!r}; {why_not}"
+        )
+    network = getattr(predictor, "bound_network", None) or getattr(predictor, "network", None)
     if not isinstance(network, torch.nn.Module):
         raise CapabilityError(
             f"metric {metric!r} needs the model's PyTorch layers, but {predictor.name!r} "
