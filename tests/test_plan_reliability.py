@@ -210,7 +210,9 @@ def test_a_model_that_fails_inside_is_an_error_naming_it():
 def test_a_nan_model_stores_nothing(tmp_path, monkeypatch):
     """It used to commit CA 0.1 as a finished unit, then die with an IntegrityError."""
     nan_net = TorchPredictor(_Broken(math.nan), (1, 28, 28), 10, name="nan-net")
-    monkeypatch.setattr("aisafety.runner.load_model", lambda spec, device, registry=None: (nan_net, "f" * 64))
+    monkeypatch.setattr(
+        "aisafety.runner.load_model", lambda spec, device, registry=None: (nan_net, "f" * 64)
+    )
     store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
     plan = plan_from_dict({"dataset": {"limit": 10}, "metrics": ["ca"], "device": "cpu"})
     with pytest.raises(ModelOutputError, match="nan-net"):
