@@ -21,7 +21,7 @@ import pluggy
 
 from aisafety import hookspecs
 from aisafety.defense.training.base import TrainingDefense
-from aisafety.errors import ConfigError, PluginError, UnknownNameError
+from aisafety.errors import ConfigError, UnknownNameError
 
 KINDS = {
     "attack": "aisafety_attacks",
@@ -85,19 +85,24 @@ class Registry:
             return cls(*args, config, registry=self)
         return cls(*args, config)
 
-    def add(self, kind: str, cls: type, source: str, origin: str = "") -> None:
+    def add(self, kind: str, cls: type, source: str, origin: str = "") -> bool:
         """Register ``cls``; a name taken already keeps its first owner (built-ins load
-        first), and the clash is recorded as a failure of ``source`` instead of stopping
-        every command."""
+        first). A clash, a class of the wrong base or one without a name is recorded as a
+        failure of ``source`` instead of stopping every command. True if registered."""
         name = getattr(cls, "name", None)
-        if not isinstance(name, str) or not name:
-            raise PluginError(f"plugin {source!r} gives a {kind} class {cls!r} without a 'name'")
         label = kind.replace("_", " ")
-        problem = _misfiled_defense(kind, cls)
+        problem = _misfiled_defense(kind, cls) or _wrong_base(kind, cls)
+        if not problem and (not isinstance(name, str) or not name):
+            problem = (
+                f"plugin {source!r} gives a {label} class {cls!r} without a 'name', and it "
+                "is skipped; give the class a 'name' string"
+            )
         taken = [
-            other for other in _SHARED_NAMESPACE.get(kind, (kind,)) if name in self.classes[other]
+            other
+            for other in _SHARED_NAMESPACE.get(kind, (kind,))
+            if isinstance(name, str) and name in self.classes[other]
         ]
-        if taken:
+        if taken and not problem:
             problem = (
                 f"{label} {name!r} is registered twice: by {self.sources[taken[0]][name]!r} and "
                 f"by {source!r}; {source!r}'s {label} is skipped. Rename it or uninstall "
@@ -105,9 +110,10 @@ class Registry:
             )
         if problem:
             self.failures.append(PluginFailure(source, origin or source, problem))
-            return
+            return False
         self.classes[kind][name] = cls
         self.sources[kind][name] = source
+        return True
 
 
 # Input and training defenses are listed together (``aisafety list defenses``): one namespace.
@@ -132,6 +138,20 @@ def _misfiled_defense(kind: str, cls: type) -> str | None:
             "subclasses only, and is skipped; return input defenses from aisafety_defenses"
         )
     return None
+
+
+def _wrong_base(kind: str, cls: type) -> str | None:
+    """Why ``cls`` cannot be a ``kind``, or None: each hook takes subclasses of the base its
+    return annotation names (``hookspecs.hook_bases``)."""
+    hook = KINDS[kind]
+    base = hookspecs.hook_bases()[hook]
+    if isinstance(cls, type) and issubclass(cls, base):
+        return None
+    return (
+        f"{cls!r} is returned from {hook}, which takes {base.__name__} subclasses only "
+        f"(from aisafety.plugin), and is skipped; subclass {base.__name__} or return it "
+        "from the hook of its kind"
+    )
 
 
 def _entry_point_plugins() -> list[tuple[str, str, ModuleType | None, str | None]]:
@@ -181,10 +201,11 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
             manager.unregister(module)
         registry.failures.append(PluginFailure(name, origin, traceback.format_exc()))
         return
+    names: dict[str, list[str]] = {}
     for kind, classes in provides.items():
         for cls in classes:
-            registry.add(kind, cls, name, origin)
-    names = {kind: [c.name for c in classes] for kind, classes in provides.items()}
+            if registry.add(kind, cls, name, origin):
+                names.setdefault(kind, []).append(cls.name)
     registry.plugins.append(PluginInfo(name, origin, names))
 
 

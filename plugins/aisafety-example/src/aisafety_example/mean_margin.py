@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from aisafety.evaluation.base import CleanMetric
-from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import Capability, Direction, MetricValue
+from aisafety.plugin import Capability, CleanMetric, Direction, EvaluationContext, MetricValue
 
 
 def logit_margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
