@@ -1,13 +1,14 @@
 """One contract for every registered plugin, as Foolbox 3's attack tests run every attack.
 
-Each registered attack, input defense, training defense and metric (and verifier, once that
-kind is registered) goes through the same checks on a tiny problem (8 MNIST images, the zoo
+Each registered attack, input defense, training defense, metric and verifier goes through
+the same checks on a tiny problem (8 MNIST images, the zoo
 CNN), parametrized with its registry name as the test id. A new plugin is checked without a
 line added here; settings that only shorten a run (``FAST``) apply where a class has them.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -20,6 +21,9 @@ from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Direction, MetricValue, Norm
 from aisafety.plugins import KINDS, default_registry
 from aisafety.prediction.torch_module import Normalize
+from aisafety.verification.graph import build_graph
+from aisafety.verification.property import robustness_property
+from aisafety.verification.result import Verdict
 
 REGISTRY = default_registry()
 N = 8
@@ -237,12 +241,45 @@ def test_metric_contract(name, metric_context):
     ), "not deterministic"
 
 
-# --- verifiers (a kind the certified-robustness issues add) -------------------------------
+# --- verifiers ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_property():
+    """A seeded 16-12-10 ReLU network and 6 points labelled by it, at two radii."""
+    torch.manual_seed(0)
+    network = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.ReLU(), torch.nn.Linear(12, 10)
+    )
+    x = torch.rand(6, 1, 4, 4, dtype=torch.float64)
+    exact = copy.deepcopy(network).double()  # the values the float64 bounds are held to
+    y = exact(x).argmax(1)
+    return network, exact, x, y
 
 
 @pytest.mark.parametrize("name", names("verifier"))
-def test_verifier_contract(name):
+@pytest.mark.parametrize("eps", [0.01, 0.1])
+def test_verifier_contract(name, eps, tiny_property):
+    """Sound: the proved lower bound of the smallest spec row is never above its value at
+    any point of the box (centre, random points); nothing certified is also violated."""
     cls = REGISTRY.get("verifier", name)
-    described = cls.describe() if hasattr(cls, "describe") else {"name": cls.name}
-    assert described["name"] == name
-    assert getattr(cls, "description", "") or described.get("description")
+    described = cls.describe()
+    assert described["name"] == name and described["description"]
+    network, exact, x, y = tiny_property
+    graph = build_graph(network, (1, 4, 4), "tiny")
+    prop = robustness_property(x, y, eps, 10)
+    verifier = REGISTRY.create("verifier", name, fast_config(cls, timeout=600.0, clock="cpu"))
+    result = verifier.verify(graph, prop)
+    assert len(result) == len(x) and set(result.verdicts) <= set(Verdict)
+    generator = torch.Generator().manual_seed(1)
+    points = [(prop.lower + prop.upper) / 2, prop.lower, prop.upper]
+    points += [
+        prop.lower + (prop.upper - prop.lower) * torch.rand(x.shape, generator=generator)
+        for _ in range(64)
+    ]
+    with torch.no_grad():
+        smallest = torch.stack([prop.rows(exact(p)).amin(1) for p in points]).amin(0)
+    assert bool((result.margins.double() <= smallest + 1e-9).all()), (
+        f"{name} proved a bound above a value it takes: {result.margins} vs {smallest}"
+    )
+    assert not bool((result.certified & (smallest <= 0)).any()), f"{name} certified a violation"
