@@ -16,6 +16,7 @@ import torch
 
 from aisafety.database.architectures import build
 from aisafety.defense.training.base import TrainingStep
+from aisafety.errors import InputError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Direction, MetricValue, Norm
@@ -100,8 +101,31 @@ def test_attack_contract(name, zoo_predictor, batch):
     assert torch.equal(result.y.cpu(), y)
     assert torch.equal(result.success.cpu(), result.adv_logits.argmax(1).cpu() != y)
     assert result.steps.shape == (N,) and (result.steps >= 0).all()
-    again = _attack(name, seed=1)(zoo_predictor, x, y, eps)
-    assert torch.equal(again.x_adv.cpu(), x_adv), "not deterministic with a fixed seed"
+    _check_knobs(attack, zoo_predictor, x, y, eps, result)
+
+
+def _check_knobs(attack, predictor, x, y, eps, result) -> None:
+    """The class attributes that change stored results (``Attack``'s docstring) hold."""
+    assert isinstance(attack.cpu_chunk, int) and attack.cpu_chunk > 0
+    again = _attack(attack.name, seed=1)(predictor, x, y, eps)
+    assert torch.equal(again.x_adv.cpu(), result.x_adv.cpu()), "not deterministic"
+    if attack.chunk_independent:  # chunks of 3: each sample's result as in the whole batch
+        chunked = _attack(attack.name, seed=1)(predictor, x, y, eps, chunk_size=3)
+        assert torch.equal(chunked.steps.cpu(), result.steps.cpu()), "chunk-dependent steps"
+        assert torch.equal(chunked.success.cpu(), result.success.cpu()), "chunk-dependent"
+        torch.testing.assert_close(chunked.x_adv.cpu(), result.x_adv.cpu(), rtol=0, atol=1e-5)
+    if attack.skips_misclassified:  # wrong already: left clean, no query spent
+        wrong = (result.clean_logits.argmax(1) != result.y).cpu()
+        assert torch.equal(result.x_adv.cpu()[wrong], x[wrong])
+        assert (result.steps.cpu()[wrong] == 0).all()
+    target = (y + 1) % predictor.num_classes
+    if attack.supports_targets():
+        assert attack.targeted
+        aimed = _attack(attack.name, seed=1)(predictor, x, y, eps, target=target)
+        assert torch.equal(aimed.target.cpu(), target)
+    else:
+        with pytest.raises(InputError, match="untargeted only"):
+            attack(predictor, x, y, eps, target=target)
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,7 @@ class FixedAttack(Attack):
         self.clean, self.adversarial = clean, adversarial
         self.calls = 0
 
-    def perturb(self, predictor, x, y, eps):
+    def perturb(self, predictor, x, y, eps, call):
         self.calls += 1
         table = self.clean.flatten(1)
         rows = [int(torch.nonzero((table == row).all(1))[0, 0]) for row in x.flatten(1)]
