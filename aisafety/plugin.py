@@ -47,6 +47,8 @@ from aisafety.interfaces import (
     MetricValue,
     Norm,
     Precision,
+    SampleVerdict,
+    SmoothingCertificates,
 )
 from aisafety.prediction.base import Predictor
 from aisafety.report.data import AttackRunRow, Example, MetricRow, RunData
@@ -82,7 +84,9 @@ __all__ = [
     "EvaluationContext",
     "Metric",
     "MetricValue",
+    "SampleVerdict",
     "SequencePredictions",
+    "SmoothingCertificates",
     # verifiers
     "BoundGraph",
     "Deadline",

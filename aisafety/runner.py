@@ -21,7 +21,7 @@ from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
 from aisafety.defense.obfuscation import warn_obfuscation
 from aisafety.errors import AISafetyWarning, CapabilityError, PluginError
-from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
+from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric, checked_values
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.reference import missing_reference
 from aisafety.interfaces import (
@@ -90,11 +90,6 @@ def warn_unmeasured_attacks(attacks, metrics: list[Metric]) -> None:
                 AISafetyWarning,
                 stacklevel=3,
             )
-
-
-def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
-    """Per-layer metrics return one value per layer; the others a single value."""
-    return values if isinstance(values, list) else [values]
 
 
 def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationPlan:
@@ -327,14 +322,16 @@ class Runner:
         if unit.attack is None:
             metrics = self._clean_metrics(unit.metrics)
             with reuse_freed_memory():  # the unit's large temporaries (``memory.py``)
-                values = [v for m in metrics for v in _as_list(m.compute(ctx))]
+                values = [v for m in metrics for v in checked_values(m, m.compute(ctx))]
             self.store.record_unit(run_id, unit.key, unit.description, subject, values, __version__)
             return values
         spec, eps = unit.attack, unit.eps
         with reuse_freed_memory():
             result = ctx.adversarial(spec, eps)
             values = [
-                v for m in self._attack_metrics(spec) for v in _as_list(m.compute(ctx, spec, eps))
+                v
+                for m in self._attack_metrics(spec)
+                for v in checked_values(m, m.compute(ctx, spec, eps))
             ]
         family = self.attacks[spec.key()].family.value
         self.store.record_unit(

@@ -235,7 +235,9 @@ def _compute(metric: Metric, ctx: EvaluationContext) -> list[MetricValue]:
         values = metric.compute(ctx)
     else:
         values = metric.compute(ctx, ATTACK, 0.3)
-    return values if isinstance(values, list) else [values]
+    assert isinstance(values, list), f"compute returned {type(values).__name__}, not a list"
+    assert all(isinstance(v, MetricValue) for v in values)
+    return values
 
 
 @pytest.mark.parametrize("name", names("metric"))
