@@ -194,13 +194,6 @@ Budgets = Annotated[
 ]
 
 
-class ThreatModel(StrictModel):
-    """The norm and the budgets an attack is run at."""
-
-    norm: Norm = Norm.LINF
-    eps: Budgets = (0.1,)
-
-
 class AttackSpec(StrictModel):
     """One attack with its configuration and budgets."""
 
