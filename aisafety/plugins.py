@@ -9,7 +9,6 @@ about by the commands that run plans.
 
 from __future__ import annotations
 
-import sys
 import traceback
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -209,15 +208,17 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
     registry.plugins.append(PluginInfo(name, origin, names))
 
 
-def warn_failures(registry: Registry) -> None:
-    """One line per broken or clashing plugin on stderr (details: ``aisafety plugins``)."""
+def failure_warnings(registry: Registry) -> list[str]:
+    """One warning line per broken or clashing plugin (details: ``aisafety plugins``); the
+    command line prints them on stderr."""
+    lines = []
     for failure in registry.failures:
         last = failure.error.strip().splitlines()[-1] if failure.error.strip() else "?"
-        print(
+        lines.append(
             f"warning: plugin {failure.name!r} ({failure.origin}): {last} "
-            "(details: aisafety plugins)",
-            file=sys.stderr,
+            "(details: aisafety plugins)"
         )
+    return lines
 
 
 @lru_cache(maxsize=1)
