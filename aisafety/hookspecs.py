@@ -156,11 +156,14 @@ def _is_hookspec(value: object) -> bool:
 
 @cache
 def hook_bases() -> dict[str, type]:
-    """Hook name -> the base class its returned classes must subclass (from the
-    ``list[type[Base]]`` return annotation)."""
+    """Hook name -> the base class its returned classes must subclass, read from the
+    ``list[type[Base]]`` return annotation; a hook annotated otherwise has no entry (and
+    fails ``tests/test_hooks.py``) rather than breaking the registry."""
     bases = {}
     for name in hook_names():
         returned = typing.get_type_hints(globals()[name])["return"]
-        (of_type,) = typing.get_args(returned)  # list[type[Base]] -> type[Base]
-        (bases[name],) = typing.get_args(of_type)  # type[Base] -> Base
+        of_type = typing.get_args(returned) if typing.get_origin(returned) is list else ()
+        base = typing.get_args(of_type[0]) if len(of_type) == 1 else ()
+        if typing.get_origin(of_type[0] if of_type else None) is type and len(base) == 1:
+            bases[name] = base[0]
     return bases

@@ -143,8 +143,8 @@ def _wrong_base(kind: str, cls: type) -> str | None:
     """Why ``cls`` cannot be a ``kind``, or None: each hook takes subclasses of the base its
     return annotation names (``hookspecs.hook_bases``)."""
     hook = KINDS[kind]
-    base = hookspecs.hook_bases()[hook]
-    if isinstance(cls, type) and issubclass(cls, base):
+    base = hookspecs.hook_bases().get(hook)
+    if base is None or (isinstance(cls, type) and issubclass(cls, base)):
         return None
     return (
         f"{cls!r} is returned from {hook}, which takes {base.__name__} subclasses only "

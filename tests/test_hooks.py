@@ -46,6 +46,7 @@ def test_hook_is_specified_in_full(hook):
     """Typed return, a docstring saying what, when, bad returns and since which version,
     and the docs agree on the base and the version."""
     spec = getattr(hookspecs, hook)
+    assert hook in hookspecs.hook_bases(), f"{hook} must return list[type[Base]]"
     base = hookspecs.hook_bases()[hook]
     assert typing.get_type_hints(spec)["return"] == list[type[base]]
     doc = inspect.getdoc(spec)
