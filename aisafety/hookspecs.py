@@ -5,7 +5,8 @@ functions, decorated with ``aisafety.plugin.hookimpl``, under exactly these name
 misspelt hook makes the whole plugin fail to load). The built-ins (``aisafety.builtin``)
 answer the same hooks, first, and every installed plugin after them.
 
-Each hook takes no argument and returns a list of classes (never instances). The registry
+Each hook takes no argument and returns a list: of classes (never instances) for the plugin
+kinds, of records for ``aisafety_architectures`` and ``aisafety_models``. The registry
 (``aisafety.plugins``) calls every hook once per process, when it is first needed (the first
 command that builds a plan, lists names or renders a report). What it does with a bad
 answer is the same for every hook: a hook that raises, a misspelt hook or a module that
@@ -31,6 +32,7 @@ from aisafety.database.datasets.base import DatasetSource
 from aisafety.defense.base import InputDefense
 from aisafety.defense.training.base import TrainingDefense
 from aisafety.evaluation.base import Metric
+from aisafety.interfaces import Architecture, ModelEntry
 from aisafety.report.sections import ReportSection
 from aisafety.verification.base import Verifier
 
@@ -145,6 +147,39 @@ def aisafety_report_sections() -> list[type[ReportSection]]:
     """
 
 
+@hookspec
+def aisafety_architectures() -> list[Architecture]:
+    """Networks a plan names with ``architecture: NAME`` to load a state dict (``source:
+    checkpoint``): ``Architecture`` records (not classes), so a package of a lab's
+    architectures is one ``pip install`` away. The zoo's own architectures answer it too.
+
+    Called once when the registry is built (the first plan, ``aisafety list``, ``aisafety
+    plugins``); the factories run only when a plan loads a model.
+
+    Bad returns: anything that is not an ``Architecture`` record, or a name already taken, is
+    skipped and recorded as a failure of this plugin; a record with invalid fields raises in
+    the hook (``Architecture`` checks them), so the plugin fails as a whole.
+
+    Since: 0.2.0
+    """
+
+
+@hookspec
+def aisafety_models() -> list[ModelEntry]:
+    """Named, ready-to-evaluate models (``model: {name: NAME}`` in a plan, as a zoo model is):
+    ``ModelEntry`` records, each with the ``ModelSpec`` that loads it (e.g. a ``checkpoint``
+    of one of the plugin's architectures).
+
+    Called once when the registry is built; the spec is loaded only when a plan names the
+    entry, and a zoo model of the same name wins (the zoo is checked first).
+
+    Bad returns: anything that is not a ``ModelEntry`` record, or a name already taken, is
+    skipped and recorded as a failure of this plugin.
+
+    Since: 0.2.0
+    """
+
+
 def hook_names() -> list[str]:
     """Every hook of this module, in the order they are declared."""
     return [name for name, value in globals().items() if _is_hookspec(value)]
@@ -167,3 +202,16 @@ def hook_bases() -> dict[str, type]:
         if typing.get_origin(of_type[0] if of_type else None) is type and len(base) == 1:
             bases[name] = base[0]
     return bases
+
+
+@cache
+def hook_records() -> dict[str, type]:
+    """Hook name -> the record type of the hooks that return instances (``list[Record]``),
+    read from the return annotation."""
+    records = {}
+    for name in hook_names():
+        returned = typing.get_type_hints(globals()[name])["return"]
+        of = typing.get_args(returned) if typing.get_origin(returned) is list else ()
+        if len(of) == 1 and isinstance(of[0], type):
+            records[name] = of[0]
+    return records

@@ -1,7 +1,7 @@
 """The one module extension authors import from: hooks, base classes and their types.
 
-A plugin (an attack, defense, metric, dataset format, verifier or report section) needs
-nothing from any other ``aisafety`` module::
+A plugin (an attack, defense, metric, dataset format, verifier, report section,
+architecture or model entry) needs nothing from any other ``aisafety`` module::
 
     from aisafety.plugin import Attack, AttackCall, Norm, hookimpl
 
@@ -39,12 +39,15 @@ from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.corrupted import SequencePredictions
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import (
+    Architecture,
     AttackFamily,
     AttackSpec,
     Capability,
     CorruptionsSpec,
     Direction,
     MetricValue,
+    ModelEntry,
+    ModelSpec,
     Norm,
     Precision,
     SampleVerdict,
@@ -98,8 +101,11 @@ __all__ = [
     "Verifier",
     "VerifierConfig",
     # datasets and models
+    "Architecture",
     "DatasetSource",
     "LoadedDataset",
+    "ModelEntry",
+    "ModelSpec",
     "Predictor",
     # report sections
     "AttackRunRow",

@@ -21,6 +21,7 @@ import pluggy
 from aisafety import hookspecs
 from aisafety.defense.training.base import TrainingDefense
 from aisafety.errors import ConfigError, UnknownNameError
+from aisafety.interfaces import Architecture, ModelEntry
 
 KINDS = {
     "attack": "aisafety_attacks",
@@ -30,7 +31,11 @@ KINDS = {
     "dataset": "aisafety_datasets",
     "verifier": "aisafety_verifiers",
     "report_section": "aisafety_report_sections",
+    "architecture": "aisafety_architectures",
+    "model": "aisafety_models",
 }
+# Kinds whose hooks return records (instances), not classes: the record type each must be.
+RECORDS = {"architecture": Architecture, "model": ModelEntry}
 BUILTIN = "aisafety.builtin"
 
 
@@ -86,10 +91,19 @@ class Registry:
 
     def add(self, kind: str, cls: type, source: str, origin: str = "") -> bool:
         """Register ``cls``; a name taken already keeps its first owner (built-ins load
-        first). A clash, a class of the wrong base or one without a name is recorded as a
-        failure of ``source`` instead of stopping every command. True if registered."""
-        name = getattr(cls, "name", None)
+        first). A clash, a class of the wrong base or one without a name, or a record of the
+        wrong type, is recorded as a failure of ``source`` instead of stopping every command.
+        True if registered."""
         label = kind.replace("_", " ")
+        if kind in RECORDS and not isinstance(cls, RECORDS[kind]):
+            record = RECORDS[kind].__name__
+            problem = (
+                f"{KINDS[kind]} of {source!r} returned {cls!r}, which is skipped; return "
+                f"aisafety.plugin.{record} records"
+            )
+            self.failures.append(PluginFailure(source, origin or source, problem))
+            return False
+        name = getattr(cls, "name", None)
         problem = _misfiled_defense(kind, cls) or _wrong_base(kind, cls)
         if not problem and (not isinstance(name, str) or not name):
             problem = (

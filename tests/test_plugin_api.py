@@ -1,6 +1,6 @@
 """``aisafety.plugin`` is the one door: every name a plugin needs is exported there.
 
-The walk starts from the base class each hook returns (``hookspecs.hook_bases``) and
+The walk starts from the base class or record type each hook returns (``hookspecs``) and
 follows every public class attribute and method signature of it, and of every ``aisafety``
 class found on the way, to a fixed point. Any class met that ``aisafety.plugin`` does not
 export fails the test: a plugin author would have to import it from an internal module.
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import aisafety.plugin as api
-from aisafety.hookspecs import hook_bases
+from aisafety.hookspecs import hook_bases, hook_records
 from aisafety.plugins import build_registry
 from aisafety.verification.graph import build_graph
 from aisafety.verification.property import robustness_property
@@ -88,7 +88,7 @@ def missing_from(module: object, classes: set[type]) -> list[str]:
 
 
 def test_every_plugin_facing_class_is_exported():
-    facing = plugin_facing(hook_bases().values())
+    facing = plugin_facing([*hook_bases().values(), *hook_records().values()])
     assert len(facing) > 20  # the walk reached the call, context and result types
     missing = missing_from(api, facing)
     assert not missing, f"export these from aisafety/plugin.py: {missing}"
