@@ -50,7 +50,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aisafety.config import default_plan, load_plan
     from aisafety.database.store import ResultStore
     from aisafety.execution import run_plan
-    from aisafety.plugins import warn_failures
+    from aisafety.plugins import failure_warnings
     from aisafety.report.table import curve_rows, metric_rows, render
 
     plan = load_plan(args.config) if args.config else default_plan()
@@ -61,7 +61,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         address=args.address,
         executor=args.executor or ("ray" if args.address else None),
     )
-    warn_failures(default_registry())
+    for line in failure_warnings(default_registry()):
+        print(line, file=sys.stderr)
     store = ResultStore(args.db)
     if plan.seeds:
         return evaluate_seeds(plan, store, args)
@@ -176,11 +177,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
     from aisafety.execution import run_plan
     from aisafety.interfaces import ModelSpec
-    from aisafety.plugins import warn_failures
+    from aisafety.plugins import failure_warnings
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)
-    warn_failures(default_registry())
+    for line in failure_warnings(default_registry()):
+        print(line, file=sys.stderr)
     if len(set(args.models)) < 2:
         raise ConfigError(f"compare needs at least two different models, got {args.models}")
     known = list_models()
@@ -351,9 +353,10 @@ def settings_text(value: object) -> object:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from aisafety.verification.vnncomp import run_verify
+    from aisafety.verification.vnncomp import verify_report
 
-    return run_verify(default_registry(), args.network, args.spec, args.verifier, args.timeout)
+    print(verify_report(default_registry(), args.network, args.spec, args.verifier, args.timeout))
+    return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

@@ -300,13 +300,6 @@ Budgets = Annotated[
 ]
 
 
-class ThreatModel(StrictModel):
-    """The norm and the budgets an attack is run at."""
-
-    norm: Norm = Norm.LINF
-    eps: Budgets = (0.1,)
-
-
 def _bare_name(name: str) -> str:
     """``'fgsm '`` was looked up as ``fgsm`` in one place and stored as typed in another."""
     if name != name.strip() or not name:
@@ -548,13 +541,48 @@ class EvaluationPlan(StrictModel):
         return value
 
 
-# The MetricValue details key whose list of per-sample dicts the store writes as
-# verification_samples rows (verdict, margin, seconds of each sample of a certificate).
-SAMPLES_DETAILS_KEY = "samples"
+class SampleVerdict(StrictModel):
+    """One sample under a certified metric; the store writes it as a
+    ``verification_samples`` row."""
+
+    sample_index: int
+    label: int
+    verdict: str  # certified / falsified / unknown / timeout; "radius" for a certified radius
+    margin: float | None  # the proved lower bound of the margin (the radius for "radius")
+    seconds: float | None
+    attack: dict[str, Any] = Field(default_factory=dict)  # the upper-bound attack on it
+
+
+class SmoothingCertificates(StrictModel):
+    """Randomized smoothing's certificate of each image at one setting (``setting``: the
+    hash of the noise, samples and alpha); the store writes them once per setting as
+    ``smoothing_certificates`` rows, however many metrics read them. One entry per image
+    in every column; ``prediction`` -1: abstained."""
+
+    setting: str
+    norm: str
+    sample_index: tuple[int, ...]
+    label: tuple[int, ...]
+    prediction: tuple[int, ...]
+    p_a_lower: tuple[float, ...]
+    radius: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    @model_validator(mode="after")
+    def _one_per_image(self) -> SmoothingCertificates:
+        columns = (self.label, self.prediction, self.p_a_lower, self.radius, self.seconds)
+        if any(len(c) != len(self.sample_index) for c in columns):
+            raise ValueError("every column of the certificates needs one entry per image")
+        return self
 
 
 class MetricValue(StrictModel):
-    """One number a metric produced, with what it was computed on."""
+    """One number a metric produced, with what it was computed on.
+
+    ``details``: free-form extras stored as JSON with the value. Per-sample records the
+    store writes to tables of their own are typed fields: ``verdicts`` (certified metrics)
+    and ``smoothing_certificates`` (randomized smoothing).
+    """
 
     metric: str
     value: float
@@ -565,6 +593,8 @@ class MetricValue(StrictModel):
     eps: float | None = None
     n_samples: int
     details: dict[str, Any] = Field(default_factory=dict)
+    verdicts: tuple[SampleVerdict, ...] = ()
+    smoothing_certificates: SmoothingCertificates | None = None
 
 
 class RunRecord(StrictModel):

@@ -9,7 +9,6 @@ about by the commands that run plans.
 
 from __future__ import annotations
 
-import sys
 import traceback
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -90,27 +89,33 @@ class Registry:
             return cls(*args, config, registry=self)
         return cls(*args, config)
 
-    def add(self, kind: str, cls: type, source: str, origin: str = "") -> None:
+    def add(self, kind: str, cls: type, source: str, origin: str = "") -> bool:
         """Register ``cls``; a name taken already keeps its first owner (built-ins load
-        first), and the clash is recorded as a failure of ``source`` instead of stopping
-        every command."""
+        first). A clash, a class of the wrong base or one without a name, or a record of the
+        wrong type, is recorded as a failure of ``source`` instead of stopping every command.
+        True if registered."""
         label = kind.replace("_", " ")
         if kind in RECORDS and not isinstance(cls, RECORDS[kind]):
             record = RECORDS[kind].__name__
             problem = (
                 f"{KINDS[kind]} of {source!r} returned {cls!r}, which is skipped; return "
-                f"aisafety.interfaces.{record} records"
+                f"aisafety.plugin.{record} records"
             )
             self.failures.append(PluginFailure(source, origin or source, problem))
-            return
+            return False
         name = getattr(cls, "name", None)
-        if not isinstance(name, str) or not name:
-            raise PluginError(f"plugin {source!r} gives a {kind} class {cls!r} without a 'name'")
-        problem = _misfiled_defense(kind, cls)
+        problem = _misfiled_defense(kind, cls) or _wrong_base(kind, cls)
+        if not problem and (not isinstance(name, str) or not name):
+            problem = (
+                f"plugin {source!r} gives a {label} class {cls!r} without a 'name', and it "
+                "is skipped; give the class a 'name' string"
+            )
         taken = [
-            other for other in _SHARED_NAMESPACE.get(kind, (kind,)) if name in self.classes[other]
+            other
+            for other in _SHARED_NAMESPACE.get(kind, (kind,))
+            if isinstance(name, str) and name in self.classes[other]
         ]
-        if taken:
+        if taken and not problem:
             problem = (
                 f"{label} {name!r} is registered twice: by {self.sources[taken[0]][name]!r} and "
                 f"by {source!r}; {source!r}'s {label} is skipped. Rename it or uninstall "
@@ -118,9 +123,10 @@ class Registry:
             )
         if problem:
             self.failures.append(PluginFailure(source, origin or source, problem))
-            return
+            return False
         self.classes[kind][name] = cls
         self.sources[kind][name] = source
+        return True
 
 
 # Input and training defenses are listed together (``aisafety list defenses``): one namespace.
@@ -145,6 +151,20 @@ def _misfiled_defense(kind: str, cls: type) -> str | None:
             "subclasses only, and is skipped; return input defenses from aisafety_defenses"
         )
     return None
+
+
+def _wrong_base(kind: str, cls: type) -> str | None:
+    """Why ``cls`` cannot be a ``kind``, or None: each hook takes subclasses of the base its
+    return annotation names (``hookspecs.hook_bases``)."""
+    hook = KINDS[kind]
+    base = hookspecs.hook_bases().get(hook)
+    if base is None or (isinstance(cls, type) and issubclass(cls, base)):
+        return None
+    return (
+        f"{cls!r} is returned from {hook}, which takes {base.__name__} subclasses only "
+        f"(from aisafety.plugin), and is skipped; subclass {base.__name__} or return it "
+        "from the hook of its kind"
+    )
 
 
 def _entry_point_plugins() -> list[tuple[str, str, ModuleType | None, str | None]]:
@@ -198,19 +218,18 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
             manager.unregister(module)
         registry.failures.append(PluginFailure(name, origin, traceback.format_exc()))
         return
+    names: dict[str, list[str]] = {}
     for kind, classes in provides.items():
         for cls in classes:
-            registry.add(kind, cls, name, origin)
-    names = {
-        kind: [getattr(c, "name", repr(c)) for c in classes] for kind, classes in provides.items()
-    }
+            if registry.add(kind, cls, name, origin):
+                names.setdefault(kind, []).append(cls.name)
     registry.plugins.append(PluginInfo(name, origin, names))
 
 
 def _classes(kind: str, hook: str, returned: object) -> list:
     """What a hook returned, checked: a list of classes with a ``name`` (of ``RECORDS``
     records, for the kinds whose hooks return records)."""
-    what = f"aisafety.interfaces.{RECORDS[kind].__name__} records" if kind in RECORDS else (
+    what = f"aisafety.plugin.{RECORDS[kind].__name__} records" if kind in RECORDS else (
         f"{kind} classes, each with a 'name' (a str class attribute)"
     )  # fmt: skip
     if returned is None:
@@ -225,15 +244,17 @@ def _classes(kind: str, hook: str, returned: object) -> list:
     return items
 
 
-def warn_failures(registry: Registry) -> None:
-    """One line per broken or clashing plugin on stderr (details: ``aisafety plugins``)."""
+def failure_warnings(registry: Registry) -> list[str]:
+    """One warning line per broken or clashing plugin (details: ``aisafety plugins``); the
+    command line prints them on stderr."""
+    lines = []
     for failure in registry.failures:
         last = failure.error.strip().splitlines()[-1] if failure.error.strip() else "?"
-        print(
+        lines.append(
             f"warning: plugin {failure.name!r} ({failure.origin}): {last} "
-            "(details: aisafety plugins)",
-            file=sys.stderr,
+            "(details: aisafety plugins)"
         )
+    return lines
 
 
 @lru_cache(maxsize=1)

@@ -31,7 +31,7 @@ from aisafety.errors import (
     StoreError,
     TamperingError,
 )
-from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
+from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric, checked_values
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.reference import missing_reference
@@ -103,11 +103,6 @@ def warn_unmeasured_attacks(attacks, metrics: list[Metric]) -> None:
                 AISafetyWarning,
                 stacklevel=3,
             )
-
-
-def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
-    """Per-layer metrics return one value per layer; the others a single value."""
-    return values if isinstance(values, list) else [values]
 
 
 def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationPlan:
@@ -466,7 +461,9 @@ class Runner:
             values = []
             with reuse_freed_memory():  # the unit's large temporaries (``memory.py``)
                 for m in self._clean_metrics(unit.metrics):
-                    values += _as_list(checked(f"metric {m.label()!r}", lambda m=m: m.compute(ctx)))
+                    values += checked_values(
+                        m, checked(f"metric {m.label()!r}", lambda m=m: m.compute(ctx))
+                    )
             self.store.record_unit(run_id, unit.key, unit.description, subject, values, __version__)
             return values
         spec, eps = unit.attack, unit.eps
@@ -478,7 +475,7 @@ class Runner:
             integrity.watch_result(f"{spec.label} eps={eps:g}", result)
             for m in self._attack_metrics(spec):
                 who = f"metric {m.label()!r} (on {spec.label} eps={eps:g})"
-                values += _as_list(checked(who, lambda m=m: m.compute(ctx, spec, eps)))
+                values += checked_values(m, checked(who, lambda m=m: m.compute(ctx, spec, eps)))
         family = self.attacks[spec.key()].family.value
         self.store.record_unit(
             run_id, unit.key, unit.description, subject, values, __version__, (spec, family, result)

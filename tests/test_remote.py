@@ -168,7 +168,7 @@ BUDGETS = (0.3, 0.1)  # 0.3 fools the linear model at once; 0.1 takes a real sea
 def _evaluate(predictor, data: LoadedDataset):
     spec = AttackSpec(name="square-linf", config={"queries": 60, "seed": 7}, eps=BUDGETS)
     ctx = EvaluationContext(predictor, data, lambda s: SquareLinf(s.config), batch_size=8)
-    ca = CleanAccuracy().compute(ctx).value
+    ca = CleanAccuracy().compute(ctx)[0].value
     return ctx.clean_logits, ca, [ctx.adversarial(spec, eps) for eps in BUDGETS]
 
 

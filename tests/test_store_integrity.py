@@ -25,12 +25,13 @@ from aisafety.database.read_only import query_read_only, read_only_engine
 from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError, StoreError
 from aisafety.interfaces import (
-    SAMPLES_DETAILS_KEY,
     AttackSpec,
     DatasetSpec,
     EvaluationPlan,
     MetricSpec,
     MetricValue,
+    SampleVerdict,
+    SmoothingCertificates,
 )
 from aisafety.runner import Runner
 
@@ -216,19 +217,20 @@ def _full_unit(zoo_predictor, x, y) -> tuple[list[MetricValue], tuple]:
     result = FGSM()(zoo_predictor, x, y, 0.1)
     n = len(y)
     verdicts = [
-        {"sample_index": i, "label": int(y[i]), "verdict": "unknown", "margin": None,
-         "seconds": 0.0}
+        SampleVerdict(sample_index=i, label=int(y[i]), verdict="unknown", margin=None,
+                      seconds=0.0)
         for i in range(n)
     ]  # fmt: skip
-    per_sample = {
-        "sample_index": list(range(n)), "label": y.tolist(), "prediction": y.tolist(),
-        "p_a_lower": [0.9] * n, "radius": [0.5] * n, "seconds": [0.0] * n,
-    }  # fmt: skip
+    certificates = SmoothingCertificates(
+        setting="k", norm="l2", sample_index=list(range(n)), label=y.tolist(),
+        prediction=y.tolist(), p_a_lower=[0.9] * n, radius=[0.5] * n, seconds=[0.0] * n,
+    )  # fmt: skip
     values = [
         MetricValue(metric="certified", value=0.5, direction="higher", n_samples=n,
-                    details={SAMPLES_DETAILS_KEY: verdicts}),
+                    verdicts=verdicts),
         MetricValue(metric="smoothed", value=0.5, direction="higher", n_samples=n,
-                    details={"certificates": "k", "norm": "l2", "per_sample": per_sample}),
+                    details={"certificates": "k", "norm": "l2"},
+                    smoothing_certificates=certificates),
     ]  # fmt: skip
     return values, (AttackSpec(name="fgsm", eps=(0.1,)), "gradient", result)
 

@@ -71,13 +71,14 @@ def _runtime(network: str | Path) -> OnnxRuntimePredictor:
         return OnnxRuntimePredictor(network, input_shape=(1, 1, size))
 
 
-def run_verify(
+def verify_report(
     registry: PluginRegistry, network: str, spec: str, verifier: str, timeout: float
-) -> int:
-    """The ``aisafety verify`` command: print the status (and counterexample) as VNN-COMP."""
+) -> str:
+    """What ``aisafety verify`` prints: the status (and counterexample) as VNN-COMP, then a
+    comment line with the time and the margin bound."""
     result = verify_instance(registry, network, spec, verifier, timeout)
-    print(result.status)
+    lines = [result.status]
     if result.counterexample:
-        print(result.counterexample)
-    print(f"# {verifier}: {result.seconds:.2f} s, margin bound {result.margin:.4g}")
-    return 0
+        lines.append(result.counterexample)
+    lines.append(f"# {verifier}: {result.seconds:.2f} s, margin bound {result.margin:.4g}")
+    return "\n".join(lines)
