@@ -6,11 +6,11 @@ from __future__ import annotations
 import csv
 import io
 import math
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
+import children
 import pytest
 
 from aisafety.cli import main
@@ -48,10 +48,10 @@ def test_bit_depth_without_bpda_under_gradient_attacks_warns_on_one_stderr_line(
         "attacks: [{name: fgsm, eps: [0.3]}]\n"
         "metrics: [ca, aaw]\n"
     )
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-m", "aisafety.cli", "evaluate", str(plan), "--db",
          f"sqlite:///{tmp_path / 'r.db'}", "--quiet"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     (line,) = [line for line in done.stderr.splitlines() if "bit-depth" in line]

@@ -61,7 +61,7 @@ class Browser:
             start_new_session=True,  # /usr/bin/chromium is a shell wrapper: stop its group
         )  # fmt: skip
         port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600  # a hang guard
         while not port_file.is_file() or not port_file.read_text().strip():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.close()
@@ -93,7 +93,7 @@ class Browser:
 
     def open(self, path: Path) -> None:
         self.call("Page.navigate", url=path.resolve().as_uri())
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600  # a hang guard
         while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{path} did not finish loading")

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import children
 import pytest
 
 from aisafety import cli, listing_cache
@@ -17,8 +18,8 @@ HEAVY = ("torch", "sqlalchemy", "pydantic", "scipy", "numpy", "aisafety.plugins"
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=300)  # fmt: skip
+    return children.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env})  # fmt: skip
 
 
 def test_importing_the_command_line_and_help_load_nothing_heavy():
