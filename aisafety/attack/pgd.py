@@ -9,6 +9,7 @@ from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.gradients import cross_entropy_gradient
 from aisafety.attack.threat import LinfThreat
+from aisafety.attack.work import counted
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -52,7 +53,7 @@ class PGDLinf(Attack):
         active: torch.Tensor | slice = (
             torch.arange(len(x), device=x.device) if cfg.early_stop else slice(None)
         )
-        for _ in range(cfg.steps):
+        for _ in counted("iteration", cfg.steps):
             aim = None if target is None else target[active]
             grad, logits = cross_entropy_gradient(predictor, x_adv[active], y[active], aim)
             if cfg.early_stop:
