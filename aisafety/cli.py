@@ -299,6 +299,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         entries, complete = list_entries(args.kind)
         if complete:
             listing_cache.write(args.kind, entries)
+            fill_listing_cache(args.kind)
     if args.format == "json":
         print(json.dumps(entries, indent=2))
     else:
@@ -306,6 +307,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows = [[settings_text(e.get(c)) for c in columns] for e in entries]
         print(render(columns, rows))
     return 0
+
+
+def fill_listing_cache(listed: str) -> None:
+    """Every other plugin kind cached too: their plugins are imported already (the costly
+    part, torch), so each later ``aisafety list KIND`` answers from the cache at once."""
+    from aisafety import listing_cache
+
+    for kind in LIST_KINDS:
+        if kind != listed and listing_cache.read(kind) is None:
+            entries, complete = list_entries(kind)
+            if complete:
+                listing_cache.write(kind, entries)
 
 
 def list_entries(kind: str) -> tuple[list[dict], bool]:

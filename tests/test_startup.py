@@ -49,6 +49,11 @@ def test_a_cached_listing_loads_no_plugin_and_equals_the_live_one(tmp_path):
     assert "LOADED []" in second.stderr  # answered from the cache
     assert json.loads(second.stdout) == json.loads(first.stdout) == json.loads(live.stdout)
     assert len(list(tmp_path.glob("list-attacks-*.json"))) == 1
+    # the first listing cached every plugin kind: a first `list metrics` imports nothing heavy
+    for kind in cli.LIST_KINDS:
+        assert len(list(tmp_path.glob(f"list-{kind}-*.json"))) == 1, kind
+    metrics = _python(code.replace("'attacks'", "'metrics'"), **env)
+    assert metrics.returncode == 0 and "LOADED []" in metrics.stderr, metrics.stderr
 
 
 def test_the_key_follows_code_and_zoo_manifests(tmp_path, monkeypatch):
