@@ -208,3 +208,42 @@ def test_seeds_give_one_run_each_and_mean_std(tmp_path, capsys):
         from aisafety.config import plan_from_dict
 
         plan_from_dict({"seeds": [1, 1]})
+
+
+VERDICT = re.compile(
+    r"Verdict: (?P<acc>\d+\.\d)% robust accuracy \[(?P<lo>\d+\.\d), (?P<hi>\d+\.\d)\] "
+    r"\(95% CI, n=(?P<n>\d+)\) at (?P<norm>\w+) eps (?P<eps>[\d.]+), the worst case over "
+    r"(?P<attacks>\d+) attack\(s\); (all \d+ sanity checks pass|worst sanity check: "
+    r"(warn|skip), [^<]+)\."
+)
+
+
+def test_report_expands_every_metric_and_gives_one_verdict_per_model(report_db):
+    """For a reader who did not write the plan: each metric name in the table is an
+    abbreviation with its expansion, linked to a glossary entry; one verdict line per
+    model, its robust accuracy recomputed here from the stored per-sample outcomes."""
+    url, run_id = report_db
+    html = build_report(ResultStore(url), run_id)
+    data = load_run(ResultStore(url), run_id)
+    glossary = dict(re.findall(r'<dt id="glossary-([^"]+)">.*?</dt><dd>(.*?)</dd>', html))
+    assert set(glossary) == {m.name for m in data.metrics}
+    assert all(text and "docs/metrics.md" in text for text in glossary.values())
+    table = html[html.index('id="metrics"') : html.index('id="glossary"')]
+    cells = re.findall(r"<tr><td>[^<]*</td><td>(.*?)</td>", table)
+    assert len(cells) == len(data.metrics)
+    for cell in cells:
+        link = re.fullmatch(r'<a class="metric" href="#glossary-([^"]+)"><abbr class="metric" '
+                            r'title="([^"]+)">([^<]+)</abbr></a>', cell)  # fmt: skip
+        assert link and link.group(1) in glossary and link.group(3).startswith(link.group(1))
+    lines = re.findall(r'<p class="verdict">(.*?)</p>', html)
+    verdicts = [VERDICT.fullmatch(re.sub(r"<[^>]+>", "", line)) for line in lines]
+    assert len(verdicts) == len(data.models) == 1 and verdicts[0], html[:2000]
+    v = verdicts[0]
+    runs = [a for a in data.attack_runs if a.family != "corruption" and a.eps == float(v["eps"])]
+    robust = np.logical_and.reduce([data.correct(a.id) for a in runs])
+    assert int(v["attacks"]) == len(runs) and int(v["n"]) == len(robust)
+    assert float(v["acc"]) == pytest.approx(100 * robust.mean(), abs=0.05)
+    ci = binomtest(int(robust.sum()), len(robust)).proportion_ci(method="exact")
+    assert (float(v["lo"]), float(v["hi"])) == pytest.approx((100 * ci.low, 100 * ci.high),
+                                                             abs=0.05)  # fmt: skip
+    assert "not run" not in html.split('id="models"')[1].split("</section>")[0]
