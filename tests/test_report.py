@@ -247,3 +247,43 @@ def test_report_expands_every_metric_and_gives_one_verdict_per_model(report_db):
     assert (float(v["lo"]), float(v["hi"])) == pytest.approx((100 * ci.low, 100 * ci.high),
                                                              abs=0.05)  # fmt: skip
     assert "not run" not in html.split('id="models"')[1].split("</section>")[0]
+
+
+def test_the_plan_is_shown_as_written_with_defaults_folded_away():
+    from aisafety.config import plan_from_dict
+    from aisafety.report.plan_view import fold_defaults
+
+    written = {"attacks": [{"name": "fgsm", "eps": [0.1, 0.3]},
+                           {"name": "pgd-linf", "config": {"steps": 10}}],
+               "metrics": ["ca", {"name": "ald", "config": {"p": "inf"}}],
+               "batch_size": 64}  # fmt: skip
+    stored = plan_from_dict(written).model_dump(mode="json")  # what the database holds
+    assert "corruptions" in stored and "limits" in stored
+    assert fold_defaults(stored) == {
+        "model": {"name": "mnist-cnn"},
+        "dataset": {"name": "mnist-embedded"},
+        "attacks": [{"name": "fgsm", "eps": [0.1, 0.3]},
+                    {"name": "pgd-linf", "config": {"steps": 10}, "eps": [0.1]}],
+        "metrics": [{"name": "ca"}, {"name": "ald", "config": {"p": "inf"}}],
+        "batch_size": 64,
+    }  # fmt: skip
+
+
+def test_coverage_metrics_get_no_binomial_interval(report_db):
+    """kmncov / tkncov are shares of neurons (or their sections), not of images: an interval
+    over the n images does not describe them; accuracy keeps its interval."""
+    import dataclasses
+
+    from aisafety.plugins import default_registry
+    from aisafety.report.html import Report, coverage_metrics
+    from aisafety.report.sections import MetricTable
+
+    url, run_id = report_db
+    data = load_run(ResultStore(url), run_id)
+    ca = next(m for m in data.metrics if m.metric == "ca")
+    data.metrics = [ca, dataclasses.replace(ca, metric="kmncov", value=0.25, ci=(0.2, 0.3))]
+    report = Report(data, [])
+    report.not_rates = coverage_metrics(["ca", "kmncov", "tkncov"], default_registry())
+    assert report.not_rates == {"kmncov", "tkncov"}
+    rows = re.findall(r"<tr><td>.*?</tr>", str(MetricTable().render(report)), re.S)
+    assert "[0.2000, 0.3000]" not in rows[1] and re.search(r"\[0\.\d{4}, 0\.\d{4}\]", rows[0])

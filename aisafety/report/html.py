@@ -48,6 +48,8 @@ class Report:
     checks: list[Check]
     plots: int = 0
     glossary: dict[str, str] = field(default_factory=dict)
+    # fraction metrics that are not a rate over samples (neuron coverage): no interval
+    not_rates: set[str] = field(default_factory=set)
 
     def template(self, name: str, **context: Any) -> Markup:
         html = environment().get_template(name).render(metric=self.metric, **context)
@@ -120,12 +122,27 @@ def glossary(names: list[str], registry: Registry) -> dict[str, str]:
     return found
 
 
+def coverage_metrics(names: list[str], registry: Registry) -> set[str]:
+    """The ``data``-category fraction metrics (neuron coverage: a share of neurons or of their
+    sections, which a binomial interval over images does not describe)."""
+    found = set()
+    for name in set(names):
+        try:
+            cls = registry.get("metric", name)
+        except Exception:  # not installed here
+            continue
+        if cls.category == "data" and getattr(cls, "unit", None) == "fraction":
+            found.add(name)
+    return found
+
+
 def build_report(store: ResultStore, run_id: int, registry: Registry | None = None) -> str:
     """The self-contained HTML report of run ``run_id``."""
     registry = registry or default_registry()
     data = load_run(store, run_id)
     report = Report(data, sanity_checks(data))
     report.glossary = glossary([m.name for m in data.metrics], registry)
+    report.not_rates = coverage_metrics([m.name for m in data.metrics], registry)
     rendered = render_sections(report, registry)
     models = ", ".join(data.model_names) or "no models"
     subtitle = (

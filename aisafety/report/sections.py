@@ -17,6 +17,7 @@ from markupsafe import Markup
 
 from aisafety.report.data import RunData
 from aisafety.report.intervals import is_rate, rate_interval
+from aisafety.report.plan_view import fold_defaults
 from aisafety.report.plots import Series, example_grid, heatmap, line_plot
 
 NOISE = "random-noise"
@@ -49,7 +50,9 @@ class Provenance(ReportSection):
     name, title, order = "provenance", "Plan and provenance", 90
 
     def render(self, report: ReportView) -> str:
-        return report.template("provenance.html.j2", data=report.data)
+        return report.template(
+            "provenance.html.j2", data=report.data, plan=fold_defaults(report.data.plan)
+        )
 
 
 def clean_accuracy(report: ReportView, model: str) -> tuple[float, int] | None:
@@ -162,10 +165,13 @@ class MetricTable(ReportSection):
 
     def render(self, report: ReportView) -> str | None:
         rows = []
+        not_rates = getattr(report, "not_rates", set())
         for m in report.data.metrics:
             ci = m.ci  # stored; derived from value and n for runs stored before it was
             if ci is None and is_rate(m.unit, m.value, m.n_samples):
                 ci = rate_interval(m.value, m.n_samples)
+            if m.name in not_rates:
+                ci = None  # a share of neurons, not of samples: no binomial interval
             rows.append({"m": m, "ci": ci})
         if not rows:
             return None
