@@ -287,3 +287,24 @@ def test_coverage_metrics_get_no_binomial_interval(report_db):
     assert report.not_rates == {"kmncov", "tkncov"}
     rows = re.findall(r"<tr><td>.*?</tr>", str(MetricTable().render(report)), re.S)
     assert "[0.2000, 0.3000]" not in rows[1] and re.search(r"\[0\.\d{4}, 0\.\d{4}\]", rows[0])
+
+
+def test_coinciding_lines_stay_visible():
+    """Two attacks with the same robust accuracies (PGD equal to the worst case, issue 36):
+    both lines' colours are on the plot, the later one drawn inside the earlier one."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from aisafety.report.plots import Series, line_plot
+
+    same = ([0.1, 0.2, 0.3], [0.8, 0.4, 0.1])
+    plot = line_plot("t", [Series("pgd", *same), Series("worst case", *same)], "eps", "acc")
+    image = Image.open(io.BytesIO(base64.b64decode(plot.uri.split(",", 1)[1]))).convert("RGB")
+    pixels = np.asarray(image).reshape(-1, 3).astype(int)
+    # matplotlib's C0 and C1; the legend's swatch alone is ~70 pixels (C0's whole count when
+    # both lines were drawn alike), the lines add hundreds more
+    for colour in ((0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)):
+        near = np.abs(pixels - np.array(colour)).sum(1) < 40
+        assert near.sum() > 300, (colour, int(near.sum()))
