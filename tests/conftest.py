@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 import uuid
 
 # Idle OpenMP threads (onnxruntime's, torch's) spin-wait by default and starve each other
@@ -30,7 +31,11 @@ from aisafety.prediction.torch_module import TorchPredictor
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """No process started by the suite outlives it: survivors are named, killed, and fail the
     run (after every fixture's teardown, so servers a fixture stops are already gone)."""
-    survivors = leftovers(os.environ[SESSION_VARIABLE])
+    token = os.environ[SESSION_VARIABLE]
+    deadline = time.monotonic() + 60  # servers stopped at teardown (Ray, PostgreSQL) may
+    while leftovers(token) and time.monotonic() < deadline:  # take a few seconds to exit
+        time.sleep(0.5)
+    survivors = leftovers(token)
     for pid, _ in survivors:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
