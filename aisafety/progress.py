@@ -42,6 +42,13 @@ from aisafety.errors import ConfigError
 STALL = 60.0  # s: a unit whose position has not moved is reported this often, saying so
 
 
+def _projected(unit: UnitProgress, now: float, position: Position | None) -> float | None:
+    """The running unit's total time at its measured rate (None without a position)."""
+    if position is None or position.fraction <= 0:
+        return None
+    return (now - unit.started) / position.fraction
+
+
 def heartbeat_seconds(default: float = 5.0) -> float:
     """The heartbeat interval: ``AISAFETY_HEARTBEAT`` (seconds, > 0) if set, else ``default``."""
     raw = os.environ.get("AISAFETY_HEARTBEAT")
@@ -182,10 +189,16 @@ class RunProgress:
     def done(self) -> int:
         return sum(u.seconds is not None for u in self.units.values())
 
-    def eta(self, now: float | None = None) -> float | None:
+    def eta(
+        self, now: float | None = None, positions: dict[str, Position | None] | None = None
+    ) -> float | None:
         """Seconds left, or None when nothing measured says: each unit not finished at its
-        expected cost (a running one at its measured rate, less the time it has spent)."""
+        expected cost (a running one at its measured rate, less the time it has spent).
+        ``positions``: the running units' positions as a heartbeat line shows them (one
+        snapshot for its text and its estimate); read now when not given."""
         now = self.clock() if now is None else now
+        if positions is None:
+            positions = {u.key: u.position() for u in self.units.values() if u.meter is not None}
         timed = [
             u for u in self.units.values() if u.seconds is not None and not (u.resumed or u.failed)
         ]
@@ -193,7 +206,9 @@ class RunProgress:
         for u in timed:
             by_group.setdefault(u.group, []).append(u.seconds)
         running = [u for u in self.units.values() if u.started is not None and u.seconds is None]
-        projected = [t for u in running if (t := self._projected_total(u, now)) is not None]
+        projected = [
+            t for u in running if (t := _projected(u, now, positions.get(u.key))) is not None
+        ]
         fallback = (
             sum(u.seconds for u in timed) / len(timed)
             if timed
@@ -206,7 +221,7 @@ class RunProgress:
             costs = by_group.get(u.group)
             expected = sum(costs) / len(costs) if costs else fallback
             if u.started is not None:
-                expected = self._left_of_running(u, now, expected)
+                expected = self._left_of_running(u, now, expected, positions.get(u.key))
             if expected is None:
                 return None
             left += expected
@@ -214,26 +229,21 @@ class RunProgress:
         return left / max(1, min(self.workers, count))
 
     @staticmethod
-    def _projected_total(unit: UnitProgress, now: float) -> float | None:
-        """The running unit's total time at its measured rate (None without a position)."""
-        position = unit.position()
-        if position is None or position.fraction <= 0:
-            return None
-        return (now - unit.started) / position.fraction
-
     def _left_of_running(
-        self, unit: UnitProgress, now: float, expected: float | None
+        unit: UnitProgress, now: float, expected: float | None, position: Position | None
     ) -> float | None:
-        total = self._projected_total(unit, now)
+        total = _projected(unit, now, position)
         if total is not None:
             return total - (now - unit.started)
         if expected is None or expected <= now - unit.started:
             return None  # no position and past the estimate: unknown, not "0:00"
         return expected - (now - unit.started)
 
-    def summary(self, now: float | None = None) -> str:
+    def summary(
+        self, now: float | None = None, positions: dict[str, Position | None] | None = None
+    ) -> str:
         now = self.clock() if now is None else now
-        eta = self.eta(now)
+        eta = self.eta(now, positions)
         left = "ETA unknown until a unit finishes or reports its position" if eta is None else (
             f"about {format_duration(eta)} left"
         )  # fmt: skip
@@ -279,22 +289,22 @@ class RunProgress:
             return
         if not running:
             return
-        texts = [self._running_text(u, now) for u in running[:3]]
+        positions = {u.key: u.position() for u in running}  # one snapshot for the line
+        texts = [self._running_text(u, now, positions[u.key]) for u in running[:3]]
         if all(t is None for t in texts):
             return  # nothing moved, and nothing has stood still for STALL seconds yet
         names = ", ".join(t for t in texts if t is not None)
         more = f" and {len(running) - 3} more" if len(running) > 3 else ""
-        line = f"  running {names}{more}; {self.summary(now)}"
+        line = f"  running {names}{more}; {self.summary(now, positions)}"
         if line != self._last_beat:
             self._last_beat = line
             self._say(line)
 
     @staticmethod
-    def _running_text(unit: UnitProgress, now: float) -> str | None:
+    def _running_text(unit: UnitProgress, now: float, position: Position | None) -> str | None:
         """``desc (elapsed): position, n% of the unit``; None for a unit whose position has
         not moved since its last line, unless that was STALL seconds ago (then it says so)."""
         elapsed = format_duration(now - unit.started)
-        position = unit.position()
         if position is None:
             return f"{unit.description} ({elapsed})"
         if position.text == unit.shown:
