@@ -1,4 +1,4 @@
-"""The ``aisafety`` command line."""
+"""The aisafety command line: evaluate a classifier's robustness, store it, report it."""
 
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         limit=args.limit,
         address=args.address,
         executor=args.executor or ("ray" if args.address else None),
+        model=args.model,
+        dataset=args.dataset,
     )
     for line in failure_warnings(default_registry()):
         print(line, file=sys.stderr)
@@ -260,11 +262,23 @@ def apply_overrides(
     limit: int | None,
     executor: str | None = None,
     address: str | None = None,
+    model: str | None = None,
+    dataset: str | None = None,
 ) -> EvaluationPlan:
-    """The plan with command-line options applied, validated like the plan file itself."""
+    """The plan with command-line options applied, validated like the plan file itself.
+    ``model``: a zoo model in place of the plan's model (one model of a shared plan);
+    ``dataset``: a registered dataset in place of the plan's, keeping its split, limit, seed
+    and sampling."""
     from aisafety.config import plan_from_dict
 
     raw = plan.model_dump(mode="json", exclude_unset=True)
+    if model is not None:
+        raw["model"] = {"name": model}
+    if dataset is not None:
+        kept = ("split", "limit", "seed", "sampling")
+        raw["dataset"] = {"name": dataset} | {
+            k: v for k, v in raw.get("dataset", {}).items() if k in kept
+        }
     if device is not None:
         raw["device"] = device
     if limit is not None:
@@ -274,7 +288,9 @@ def apply_overrides(
     if address is not None:
         raw["executor"] = {**raw.get("executor", {}), "address": address}
     return plan_from_dict(
-        raw, "the plan with the command-line options (--device, --limit, --executor, --address)"
+        raw,
+        "the plan with the command-line options (--model, --dataset, --device, --limit, "
+        "--executor, --address)",
     )
 
 
@@ -288,6 +304,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         entries, complete = list_entries(args.kind)
         if complete:
             listing_cache.write(args.kind, entries)
+            fill_listing_cache(args.kind)
     if args.format == "json":
         print(json.dumps(entries, indent=2))
     else:
@@ -295,6 +312,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows = [[settings_text(e.get(c)) for c in columns] for e in entries]
         print(render(columns, rows))
     return 0
+
+
+def fill_listing_cache(listed: str) -> None:
+    """Every other plugin kind cached too: their plugins are imported already (the costly
+    part, torch), so each later ``aisafety list KIND`` answers from the cache at once."""
+    from aisafety import listing_cache
+
+    for kind in LIST_KINDS:
+        if kind != listed and listing_cache.read(kind) is None:
+            entries, complete = list_entries(kind)
+            if complete:
+                listing_cache.write(kind, entries)
 
 
 def list_entries(kind: str) -> tuple[list[dict], bool]:
@@ -546,6 +575,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")
     ev.add_argument("--resume", action="store_true", help="skip units already in the database")
     ev.add_argument("--quiet", action="store_true", help="no progress bars")
+    ev.add_argument("--model", help="a zoo model in place of the plan's (aisafety list models)")
+    ev.add_argument(
+        "--dataset", help="a dataset in place of the plan's, same split and limit "
+        "(aisafety list datasets)",
+    )  # fmt: skip
     ev.add_argument("--device", choices=["auto", "cpu", "cuda"])
     ev.add_argument("--limit", type=int, help="evaluate on at most N samples (as dataset.sampling)")
     ev.add_argument("--format", choices=["table", "csv", "json"], default="table")

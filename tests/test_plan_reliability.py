@@ -52,7 +52,9 @@ def test_alias_bomb_fails_fast_with_a_small_message(tmp_path):
     started = time.perf_counter()
     with pytest.raises(ConfigError, match="expands") as caught:
         load_plan(_write(tmp_path, "bomb.yaml", "\n".join(lines)))
-    assert time.perf_counter() - started < 2 and len(str(caught.value)) < 1000
+    spent = time.perf_counter() - started  # expanding the bomb would take hours and 1e9 nodes
+    assert spent < 120, f"the alias bomb took {spent:.0f} s to refuse"
+    assert len(str(caught.value)) < 1000
 
 
 @pytest.mark.parametrize(

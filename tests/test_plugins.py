@@ -19,6 +19,7 @@ import textwrap
 import types
 from pathlib import Path
 
+import children
 import numpy as np
 import pytest
 import torch
@@ -361,13 +362,12 @@ def _cli(*args: str, pythonpath: list[Path], cwd: Path) -> subprocess.CompletedP
     if os.environ.get("PYTHONPATH"):
         paths.append(os.environ["PYTHONPATH"])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    return subprocess.run(
+    return children.run(
         [sys.executable, "-m", "aisafety.cli", *args],
         capture_output=True,
         text=True,
         env=env,
         cwd=cwd,
-        timeout=180,
     )
 
 
@@ -381,13 +381,12 @@ def installed(tmp_path_factory) -> Path:
         PLUGIN_DIR, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
     )
     target = root / "site"
-    pip = subprocess.run(
+    pip = children.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
          "--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target),
          str(source)],
         capture_output=True,
         text=True,
-        timeout=300,
     )  # fmt: skip
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert (target / "aisafety_example" / "plugin.py").is_file()

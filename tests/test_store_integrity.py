@@ -13,6 +13,7 @@ import threading
 import time
 from datetime import timedelta
 
+import children
 import pytest
 from sqlalchemy import text as sa_text
 from sqlalchemy.orm import Session
@@ -369,7 +370,7 @@ def test_a_held_write_lock_is_waited_for_then_reported(tmp_path, monkeypatch):
 def test_a_killed_run_is_marked_interrupted_by_the_next_run(tmp_path):
     path = tmp_path / "r.db"
     store = ResultStore(f"sqlite:///{path}")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+    dead = children.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
                           capture_output=True, check=True)  # fmt: skip
     run_id = store.start_run(PLAN, "test", "cpu")
     with sqlite3.connect(path) as connection:  # as a kill -9 leaves it
@@ -399,15 +400,16 @@ def test_sigterm_marks_the_run_interrupted(tmp_path):
     path = tmp_path / "r.db"
     many = tuple(round(0.01 * i, 2) for i in range(1, 40))  # more units than it has time for
     plan = PLAN.model_copy(update={"attacks": (AttackSpec(name="fgsm", eps=many),)})
-    child = subprocess.Popen(
+    child = children.start(
         [sys.executable, "-c", CHILD, f"sqlite:///{path}", plan.model_dump_json()],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not _units_done(path):
+    deadline = time.monotonic() + children.HANG_LIMIT  # a hang guard: waits for a unit, not time
+    while time.monotonic() < deadline and not _units_done(path) and child.poll() is None:
         time.sleep(0.05)
+    assert _units_done(path), "the child wrote no unit before it ended or the hang guard"
     child.send_signal(signal.SIGTERM)
-    _, err = child.communicate(timeout=60)
+    _, err = children.communicate(child, what="the SIGTERMed run")
     assert child.returncode != 0, err
     with sqlite3.connect(path) as connection:
         assert connection.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]

@@ -35,6 +35,7 @@ from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
 from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import THREATS, ThreatModel, threat_model
+from aisafety.attack.work import counted
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.errors import InputError, PluginError
 from aisafety.interfaces import AttackFamily, Capability, Norm, Precision, Seed
@@ -241,9 +242,10 @@ class Attack(ABC):
             parts = [
                 self._attack_chunk(predictor, xc, yc, eps, generator, *rest)
                 for xc, yc, *rest in tqdm(
-                    chunks, desc=f"{self.name} eps={eps:g}", disable=not progress
+                    (chunks[i] for i in counted("batch", len(chunks))),
+                    total=len(chunks), desc=f"{self.name} eps={eps:g}", disable=not progress,
                 )
-            ]
+            ]  # fmt: skip
         return parts[0] if len(parts) == 1 else AttackResult.concat(parts)
 
     def search_predictor(self, predictor: Predictor) -> Predictor:

@@ -11,6 +11,7 @@ from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.gradients import cross_entropy_gradient
 from aisafety.attack.threat import LinfThreat
+from aisafety.attack.work import counted
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -71,7 +72,7 @@ class PGDLinf(Attack):
         steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
         lower, upper = LinfThreat.bounds(x, eps)
         active = torch.arange(len(x), device=x.device)
-        for _ in range(cfg.steps):
+        for _ in counted("iteration", cfg.steps):
             aim = None if target is None else target[active]
             grad, logits = cross_entropy_gradient(predictor, x_adv[active], y[active], aim)
             still = logits.argmax(1) == y[active]
@@ -99,6 +100,6 @@ def linf_pgd(
     threat = LinfThreat()
     lower, upper = threat.bounds(x, eps)  # once: each step is then one clamp
     x_adv = x_start.detach().clone()
-    for _ in range(steps):  # in place (the gradient may be an expanded view: not touched)
+    for _ in counted("iteration", steps):  # in place (an expanded gradient view: untouched)
         x_adv.add_(threat.ascent(gradient(x_adv)), alpha=step_size).clamp_(lower, upper)
     return x_adv

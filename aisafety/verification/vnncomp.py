@@ -63,9 +63,10 @@ def _runtime(network: str | Path) -> OnnxRuntimePredictor:
     """onnxruntime's predictor; a graph taking flat vectors gets a (1, 1, n) layout."""
     try:
         return OnnxRuntimePredictor(network)
-    except ConfigError:  # not (N, C, H, W): read the per-sample size off the graph
-        import onnxruntime as ort
+    except ConfigError:  # not (N, C, H, W), or no onnxruntime (then this says so, exit 2)
+        from aisafety.prediction.onnx_model import _import
 
+        ort = _import("onnxruntime", "onnxruntime")
         dims = ort.InferenceSession(str(network)).get_inputs()[0].shape
         size = math.prod(d for d in dims[1:] if isinstance(d, int) and d > 0)
         return OnnxRuntimePredictor(network, input_shape=(1, 1, size))
