@@ -1,5 +1,5 @@
-"""The built-in attacks, input and training defenses, metrics and datasets, registered like
-any plugin."""
+"""The built-in attacks, input and training defenses, metrics, datasets and architectures,
+registered like any plugin."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ from aisafety.attack.square import SquareLinf
 from aisafety.attack.square_l2 import SquareL2
 from aisafety.attack.transfer import TransferAttack
 from aisafety.corruption import CORRUPTION_ATTACKS
+from aisafety.database.architectures import builtin_architectures
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
-from aisafety.database.datasets.embedded import EmbeddedMnist
+from aisafety.database.datasets.embedded import EmbeddedCifar10, EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
 from aisafety.database.datasets.image_folder import ImageFolderDataset
 from aisafety.database.datasets.npz import NpzDataset
@@ -105,6 +106,7 @@ from aisafety.evaluation.metrics.smoothed import (
     SmoothedCertifiedAccuracy,
 )
 from aisafety.hookspecs import hookimpl
+from aisafety.interfaces import Architecture
 from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.deeppoly import DeepPolyVerifier
 from aisafety.verification.dual_network import DualNetworkVerifier
@@ -219,6 +221,7 @@ def aisafety_metrics() -> list[type]:
 def aisafety_datasets() -> list[type]:
     return [
         EmbeddedMnist,
+        EmbeddedCifar10,
         MnistDataset,
         FashionMnistDataset,
         Cifar10Dataset,
@@ -226,6 +229,11 @@ def aisafety_datasets() -> list[type]:
         ImageFolderDataset,
         NpzDataset,
     ]
+
+
+@hookimpl
+def aisafety_architectures() -> list[Architecture]:
+    return builtin_architectures()
 
 
 @hookimpl

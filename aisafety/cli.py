@@ -1,4 +1,4 @@
-"""The ``aisafety`` command line."""
+"""The aisafety command line: evaluate a classifier's robustness, store it, report it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aisafety.check import add_parser as add_check_parser
-from aisafety.database import DEFAULT_URL
+from aisafety.database import DEFAULT_URL, QUERY_MAX_ROWS, QUERY_TIMEOUT_S
+from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError, UnknownNameError
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ LIST_KINDS = {
     "metrics": ("metric",),
     "datasets": ("dataset",),
     "verifiers": ("verifier",),
+    "architectures": ("architecture",),
 }
 
 
@@ -48,7 +50,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aisafety.config import default_plan, load_plan
     from aisafety.database.store import ResultStore
     from aisafety.execution import run_plan
-    from aisafety.plugins import warn_failures
+    from aisafety.plugins import failure_warnings
     from aisafety.report.table import curve_rows, metric_rows, render
 
     plan = load_plan(args.config) if args.config else default_plan()
@@ -58,8 +60,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         limit=args.limit,
         address=args.address,
         executor=args.executor or ("ray" if args.address else None),
+        model=args.model,
+        dataset=args.dataset,
     )
-    warn_failures(default_registry())
+    for line in failure_warnings(default_registry()):
+        print(line, file=sys.stderr)
     store = ResultStore(args.db)
     if plan.seeds:
         return evaluate_seeds(plan, store, args)
@@ -174,11 +179,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
     from aisafety.execution import run_plan
     from aisafety.interfaces import ModelSpec
-    from aisafety.plugins import warn_failures
+    from aisafety.plugins import failure_warnings
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)
-    warn_failures(default_registry())
+    for line in failure_warnings(default_registry()):
+        print(line, file=sys.stderr)
     if len(set(args.models)) < 2:
         raise ConfigError(f"compare needs at least two different models, got {args.models}")
     known = list_models()
@@ -256,11 +262,23 @@ def apply_overrides(
     limit: int | None,
     executor: str | None = None,
     address: str | None = None,
+    model: str | None = None,
+    dataset: str | None = None,
 ) -> EvaluationPlan:
-    """The plan with command-line options applied, validated like the plan file itself."""
+    """The plan with command-line options applied, validated like the plan file itself.
+    ``model``: a zoo model in place of the plan's model (one model of a shared plan);
+    ``dataset``: a registered dataset in place of the plan's, keeping its split, limit, seed
+    and sampling."""
     from aisafety.config import plan_from_dict
 
     raw = plan.model_dump(mode="json", exclude_unset=True)
+    if model is not None:
+        raw["model"] = {"name": model}
+    if dataset is not None:
+        kept = ("split", "limit", "seed", "sampling")
+        raw["dataset"] = {"name": dataset} | {
+            k: v for k, v in raw.get("dataset", {}).items() if k in kept
+        }
     if device is not None:
         raw["device"] = device
     if limit is not None:
@@ -270,7 +288,9 @@ def apply_overrides(
     if address is not None:
         raw["executor"] = {**raw.get("executor", {}), "address": address}
     return plan_from_dict(
-        raw, "the plan with the command-line options (--device, --limit, --executor, --address)"
+        raw,
+        "the plan with the command-line options (--model, --dataset, --device, --limit, "
+        "--executor, --address)",
     )
 
 
@@ -284,6 +304,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         entries, complete = list_entries(args.kind)
         if complete:
             listing_cache.write(args.kind, entries)
+            fill_listing_cache(args.kind)
     if args.format == "json":
         print(json.dumps(entries, indent=2))
     else:
@@ -291,6 +312,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows = [[settings_text(e.get(c)) for c in columns] for e in entries]
         print(render(columns, rows))
     return 0
+
+
+def fill_listing_cache(listed: str) -> None:
+    """Every other plugin kind cached too: their plugins are imported already (the costly
+    part, torch), so each later ``aisafety list KIND`` answers from the cache at once."""
+    from aisafety import listing_cache
+
+    for kind in LIST_KINDS:
+        if kind != listed and listing_cache.read(kind) is None:
+            entries, complete = list_entries(kind)
+            if complete:
+                listing_cache.write(kind, entries)
 
 
 def list_entries(kind: str) -> tuple[list[dict], bool]:
@@ -309,13 +342,22 @@ def list_entries(kind: str) -> tuple[list[dict], bool]:
             }
             for e, root in list_models().values()
         ]
-        return entries, True
+        registry = default_registry()
+        entries += [
+            {"name": name, "source": registry.sources["model"][name],
+             "description": registry.get("model", name).description}
+            for name in registry.names("model")
+            if name not in {e["name"] for e in entries}
+        ]  # fmt: skip
+        return entries, not registry.failures
     registry = default_registry()
     entries = []
     for registry_kind in LIST_KINDS[kind]:
         for name in registry.names(registry_kind):
             cls = registry.get(registry_kind, name)
             info = cls.describe() if hasattr(cls, "describe") else {"name": name}
+            if registry_kind == "architecture":
+                info.update(input_shape=list(cls.input_shape), num_classes=cls.num_classes)
             info.setdefault("description", getattr(cls, "description", ""))
             if "config" not in info and hasattr(cls, "Config"):
                 info["config"] = config_defaults(cls.Config)
@@ -340,9 +382,10 @@ def settings_text(value: object) -> object:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from aisafety.verification.vnncomp import run_verify
+    from aisafety.verification.vnncomp import verify_report
 
-    return run_verify(default_registry(), args.network, args.spec, args.verifier, args.timeout)
+    print(verify_report(default_registry(), args.network, args.spec, args.verifier, args.timeout))
+    return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -362,11 +405,26 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from aisafety.database.read_only import query_read_only, read_only_engine
-    from aisafety.report.table import render
+    from aisafety.database.read_only import (
+        QueryLimits,
+        read_only_engine,
+        read_only_rows,
+        superuser_warning,
+    )
+    from aisafety.report.streaming import write_rows
 
-    columns, rows = query_read_only(read_only_engine(args.db), args.sql)
-    print(render(columns, rows, args.format))
+    engine = read_only_engine(args.db)
+    limits = QueryLimits(timeout_s=args.timeout, max_rows=args.max_rows)
+    with read_only_rows(engine, args.sql, limits) as rows:
+        write_rows(rows.columns, rows, args.format, sys.stdout)
+    if (warning := superuser_warning(engine)) is not None:
+        print(f"warning: {warning}", file=sys.stderr)
+    if rows.truncated:
+        print(
+            f"warning: output stopped at {args.max_rows} rows (--max-rows); give a larger "
+            "--max-rows, or narrow the query (WHERE, LIMIT)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -517,6 +575,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")
     ev.add_argument("--resume", action="store_true", help="skip units already in the database")
     ev.add_argument("--quiet", action="store_true", help="no progress bars")
+    ev.add_argument("--model", help="a zoo model in place of the plan's (aisafety list models)")
+    ev.add_argument(
+        "--dataset", help="a dataset in place of the plan's, same split and limit "
+        "(aisafety list datasets)",
+    )  # fmt: skip
     ev.add_argument("--device", choices=["auto", "cpu", "cuda"])
     ev.add_argument("--limit", type=int, help="evaluate on at most N samples (as dataset.sampling)")
     ev.add_argument("--format", choices=["table", "csv", "json"], default="table")
@@ -558,6 +621,14 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument("sql")
     qu.add_argument("--db", default=DEFAULT_URL)
     qu.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    qu.add_argument(
+        "--timeout", type=float, default=QUERY_TIMEOUT_S, metavar="S",
+        help=f"stop the statement after S seconds (default {QUERY_TIMEOUT_S:g})",
+    )  # fmt: skip
+    qu.add_argument(
+        "--max-rows", type=int, default=QUERY_MAX_ROWS, metavar="N",
+        help=f"print at most N rows (default {QUERY_MAX_ROWS})",
+    )  # fmt: skip
     qu.set_defaults(func=cmd_query)
 
     rp = sub.add_parser("report", help="write the HTML report of a run (or a comparison)")
@@ -653,7 +724,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = format_warning
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        # SIGTERM/SIGHUP from the first moment (loading a model can take a while): the
+        # command ends as Ctrl-C does, 130 and 'interrupted', not killed with 143
+        with terminate_as_interrupt():
+            return args.func(args)
     except AISafetyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -662,6 +736,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "interrupted: finished units are in the database; rerun with --resume", file=sys.stderr
         )
         return 130
+    except Exception as exc:
+        failed_in = getattr(exc, "failed_in", None)  # set by the runner on a plugin's crash
+        if failed_in is None:
+            raise
+        print(
+            f"error: {failed_in} raised {type(exc).__name__}: {exc} (a bug in it, or in the "
+            "model; the run is marked failed, and the traceback is stored in unit_failures: "
+            'aisafety query "SELECT error FROM unit_failures"; --resume computes the unit '
+            "again)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,27 +11,42 @@ from pydantic import ValidationError
 
 from aisafety.config_base import describe_errors
 from aisafety.errors import ConfigError
+from aisafety.files import regular_file
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricSpec
 from aisafety.plan_yaml import load_yaml
 
-DEFAULT_METRICS = ("ca", "aaw", "acac", "actc", "nte", "ald", "ass")
+DEFAULT_METRICS = ("ca", "aaw", "aab", "acac", "actc", "nte", "ald", "ass", "zero-gradient-rate")
 
 
-# The AutoAttack-style ensemble at a budget the embedded default can afford: 10 APGD/FAB
-# iterations (torchattacks' AutoAttack default) and 500 Square queries cost 3.6x PGD-40 on the
-# default job (docs/attacks.md, "The embedded default"); AutoAttack's own 100 and 5,000 are
-# `standard`'s defaults in any plan.
-DEFAULT_ENSEMBLE = {"steps": 10, "queries": 500}
+# The default's ensemble, sized to be at least as strong as every single attack beside it at
+# every budget within the default's 2 minutes of CPU (measured in README.md, "The default
+# evaluation", and by bench/first_run.py): APGD-CE with PGD's 40 iterations (its step-size
+# schedule makes it stronger than PGD-40 at 0.1: 0.622 against 0.645), APGD-T on the 3 most
+# likely other classes with 10 iterations, Square with 100 queries. FAB-T (minimal
+# perturbations, 9 targets) is left out: it broke nothing APGD had not at these budgets and
+# cost most of the reduced ensemble's 103 s. examples/default-full.yaml is this plan with
+# AutoAttack's own budget (all four members, 100 iterations, 5,000 queries).
+DEFAULT_ENSEMBLE = {
+    "attacks": ["apgd-ce", "apgd-t", "square-linf"],
+    "steps": 40,
+    "queries": 100,
+    "attack_configs": {"apgd-t": {"n_target_classes": 3, "steps": 10}},
+}
 
 
 def default_plan() -> EvaluationPlan:
-    """The zoo MNIST CNN on the embedded 1,000-image subset: FGSM, PGD-40 and the ``standard``
-    ensemble (reduced budget) at three budgets."""
+    """The zoo MNIST CNN on the embedded 1,000-image subset: the ensemble, PGD-40 and FGSM at
+    three budgets, plus the cheap runs that let every gradient-masking sanity check of the
+    report run (FGSM at 0.5, PGD-10 beside PGD-40, Square and random noise at 0.1, the
+    zero-gradient rate)."""
     return EvaluationPlan(
         attacks=(
-            AttackSpec(name="fgsm", eps=(0.1, 0.2, 0.3)),
-            AttackSpec(name="pgd-linf", config={"steps": 40}, eps=(0.1, 0.2, 0.3)),
             AttackSpec(name="standard", config=DEFAULT_ENSEMBLE, eps=(0.1, 0.2, 0.3)),
+            AttackSpec(name="pgd-linf", config={"steps": 40}, eps=(0.1, 0.2, 0.3)),
+            AttackSpec(name="fgsm", eps=(0.1, 0.2, 0.3, 0.5)),
+            AttackSpec(name="pgd-linf", config={"steps": 10}, eps=(0.1,)),
+            AttackSpec(name="square-linf", config={"queries": 100}, eps=(0.1,)),
+            AttackSpec(name="random-noise", eps=(0.1,)),
         ),
         metrics=tuple(MetricSpec(name=n) for n in DEFAULT_METRICS),
     )
@@ -51,9 +66,7 @@ MAX_PLAN_BYTES = 1 << 20  # a plan is a few KiB; this is not one
 
 
 def load_plan(path: str | Path) -> EvaluationPlan:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+    path = regular_file(path, "config file", MAX_PLAN_BYTES)  # stat, before any read
     if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
         raise ConfigError(f"config {path.name!r}: use a .yaml, .yml, .toml or .json file")
     text = _read_text(path)
@@ -90,7 +103,19 @@ def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
                 **spec,
                 "path": str(given if given.is_absolute() else base / given),
             }
+        if isinstance(spec, dict) and spec.get("source") == "python":
+            resolved[section] = {**resolved[section], "python_path": _code_folders(spec, base)}
     return resolved
+
+
+def _code_folders(spec: dict[str, Any], base: Path) -> list[str]:
+    """Where a ``python`` model's factory is imported from: the plan's folder first (as
+    pytest finds a ``conftest.py``), then the spec's ``python_path``, relative to it."""
+    given = spec.get("python_path") or []
+    if not isinstance(given, list | tuple):
+        return given  # the spec's validation names the wrong type
+    folders = [Path(str(p)).expanduser() for p in given]
+    return [str(base), *(str(p if p.is_absolute() else base / p) for p in folders)]
 
 
 def _read_text(path: Path) -> str:

@@ -2,26 +2,68 @@
 
 from __future__ import annotations
 
+import math
 import reprlib
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from aisafety.errors import ConfigError
 
 
 class PluginConfig(BaseModel):
-    """Base of every attack, defense and metric ``Config``: unknown keys are errors."""
+    """Base of every attack, defense and metric ``Config``: unknown keys are errors, and so
+    are values pydantic would coerce silently: ``steps: '3'`` (a string), ``steps: true``
+    (a bool taken for 1) and ``step_size: .nan`` (NaN compares false with every bound)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_silent_coercion(cls, given: Any) -> Any:
+        if not isinstance(given, dict):
+            return given
+        for name, value in given.items():
+            field = cls.model_fields.get(name)
+            if field is not None:
+                _check_number(name, value, _scalar_types(field.annotation))
+        return given
+
+
+def _scalar_types(annotation: Any) -> set[Any]:
+    """The scalar types of a field's annotation (``int | None`` -> {int, None})."""
+    args = get_args(annotation)
+    if get_origin(annotation) is Annotated:
+        return _scalar_types(args[0])
+    if args and get_origin(annotation) in (Union, UnionType):
+        return set().union(*(_scalar_types(a) for a in args))
+    return {annotation}
+
+
+def _check_number(name: str, value: Any, types: set[Any]) -> None:
+    numeric = {t for t in types if t in (int, float, "int", "float")}
+    if not numeric or str in types or "str" in types:
+        return
+    kind = "an integer" if numeric <= {int, "int"} else "a number"
+    if isinstance(value, bool) and bool not in types and "bool" not in types:
+        raise ValueError(f"{name} must be {kind}, not {str(value).lower()}")
+    if isinstance(value, str):
+        raise ValueError(f"{name} must be {kind}, not the string {value!r} (write it unquoted)")
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"{name} must be {kind}, not NaN")
 
 
 def describe_errors(exc: ValidationError) -> list[str]:
     """One 'field: problem (got value)' line per pydantic error (long values shortened)."""
-    return [
-        f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']} (got {_short(e.get('input'))})"
-        for e in exc.errors()
-    ]
+    return [_describe(e) for e in exc.errors()]
+
+
+def _describe(error: Any) -> str:
+    message = error["msg"].removeprefix("Value error, ")
+    if not error["loc"]:  # a check of the whole config names its field itself
+        return message
+    return f"{'.'.join(map(str, error['loc']))}: {message} (got {_short(error.get('input'))})"
 
 
 def _short(value: object, limit: int = 120) -> str:

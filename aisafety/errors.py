@@ -46,6 +46,10 @@ class IntegrityError(AISafetyError):
     """A shipped or downloaded file does not match its recorded checksum."""
 
 
+class TamperingError(AISafetyError):
+    """A model or plugin changed what the run shares (weights, data, cached results)."""
+
+
 class StoreError(AISafetyError):
     """The results database cannot be read or written (busy, missing, read-only)."""
 

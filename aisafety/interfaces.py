@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -72,18 +74,29 @@ class Direction(StrEnum):
 class ModelSpec(StrictModel):
     """A model to evaluate.
 
-    ``zoo``: a zoo name. ``checkpoint``: a state dict (``path``) and the ``architecture`` that
-    rebuilds it. ``torchscript``: a TorchScript archive. ``onnx``: an ONNX file, run by
-    onnxruntime (scores only) or, with ``gradients: true``, converted to PyTorch and checked
-    against onnxruntime. ``remote``: a model served over the Open Inference Protocol v2 at
-    ``url`` (scores only).
+    ``zoo``: a zoo name, or a model entry a plugin registers (``aisafety_models``).
+    ``checkpoint``: a state dict (``path``) and the ``architecture`` that rebuilds it (the
+    zoo's or a plugin's, ``aisafety_architectures``). ``python``: the ``nn.Module`` that
+    ``factory`` ("package.module:callable", called with ``kwargs``) returns, with an optional
+    state dict at ``path``; ``python_path`` folders are searched first (a plan file's folder
+    always is). ``export``: a ``torch.export`` archive (``.pt2``). ``torchscript``: a
+    TorchScript archive. ``onnx``: an ONNX file, run by onnxruntime (scores only) or, with
+    ``gradients: true``, converted to PyTorch and checked against onnxruntime. ``remote``: a
+    model served over the Open Inference Protocol v2 at ``url`` (scores only). ``object``:
+    the record of a module or predictor handed to ``aisafety.evaluate(model=...)``; it is
+    stored with the run but cannot be loaded from a plan file.
     """
 
     name: str = "mnist-cnn"
-    source: Literal["zoo", "checkpoint", "torchscript", "onnx", "remote"] = "zoo"
+    source: Literal[
+        "zoo", "checkpoint", "python", "export", "torchscript", "onnx", "remote", "object"
+    ] = "zoo"
     path: Path | None = None
     url: str | None = None
     architecture: str | None = None
+    factory: str | None = None
+    kwargs: dict[str, Any] | None = None
+    python_path: tuple[Path, ...] = ()
     gradients: bool = False
     input_shape: tuple[int, int, int] | None = None
     num_classes: int | None = Field(default=None, gt=1)
@@ -98,6 +111,16 @@ class ModelSpec(StrictModel):
     def _positive_shape(cls, value: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
         if value is not None and not all(0 < side <= 16384 for side in value):
             raise ValueError(f"input_shape is (C, H, W) with sides in 1..16384, got {value}")
+        return value
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, value: str | None) -> str | None:
+        module, _, attribute = (value or "").partition(":")
+        if value is not None and not (module and attribute and "." not in attribute[:1]):
+            raise ValueError(
+                f"factory is 'package.module:callable' (e.g. 'mynets:TinyResNet'), got {value!r}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -127,7 +150,9 @@ class ModelSpec(StrictModel):
     @model_validator(mode="after")
     def _source_needs(self) -> ModelSpec:
         needs = {
-            "checkpoint": ("path", "architecture", "input_shape"),
+            "checkpoint": ("path", "architecture"),
+            "python": ("factory", "input_shape"),
+            "export": ("path", "input_shape"),
             "torchscript": ("path", "input_shape"),
             "onnx": ("path",),
             "remote": ("url",),
@@ -144,10 +169,91 @@ class ModelSpec(StrictModel):
 _MODEL_FIELDS_USED = {
     "zoo": {"name"},
     "checkpoint": {"name", "path", "architecture", "input_shape", "num_classes", "mean", "std"},
+    "python": {
+        "name",
+        "factory",
+        "kwargs",
+        "python_path",
+        "path",
+        "input_shape",
+        "num_classes",
+        "mean",
+        "std",
+    },
+    "export": {"name", "path", "input_shape", "num_classes", "mean", "std"},
+    "object": {"name", "input_shape", "num_classes"},
     "torchscript": {"name", "path", "input_shape", "num_classes", "mean", "std"},
     "onnx": {"name", "path", "gradients", "input_shape", "num_classes", "mean", "std"},
     "remote": {"name", "url", "input_shape", "num_classes", "timeout", "retries"},
 }
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A network a plan can name (``architecture: NAME`` with a ``checkpoint`` state dict),
+    returned by the ``aisafety_architectures`` hook.
+
+    ``factory()`` builds the untrained ``torch.nn.Module``; ``input_shape`` (C, H, W) and
+    ``num_classes`` are what it takes and gives, and ``mean``/``std`` the per-channel
+    normalisation its weights expect when it is not inside the module (a plan's own values
+    win). A record that breaks these rules raises here, inside the plugin's hook, so the
+    plugin is reported as failed (``aisafety plugins``) and the others still load.
+    """
+
+    name: str
+    factory: Callable[[], Any]
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"an architecture needs a non-empty name, got {self.name!r}")
+        if not callable(self.factory):
+            raise TypeError(f"architecture {self.name!r}: factory {self.factory!r} is not callable")
+        shape = tuple(self.input_shape)
+        if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
+            raise ValueError(f"architecture {self.name!r}: input_shape is (C, H, W), got {shape}")
+        if not isinstance(self.num_classes, int) or self.num_classes < 2:
+            raise ValueError(f"architecture {self.name!r}: num_classes {self.num_classes!r} < 2")
+        for field in ("mean", "std"):
+            value = getattr(self, field)
+            if value is not None and len(value) not in (1, shape[0]):
+                raise ValueError(
+                    f"architecture {self.name!r}: {field} has {len(value)} values for "
+                    f"{shape[0]} channel(s)"
+                )
+        if self.std is not None and any(v <= 0 for v in self.std):
+            raise ValueError(f"architecture {self.name!r}: std must be > 0, got {self.std}")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A named model a plan can load by name alone (``model: {name: NAME}``), returned by
+    the ``aisafety_models`` hook: ``spec`` says how to load it (a ``checkpoint`` of one of the
+    plugin's architectures, a ``python`` factory, an archive); its ``name`` is the entry's."""
+
+    name: str
+    spec: ModelSpec
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a model entry needs a non-empty name, got {self.name!r}")
+        if not isinstance(self.spec, ModelSpec):
+            raise TypeError(f"model entry {self.name!r}: spec must be a ModelSpec")
+        if self.spec.source == "zoo":
+            raise ValueError(
+                f"model entry {self.name!r}: spec.source 'zoo' would load another entry by "
+                "name; give the checkpoint, python or archive source that loads this one"
+            )
+
+    def model_spec(self) -> ModelSpec:
+        """The spec to load, named as the entry."""
+        return self.spec.model_copy(update={"name": self.name})
+
 
 # Seeds go to torch, numpy and SQLite (a signed 64-bit integer column).
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
@@ -194,18 +300,35 @@ Budgets = Annotated[
 ]
 
 
-class ThreatModel(StrictModel):
-    """The norm and the budgets an attack is run at."""
+def _bare_name(name: str) -> str:
+    """``'fgsm '`` was looked up as ``fgsm`` in one place and stored as typed in another."""
+    if name != name.strip() or not name:
+        raise ValueError(
+            f"name {name!r} has spaces around it (or is empty); write {name.strip()!r}"
+        )
+    return name
 
-    norm: Norm = Norm.LINF
-    eps: Budgets = (0.1,)
+
+PluginName = Annotated[str, AfterValidator(_bare_name)]
+
+
+def _no_nan(config: dict[str, Any]) -> dict[str, Any]:
+    """A NaN setting compares false with every bound, and a plan's JSON copy turns it into
+    null (``step_size: .nan`` was stored as None, the default): refused by name."""
+    for key, value in config.items():
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"config {key}: NaN is not a setting; give a number")
+    return config
+
+
+PluginSettings = Annotated[dict[str, Any], AfterValidator(_no_nan)]
 
 
 class AttackSpec(StrictModel):
     """One attack with its configuration and budgets."""
 
-    name: str
-    config: dict[str, Any] = Field(default_factory=dict)
+    name: PluginName
+    config: PluginSettings = Field(default_factory=dict)
     eps: Budgets = (0.1,)
 
     @property
@@ -217,8 +340,8 @@ class AttackSpec(StrictModel):
 class DefenseSpec(StrictModel):
     """An input defense wrapped around the model."""
 
-    name: str
-    config: dict[str, Any] = Field(default_factory=dict)
+    name: PluginName
+    config: PluginSettings = Field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -234,8 +357,8 @@ def defended_name(model: str, defenses: tuple[DefenseSpec, ...]) -> str:
 
 
 class MetricSpec(StrictModel):
-    name: str
-    config: dict[str, Any] = Field(default_factory=dict)
+    name: PluginName
+    config: PluginSettings = Field(default_factory=dict)
 
 
 SEVERITY_TABLES = ("auto", "cifar10-c", "tiny-imagenet-c", "imagenet-c")
@@ -268,6 +391,21 @@ class WorkLimits(StrictModel):
     steps: int = Field(default=100_000, gt=0, strict=True)
     queries: int = Field(default=1_000_000, gt=0, strict=True)
     restarts: int = Field(default=1_000, gt=0, strict=True)
+    # how many runs ``seeds:`` may ask for
+    seeds: int = Field(default=100, gt=0, strict=True)
+    # random draws per image (smoothing's n and n0, a smoothing defense's samples, SPSA's)
+    samples: int = Field(default=1_000_000, gt=0, strict=True)
+    # expectation-over-transformation copies of each input per gradient
+    eot_samples: int = Field(default=1_000, gt=0, strict=True)
+    # candidates per image per update of a population attack (NAttack)
+    population: int = Field(default=100_000, gt=0, strict=True)
+    # target classes of a targeted attack (also never more than the model's classes - 1)
+    targets: int = Field(default=1_000, gt=0, strict=True)
+    # the largest tensor a setting implies (batch x copies x image), in GiB; None: the
+    # machine's memory. Refused before it is allocated, naming the setting.
+    memory_gib: float | None = Field(default=None, gt=0)
+    # a local model's forward pass that has not returned after this long ends its unit
+    forward_seconds: float = Field(default=3600.0, gt=0)
 
 
 class ExecutorSpec(StrictModel):
@@ -360,6 +498,40 @@ class EvaluationPlan(StrictModel):
             raise ValueError(f"seeds must be a non-empty list of distinct integers, got {value}")
         return value
 
+    @model_validator(mode="after")
+    def _seed_or_seeds(self) -> EvaluationPlan:
+        """``seed`` beside ``seeds`` was ignored without a word."""
+        if self.seeds is not None and "seed" in self.model_fields_set:
+            raise ValueError(
+                f"the plan gives both seed ({self.seed}) and seeds ({list(self.seeds)}); seeds "
+                "runs the plan once per seed, so give one of them"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _nothing_twice(self) -> EvaluationPlan:
+        """``metrics: [ca, ca]`` stored every value twice."""
+        for kind, specs in (("metric", self.metrics), ("attack", self.attacks)):
+            keys = [spec.key() for spec in specs]
+            twice = [spec for spec, key in zip(specs, keys, strict=True) if keys.count(key) > 1]
+            if twice:
+                raise ValueError(
+                    f"{kind} {twice[0].name!r} is listed twice with the same settings; "
+                    "list it once (give the copies different config to run variants)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _seeds_within_limits(self) -> EvaluationPlan:
+        """``seeds:`` runs the plan once per entry: 5,000 entries are 5,000 runs."""
+        if self.seeds is not None and len(self.seeds) > self.limits.seeds:
+            raise ValueError(
+                f"seeds holds {len(self.seeds):,} seeds, above the limit of "
+                f"{self.limits.seeds:,} runs; if you mean it, raise it in the plan: "
+                f"'limits: {{seeds: {len(self.seeds)}}}'"
+            )
+        return self
+
     @field_validator("attacks", "metrics", "defenses", mode="before")
     @classmethod
     def _names_as_specs(cls, value: Any) -> Any:
@@ -369,13 +541,48 @@ class EvaluationPlan(StrictModel):
         return value
 
 
-# The MetricValue details key whose list of per-sample dicts the store writes as
-# verification_samples rows (verdict, margin, seconds of each sample of a certificate).
-SAMPLES_DETAILS_KEY = "samples"
+class SampleVerdict(StrictModel):
+    """One sample under a certified metric; the store writes it as a
+    ``verification_samples`` row."""
+
+    sample_index: int
+    label: int
+    verdict: str  # certified / falsified / unknown / timeout; "radius" for a certified radius
+    margin: float | None  # the proved lower bound of the margin (the radius for "radius")
+    seconds: float | None
+    attack: dict[str, Any] = Field(default_factory=dict)  # the upper-bound attack on it
+
+
+class SmoothingCertificates(StrictModel):
+    """Randomized smoothing's certificate of each image at one setting (``setting``: the
+    hash of the noise, samples and alpha); the store writes them once per setting as
+    ``smoothing_certificates`` rows, however many metrics read them. One entry per image
+    in every column; ``prediction`` -1: abstained."""
+
+    setting: str
+    norm: str
+    sample_index: tuple[int, ...]
+    label: tuple[int, ...]
+    prediction: tuple[int, ...]
+    p_a_lower: tuple[float, ...]
+    radius: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    @model_validator(mode="after")
+    def _one_per_image(self) -> SmoothingCertificates:
+        columns = (self.label, self.prediction, self.p_a_lower, self.radius, self.seconds)
+        if any(len(c) != len(self.sample_index) for c in columns):
+            raise ValueError("every column of the certificates needs one entry per image")
+        return self
 
 
 class MetricValue(StrictModel):
-    """One number a metric produced, with what it was computed on."""
+    """One number a metric produced, with what it was computed on.
+
+    ``details``: free-form extras stored as JSON with the value. Per-sample records the
+    store writes to tables of their own are typed fields: ``verdicts`` (certified metrics)
+    and ``smoothing_certificates`` (randomized smoothing).
+    """
 
     metric: str
     value: float
@@ -386,6 +593,8 @@ class MetricValue(StrictModel):
     eps: float | None = None
     n_samples: int
     details: dict[str, Any] = Field(default_factory=dict)
+    verdicts: tuple[SampleVerdict, ...] = ()
+    smoothing_certificates: SmoothingCertificates | None = None
 
 
 class RunRecord(StrictModel):

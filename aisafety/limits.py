@@ -8,15 +8,27 @@ refuses them before any work, naming the attack, the value and the fix.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Norm, WorkLimits
 
+GIB = 1 << 30
 
-def limit_kind(field: str) -> str | None:
-    """Which limit a config field counts against, from its name (plugins included)."""
+
+def limit_kind(field: str, draws: bool = True) -> str | None:
+    """Which limit a config field counts against, from its name (plugins included);
+    ``draws``: whether ``samples`` counts random draws (not a metric's subset size)."""
     name = field.lower()
+    if "eot" in name:
+        return "eot_samples"
+    if "population" in name:
+        return "population"
+    if name.startswith("n_") and "target" in name:
+        return "targets"
+    if name in ("n", "n0") or (draws and name == "samples"):
+        return "samples"
     if "restart" in name:
         return "restarts"
     if "quer" in name:
@@ -26,17 +38,68 @@ def limit_kind(field: str) -> str | None:
     return None
 
 
-def check_work_limits(spec: AttackSpec, config: object, limits: WorkLimits) -> None:
-    """Every steps/queries/restarts setting of ``config`` is within ``limits``."""
+def _counts(config: object, draws: bool = True) -> Iterable[tuple[str, str, int]]:
+    """(field, limit kind, value) of every integer setting of ``config`` a limit covers."""
     for field, value in dict(config).items() if config is not None else ():
-        kind = limit_kind(field)
-        if kind is None or isinstance(value, bool) or not isinstance(value, int):
-            continue
+        kind = limit_kind(field, draws)
+        if kind is not None and isinstance(value, int) and not isinstance(value, bool):
+            yield field, kind, value
+
+
+def check_work_limits(
+    spec: AttackSpec | str, config: object, limits: WorkLimits, draws: bool = True
+) -> None:
+    """Every count ``config`` sets (steps, queries, restarts, draws, EOT copies, population,
+    targets) is within ``limits``; ``spec`` is the attack, or a label such as "metric 'x'"."""
+    label = spec if isinstance(spec, str) else f"attack {spec.name!r}"
+    for field, kind, value in _counts(config, draws):
         bound = getattr(limits, kind)
         if value > bound:
             raise ConfigError(
-                f"attack {spec.name!r}: {field} = {value:,} is above the limit of {bound:,} "
+                f"{label}: {field} = {value:,} is above the limit of {bound:,} "
                 f"{kind}; if you mean it, raise it in the plan: 'limits: {{{kind}: {value}}}'"
+            )
+
+
+def machine_memory() -> int:
+    """The machine's physical memory in bytes (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_memory(
+    label: str, config: object, limits: WorkLimits, batch_size: int, input_shape: Iterable[int]
+) -> None:
+    """Refuse, before anything is allocated, a setting whose copies of the inputs would not
+    fit: EOT copies of a whole batch, or one image's population of candidates (float32)."""
+    shape = tuple(input_shape)
+    image = math.prod(shape) * 4
+    cap = limits.memory_gib * GIB if limits.memory_gib is not None else machine_memory()
+    for field, kind, value in _counts(config):
+        if kind == "eot_samples":
+            need, what = batch_size * value * image, f"{batch_size} images x {value:,} copies"
+        elif kind == "population":
+            need, what = value * image, f"{value:,} candidates of one image"
+        else:
+            continue
+        if cap and need > cap:
+            raise ConfigError(
+                f"{label}: {field} = {value:,} needs about {need / GIB:,.1f} GiB ({what} of "
+                f"shape {shape}, float32), above the {cap / GIB:,.1f} GiB limit "
+                "(limits.memory_gib, default this machine's memory); lower it or batch_size, "
+                f"or raise 'limits: {{memory_gib: ...}}' if the memory is there"
+            )
+
+
+def check_targets(label: str, config: object, num_classes: int) -> None:
+    """A targeted attack has at most ``num_classes - 1`` classes to aim at."""
+    for field, kind, value in _counts(config):
+        if kind == "targets" and value > num_classes - 1:
+            raise ConfigError(
+                f"{label}: {field} = {value} but the model has {num_classes} classes, so at "
+                f"most {num_classes - 1} targets; use {field}: {num_classes - 1} or less"
             )
 
 
@@ -56,7 +119,7 @@ def check_budgets(spec: AttackSpec, norm: Norm | None, input_shape: Iterable[int
         if eps > bound:
             hint = f" (on the 0-255 scale {eps:g} is {eps / 255:.4g})" if eps >= 1 else ""
             raise ConfigError(
-                f"attack {spec.name!r}: budget eps={eps:g} exceeds {bound:g}, the largest "
+                f"attack {spec.name!r}: budget eps={eps!r} exceeds {bound:.10g}, the largest "
                 f"{norm.value} distance between two images of shape {shape} in [0, 1]; budgets "
                 f"are in the [0, 1] pixel scale{hint}"
             )

@@ -9,7 +9,6 @@ about by the commands that run plans.
 
 from __future__ import annotations
 
-import sys
 import traceback
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -22,6 +21,7 @@ import pluggy
 from aisafety import hookspecs
 from aisafety.defense.training.base import TrainingDefense
 from aisafety.errors import ConfigError, PluginError, UnknownNameError
+from aisafety.interfaces import Architecture, ModelEntry
 
 KINDS = {
     "attack": "aisafety_attacks",
@@ -31,7 +31,11 @@ KINDS = {
     "dataset": "aisafety_datasets",
     "verifier": "aisafety_verifiers",
     "report_section": "aisafety_report_sections",
+    "architecture": "aisafety_architectures",
+    "model": "aisafety_models",
 }
+# Kinds whose hooks return records (instances), not classes: the record type each must be.
+RECORDS = {"architecture": Architecture, "model": ModelEntry}
 BUILTIN = "aisafety.builtin"
 
 
@@ -85,19 +89,33 @@ class Registry:
             return cls(*args, config, registry=self)
         return cls(*args, config)
 
-    def add(self, kind: str, cls: type, source: str, origin: str = "") -> None:
+    def add(self, kind: str, cls: type, source: str, origin: str = "") -> bool:
         """Register ``cls``; a name taken already keeps its first owner (built-ins load
-        first), and the clash is recorded as a failure of ``source`` instead of stopping
-        every command."""
-        name = getattr(cls, "name", None)
-        if not isinstance(name, str) or not name:
-            raise PluginError(f"plugin {source!r} gives a {kind} class {cls!r} without a 'name'")
+        first). A clash, a class of the wrong base or one without a name, or a record of the
+        wrong type, is recorded as a failure of ``source`` instead of stopping every command.
+        True if registered."""
         label = kind.replace("_", " ")
-        problem = _misfiled_defense(kind, cls)
+        if kind in RECORDS and not isinstance(cls, RECORDS[kind]):
+            record = RECORDS[kind].__name__
+            problem = (
+                f"{KINDS[kind]} of {source!r} returned {cls!r}, which is skipped; return "
+                f"aisafety.plugin.{record} records"
+            )
+            self.failures.append(PluginFailure(source, origin or source, problem))
+            return False
+        name = getattr(cls, "name", None)
+        problem = _misfiled_defense(kind, cls) or _wrong_base(kind, cls)
+        if not problem and (not isinstance(name, str) or not name):
+            problem = (
+                f"plugin {source!r} gives a {label} class {cls!r} without a 'name', and it "
+                "is skipped; give the class a 'name' string"
+            )
         taken = [
-            other for other in _SHARED_NAMESPACE.get(kind, (kind,)) if name in self.classes[other]
+            other
+            for other in _SHARED_NAMESPACE.get(kind, (kind,))
+            if isinstance(name, str) and name in self.classes[other]
         ]
-        if taken:
+        if taken and not problem:
             problem = (
                 f"{label} {name!r} is registered twice: by {self.sources[taken[0]][name]!r} and "
                 f"by {source!r}; {source!r}'s {label} is skipped. Rename it or uninstall "
@@ -105,9 +123,10 @@ class Registry:
             )
         if problem:
             self.failures.append(PluginFailure(source, origin or source, problem))
-            return
+            return False
         self.classes[kind][name] = cls
         self.sources[kind][name] = source
+        return True
 
 
 # Input and training defenses are listed together (``aisafety list defenses``): one namespace.
@@ -134,6 +153,20 @@ def _misfiled_defense(kind: str, cls: type) -> str | None:
     return None
 
 
+def _wrong_base(kind: str, cls: type) -> str | None:
+    """Why ``cls`` cannot be a ``kind``, or None: each hook takes subclasses of the base its
+    return annotation names (``hookspecs.hook_bases``)."""
+    hook = KINDS[kind]
+    base = hookspecs.hook_bases().get(hook)
+    if base is None or (isinstance(cls, type) and issubclass(cls, base)):
+        return None
+    return (
+        f"{cls!r} is returned from {hook}, which takes {base.__name__} subclasses only "
+        f"(from aisafety.plugin), and is skipped; subclass {base.__name__} or return it "
+        "from the hook of its kind"
+    )
+
+
 def _entry_point_plugins() -> list[tuple[str, str, ModuleType | None, str | None]]:
     """(name, origin, module or None, traceback or None) for each ``aisafety`` entry point."""
     found = []
@@ -142,8 +175,10 @@ def _entry_point_plugins() -> list[tuple[str, str, ModuleType | None, str | None
         origin = f"{dist.name} {dist.version}" if dist else ep.value
         try:
             found.append((ep.name, origin, ep.load(), None))
-        except Exception:  # a broken plugin must not take the others down
-            found.append((ep.name, origin, None, traceback.format_exc()))
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # a broken plugin (even one calling sys.exit) must not take
+            found.append((ep.name, origin, None, traceback.format_exc()))  # the others down
     return found
 
 
@@ -175,28 +210,51 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
         for kind, hook in KINDS.items():
             for impl in getattr(manager.hook, hook).get_hookimpls():
                 if impl.plugin_name == name:
-                    provides[kind] = list(impl.function() or [])
-    except Exception:
+                    provides[kind] = _classes(kind, hook, impl.function())
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # SystemExit or junk from a hook disables this plugin only
         if registered:
             manager.unregister(module)
         registry.failures.append(PluginFailure(name, origin, traceback.format_exc()))
         return
+    names: dict[str, list[str]] = {}
     for kind, classes in provides.items():
         for cls in classes:
-            registry.add(kind, cls, name, origin)
-    names = {kind: [c.name for c in classes] for kind, classes in provides.items()}
+            if registry.add(kind, cls, name, origin):
+                names.setdefault(kind, []).append(cls.name)
     registry.plugins.append(PluginInfo(name, origin, names))
 
 
-def warn_failures(registry: Registry) -> None:
-    """One line per broken or clashing plugin on stderr (details: ``aisafety plugins``)."""
+def _classes(kind: str, hook: str, returned: object) -> list:
+    """What a hook returned, checked: a list of classes with a ``name`` (of ``RECORDS``
+    records, for the kinds whose hooks return records)."""
+    what = f"aisafety.plugin.{RECORDS[kind].__name__} records" if kind in RECORDS else (
+        f"{kind} classes, each with a 'name' (a str class attribute)"
+    )  # fmt: skip
+    if returned is None:
+        return []
+    if isinstance(returned, str | bytes) or not hasattr(returned, "__iter__"):
+        raise PluginError(f"hook {hook} returned {returned!r}; return a list of {what}")
+    items = list(returned)
+    for item in items:
+        shaped = isinstance(item, RECORDS[kind]) if kind in RECORDS else isinstance(item, type)
+        if not shaped or not isinstance(getattr(item, "name", None), str):
+            raise PluginError(f"hook {hook} returned {item!r} among its {kind}s; return {what}")
+    return items
+
+
+def failure_warnings(registry: Registry) -> list[str]:
+    """One warning line per broken or clashing plugin (details: ``aisafety plugins``); the
+    command line prints them on stderr."""
+    lines = []
     for failure in registry.failures:
         last = failure.error.strip().splitlines()[-1] if failure.error.strip() else "?"
-        print(
+        lines.append(
             f"warning: plugin {failure.name!r} ({failure.origin}): {last} "
-            "(details: aisafety plugins)",
-            file=sys.stderr,
+            "(details: aisafety plugins)"
         )
+    return lines
 
 
 @lru_cache(maxsize=1)

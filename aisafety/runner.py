@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import traceback
 import warnings
 from dataclasses import dataclass
 
@@ -17,12 +18,22 @@ import torch
 
 from aisafety.attack.base import Attack
 from aisafety.corruption.plan import warn_corruption_as_attack
+from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
 from aisafety.defense.obfuscation import warn_obfuscation
-from aisafety.errors import AISafetyWarning, CapabilityError, PluginError
-from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
+from aisafety.errors import (
+    AISafetyError,
+    AISafetyWarning,
+    CapabilityError,
+    ConfigError,
+    PluginError,
+    StoreError,
+    TamperingError,
+)
+from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric, checked_values
 from aisafety.evaluation.context import EvaluationContext
+from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.reference import missing_reference
 from aisafety.interfaces import (
     AttackFamily,
@@ -34,10 +45,11 @@ from aisafety.interfaces import (
     MetricValue,
     RunRecord,
 )
-from aisafety.limits import check_budgets, check_work_limits
+from aisafety.limits import check_budgets, check_memory, check_targets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.memory import reuse_freed_memory
 from aisafety.plugins import Registry, default_registry
+from aisafety.prediction.base import Predictor
 from aisafety.progress import RunProgress
 from aisafety.version import __version__
 
@@ -69,6 +81,7 @@ class Prepared:
     subject: Subject
     context: EvaluationContext
     device: torch.device
+    integrity: RunIntegrity | None = None  # fingerprints of the shared state, on first use
 
 
 ACCURACY_METRICS = ("robust-accuracy", "aaw", "aab")  # robust accuracy, by attack family
@@ -90,11 +103,6 @@ def warn_unmeasured_attacks(attacks, metrics: list[Metric]) -> None:
                 AISafetyWarning,
                 stacklevel=3,
             )
-
-
-def _as_list(values: MetricValue | list[MetricValue]) -> list[MetricValue]:
-    """Per-layer metrics return one value per layer; the others a single value."""
-    return values if isinstance(values, list) else [values]
 
 
 def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationPlan:
@@ -121,8 +129,13 @@ class Runner:
         registry: Registry | None = None,
         resume: bool = False,
         quiet: bool = False,
+        model: tuple[Predictor, str] | None = None,
+        data: LoadedDataset | None = None,
     ):
+        """``model`` (a predictor and its fingerprint) and ``data`` replace the plan's model
+        and dataset when given (``aisafety.evaluate(model=..., data=...)``)."""
         self.registry = registry or default_registry()
+        self.given_model, self.given_data = model, data
         self.plan = plan = with_plan_precision(plan, self.registry)
         self.store = store
         self.resume = resume
@@ -151,6 +164,9 @@ class Runner:
 
     def _make_metric(self, spec: MetricSpec) -> Metric:
         metric = self.registry.create("metric", spec.name, spec.config)
+        check_work_limits(
+            f"metric {spec.name!r}", getattr(metric, "config", None), self.plan.limits, False
+        )
         if not isinstance(metric, CleanMetric | AttackMetric):
             source = self.registry.sources["metric"].get(spec.name, "?")
             raise PluginError(
@@ -166,13 +182,15 @@ class Runner:
         plan = self.plan
         done = self.store.finished_units() if self.resume else set()
         values: list[MetricValue] = []
+        failed: list[str] = []
         resumed = 0
         run_id = self.store.start_run(plan, __version__, str(prepared.device))
-        status = "failed"
+        status, completed = "failed", False
         try:  # from start_run on: whatever happens, finish_run stops the run's heartbeat
             units = self.work_units(prepared.subject)
             progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
             with terminate_as_interrupt(), progress:
+                self._check_clean_pass(prepared)
                 for unit in units:
                     if unit.key in done:
                         values += self.store.unit_values(unit.key)
@@ -180,34 +198,88 @@ class Runner:
                         progress.resume(unit.key)
                         continue
                     progress.start(unit.key)
-                    values += self.compute(prepared, unit, run_id)
+                    try:
+                        values += self.compute(prepared, unit, run_id)
+                    except TamperingError as exc:  # nothing of it is stored; the rest goes on
+                        self.store.record_failure(run_id, unit.key, unit.description, str(exc))
+                        failed.append(f"{unit.description}: {exc}")
+                        progress.fail(unit.key, str(exc))
+                        continue
                     progress.finish(unit.key)
-            status = "finished"
+            status = "failed" if failed else "finished"
+            completed = True
         except KeyboardInterrupt:
             status = "interrupted"
             raise
+        except Exception as exc:
+            if getattr(exc, "failed_in", None) is not None:  # its traceback, kept
+                self._record_crash(run_id, exc)
+            raise
         finally:
-            self.store.finish_run(run_id, status)
+            self._finish_run(run_id, status, completed)
         return RunRecord(
             run_id=run_id,
             plan=plan,
             platform_version=__version__,
             values=tuple(values),
             resumed_units=resumed,
+            failed_units=tuple(failed),
         )
+
+    def _record_crash(self, run_id: int, exc: Exception) -> None:
+        """The crashed unit and its traceback in ``unit_failures`` (``--resume`` computes
+        it again); the exception itself goes on ending the run."""
+        unit = getattr(exc, "failed_unit", None)
+        if unit is None:
+            return
+        details = "".join(traceback.format_exception(exc))
+        try:
+            self.store.record_failure(run_id, unit.key, unit.description, details)
+        except StoreError as error:  # the crash, not the database, is what to show
+            warnings.warn(str(error), AISafetyWarning, stacklevel=2)
+
+    def _finish_run(self, run_id: int, status: str, completed: bool) -> None:
+        """Mark the run; when an error is already ending it (a database server that stayed
+        away), failing to mark it must not hide that error: it is warned about instead."""
+        try:
+            self.store.finish_run(run_id, status)
+        except StoreError as exc:
+            if completed:
+                raise
+            warnings.warn(f"{exc} (the run stays 'running' until the next run marks it)",
+                          AISafetyWarning, stacklevel=2)  # fmt: skip
+
+    def _check_clean_pass(self, prepared: Prepared) -> None:
+        """The clean outputs, computed before any plugin runs, with the model's first
+        forward passes checked: a model that changes its inputs or weights fails here."""
+        integrity = self._integrity(prepared)
+        prepared.context.clean_logits  # noqa: B018 - computed now, under the check below
+        integrity.check(f"model {prepared.context.predictor.name!r} (the clean forward pass)")
+
+    def _integrity(self, prepared: Prepared) -> RunIntegrity:
+        """The fingerprints of ``prepared``'s shared state (taken on first use)."""
+        if prepared.integrity is None:
+            prepared.integrity = RunIntegrity(prepared.context)
+        return prepared.integrity
 
     def prepare(self) -> Prepared:
         """Model, reference, data and the evaluation context, checked before any work."""
         plan = self.plan
         torch.manual_seed(plan.seed)
         device = resolve_device(plan.device)
-        predictor, weights = load_model(plan.model, device)
+        predictor, weights = self.given_model or load_model(plan.model, device, self.registry)
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
         warn_obfuscation(predictor, self.attacks.values())
         reference = None
         if plan.reference_model is not None:  # the undefended baseline: no plan defenses
-            reference, self._reference_fingerprint = load_model(plan.reference_model, device)
-        data = load_data(plan.dataset, self.registry)
+            reference, self._reference_fingerprint = load_model(
+                plan.reference_model, device, self.registry
+            )
+        self._check_sizes(predictor)
+        for model in (predictor, reference):  # a forward pass that never returns ends
+            if model is not None:  # its unit (prediction/watch.py)
+                model.forward_timeout = plan.limits.forward_seconds
+        data = self._data()
         self._check_capabilities(predictor)
         for attack in self.attacks.values():  # bf16 where the device has none: fail now
             attack.search_predictor(predictor)
@@ -228,11 +300,43 @@ class Runner:
         )
         context = EvaluationContext(
             predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet,
-            load_profile=lambda: load_data(self._profile_spec(), self.registry),
+            load_profile=self._profile_data,
             reference=reference, seed=plan.seed, corruptions=plan.corruptions,
             shard_size=plan.shard_size,
         )  # fmt: skip
         return Prepared(subject, context, device)
+
+    def _check_sizes(self, predictor) -> None:
+        """Counts that only the model's shape makes too large, refused before any work: the
+        memory EOT copies or a population would take, targets beyond the model's classes,
+        and the input defenses' counts."""
+        limits, batch = self.plan.limits, self.plan.batch_size
+        for attack in self.attacks.values():
+            label, config = f"attack {attack.name!r}", getattr(attack, "config", None)
+            check_memory(label, config, limits, batch, predictor.input_shape)
+            check_targets(label, config, predictor.num_classes)
+        layer = predictor
+        while hasattr(layer, "inner"):  # the input defenses, outermost first
+            label, config = f"defense {type(layer).name!r}", getattr(layer, "config", None)
+            check_work_limits(label, config, limits)
+            check_memory(label, config, limits, batch, predictor.input_shape)
+            layer = layer.inner
+
+    def _data(self) -> LoadedDataset:
+        """The plan's dataset, or the data handed in, subset as the plan's dataset says."""
+        if self.given_data is None:
+            return load_data(self.plan.dataset, self.registry)
+        spec = self.plan.dataset
+        if spec.sampling == "uniform":
+            return self.given_data.uniform_subset(spec.limit, spec.seed)
+        return self.given_data.balanced_subset(spec.limit, spec.seed)
+
+    def _profile_data(self) -> LoadedDataset:
+        """Neuron bounds' data: the plan's profile set; for data handed in without one, that
+        data itself (there is no training split to read)."""
+        if self.given_data is not None and self.plan.profile_dataset is None:
+            return self.given_data
+        return load_data(self._profile_spec(), self.registry)
 
     def _profile_spec(self) -> DatasetSpec:
         """The data neuron bounds come from: the plan's, else the whole train split."""
@@ -323,19 +427,55 @@ class Runner:
     def compute(self, prepared: Prepared, unit: WorkUnit, run_id: int) -> list[MetricValue]:
         """Compute one unit and store it in one transaction: the same code on every executor
         (on Ray, the attack's shards may have been handed to the context already)."""
+        integrity = self._integrity(prepared)
+        try:
+            return self._compute(prepared, unit, run_id, integrity)
+        except TamperingError:
+            integrity.restore()  # the next unit computes on what a run without it would
+            raise
+        except AISafetyError:
+            raise
+        except Exception as exc:  # torch.OutOfMemoryError included
+            reason = (str(exc).strip().splitlines() or [""])[0][:300]
+            if isinstance(exc, RuntimeError) and "allocate" in reason:
+                raise ConfigError(
+                    f"{unit.description}: out of memory ({reason}); lower batch_size, or the "
+                    "setting that multiplies the inputs (eot_samples, population, samples), or "
+                    "give a smaller limits.memory_gib so that such settings are refused up front"
+                ) from None
+            # a bug in a plugin (or the model): the run ends as before, and the command line
+            # names the call instead of printing a traceback (cli.py, docs/reliability.md)
+            exc.failed_in = integrity.calling or unit.description  # type: ignore[attr-defined]
+            exc.failed_unit = unit  # type: ignore[attr-defined]
+            raise
+        finally:
+            integrity.end_unit()
+
+    def _compute(
+        self, prepared: Prepared, unit: WorkUnit, run_id: int, integrity: RunIntegrity
+    ) -> list[MetricValue]:
+        """One unit, each plugin call followed by the integrity check naming it."""
         ctx, subject = prepared.context, prepared.subject
+        checked = integrity.checked
         if unit.attack is None:
-            metrics = self._clean_metrics(unit.metrics)
+            values = []
             with reuse_freed_memory():  # the unit's large temporaries (``memory.py``)
-                values = [v for m in metrics for v in _as_list(m.compute(ctx))]
+                for m in self._clean_metrics(unit.metrics):
+                    values += checked_values(
+                        m, checked(f"metric {m.label()!r}", lambda m=m: m.compute(ctx))
+                    )
             self.store.record_unit(run_id, unit.key, unit.description, subject, values, __version__)
             return values
         spec, eps = unit.attack, unit.eps
+        values = []
         with reuse_freed_memory():
-            result = ctx.adversarial(spec, eps)
-            values = [
-                v for m in self._attack_metrics(spec) for v in _as_list(m.compute(ctx, spec, eps))
-            ]
+            result = checked(
+                f"attack {spec.label!r} at eps={eps:g}", lambda: ctx.adversarial(spec, eps)
+            )
+            integrity.watch_result(f"{spec.label} eps={eps:g}", result)
+            for m in self._attack_metrics(spec):
+                who = f"metric {m.label()!r} (on {spec.label} eps={eps:g})"
+                values += checked_values(m, checked(who, lambda m=m: m.compute(ctx, spec, eps)))
         family = self.attacks[spec.key()].family.value
         self.store.record_unit(
             run_id, unit.key, unit.description, subject, values, __version__, (spec, family, result)

@@ -3,6 +3,10 @@ through ``aisafety evaluate`` as a user would, and writes through ``aisafety que
 
     python bench/reliability.py      # AISAFETY_SHARED_DATA=folder: where mnist/ lies
 
+The cases of issue #35 (plugins, special files, network bounds, PostgreSQL queries) are in
+``bench/reliability_iii.py``; the summary counts every case as clear / unclear / traceback
+/ runaway / silent / corrupted (or a valid control accepted).
+
 Each case is classified as: a clear error (exit 2, one ``error:`` line, no traceback), a
 traceback (any other exception), a silent acceptance (exit 0 for an input that is wrong), a
 runaway (still running after 60 s), or accepted (a valid control). Targets: 0 tracebacks,
@@ -310,22 +314,33 @@ def query_cases(folder: Path) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+# The outcomes of the cases above in the categories of issue #35 (Reliability III).
+CATEGORY = {
+    "clear error": "clear", "accepted": "valid ok", "silent acceptance": "silent",
+    "error on a valid input": "unclear", "traceback": "traceback", "runaway": "runaway",
+}  # fmt: skip
+COLUMNS = ("clear", "unclear", "traceback", "runaway", "silent", "corrupted", "valid ok")
+
+
 def main_() -> None:
+    from reliability_iii import all_cases  # beside this file
+
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        rows = run_cases(folder) + query_cases(folder)
+        rows = [(g, label, CATEGORY[o], line) for g, label, o, line in run_cases(folder)]
+        rows += [(g, label, CATEGORY[o], line) for g, label, o, line in query_cases(folder)]
+        rows += all_cases(folder)
     width = max(len(r[1]) for r in rows)
     for _group, label, outcome, line in rows:
-        print(f"{label[:width]:<{width}}  {outcome:<18} {line[:110]}")
-    print()
-    for group in dict.fromkeys(r[0] for r in rows):
-        outcomes = [r[2] for r in rows if r[0] == group]
-        counts = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
-        print(f"{group:<6} {len(outcomes):>3} cases: {counts}")
-    bad = [r for r in rows if r[2] in ("traceback", "silent acceptance", "runaway",
-                                       "error on a valid input")]  # fmt: skip
-    print(f"\ntracebacks, silent acceptances, runaways, valid inputs refused: {len(bad)}")
+        print(f"{label[:width]:<{width}}  {outcome:<10} {line[:110]}")
+    print(f"\n{'group':<8}{'cases':>6}" + "".join(f"{c:>11}" for c in COLUMNS))
+    for group in [*dict.fromkeys(r[0] for r in rows), None]:
+        outcomes = [r[2] for r in rows if group is None or r[0] == group]
+        counts = "".join(f"{outcomes.count(c):>11}" for c in COLUMNS)
+        print(f"{group or 'all':<8}{len(outcomes):>6}{counts}")
+    bad = [r for r in rows if r[2] not in ("clear", "valid ok")]
+    print(f"\nunclear, tracebacks, runaways, silent acceptances, corrupted: {len(bad)}")
     sys.exit(1 if bad else 0)
 
 

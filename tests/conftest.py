@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
+import time
+import uuid
 
 # Idle OpenMP threads (onnxruntime's, torch's) spin-wait by default and starve each other
 # on 2 cores; set before torch or onnxruntime start their thread pools.
@@ -11,6 +15,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # `aisafety list` answers from a cache keyed by the installed code (aisafety/listing_cache.py);
 # tests swap registries in-process, so the suite lists live (tests/test_startup.py tests it)
 os.environ["AISAFETY_LIST_CACHE"] = "0"
+# Every process the suite starts inherits this mark; pytest_sessionfinish finds the survivors
+from children import SESSION_VARIABLE, leftovers  # noqa: E402
+
+os.environ[SESSION_VARIABLE] = f"{os.getpid()}-{uuid.uuid4().hex}"
 
 import pytest
 
@@ -18,6 +26,27 @@ from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import load_zoo_model
 from aisafety.prediction.torch_module import TorchPredictor
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No process started by the suite outlives it: survivors are named, killed, and fail the
+    run (after every fixture's teardown, so servers a fixture stops are already gone)."""
+    token = os.environ[SESSION_VARIABLE]
+    deadline = time.monotonic() + 60  # servers stopped at teardown (Ray, PostgreSQL) may
+    while leftovers(token) and time.monotonic() < deadline:  # take a few seconds to exit
+        time.sleep(0.5)
+    survivors = leftovers(token)
+    for pid, _ in survivors:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if survivors:
+        listing = "\n".join(f"  pid {pid}: {command[:200]}" for pid, command in survivors)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"processes the test suite started were alive at its end (killed):\n{listing}"
+        if reporter is not None:
+            reporter.write("\n")
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -58,6 +58,7 @@ class PostgresServer:
     datadir: Path
     port: int
     as_postgres: bool
+    options: str = ""  # the server options it was started with (``pause`` starts it so again)
     _names: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def url(self, database: str = "postgres") -> str:
@@ -73,6 +74,14 @@ class PostgresServer:
         ) as connection:
             connection.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def pause(self) -> None:
+        """Stop the server, keeping its data (``resume`` starts it again on the same port)."""
+        self._run("pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        log = str(self.datadir.parent / "log")
+        self._run("pg_ctl", "-D", str(self.datadir), "-o", self.options, "-l", log, "-w", "start")
 
     def stop(self) -> None:
         self._run("pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop", check=False)
@@ -105,6 +114,7 @@ def start_postgres() -> PostgresServer:
             f"-p {server.port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=off "
             "-c max_connections=200"
         )
+        server.options = options
         server._run(
             "pg_ctl", "-D", str(datadir), "-o", options, "-l", str(root / "log"), "-w", "start"
         )

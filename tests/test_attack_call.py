@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch
 from aisafety.attack.base import Attack
 from aisafety.attack.call import AttackCall
 from aisafety.attack.threat import L1Threat, L2Threat, LinfThreat, threat_model
-from aisafety.errors import InputError
+from aisafety.errors import InputError, PluginError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.plugins import default_registry
 
@@ -161,24 +162,63 @@ def test_query_attacks_spend_nothing_on_misclassified_samples(zoo_predictor, bat
         assert (result.steps == 0).all(), name
 
 
-class LegacyPlugin(Attack):
-    """A plugin written for the older four-argument ``perturb``: still runs, untargeted."""
+def _legacy_plugin() -> type[Attack]:
+    """A plugin written for the older four-argument ``perturb``: deprecated, still runs,
+    untargeted."""
 
-    name = "legacy-plugin"
-    family = AttackFamily.GRADIENT
-    norm = Norm.LINF
-    requires = Capability.LABELS
+    class LegacyPlugin(Attack):
+        name = "legacy-plugin"
+        family = AttackFamily.GRADIENT
+        norm = Norm.LINF
+        requires = Capability.LABELS
 
-    def perturb(self, predictor, x, y, eps):
-        return x + eps, torch.ones(len(x), dtype=torch.long)
+        def perturb(self, predictor, x, y, eps):
+            return x + eps, torch.ones(len(x), dtype=torch.long)
+
+    return LegacyPlugin
 
 
-def test_a_four_argument_plugin_still_runs_and_refuses_targets(zoo_predictor, batch):
+def test_a_four_argument_plugin_is_deprecated_still_runs_and_refuses_targets(zoo_predictor, batch):
     x, y, target = batch
-    result = LegacyPlugin()(zoo_predictor, x, y, 0.1)
+    with pytest.warns(DeprecationWarning, match=r"perturb\(predictor, x, y, eps, call\)"):
+        legacy = _legacy_plugin()
+    result = legacy()(zoo_predictor, x, y, 0.1)
     assert torch.equal(result.x_adv, (x + (x + 0.1 - x).clamp(-0.1, 0.1)).clamp(0, 1))
     with pytest.raises(InputError, match="untargeted only"):
-        LegacyPlugin()(zoo_predictor, x, y, 0.1, target=target)
+        legacy()(zoo_predictor, x, y, 0.1, target=target)
+
+
+def test_the_current_signature_warns_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+
+        class Current(Attack):
+            name = "current"
+            family = AttackFamily.GRADIENT
+            norm = Norm.LINF
+            requires = Capability.LABELS
+
+            def perturb(self, predictor, x, y, eps, call):
+                return x, torch.zeros(len(x), dtype=torch.long)
+
+    assert Current._takes_call
+
+
+def test_an_attack_cannot_override_call():
+    """``__call__`` owns the checks (typing.final, and enforced when the class is made)."""
+    with pytest.raises(PluginError, match="overrides __call__.*implement perturb"):
+
+        class Sneaky(Attack):  # noqa: F841
+            name = "sneaky"
+            family = AttackFamily.GRADIENT
+            norm = Norm.LINF
+            requires = Capability.LABELS
+
+            def perturb(self, predictor, x, y, eps, call):
+                return x, torch.zeros(len(x), dtype=torch.long)
+
+            def __call__(self, predictor, x, y, eps, **kwargs):
+                return super().__call__(predictor, x, y, eps)
 
 
 def test_attack_call_select_keeps_the_rows():

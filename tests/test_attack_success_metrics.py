@@ -32,7 +32,7 @@ class ChosenAttack(Attack):
         super().__init__()
         self.adversarial = adversarial
 
-    def perturb(self, predictor, x, y, eps):
+    def perturb(self, predictor, x, y, eps, call):
         return self.adversarial.clone(), torch.ones(len(x), dtype=torch.long)
 
 
@@ -60,13 +60,13 @@ def test_robust_accuracy_and_asr_by_hand():
     # pixel 0 by up to 0.7)
     spec = AttackSpec(name="chosen", eps=1.0)
     # adversarially right: samples 1, 3 and 4 -> 3/5 (3 and 4 were wrong when clean)
-    assert RobustAccuracy().compute(ctx, spec, 1.0).value == pytest.approx(3 / 5)
+    assert RobustAccuracy().compute(ctx, spec, 1.0)[0].value == pytest.approx(3 / 5)
     # clean-right samples 0, 1, 2; the attack flips 0 and 2 -> 2/3 (sample 4 was wrong already)
-    asr = AttackSuccessRate().compute(ctx, spec, 1.0)
+    asr = AttackSuccessRate().compute(ctx, spec, 1.0)[0]
     assert (asr.value, asr.n_samples) == (pytest.approx(2 / 3), 3)
     # the RDI paper's eq. 8: misclassified adversarial examples (0 and 2) over all 5, which
     # is 1 - robust accuracy
-    rdi_asr = AttackSuccessRate(over="all").compute(ctx, spec, 1.0)
+    rdi_asr = AttackSuccessRate(over="all").compute(ctx, spec, 1.0)[0]
     assert (rdi_asr.value, rdi_asr.n_samples) == (pytest.approx(2 / 5), 5)
     assert rdi_asr.metric == "asr(over=all)"
 
@@ -74,9 +74,9 @@ def test_robust_accuracy_and_asr_by_hand():
 def test_robust_accuracy_is_aaw_for_a_white_box_attack(zoo_predictor, mnist_subset):
     ctx = EvaluationContext(zoo_predictor, mnist_subset(64), lambda s: PGDLinf(steps=5))
     spec = AttackSpec(name="pgd-linf", config={"steps": 5}, eps=0.2)
-    ra = RobustAccuracy().compute(ctx, spec, 0.2).value
-    assert ra == AdversarialAccuracyWhiteBox().compute(ctx, spec, 0.2).value
-    asr = AttackSuccessRate().compute(ctx, spec, 0.2)
+    ra = RobustAccuracy().compute(ctx, spec, 0.2)[0].value
+    assert ra == AdversarialAccuracyWhiteBox().compute(ctx, spec, 0.2)[0].value
+    asr = AttackSuccessRate().compute(ctx, spec, 0.2)[0]
     clean = float(ctx.clean_correct.double().mean())
     # every clean-right sample the attack does not flip is robust, and only those are
     assert ra == pytest.approx(clean * (1 - asr.value), abs=1e-12)

@@ -131,7 +131,7 @@ class OverBudget(Attack):
     family = AttackFamily.GRADIENT
     requires = Capability.SCORES
 
-    def perturb(self, predictor, x, y, eps):
+    def perturb(self, predictor, x, y, eps, call):
         gen = torch.Generator().manual_seed(0)
         noise = torch.randn(x.shape, generator=gen)
         return x + 3 * noise, torch.zeros(len(x), dtype=torch.long)

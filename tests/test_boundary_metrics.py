@@ -89,7 +89,7 @@ def test_ebd_matches_the_analytic_crossing_of_a_linear_model():
     ctx = EvaluationContext(model, data, lambda s: None)
     max_rms, levels, refine = 0.45 / math.sqrt(dim), 30, 12
     config = {"n_directions": m, "max_rms": max_rms, "levels": levels, "refine": refine}
-    value = EmpiricalBoundaryDistance(config).compute(ctx)
+    value = EmpiricalBoundaryDistance(config).compute(ctx)[0]
 
     u = random_orthonormal_directions(n, dim, m, torch.Generator().manual_seed(0)).double()
     wu = u @ w  # (n, m)
@@ -124,7 +124,7 @@ def test_ebd2_counts_targeted_bim_steps_by_hand():
 
     data = LoadedDataset("hand", x, torch.zeros(2, dtype=torch.long), ("a", "b"))
     ctx = EvaluationContext(model, data, lambda s: None)
-    value = EmpiricalBoundaryDistance2({"step_size": 0.01, "max_steps": 30}).compute(ctx)
+    value = EmpiricalBoundaryDistance2({"step_size": 0.01, "max_steps": 30}).compute(ctx)[0]
     assert value.value == pytest.approx((5 + 30) / 2)  # the censored sample counts as the limit
     assert value.details["censored"] == 1
 
@@ -137,7 +137,7 @@ def test_ebd2_ranks_the_adversarially_trained_model_higher(zoo_predictor, mnist_
     data = mnist_subset(20)
     ebd2 = EmpiricalBoundaryDistance2({"step_size": 0.02, "max_steps": 30, "samples": 15})
     values = {
-        name: ebd2.compute(EvaluationContext(model, data, lambda s: None)).value
+        name: ebd2.compute(EvaluationContext(model, data, lambda s: None))[0].value
         for name, model in (
             ("vanilla", zoo_predictor),
             ("pgd-at", load_zoo_model("mnist-cnn-pgd-at")),
@@ -174,7 +174,7 @@ def test_eni_respects_the_lipschitz_bound_of_a_linear_model(mnist_subset):
     y = (data.y % 2).long()
     ctx = EvaluationContext(model, LoadedDataset("parity", data.x, y, ("a", "b")), lambda s: None)
     for noise in ("uniform", "sign"):
-        value = EmpiricalNoiseInsensitivity({"eps": 0.05, "noise": noise}).compute(ctx)
+        value = EmpiricalNoiseInsensitivity({"eps": 0.05, "noise": noise}).compute(ctx)[0]
         assert 0 < value.value <= float(w.abs().sum())
         assert value.details["pairs"] == 30 * 10
 
@@ -186,4 +186,4 @@ def test_eni_of_a_constant_model_is_zero(mnist_subset):
 
     ctx = EvaluationContext(predictor(Constant(), (1, 28, 28)), mnist_subset(10), lambda s: None)
     ctx.data.y.zero_()
-    assert EmpiricalNoiseInsensitivity({"n_perturbations": 3}).compute(ctx).value == 0.0
+    assert EmpiricalNoiseInsensitivity({"n_perturbations": 3}).compute(ctx)[0].value == 0.0

@@ -62,7 +62,7 @@ def test_average_certified_radius_matches_the_closed_form_on_a_linear_layer(veri
     ctx = context(model)
     metric = default_registry().create("metric", "average-certified-radius",
                                        {"verifier": verifier})  # fmt: skip
-    value = metric.compute(ctx)
+    value = metric.compute(ctx)[0]
     layer = model.module[1]
     w, b = layer.weight.double().numpy(), layer.bias.double().numpy()
     grid = np.arange(0, 0.5 + 1e-9, 1e-4)
@@ -70,9 +70,9 @@ def test_average_certified_radius_matches_the_closed_form_on_a_linear_layer(veri
         exact_radius(w, b, ctx.x[i].flatten().double().numpy(), int(ctx.y[i]), grid)
         for i in range(len(ctx.y))
     ])  # fmt: skip
-    samples = value.details["samples"]
-    certified = np.array([s["margin"] for s in samples])
-    attacked = np.array([s["attack_radius"] for s in samples])
+    samples = value.verdicts
+    certified = np.array([s.margin for s in samples])
+    attacked = np.array([s.attack["attack_radius"] for s in samples])
     # bisection to 0.01: the certified radius is within one step below the exact one
     assert (certified <= exact + 1e-4).all() and (certified >= exact - 0.01 - 1e-4).all()
     assert (attacked >= exact - 1e-4).all()  # no point closer than the exact radius breaks it
@@ -87,7 +87,7 @@ def test_average_certified_radius_matches_the_closed_form_on_a_linear_layer(veri
     accuracy = default_registry().create(
         "metric", "certified-accuracy", {"verifier": verifier, "eps": eps}
     )
-    verdicts = [s["verdict"] for s in accuracy.compute(ctx).details["samples"]]
+    verdicts = [s.verdict for s in accuracy.compute(ctx)[0].verdicts]
     assert [v == "certified" for v in verdicts] == list(exact > eps)
 
 
@@ -136,23 +136,24 @@ def test_attack_first_verifies_only_what_the_attack_left_with_the_same_certified
         first: default_registry()
         .create("metric", "certified-accuracy",
                 {"verifier": verifier, "eps": eps, "attack_first": first})
-        .compute(ctx)
+        .compute(ctx)[0]
         for first in (True, False)
     }  # fmt: skip
     every, first = runs[False].details, runs[True].details
-    broken = [s["attack_broken"] for s in every["samples"]]
+    every_samples, first_samples = runs[False].verdicts, runs[True].verdicts
+    broken = [s.attack["attack_broken"] for s in every_samples]
     assert broken[0] and 0 < sum(broken) < len(broken)  # sample 0 is misclassified
     # a sound verifier certifies no broken sample, so skipping them changes no certificate
     assert runs[True].value == runs[False].value > 0
-    certified = [[s["verdict"] == "certified" for s in d["samples"]] for d in (every, first)]
+    certified = [[s.verdict == "certified" for s in d] for d in (every_samples, first_samples)]
     assert certified[0] == certified[1]
     assert every["verified_samples"] == 24 and first["verified_samples"] == 24 - sum(broken)
-    for s, was_broken in zip(first["samples"], broken, strict=True):
+    for s, was_broken in zip(first_samples, broken, strict=True):
         if was_broken:  # the attack's counterexample stands; the verifier never ran
-            assert s["verdict"] == "falsified" and s["attack_first"] and s["seconds"] is None
+            assert s.verdict == "falsified" and s.attack["attack_first"] and s.seconds is None
         else:
-            assert "attack_first" not in s and s["seconds"] >= 0
-    assert all(s["seconds"] is not None for s in every["samples"])
+            assert "attack_first" not in s.attack and s.seconds >= 0
+    assert all(s.seconds is not None for s in every_samples)
     assert first["falsified"] == pytest.approx(sum(broken) / 24)
     assert first["unknown"] + first["timeout"] + first["falsified"] + runs[True].value == (
         pytest.approx(1.0)
@@ -175,7 +176,7 @@ def test_without_attack_first_a_certificate_on_a_broken_sample_is_a_soundness_er
 
     metric.verifier.verify = certify_everything
     with pytest.raises(AISafetyError, match="soundness bug"):
-        metric.compute(ctx)
+        metric.compute(ctx)[0]
 
 
 def test_a_timed_out_sample_is_stored_as_timeout_never_certified():
@@ -187,8 +188,8 @@ def test_a_timed_out_sample_is_stored_as_timeout_never_certified():
         {"verifier": "alpha-crown", "eps": 0.01,
          "verifier_config": {"steps": 1_000_000, "timeout": 0.05}},
     )  # fmt: skip
-    value = metric.compute(ctx)
-    samples = value.details["samples"]
+    value = metric.compute(ctx)[0]
+    samples = value.verdicts
     assert value.value == 0 and value.details["timeout"] > 0
-    assert {s["verdict"] for s in samples} <= {"timeout", "falsified"}
-    assert all(s["margin"] is None for s in samples)  # nothing proved: no margin stored
+    assert {s.verdict for s in samples} <= {"timeout", "falsified"}
+    assert all(s.margin is None for s in samples)  # nothing proved: no margin stored

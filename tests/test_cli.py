@@ -7,6 +7,7 @@ import json
 import pytest
 
 from aisafety.cli import main
+from aisafety.database.store import ResultStore
 
 
 def _json_after_header(text: str):
@@ -70,3 +71,35 @@ def test_plugins_lists_the_builtins(capsys):
     out = capsys.readouterr().out
     assert "aisafety.builtin" in out and "pgd-linf" in out
     assert code in (0, 1)  # 1 only when some installed third-party plugin is broken
+
+
+def test_model_and_dataset_options_replace_the_plans(tmp_path):
+    """One model of a shared plan without copying it: --model a zoo name, --dataset a
+    registered one (the plan's split, limit and seed kept)."""
+    from aisafety.cli import apply_overrides
+    from aisafety.config import plan_from_dict
+
+    plan = plan_from_dict({
+        "model": {"name": "mnist-cnn", "source": "zoo"},
+        "dataset": {"name": "mnist", "path": "data/mnist", "limit": 30, "seed": 3},
+        "attacks": [{"name": "fgsm", "eps": [0.1]}],
+    })  # fmt: skip
+    changed = apply_overrides(plan, None, None, model="mnist-cnn-pgd-at", dataset="mnist-embedded")
+    assert changed.model.name == "mnist-cnn-pgd-at" and changed.model.source == "zoo"
+    assert changed.dataset.name == "mnist-embedded" and changed.dataset.path is None
+    assert (changed.dataset.limit, changed.dataset.seed) == (30, 3)
+    assert changed.attacks == plan.attacks
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text("attacks: [{name: fgsm, eps: [0.1]}]\nmetrics: [ca]\n")
+    assert main(["evaluate", str(plan_file), "--model", "mnist-cnn-pgd-at", "--limit", "10",
+                 "--quiet", "--db", db]) == 0  # fmt: skip
+    _, rows = ResultStore(db).query("SELECT name FROM models")
+    assert rows == [("mnist-cnn-pgd-at",)]
+
+
+def test_help_is_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and out.count("aisafety") >= 1

@@ -6,7 +6,7 @@ import pytest
 
 from aisafety.config import default_plan, load_plan, plan_from_dict
 from aisafety.errors import ConfigError, UnknownNameError
-from aisafety.interfaces import AttackSpec, EvaluationPlan, ModelSpec, ThreatModel
+from aisafety.interfaces import AttackSpec, EvaluationPlan, ModelSpec
 from aisafety.plugins import default_registry
 from aisafety.runner import Runner
 
@@ -22,7 +22,7 @@ def test_negative_budget_is_rejected():
     with pytest.raises(ValueError, match="negative"):
         AttackSpec(name="fgsm", eps=-0.1)
     with pytest.raises(ValueError, match="negative"):
-        ThreatModel(eps=(0.1, -1.0))
+        AttackSpec(name="fgsm", eps=(0.1, -1.0))
 
 
 def test_unknown_key_and_wrong_type_are_named():

@@ -2,13 +2,14 @@
 
 Each registered attack, input defense, training defense and metric goes through the same
 checks on a tiny problem (8 MNIST images, the zoo CNN), and each registered verifier through
-the soundness contract on tiny nets (its section below), parametrized with its registry name
+the soundness contracts on tiny nets (its section below), parametrized with its registry name
 as the test id. A new plugin is checked without a
 line added here; settings that only shorten a run (``FAST``) apply where a class has them.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 
 from aisafety.database.architectures import build
 from aisafety.defense.training.base import TrainingStep
+from aisafety.errors import InputError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.hookspecs import hookimpl
@@ -27,6 +29,7 @@ from aisafety.verification.graph import VerificationError, build_graph
 from aisafety.verification.incomplete import CrownVerifier, IBPVerifier
 from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import make_verifier
+from aisafety.verification.result import Verdict
 
 REGISTRY = default_registry()
 N = 8
@@ -103,8 +106,31 @@ def test_attack_contract(name, zoo_predictor, batch):
     assert torch.equal(result.y.cpu(), y)
     assert torch.equal(result.success.cpu(), result.adv_logits.argmax(1).cpu() != y)
     assert result.steps.shape == (N,) and (result.steps >= 0).all()
-    again = _attack(name, seed=1)(zoo_predictor, x, y, eps)
-    assert torch.equal(again.x_adv.cpu(), x_adv), "not deterministic with a fixed seed"
+    _check_knobs(attack, zoo_predictor, x, y, eps, result)
+
+
+def _check_knobs(attack, predictor, x, y, eps, result) -> None:
+    """The class attributes that change stored results (``Attack``'s docstring) hold."""
+    assert isinstance(attack.cpu_chunk, int) and attack.cpu_chunk > 0
+    again = _attack(attack.name, seed=1)(predictor, x, y, eps)
+    assert torch.equal(again.x_adv.cpu(), result.x_adv.cpu()), "not deterministic"
+    if attack.chunk_independent:  # chunks of 3: each sample's result as in the whole batch
+        chunked = _attack(attack.name, seed=1)(predictor, x, y, eps, chunk_size=3)
+        assert torch.equal(chunked.steps.cpu(), result.steps.cpu()), "chunk-dependent steps"
+        assert torch.equal(chunked.success.cpu(), result.success.cpu()), "chunk-dependent"
+        torch.testing.assert_close(chunked.x_adv.cpu(), result.x_adv.cpu(), rtol=0, atol=1e-5)
+    if attack.skips_misclassified:  # wrong already: left clean, no query spent
+        wrong = (result.clean_logits.argmax(1) != result.y).cpu()
+        assert torch.equal(result.x_adv.cpu()[wrong], x[wrong])
+        assert (result.steps.cpu()[wrong] == 0).all()
+    target = (y + 1) % predictor.num_classes
+    if attack.supports_targets():
+        assert attack.targeted
+        aimed = _attack(attack.name, seed=1)(predictor, x, y, eps, target=target)
+        assert torch.equal(aimed.target.cpu(), target)
+    else:
+        with pytest.raises(InputError, match="untargeted only"):
+            attack(predictor, x, y, eps, target=target)
 
 
 @pytest.mark.parametrize(
@@ -214,7 +240,9 @@ def _compute(metric: Metric, ctx: EvaluationContext) -> list[MetricValue]:
         values = metric.compute(ctx)
     else:
         values = metric.compute(ctx, ATTACK, 0.3)
-    return values if isinstance(values, list) else [values]
+    assert isinstance(values, list), f"compute returned {type(values).__name__}, not a list"
+    assert all(isinstance(v, MetricValue) for v in values)
+    return values
 
 
 @pytest.mark.parametrize("name", names("metric"))
@@ -253,7 +281,6 @@ def test_metric_contract(name, metric_context):
 # sample's counterexample replaying; and its margin never below a verifier it declares
 # itself at least as tight as (``tighter_than``), sample by sample.
 
-VERIFIER_FAST = {"steps": 5, "alpha_steps": 5, "attack_steps": 10, "attack_restarts": 1}
 # LP-based bounds are moved outwards by the solver's tolerance (at most 1e-5 (1 + |b|))
 NESTING_SLACK = 1e-4
 SOUND_SLACK = 1e-6
@@ -377,7 +404,7 @@ def _check_verdicts(name: str, result, problem: VerifierProblem) -> None:
 
 
 @pytest.mark.parametrize("name", names("verifier"))
-def test_verifier_contract(name, verifier_problems):
+def test_verifier_soundness_contract(name, verifier_problems):
     check_verifier_contract(REGISTRY, name, verifier_problems)
 
 
@@ -414,3 +441,47 @@ def test_the_verifier_contract_fails_a_wrong_plugin_verifier(name, failure, veri
     assert name in registry.names("verifier"), registry.failures
     with pytest.raises(AssertionError, match=failure):
         check_verifier_contract(registry, name, verifier_problems)
+
+
+# --- verifiers: bounds on a ten-class net ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_property():
+    """A seeded 16-12-10 ReLU network and 6 points labelled by it, at two radii."""
+    torch.manual_seed(0)
+    network = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.ReLU(), torch.nn.Linear(12, 10)
+    )
+    x = torch.rand(6, 1, 4, 4, dtype=torch.float64)
+    exact = copy.deepcopy(network).double()  # the values the float64 bounds are held to
+    y = exact(x).argmax(1)
+    return network, exact, x, y
+
+
+@pytest.mark.parametrize("name", names("verifier"))
+@pytest.mark.parametrize("eps", [0.01, 0.1])
+def test_verifier_contract(name, eps, tiny_property):
+    """Sound: the proved lower bound of the smallest spec row is never above its value at
+    any point of the box (centre, random points); nothing certified is also violated."""
+    cls = REGISTRY.get("verifier", name)
+    described = cls.describe()
+    assert described["name"] == name and described["description"]
+    network, exact, x, y = tiny_property
+    graph = build_graph(network, (1, 4, 4), "tiny")
+    prop = robustness_property(x, y, eps, 10)
+    verifier = REGISTRY.create("verifier", name, fast_config(cls, timeout=600.0, clock="cpu"))
+    result = verifier.verify(graph, prop)
+    assert len(result) == len(x) and set(result.verdicts) <= set(Verdict)
+    generator = torch.Generator().manual_seed(1)
+    points = [(prop.lower + prop.upper) / 2, prop.lower, prop.upper]
+    points += [
+        prop.lower + (prop.upper - prop.lower) * torch.rand(x.shape, generator=generator)
+        for _ in range(64)
+    ]
+    with torch.no_grad():
+        smallest = torch.stack([prop.rows(exact(p)).amin(1) for p in points]).amin(0)
+    assert bool((result.margins.double() <= smallest + 1e-9).all()), (
+        f"{name} proved a bound above a value it takes: {result.margins} vs {smallest}"
+    )
+    assert not bool((result.certified & (smallest <= 0)).any()), f"{name} certified a violation"

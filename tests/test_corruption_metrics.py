@@ -49,15 +49,15 @@ def constant_context(label: int, true_label: int, n: int = 8) -> EvaluationConte
 
 def test_always_right_model_has_zero_corruption_error():
     ctx = constant_context(label=1, true_label=1)
-    assert MeanCorruptionError().compute(ctx).value == 0.0
-    assert RelativeMeanCorruptionError().compute(ctx).value == 0.0
-    assert MeanFlipProbability({"n_frames": 4}).compute(ctx).value == 0.0
+    assert MeanCorruptionError().compute(ctx)[0].value == 0.0
+    assert RelativeMeanCorruptionError().compute(ctx)[0].value == 0.0
+    assert MeanFlipProbability({"n_frames": 4}).compute(ctx)[0].value == 0.0
 
 
 def test_always_wrong_model_has_mce_equal_to_the_number_of_severities():
     ctx = constant_context(label=0, true_label=1)
-    assert MeanCorruptionError().compute(ctx).value == 3.0  # sum over 3 severities of 1.0
-    assert RelativeMeanCorruptionError().compute(ctx).value == 0.0  # as wrong as when clean
+    assert MeanCorruptionError().compute(ctx)[0].value == 3.0  # sum over 3 severities of 1.0
+    assert RelativeMeanCorruptionError().compute(ctx)[0].value == 0.0  # as wrong as when clean
 
 
 @pytest.fixture
@@ -90,11 +90,11 @@ def hand_ctx(monkeypatch):
 
 def test_mce_and_rmce_exact_and_sharing_one_set_per_corruption_and_severity(hand_ctx):
     ctx, calls = hand_ctx
-    mce = MeanCorruptionError().compute(ctx)
+    mce = MeanCorruptionError().compute(ctx)[0]
     # CE_fog = 0 + 1/2, CE_snow = 1/4 + 1; mCE = mean = 7/8
     assert mce.value == pytest.approx(7 / 8)
     assert mce.details["per_corruption"] == {"fog": 0.5, "snow": 1.25}
-    rmce = RelativeMeanCorruptionError().compute(ctx)
+    rmce = RelativeMeanCorruptionError().compute(ctx)[0]
     # RCE_c = sum_s (E_sc - 1/4): fog 0.5 - 0.5 = 0, snow 1.25 - 0.5 = 0.75; mean 0.375
     assert rmce.value == pytest.approx(0.375)
     assert sorted(calls) == [("fog", 1), ("fog", 2), ("snow", 1), ("snow", 2)]
@@ -126,9 +126,9 @@ def test_mfr_exact_from_hand_set_frames(monkeypatch):
     ctx = constant_context(label=1, true_label=1, n=2)
     ctx.reference_predictor = ctx.predictor
     config = {"sequences": ["rotate", "gaussian_noise"], "n_frames": 4}
-    value = MeanFlipRate(config).compute(ctx)
+    value = MeanFlipRate(config).compute(ctx)[0]
     assert value.value == pytest.approx(((1 / 6) / (3 / 6) + (1 / 6) / (2 / 6)) / 2)
-    assert MeanFlipProbability(config).compute(ctx).value == pytest.approx(1 / 6)
+    assert MeanFlipProbability(config).compute(ctx)[0].value == pytest.approx(1 / 6)
     assert sorted(calls) == ["gaussian_noise", "rotate"]  # mFR and mFP share each sequence
 
 
@@ -136,7 +136,7 @@ def test_model_against_itself_has_mfr_one(zoo_predictor, mnist_subset):
     ctx = EvaluationContext(
         zoo_predictor, mnist_subset(40), lambda s: None, reference=zoo_predictor
     )
-    value = MeanFlipRate({"sequences": ["translate", "scale"], "n_frames": 12}).compute(ctx)
+    value = MeanFlipRate({"sequences": ["translate", "scale"], "n_frames": 12}).compute(ctx)[0]
     assert value.details["undefined"] == []
     assert value.value == pytest.approx(1.0)
 
@@ -144,7 +144,7 @@ def test_model_against_itself_has_mfr_one(zoo_predictor, mnist_subset):
 def test_mfr_without_reference_names_the_fix(zoo_predictor, mnist_subset):
     ctx = EvaluationContext(zoo_predictor, mnist_subset(10), lambda s: None)
     with pytest.raises(ConfigError, match="reference_model"):
-        MeanFlipRate({"sequences": ["rotate"], "n_frames": 2}).compute(ctx)
+        MeanFlipRate({"sequences": ["rotate"], "n_frames": 2}).compute(ctx)[0]
 
 
 def test_corruption_error_agrees_with_the_corruption_attack(zoo_predictor, mnist_subset):
@@ -164,8 +164,8 @@ def test_deprecated_metric_config_still_works_with_a_warning(hand_ctx):
     ctx, _ = hand_ctx
     with pytest.warns(FutureWarning, match="corruptions: section"):
         mce = MeanCorruptionError({"corruptions": ["snow"], "severities": [2]})
-    assert mce.compute(ctx).value == 1.0  # E_snow,2 = 1
-    assert mce.compute(ctx).details["per_corruption"] == {"snow": 1.0}
+    assert mce.compute(ctx)[0].value == 1.0  # E_snow,2 = 1
+    assert mce.compute(ctx)[0].details["per_corruption"] == {"snow": 1.0}
 
 
 def test_unknown_corruption_or_severity_is_a_clear_error(hand_ctx):
@@ -182,7 +182,7 @@ def test_unknown_corruption_or_severity_is_a_clear_error(hand_ctx):
     ctx, _ = hand_ctx
     ctx.corruptions = CorruptionsSpec(names=("mist",))
     with pytest.raises(UnknownNameError, match="unknown corruption 'mist'"):
-        MeanCorruptionError().compute(ctx)
+        MeanCorruptionError().compute(ctx)[0]
 
 
 def test_samples_cap_is_the_metric_on_that_subset(zoo_predictor, mnist_subset):
@@ -195,9 +195,9 @@ def test_samples_cap_is_the_metric_on_that_subset(zoo_predictor, mnist_subset):
     assert len(index) == 25 and torch.equal(index, ctx.subset(25))
     sub = LoadedDataset("sub", data.x[index], data.y[index], data.classes)
     small = EvaluationContext(zoo_predictor, sub, lambda s: None, corruptions=section)
-    capped = RelativeMeanCorruptionError().compute(ctx)
+    capped = RelativeMeanCorruptionError().compute(ctx)[0]
     assert capped.n_samples == 25
-    assert capped.value == RelativeMeanCorruptionError().compute(small).value
+    assert capped.value == RelativeMeanCorruptionError().compute(small)[0].value
 
 
 def test_the_plan_table_selects_the_severity_table(zoo_predictor, mnist_subset):
@@ -208,7 +208,7 @@ def test_the_plan_table_selects_the_severity_table(zoo_predictor, mnist_subset):
     for table in ("auto", "cifar10-c", "imagenet-c"):
         section = CorruptionsSpec(names=("gaussian_noise",), severities=(5,), table=table)
         ctx = EvaluationContext(zoo_predictor, data, lambda s: None, corruptions=section)
-        value = MeanCorruptionError().compute(ctx)
+        value = MeanCorruptionError().compute(ctx)[0]
         assert value.details["table"] == table
         errors[table] = value.value
     assert errors["auto"] == errors["cifar10-c"] < errors["imagenet-c"]

@@ -168,15 +168,15 @@ def test_coverage_metrics_on_the_pixel_model_by_hand():
     #   lower corners: mean (.3 < .4), 1-mean (0 < .4)                    -> 2
     #   k = 2 sections inside: x0 and x3 hit [0, .4) with .1 and .3       -> 2 of 8
     ctx = pixel_context()
-    assert clean(NeuronBoundaryCoverage).compute(ctx).value == 6 / 8
-    assert clean(StrongNeuronActivationCoverage).compute(ctx).value == 4 / 4
-    assert clean(KMultisectionNeuronCoverage, k=2).compute(ctx).value == 2 / 8
+    assert clean(NeuronBoundaryCoverage).compute(ctx)[0].value == 6 / 8
+    assert clean(StrongNeuronActivationCoverage).compute(ctx)[0].value == 4 / 4
+    assert clean(KMultisectionNeuronCoverage, k=2).compute(ctx)[0].value == 2 / 8
     # top-1 per layer: layer '1' -> mean, 1-mean, 1-mean; layer '4' -> x0 (ties to x0)
-    assert clean(TopKNeuronCoverage, k=1).compute(ctx).value == 3 / 4
+    assert clean(TopKNeuronCoverage, k=1).compute(ctx)[0].value == 3 / 4
 
 
 def test_coverage_value_records_its_setting_and_sizes():
-    value = clean(KMultisectionNeuronCoverage, k=2).compute(pixel_context())
+    value = clean(KMultisectionNeuronCoverage, k=2).compute(pixel_context())[0]
     assert value.metric == "kmncov(data=clean,k=2)"
     assert value.details == {"neurons": 4, "profile_samples": 3}
     assert value.n_samples == 3 and value.attack is None
@@ -185,20 +185,20 @@ def test_coverage_value_records_its_setting_and_sizes():
 def test_missing_profile_data_is_a_clear_error():
     ctx = EvaluationContext(pixel_model(), dataset(TEST, "t"), None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="profile_dataset"):
-        clean(NeuronBoundaryCoverage).compute(ctx)
+        clean(NeuronBoundaryCoverage).compute(ctx)[0]
 
 
 def test_unknown_layer_is_a_clear_error():
     with pytest.raises(ConfigError, match="no layer"):
-        clean(NeuronBoundaryCoverage, layers=["nope"]).compute(pixel_context())
+        clean(NeuronBoundaryCoverage, layers=["nope"]).compute(pixel_context())[0]
 
 
 def test_bounds_and_outputs_are_computed_once_for_all_coverage_metrics():
     ctx = pixel_context()
     for metric in (KMultisectionNeuronCoverage, NeuronBoundaryCoverage):
-        clean(metric).compute(ctx)
-    clean(StrongNeuronActivationCoverage).compute(ctx)
-    clean(TopKNeuronCoverage).compute(ctx)
+        clean(metric).compute(ctx)[0]
+    clean(StrongNeuronActivationCoverage).compute(ctx)[0]
+    clean(TopKNeuronCoverage).compute(ctx)[0]
     assert ctx.neurons.passes == {"outputs": 1, "deviation": 0, "bounds": 1}
 
 
@@ -227,9 +227,9 @@ ALL = (
 
 def test_profile_data_covers_its_own_range_and_has_no_corner_cases(zoo_predictor, train_subset):
     ctx = zoo_context(zoo_predictor, train_subset, train_subset)
-    assert clean(KMultisectionNeuronCoverage, k=1).compute(ctx).value == 1.0
-    assert clean(NeuronBoundaryCoverage).compute(ctx).value == 0.0
-    assert clean(StrongNeuronActivationCoverage).compute(ctx).value == 0.0
+    assert clean(KMultisectionNeuronCoverage, k=1).compute(ctx)[0].value == 1.0
+    assert clean(NeuronBoundaryCoverage).compute(ctx)[0].value == 0.0
+    assert clean(StrongNeuronActivationCoverage).compute(ctx)[0].value == 0.0
 
 
 def test_zoo_coverage_in_unit_interval_and_monotone_in_the_test_set(
@@ -242,11 +242,11 @@ def test_zoo_coverage_in_unit_interval_and_monotone_in_the_test_set(
     ctx_small = zoo_context(zoo_predictor, small, train_subset)
     ctx_large = zoo_context(zoo_predictor, large, train_subset)
     for metric_cls, config in ALL:
-        a = clean(metric_cls, **config).compute(ctx_small)
-        b = clean(metric_cls, **config).compute(ctx_large)
+        a = clean(metric_cls, **config).compute(ctx_small)[0]
+        b = clean(metric_cls, **config).compute(ctx_large)[0]
         assert 0.0 <= a.value <= b.value <= 1.0, (a.metric, a.value, b.value)
-    nbc = clean(NeuronBoundaryCoverage).compute(ctx_large).value
-    snac = clean(StrongNeuronActivationCoverage).compute(ctx_large).value
+    nbc = clean(NeuronBoundaryCoverage).compute(ctx_large)[0].value
+    snac = clean(StrongNeuronActivationCoverage).compute(ctx_large)[0].value
     assert snac / 2 <= nbc  # NBC = (upper + lower) / 2N >= upper / 2N
     assert ctx_large.neurons.sizes(default_layers(zoo_predictor)) == (16, 32, 100)
 
@@ -286,7 +286,7 @@ def test_profile_loading_error_says_how_to_fix_it():
 
     ctx = EvaluationContext(pixel_model(), dataset(TEST, "t"), None, load_profile=no_train_split)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="no 'train' split.*'profile_dataset'"):
-        clean(KMultisectionNeuronCoverage).compute(ctx)
+        clean(KMultisectionNeuronCoverage).compute(ctx)[0]
 
 
 def reference_coverages(values: np.ndarray, low: np.ndarray, high: np.ndarray, sizes, k: int):
@@ -328,10 +328,10 @@ def test_zoo_coverage_matches_a_neuron_by_neuron_reference(
         values, bounds.low.double().numpy(), bounds.high.double().numpy(), bounds.sizes, k=5
     )
     got = {
-        "kmncov": clean(KMultisectionNeuronCoverage, k=5).compute(ctx).value,
-        "nbcov": clean(NeuronBoundaryCoverage).compute(ctx).value,
-        "snacov": clean(StrongNeuronActivationCoverage).compute(ctx).value,
-        "tkncov": clean(TopKNeuronCoverage, k=2).compute(ctx).value,
+        "kmncov": clean(KMultisectionNeuronCoverage, k=5).compute(ctx)[0].value,
+        "nbcov": clean(NeuronBoundaryCoverage).compute(ctx)[0].value,
+        "snacov": clean(StrongNeuronActivationCoverage).compute(ctx)[0].value,
+        "tkncov": clean(TopKNeuronCoverage, k=2).compute(ctx)[0].value,
     }
     assert got == pytest.approx(expected, abs=1e-12)
     assert got["nbcov"] > 0 and 0 < got["kmncov"] < 1  # a non-trivial case

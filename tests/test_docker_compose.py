@@ -13,10 +13,10 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import children
 import pytest
 import yaml
 from postgres_server import free_port
@@ -67,7 +67,7 @@ def _compose_client() -> list[str] | None:
     if shutil.which("docker-compose"):
         candidates.append(["docker-compose"])
     for client in candidates:
-        version = subprocess.run([*client, "version"], capture_output=True, text=True)
+        version = children.run([*client, "version"], capture_output=True, text=True)
         if version.returncode == 0 and re.search(r"v?[2-9]\.\d+", version.stdout):
             return client
     return None
@@ -100,9 +100,9 @@ def test_docker_compose_config_accepts_the_file():
         pytest.skip("no Docker Compose v2 client (docker compose / docker-compose) installed")
     command = [*client, "-f", str(COMPOSE), "config", "-q"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
-    ok = subprocess.run(command, capture_output=True, text=True, env={**env, "RAY_AUTH_TOKEN": "x"})
+    ok = children.run(command, capture_output=True, text=True, env={**env, "RAY_AUTH_TOKEN": "x"})
     assert ok.returncode == 0, ok.stderr
-    missing = subprocess.run(command, capture_output=True, text=True, env=env)
+    missing = children.run(command, capture_output=True, text=True, env=env)
     assert missing.returncode != 0 and "RAY_AUTH_TOKEN" in missing.stderr
 
 
@@ -151,10 +151,10 @@ def test_the_compose_ray_commands_run_the_header_plan(postgres_server, tmp_path)
             args = [str(plan) if a == "plans/plan.yaml" else a for a in evaluate[1:]]
             args[args.index("--db") + 1] = url
             args[args.index("--address") + 1] = address
-            driver = subprocess.run(
+            driver = children.run(
                 [sys.executable, "-m", "aisafety.cli", *args], capture_output=True, text=True,
                 env={**os.environ, **cluster.env, "RAY_ADDRESS": cluster.address},
-                cwd=tmp_path, timeout=600,
+                cwd=tmp_path,
             )  # fmt: skip
             failure = f"--address {address}: {driver.stderr[-3000:]}"
             assert driver.returncode == 0 and "3/3 units done" in driver.stderr, failure

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from children import run
 from docs_blocks import (
     KNOWN,
     REPO,
@@ -125,8 +125,9 @@ def _run_shell(block: Block, sandbox: Path, as_written: bool) -> None:
     script = "\n".join(["set -euo pipefail", block.directives.get("setup", ""), *commands])
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "OMP_NUM_THREADS": "1"}  # fmt: skip
-    done = subprocess.run(["bash", "-c", script], cwd=sandbox, env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    # bash and everything it starts form one process group, killed together on a hang
+    done = run(["bash", "-c", script], what=f"the shell block {block.id}", cwd=sandbox,
+               env=env, capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, (
         f"{block.id} failed (exit {done.returncode}):\n{script}\n"
         f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"

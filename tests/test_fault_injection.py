@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import children
 import pytest
 import torch
 
@@ -80,19 +81,19 @@ def _units_written(path) -> int:
 def _kill_at_random_point(path, rng: random.Random) -> int:
     """Start a run, kill -9 it after a random number of committed units plus a random delay
     (so that kills land inside units and inside commits too); the units done at the kill."""
-    child = subprocess.Popen(
+    child = children.start(
         [sys.executable, "-c", CHILD, f"sqlite:///{path}", PLAN.model_dump_json()],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     target, delay = rng.randint(0, UNITS - 1), rng.uniform(0.0, 0.4)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + children.HANG_LIMIT  # a hang guard: the loop waits for units
     while child.poll() is None and _units_written(path) < target and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(delay)
-    child.send_signal(signal.SIGKILL)
-    child.wait(30)
+    os.killpg(child.pid, signal.SIGKILL)  # kill -9, the child's whole group: no clean-up
+    child.wait()
     return _units_written(path)
 
 

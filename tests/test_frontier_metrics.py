@@ -102,24 +102,26 @@ def test_rdi_metric_reads_the_head_input_and_predicted_labels():
     assert torch.equal(features.predicted, torch.tensor([0, 0, 1, 1, 1]))
     assert torch.allclose(features.vectors, pixels.double())
     expected = rdi(pixels.double(), torch.tensor([0, 0, 1, 1, 1]))["rdi"]
-    value = RobustnessDifferenceIndex().compute(ctx)
+    value = RobustnessDifferenceIndex().compute(ctx)[0]
     assert value.value == pytest.approx(expected)
     assert (value.direction, value.n_samples, value.details["feature_dim"]) == (
         Direction.HIGHER, 5, 2,
     )  # fmt: skip
     # a named layer (the identity's output) gives the same features; the logits differ
-    assert RobustnessDifferenceIndex(layer="body.1").compute(ctx).value == pytest.approx(expected)
-    assert Roby(layer="logits").compute(ctx).details["layer"] == "logits"
+    assert RobustnessDifferenceIndex(layer="body.1").compute(ctx)[0].value == pytest.approx(
+        expected
+    )
+    assert Roby(layer="logits").compute(ctx)[0].details["layer"] == "logits"
     with pytest.raises(ConfigError, match="no such layer"):
-        RobustnessDifferenceIndex(layer="nope").compute(ctx)
+        RobustnessDifferenceIndex(layer="nope").compute(ctx)[0]
 
 
 def test_rdi_and_roby_on_the_zoo_model(zoo_predictor, mnist_subset):
     ctx = EvaluationContext(zoo_predictor, mnist_subset(200), lambda s: None)
-    value = RobustnessDifferenceIndex().compute(ctx)
+    value = RobustnessDifferenceIndex().compute(ctx)[0]
     assert -1 <= value.value <= 1 and value.details["feature_dim"] == 100
     assert value.details["classes"] == 10
-    assert 0 <= Roby().compute(ctx).value <= 1
+    assert 0 <= Roby().compute(ctx)[0].value <= 1
 
 
 # --- adversarial hypervolume -----------------------------------------------------------------
@@ -182,7 +184,7 @@ def test_frontier_of_a_linear_model_is_exact(norm):
 def test_hypervolume_metric_on_the_zoo_model(zoo_predictor, mnist_subset):
     data = mnist_subset(24)
     ctx = EvaluationContext(zoo_predictor, data, lambda s: None, batch_size=16)
-    value = AdversarialHypervolume(budgets=4, steps=3).compute(ctx)
+    value = AdversarialHypervolume(budgets=4, steps=3).compute(ctx)[0]
     d = value.details
     assert value.eps == 0.3 and value.n_samples == 24 and len(d["per_sample"]) == 24
     assert value.value == pytest.approx(sum(d["per_sample"]) / 24, abs=1e-6)
@@ -195,7 +197,7 @@ def test_hypervolume_metric_on_the_zoo_model(zoo_predictor, mnist_subset):
     assert frontier[:, 0] == pytest.approx(clean.tolist(), abs=1e-6)
     # robust at eps_max implies robust (margin > 0) when clean
     assert d["robust_accuracy_at_eps_max"] <= float((clean > 0).double().mean())
-    l2 = AdversarialHypervolume(norm="l2", eps_max=2.0, budgets=4, steps=3).compute(ctx)
+    l2 = AdversarialHypervolume(norm="l2", eps_max=2.0, budgets=4, steps=3).compute(ctx)[0]
     assert l2.metric == "adversarial-hypervolume(norm=l2,eps_max=2.0,budgets=4,steps=3)"
 
 
@@ -302,7 +304,7 @@ def _zoo_hypervolume(name: str, data) -> tuple[MetricValue, torch.Tensor]:
 
     model = load_zoo_model(name)
     ctx = EvaluationContext(model, data, lambda s: None)
-    value = AdversarialHypervolume(budgets=5, steps=5).compute(ctx)
+    value = AdversarialHypervolume(budgets=5, steps=5).compute(ctx)[0]
     with torch.no_grad():
         clean = probability_margin(model.logits(data.x), data.y)
     return value, clean

@@ -25,9 +25,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.interfaces",
             "aisafety.config_base",
             "aisafety.version",
-            "aisafety.hookspecs",
             "aisafety.memory",
             "aisafety.randomness",
+            "aisafety.files",  # files from outside, checked by stat before they are read
         ),
     ),
     (
@@ -64,13 +64,25 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.report",
         ),
     ),
-    ("registry", ("aisafety.plugins", "aisafety.builtin")),
+    (
+        "registry",
+        (
+            "aisafety.plugins",
+            "aisafety.builtin",
+            # the hooks are typed with the base class of each plugin kind (layers 2-6), and
+            # only the registry reads them: they sit with it
+            "aisafety.hookspecs",
+            # the one module plugin authors import: every base, its types, hookimpl
+            "aisafety.plugin",
+        ),
+    ),
     (
         "application",
         (
             "aisafety",  # the package's __init__: aisafety.evaluate()
             "aisafety.config",
             "aisafety.loading",
+            "aisafety.in_memory",  # aisafety.evaluate(model=..., data=...): a notebook's objects
             "aisafety.runner",
             "aisafety.progress",  # progress and ETA over a plan's units
             "aisafety.execution",  # picks the executor: local (runner) or Ray (distributed)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
 import sys
 
+import children
 import pytest
 
 from aisafety import memory
@@ -53,7 +53,7 @@ print(json.dumps(found))
 
 def run_case(**env: str) -> dict[str, int]:
     code = CASE % {"block": BLOCK}
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
+    out = children.run([sys.executable, "-c", code], env={**os.environ, **env},
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     return json.loads(out.strip().splitlines()[-1])
 

@@ -59,7 +59,7 @@ class FixedAttack(Attack):
         self.clean, self.adversarial = clean, adversarial
         self.calls = 0
 
-    def perturb(self, predictor, x, y, eps):
+    def perturb(self, predictor, x, y, eps, call):
         self.calls += 1
         table = self.clean.flatten(1)
         rows = [int(torch.nonzero((table == row).all(1))[0, 0]) for row in x.flatten(1)]
@@ -144,7 +144,7 @@ def test_hand_case_construction_is_as_intended():
 
 def test_clean_accuracy_hand(hand_ctx):
     ctx, made = hand_ctx
-    value = CleanAccuracy().compute(ctx)
+    value = CleanAccuracy().compute(ctx)[0]
     assert value.value == pytest.approx(3 / 5)
     assert value.n_samples == 5
     assert not made  # CA needs no attack
@@ -152,7 +152,7 @@ def test_clean_accuracy_hand(hand_ctx):
 
 def test_aaw_hand_is_robust_accuracy_over_all_samples(hand_ctx):
     ctx, _ = hand_ctx
-    value = AdversarialAccuracyWhiteBox().compute(ctx, SPEC, EPS)
+    value = AdversarialAccuracyWhiteBox().compute(ctx, SPEC, EPS)[0]
     # adversarially correct: sample 2 (attack failed) and sample 4 (wrong -> right)
     assert value.value == pytest.approx(2 / 5)
     assert value.n_samples == 5
@@ -168,9 +168,9 @@ def test_confidence_metrics_hand(hand_ctx):
     expected_actc = (p0[0] + p1[1]) / 2
     expected_nte = ((p0[1] - max(p0[0], p0[2])) + (p1[2] - max(p1[0], p1[1]))) / 2
 
-    acac = AverageConfidenceAdversarialClass().compute(ctx, SPEC, EPS)
-    actc = AverageConfidenceTrueClass().compute(ctx, SPEC, EPS)
-    nte = NoiseToleranceEstimation().compute(ctx, SPEC, EPS)
+    acac = AverageConfidenceAdversarialClass().compute(ctx, SPEC, EPS)[0]
+    actc = AverageConfidenceTrueClass().compute(ctx, SPEC, EPS)[0]
+    nte = NoiseToleranceEstimation().compute(ctx, SPEC, EPS)[0]
     assert acac.value == pytest.approx(expected_acac, rel=1e-6)
     assert actc.value == pytest.approx(expected_actc, rel=1e-6)
     assert nte.value == pytest.approx(expected_nte, rel=1e-6)
@@ -194,7 +194,7 @@ def test_confidence_metrics_hand(hand_ctx):
 )
 def test_ald_hand(hand_ctx, p, expected):
     ctx, _ = hand_ctx
-    value = AverageLpDistortion(p=p).compute(ctx, SPEC, EPS)
+    value = AverageLpDistortion(p=p).compute(ctx, SPEC, EPS)[0]
     assert value.value == pytest.approx(expected, rel=1e-5)
     assert value.n_samples == 2
     # the label tells two configs apart (p=2 is the default, so it has no suffix)
@@ -209,7 +209,7 @@ def test_ald_hand_matches_numpy_norms(hand_ctx, p):
         np.linalg.norm(ADV[i] - CLEAN[i], ord=order) / np.linalg.norm(CLEAN[i], ord=order)
         for i in SUCCESSFUL
     ]
-    value = AverageLpDistortion(p=p).compute(ctx, SPEC, EPS)
+    value = AverageLpDistortion(p=p).compute(ctx, SPEC, EPS)[0]
     assert value.value == pytest.approx(np.mean(ratios), rel=1e-5)
 
 
@@ -228,9 +228,9 @@ def test_hand_values_do_not_depend_on_batching():
     ]
     for metric in metrics:
         if isinstance(metric, CleanMetric):
-            a, b = metric.compute(whole), metric.compute(chunked)
+            a, b = metric.compute(whole)[0], metric.compute(chunked)[0]
         else:
-            a, b = metric.compute(whole, SPEC, EPS), metric.compute(chunked, SPEC, EPS)
+            a, b = metric.compute(whole, SPEC, EPS)[0], metric.compute(chunked, SPEC, EPS)[0]
         assert a.value == pytest.approx(b.value, rel=1e-6), metric.label()
         assert a.n_samples == b.n_samples
     assert made[0].calls == 3  # 5 samples in batches of 2
@@ -250,10 +250,10 @@ def test_no_successful_examples_gives_nan_over_zero_samples():
         NoiseToleranceEstimation(),
         AverageLpDistortion(p="inf"),
     ):
-        value = metric.compute(ctx, SPEC, EPS)
+        value = metric.compute(ctx, SPEC, EPS)[0]
         assert math.isnan(value.value) and value.n_samples == 0, metric.label()
-    aaw = AdversarialAccuracyWhiteBox().compute(ctx, SPEC, EPS).value
-    assert aaw == pytest.approx(CleanAccuracy().compute(ctx).value)
+    aaw = AdversarialAccuracyWhiteBox().compute(ctx, SPEC, EPS)[0].value
+    assert aaw == pytest.approx(CleanAccuracy().compute(ctx)[0].value)
 
 
 # --- SSIM / ALD on 8x8 images ---------------------------------------------------------------------
@@ -294,7 +294,7 @@ def test_ass_and_ald_on_8x8_images_match_skimage_and_numpy():
     expected_ass = np.mean(
         [structural_similarity(adv64[i, 0], clean64[i, 0], data_range=1.0) for i in successful]
     )
-    ass = AverageStructuralSimilarity().compute(ctx, SPEC, EPS)
+    ass = AverageStructuralSimilarity().compute(ctx, SPEC, EPS)[0]
     assert ass.value == pytest.approx(expected_ass, abs=1e-5)
     assert ass.n_samples == 3
 
@@ -304,11 +304,11 @@ def test_ass_and_ald_on_8x8_images_match_skimage_and_numpy():
             / np.linalg.norm(clean64[i].ravel(), ord=order)
             for i in successful
         ]
-        value = AverageLpDistortion(p=p).compute(ctx, SPEC, EPS)
+        value = AverageLpDistortion(p=p).compute(ctx, SPEC, EPS)[0]
         assert value.value == pytest.approx(np.mean(ratios), rel=1e-5), p
 
-    assert AdversarialAccuracyWhiteBox().compute(ctx, SPEC, EPS).value == pytest.approx(2 / 6)
-    assert CleanAccuracy().compute(ctx).value == pytest.approx(5 / 6)
+    assert AdversarialAccuracyWhiteBox().compute(ctx, SPEC, EPS)[0].value == pytest.approx(2 / 6)
+    assert CleanAccuracy().compute(ctx)[0].value == pytest.approx(5 / 6)
 
 
 # --- invariants on the zoo model ------------------------------------------------------------------
@@ -333,13 +333,13 @@ def _successful(result):
 
 
 def test_zoo_aaw_at_most_ca_and_non_increasing_in_eps(zoo_ctx, zoo_predictor):
-    ca = CleanAccuracy().compute(zoo_ctx).value
+    ca = CleanAccuracy().compute(zoo_ctx)[0].value
     with torch.inference_mode():
         recomputed = (zoo_predictor.network(zoo_ctx.x).argmax(1) == zoo_ctx.y).float().mean()
     assert ca == pytest.approx(float(recomputed))
     assert ca >= 0.9  # the shipped model is a working MNIST classifier
 
-    aaw = [AdversarialAccuracyWhiteBox().compute(zoo_ctx, PGD_SPEC, e).value for e in EPSILONS]
+    aaw = [AdversarialAccuracyWhiteBox().compute(zoo_ctx, PGD_SPEC, e)[0].value for e in EPSILONS]
     assert all(a <= ca for a in aaw), (ca, aaw)
     assert all(a >= b for a, b in zip(aaw, aaw[1:], strict=False)), aaw
     assert aaw[-1] < aaw[0]  # the attack gets stronger with the budget
@@ -355,9 +355,9 @@ def test_zoo_confidence_metric_ranges(zoo_ctx, eps):
     result = zoo_ctx.adversarial(PGD_SPEC, eps)
     m = int(_successful(result).sum())
     assert m > 0
-    acac = AverageConfidenceAdversarialClass().compute(zoo_ctx, PGD_SPEC, eps)
-    actc = AverageConfidenceTrueClass().compute(zoo_ctx, PGD_SPEC, eps)
-    nte = NoiseToleranceEstimation().compute(zoo_ctx, PGD_SPEC, eps)
+    acac = AverageConfidenceAdversarialClass().compute(zoo_ctx, PGD_SPEC, eps)[0]
+    actc = AverageConfidenceTrueClass().compute(zoo_ctx, PGD_SPEC, eps)[0]
+    nte = NoiseToleranceEstimation().compute(zoo_ctx, PGD_SPEC, eps)[0]
     assert acac.n_samples == actc.n_samples == nte.n_samples == m
     # the adversarial class is the arg-max: its probability is >= 1/k and >= the true class's
     assert 1 / 10 <= acac.value <= 1
@@ -375,7 +375,7 @@ def test_zoo_ald_invariants(zoo_ctx, eps):
     # ||x_adv - x||_inf / ||x||_inf <= eps / ||x||_inf <= eps / min over successful ||x||_inf
     min_size = float(x.flatten(1).abs().amax(1).min())
     ald = {
-        p: AverageLpDistortion(p=p).compute(zoo_ctx, PGD_SPEC, eps).value
+        p: AverageLpDistortion(p=p).compute(zoo_ctx, PGD_SPEC, eps)[0].value
         for p in ("0", "1", "2", "inf")
     }
     assert ald["inf"] <= eps / min_size + 1e-6
@@ -387,7 +387,7 @@ def test_zoo_ald_invariants(zoo_ctx, eps):
 
 @pytest.mark.parametrize("eps", EPSILONS)
 def test_zoo_ass_in_range(zoo_ctx, eps):
-    ass = AverageStructuralSimilarity().compute(zoo_ctx, PGD_SPEC, eps)
+    ass = AverageStructuralSimilarity().compute(zoo_ctx, PGD_SPEC, eps)[0]
     assert ass.n_samples > 0
     assert -1 <= ass.value < 1
 
@@ -420,8 +420,8 @@ def test_context_runs_each_attack_once_per_budget(zoo_predictor, mnist_subset):
         *(AverageLpDistortion(p=p) for p in ("0", "1", "2", "inf")),
         AverageStructuralSimilarity(),
     ]
-    first = [m.compute(ctx, spec, 0.1).value for m in metrics]
-    second = [m.compute(ctx, spec, 0.1).value for m in metrics]
+    first = [m.compute(ctx, spec, 0.1)[0].value for m in metrics]
+    second = [m.compute(ctx, spec, 0.1)[0].value for m in metrics]
     key = (spec.key(), 0.1)
     assert ctx.attack_runs == Counter({key: 1})
     assert len(built) == 1
@@ -430,7 +430,7 @@ def test_context_runs_each_attack_once_per_budget(zoo_predictor, mnist_subset):
     assert len(ctx.adversarial(spec, 0.1).y) == 40  # the three batches were joined
 
     # a second budget is a second run; the first stays cached
-    AdversarialAccuracyWhiteBox().compute(ctx, spec, 0.05)
+    AdversarialAccuracyWhiteBox().compute(ctx, spec, 0.05)[0]
     assert ctx.attack_runs == Counter({key: 1, (spec.key(), 0.05): 1})
 
 

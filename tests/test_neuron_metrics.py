@@ -37,7 +37,7 @@ class FixedAttack(Attack):
         super().__init__()
         self.clean, self.adversarial = clean, adversarial
 
-    def perturb(self, predictor, x, y, eps):
+    def perturb(self, predictor, x, y, eps, call):
         table = self.clean.flatten(1)
         rows = [int(torch.nonzero((table == row).all(1))[0, 0]) for row in x.flatten(1)]
         return self.adversarial[rows].clone(), torch.ones(len(x), dtype=torch.long)

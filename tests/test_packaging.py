@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import children
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,7 @@ def test_non_editable_install_runs_the_default_data_and_model(tmp_path):
 
     build(f"sqlite:///{tmp_path / 'old.db'}", "2a40541")  # upgraded by the shipped migrations
     target = tmp_path / "site"
-    subprocess.run(
+    children.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
          "--target", str(target), str(ROOT)],
         check=True, capture_output=True,
@@ -34,7 +35,8 @@ def test_non_editable_install_runs_the_default_data_and_model(tmp_path):
     script = (
         "import aisafety, sys;"
         "from aisafety.database.zoo import load_zoo_model;"
-        "from aisafety.database.datasets.embedded import EmbeddedMnist;"
+        "from aisafety.database.datasets.embedded import EmbeddedCifar10, EmbeddedMnist;"
+        "assert EmbeddedCifar10().load(None, 'test').x.shape == (100, 3, 32, 32);"
         "p = load_zoo_model('mnist-cnn'); d = EmbeddedMnist().load(None, 'test');"
         "acc = (p.predict(d.x) == d.y).float().mean().item();"
         "from aisafety.database.store import ResultStore;"
@@ -45,7 +47,7 @@ def test_non_editable_install_runs_the_default_data_and_model(tmp_path):
         "print(aisafety.__file__, acc)"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    out = subprocess.run(
+    out = children.run(
         [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr

@@ -52,7 +52,9 @@ def test_alias_bomb_fails_fast_with_a_small_message(tmp_path):
     started = time.perf_counter()
     with pytest.raises(ConfigError, match="expands") as caught:
         load_plan(_write(tmp_path, "bomb.yaml", "\n".join(lines)))
-    assert time.perf_counter() - started < 2 and len(str(caught.value)) < 1000
+    spent = time.perf_counter() - started  # expanding the bomb would take hours and 1e9 nodes
+    assert spent < 120, f"the alias bomb took {spent:.0f} s to refuse"
+    assert len(str(caught.value)) < 1000
 
 
 @pytest.mark.parametrize(
@@ -210,7 +212,9 @@ def test_a_model_that_fails_inside_is_an_error_naming_it():
 def test_a_nan_model_stores_nothing(tmp_path, monkeypatch):
     """It used to commit CA 0.1 as a finished unit, then die with an IntegrityError."""
     nan_net = TorchPredictor(_Broken(math.nan), (1, 28, 28), 10, name="nan-net")
-    monkeypatch.setattr("aisafety.runner.load_model", lambda spec, device: (nan_net, "f" * 64))
+    monkeypatch.setattr(
+        "aisafety.runner.load_model", lambda spec, device, registry=None: (nan_net, "f" * 64)
+    )
     store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
     plan = plan_from_dict({"dataset": {"limit": 10}, "metrics": ["ca"], "device": "cpu"})
     with pytest.raises(ModelOutputError, match="nan-net"):

@@ -19,6 +19,7 @@ import textwrap
 import types
 from pathlib import Path
 
+import children
 import numpy as np
 import pytest
 import torch
@@ -256,7 +257,7 @@ def test_mean_margin_by_hand_through_a_linear_model():
     x = torch.tensor([[0.9, 0.1, 0.3], [0.2, 0.7, 0.4], [0.5, 0.5, 0.0]]).view(3, 1, 1, 3)
     y = torch.tensor([0, 2, 1])
     # logits = 10 x; margins: 9 - 3 = 6, 4 - 7 = -3, 5 - 5 = 0; mean 1
-    value = MeanMargin().compute(_context(predictor, x, y))
+    value = MeanMargin().compute(_context(predictor, x, y))[0]
     assert value.metric == "mean-margin"
     assert value.value == pytest.approx(1.0, abs=1e-5)
     assert value.n_samples == 3
@@ -271,7 +272,7 @@ def test_mean_margin_by_hand_on_given_logits(monkeypatch):
     logits = torch.tensor([[2.0, -1.0, 0.5], [-3.0, 4.0, 4.5], [0.0, 0.0, -7.0]])
     monkeypatch.setattr(ctx, "clean_logits", logits)
     # margins: 2 - 0.5 = 1.5, 4 - 4.5 = -0.5, 0 - 0 = 0 (a tie is no margin); mean 1/3
-    assert MeanMargin().compute(ctx).value == pytest.approx(1 / 3, abs=1e-12)
+    assert MeanMargin().compute(ctx)[0].value == pytest.approx(1 / 3, abs=1e-12)
 
 
 def test_mean_margin_declares_what_it_is_and_needs_scores():
@@ -281,7 +282,7 @@ def test_mean_margin_declares_what_it_is_and_needs_scores():
     black_box = LabelsOnly(_linear_predictor(shape=(1, 1, 3)))
     ctx = _context(black_box, torch.zeros(2, 1, 1, 3), torch.tensor([0, 1]))
     with pytest.raises(CapabilityError, match="mean-margin"):
-        MeanMargin().compute(ctx)
+        MeanMargin().compute(ctx)[0]
 
 
 # --- registry rules --------------------------------------------------------------------------
@@ -361,13 +362,12 @@ def _cli(*args: str, pythonpath: list[Path], cwd: Path) -> subprocess.CompletedP
     if os.environ.get("PYTHONPATH"):
         paths.append(os.environ["PYTHONPATH"])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    return subprocess.run(
+    return children.run(
         [sys.executable, "-m", "aisafety.cli", *args],
         capture_output=True,
         text=True,
         env=env,
         cwd=cwd,
-        timeout=180,
     )
 
 
@@ -381,13 +381,12 @@ def installed(tmp_path_factory) -> Path:
         PLUGIN_DIR, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
     )
     target = root / "site"
-    pip = subprocess.run(
+    pip = children.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
          "--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target),
          str(source)],
         capture_output=True,
         text=True,
-        timeout=300,
     )  # fmt: skip
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert (target / "aisafety_example" / "plugin.py").is_file()

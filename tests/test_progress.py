@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import sys
 import time
 
+import children
 import pytest
 
+from aisafety.attack.work import WorkMeter, activate, counted, deactivate
 from aisafety.config import plan_from_dict
 from aisafety.database.store import ResultStore
 from aisafety.progress import RunProgress, format_duration, unit_group
@@ -69,13 +73,13 @@ def test_a_long_unit_is_never_silent():
     out = io.StringIO()
     with RunProgress(UNITS, stream=out, heartbeat=0.05) as progress:
         progress.start("k0")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 600  # a hang guard
         while "running" not in out.getvalue() and time.monotonic() < deadline:
             time.sleep(0.02)
         progress.finish("k0")
     beat = [line for line in out.getvalue().splitlines() if "running" in line]
     assert beat and re.match(
-        r"  running clean metrics on mnist-embedded \(0:0\d\); 0/4 units", beat[0]
+        r"  running clean metrics on mnist-embedded \(\d+:\d\d\); 0/4 units", beat[0]
     )
 
 
@@ -84,12 +88,12 @@ def test_units_on_a_cluster_are_never_silent_either():
     out = io.StringIO()
     with RunProgress(UNITS, stream=out, heartbeat=0.05, workers=2, remote=True) as progress:
         progress.finish("k0", seconds=3.0)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 600  # a hang guard
         while "queued" not in out.getvalue() and time.monotonic() < deadline:
             time.sleep(0.02)
     beat = [line for line in out.getvalue().splitlines() if "queued" in line]
     assert beat and re.match(
-        r"  3 unit\(s\) running or queued on 2 worker\(s\); 1/4 units done, 0:00 elapsed, "
+        r"  3 unit\(s\) running or queued on 2 worker\(s\); 1/4 units done, \d+:\d\d elapsed, "
         r"about 0:0\d left",
         beat[0],
     )
@@ -123,3 +127,85 @@ def test_a_run_reports_every_unit_on_stderr_and_nothing_on_stdout(tmp_path, caps
         assert re.search(rf"\[{i}/3\] {what}.*: \d+\.\d s \({i}/3 units done", captured.err)
     Runner(plan, ResultStore(f"sqlite:///{tmp_path / 'r.db'}"), resume=True).run()
     assert "[2/3] fgsm eps=0.1: taken from the database" in capsys.readouterr().err
+
+
+LONG_STANDARD = """\
+model: {name: mnist-cnn}
+dataset: {name: mnist-embedded, limit: 20}
+attacks:
+  - {name: standard, config: {steps: 10, queries: 100}, eps: [0.02]}
+metrics: [ca, robust-accuracy]
+"""
+BEAT = re.compile(r"running standard\(queries=100,steps=10\) eps=0\.02 \([\d:]+\): (?P<at>.+?), "
+                  r"(?P<pct>\d+)% of the unit; (?P<summary>.+)$")  # fmt: skip
+
+
+def test_a_long_ensemble_unit_reports_a_new_position_inside_it_at_every_heartbeat(tmp_path):
+    """``aisafety evaluate`` of one long ``standard`` unit (4 members, 9 targets each, 10
+    iterations): with a 0.05 s heartbeat, every heartbeat line inside the unit names a new
+    position (member, target, iteration) and a recomputed estimate, never the line before.
+    Bounded by positions: a busy machine makes more lines, not fewer or failing ones."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(LONG_STANDARD)
+    done = children.run(
+        [sys.executable, "-m", "aisafety.cli", "evaluate", str(plan), "--db",
+         f"sqlite:///{tmp_path / 'r.db'}"],
+        capture_output=True, text=True, what="aisafety evaluate of one standard unit",
+        env={**os.environ, "AISAFETY_HEARTBEAT": "0.05", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = re.split(r"[\r\n]", done.stderr)
+    beats = [m for line in lines if (m := BEAT.search(line))]
+    positions = [m["at"] for m in beats]
+    assert len(positions) >= 5, "\n".join(lines[-40:])
+    for before, after in zip(positions, positions[1:], strict=False):
+        assert before != after, f"a heartbeat repeated the position {before!r}"
+    members = {re.search(r"member \d/4 (\S+)", p).group(1) for p in positions if "member" in p}
+    assert len(members) >= 2, positions  # positions inside the unit, across members
+    assert any("iteration" in p or "query" in p for p in positions), positions
+    assert all("still at" not in line for line in lines)
+    assert "ETA unknown" not in beats[-1]["summary"]  # measured from the work in flight
+
+
+def test_a_position_is_the_nested_fraction_of_the_counted_levels():
+    """Hand-computed: batch 2 of 4 (1 done), member 2 of 2 (1 done), iteration 5 of 10 done:
+    (1 + (1 + 5/10) / 2) / 4 = 0.4375."""
+    meter = WorkMeter()
+    token = activate(meter)
+    try:
+        assert meter.position() is None
+        for batch in counted("batch", 4):
+            for member in counted("member", 2, ["apgd-ce", "square-linf"]):
+                for step in counted("iteration", 10):
+                    if (batch, member, step) == (1, 1, 5):
+                        at = meter.position()
+                    if step == 5:
+                        break  # an attack that stops early leaves no level behind
+        assert meter.position() is None
+    finally:
+        deactivate(token)
+    assert at.fraction == pytest.approx(0.4375)
+    assert at.text == "batch 2/4, member 2/2 square-linf, iteration 5/10"
+    assert list(counted("iteration", 3)) == [0, 1, 2]  # no meter: a plain range
+
+
+def test_the_estimate_of_a_running_unit_is_its_measured_rate():
+    """10 s in and a quarter done: 30 s left, whatever the finished units took; without a
+    position, a unit past its group's mean makes the estimate unknown, never 0:00."""
+    now = [0.0]
+    progress = RunProgress(UNITS, stream=io.StringIO(), heartbeat=0, clock=lambda: now[0])
+    progress.finish("k0", seconds=1.0)
+    progress.start("k1")
+    try:
+        meter = progress.units["k1"].meter
+        steps = counted("iteration", 4)
+        next(steps)
+        next(steps)  # one of 4 iterations done
+        now[0] = 10.0
+        assert meter.position().fraction == pytest.approx(0.25)
+        # k1: 30 s left; k2, k3 (same group, none finished): the clean unit's 1 s each
+        assert progress.eta() == pytest.approx(30.0 + 2 * 1.0)
+        steps.close()
+        assert progress.eta() is None  # no position, 10 s past the 1 s the clean unit took
+    finally:
+        progress.finish("k1")

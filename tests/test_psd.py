@@ -97,7 +97,7 @@ class FixedAttack(Attack):
         super().__init__()
         self.clean, self.adversarial = clean, adversarial
 
-    def perturb(self, predictor, x, y, eps):
+    def perturb(self, predictor, x, y, eps, call):
         table = self.clean.flatten(1)
         rows = [int(torch.nonzero((table == row).all(1))[0, 0]) for row in x.flatten(1)]
         return self.adversarial[rows].clone(), torch.ones(len(x), dtype=torch.long)
@@ -119,12 +119,12 @@ def test_metric_averages_over_successful_examples_only():
     clean, adv = clean.view(-1, 1, 2, 2), adv.view(-1, 1, 2, 2)
     data = LoadedDataset("hand", clean, torch.tensor([0, 0, 0]), ("0", "1"))
     ctx = EvaluationContext(predictor, data, lambda s: FixedAttack(clean, adv))
-    value = PerturbationSensitivityDistance().compute(ctx, AttackSpec(name="fixed"), 1.0)
+    value = PerturbationSensitivityDistance().compute(ctx, AttackSpec(name="fixed"), 1.0)[0]
     assert value.n_samples == 1
     assert value.value == pytest.approx(0.4 * 255, rel=1e-5)
     assert value.direction.value == "higher"
     chunked = EvaluationContext(predictor, data, lambda s: FixedAttack(clean, adv), batch_size=1)
-    again = PerturbationSensitivityDistance().compute(chunked, AttackSpec(name="fixed"), 1.0)
+    again = PerturbationSensitivityDistance().compute(chunked, AttackSpec(name="fixed"), 1.0)[0]
     assert again.value == value.value
 
 

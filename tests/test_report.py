@@ -208,3 +208,103 @@ def test_seeds_give_one_run_each_and_mean_std(tmp_path, capsys):
         from aisafety.config import plan_from_dict
 
         plan_from_dict({"seeds": [1, 1]})
+
+
+VERDICT = re.compile(
+    r"Verdict: (?P<acc>\d+\.\d)% robust accuracy \[(?P<lo>\d+\.\d), (?P<hi>\d+\.\d)\] "
+    r"\(95% CI, n=(?P<n>\d+)\) at (?P<norm>\w+) eps (?P<eps>[\d.]+), the worst case over "
+    r"(?P<attacks>\d+) attack\(s\); (all \d+ sanity checks pass|worst sanity check: "
+    r"(warn|skip), [^<]+)\."
+)
+
+
+def test_report_expands_every_metric_and_gives_one_verdict_per_model(report_db):
+    """For a reader who did not write the plan: each metric name in the table is an
+    abbreviation with its expansion, linked to a glossary entry; one verdict line per
+    model, its robust accuracy recomputed here from the stored per-sample outcomes."""
+    url, run_id = report_db
+    html = build_report(ResultStore(url), run_id)
+    data = load_run(ResultStore(url), run_id)
+    glossary = dict(re.findall(r'<dt id="glossary-([^"]+)">.*?</dt><dd>(.*?)</dd>', html))
+    assert set(glossary) == {m.name for m in data.metrics}
+    assert all(text and "docs/metrics.md" in text for text in glossary.values())
+    table = html[html.index('id="metrics"') : html.index('id="glossary"')]
+    cells = re.findall(r"<tr><td>[^<]*</td><td>(.*?)</td>", table)
+    assert len(cells) == len(data.metrics)
+    for cell in cells:
+        link = re.fullmatch(r'<a class="metric" href="#glossary-([^"]+)"><abbr class="metric" '
+                            r'title="([^"]+)">([^<]+)</abbr></a>', cell)  # fmt: skip
+        assert link and link.group(1) in glossary and link.group(3).startswith(link.group(1))
+    lines = re.findall(r'<p class="verdict">(.*?)</p>', html)
+    verdicts = [VERDICT.fullmatch(re.sub(r"<[^>]+>", "", line)) for line in lines]
+    assert len(verdicts) == len(data.models) == 1 and verdicts[0], html[:2000]
+    v = verdicts[0]
+    runs = [a for a in data.attack_runs if a.family != "corruption" and a.eps == float(v["eps"])]
+    robust = np.logical_and.reduce([data.correct(a.id) for a in runs])
+    assert int(v["attacks"]) == len(runs) and int(v["n"]) == len(robust)
+    assert float(v["acc"]) == pytest.approx(100 * robust.mean(), abs=0.05)
+    ci = binomtest(int(robust.sum()), len(robust)).proportion_ci(method="exact")
+    assert (float(v["lo"]), float(v["hi"])) == pytest.approx((100 * ci.low, 100 * ci.high),
+                                                             abs=0.05)  # fmt: skip
+    assert "not run" not in html.split('id="models"')[1].split("</section>")[0]
+
+
+def test_the_plan_is_shown_as_written_with_defaults_folded_away():
+    from aisafety.config import plan_from_dict
+    from aisafety.report.plan_view import fold_defaults
+
+    written = {"attacks": [{"name": "fgsm", "eps": [0.1, 0.3]},
+                           {"name": "pgd-linf", "config": {"steps": 10}}],
+               "metrics": ["ca", {"name": "ald", "config": {"p": "inf"}}],
+               "batch_size": 64}  # fmt: skip
+    stored = plan_from_dict(written).model_dump(mode="json")  # what the database holds
+    assert "corruptions" in stored and "limits" in stored
+    assert fold_defaults(stored) == {
+        "model": {"name": "mnist-cnn"},
+        "dataset": {"name": "mnist-embedded"},
+        "attacks": [{"name": "fgsm", "eps": [0.1, 0.3]},
+                    {"name": "pgd-linf", "config": {"steps": 10}, "eps": [0.1]}],
+        "metrics": [{"name": "ca"}, {"name": "ald", "config": {"p": "inf"}}],
+        "batch_size": 64,
+    }  # fmt: skip
+
+
+def test_coverage_metrics_get_no_binomial_interval(report_db):
+    """kmncov / tkncov are shares of neurons (or their sections), not of images: an interval
+    over the n images does not describe them; accuracy keeps its interval."""
+    import dataclasses
+
+    from aisafety.plugins import default_registry
+    from aisafety.report.html import Report, coverage_metrics
+    from aisafety.report.sections import MetricTable
+
+    url, run_id = report_db
+    data = load_run(ResultStore(url), run_id)
+    ca = next(m for m in data.metrics if m.metric == "ca")
+    data.metrics = [ca, dataclasses.replace(ca, metric="kmncov", value=0.25, ci=(0.2, 0.3))]
+    report = Report(data, [])
+    report.not_rates = coverage_metrics(["ca", "kmncov", "tkncov"], default_registry())
+    assert report.not_rates == {"kmncov", "tkncov"}
+    rows = re.findall(r"<tr><td>.*?</tr>", str(MetricTable().render(report)), re.S)
+    assert "[0.2000, 0.3000]" not in rows[1] and re.search(r"\[0\.\d{4}, 0\.\d{4}\]", rows[0])
+
+
+def test_coinciding_lines_stay_visible():
+    """Two attacks with the same robust accuracies (PGD equal to the worst case, issue 36):
+    both lines' colours are on the plot, the later one drawn inside the earlier one."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from aisafety.report.plots import Series, line_plot
+
+    same = ([0.1, 0.2, 0.3], [0.8, 0.4, 0.1])
+    plot = line_plot("t", [Series("pgd", *same), Series("worst case", *same)], "eps", "acc")
+    image = Image.open(io.BytesIO(base64.b64decode(plot.uri.split(",", 1)[1]))).convert("RGB")
+    pixels = np.asarray(image).reshape(-1, 3).astype(int)
+    # matplotlib's C0 and C1; the legend's swatch alone is ~70 pixels (C0's whole count when
+    # both lines were drawn alike), the lines add hundreds more
+    for colour in ((0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)):
+        near = np.abs(pixels - np.array(colour)).sum(1) < 40
+        assert near.sum() > 300, (colour, int(near.sum()))

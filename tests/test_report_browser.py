@@ -44,6 +44,27 @@ PLOTS_JS = """(() => {
 })()"""
 
 
+READER_JS = """(() => {
+  const glossary = Object.fromEntries([...document.querySelectorAll('dl.glossary dt')]
+    .map(d => [d.id, d.nextElementSibling ? d.nextElementSibling.textContent : '']));
+  const names = [...document.querySelectorAll('#metrics table tr td:nth-child(2)')];
+  return JSON.stringify({
+    glossary: glossary,
+    abbrs: [...document.querySelectorAll('abbr.metric')].map(a => ({
+      text: a.textContent, title: a.title,
+      href: a.closest('a') ? a.closest('a').getAttribute('href') : null})),
+    bare: names.filter(td => !td.querySelector('abbr.metric')).map(td => td.textContent),
+    cards: document.querySelectorAll('.card').length,
+    verdicts: [...document.querySelectorAll('.card p.verdict')].map(p => p.innerText),
+  });
+})()"""
+VERDICT = re.compile(
+    r"Verdict: \d+\.\d% robust accuracy \[\d+\.\d, \d+\.\d\] \(95% CI, n=\d+\) at \w+ eps "
+    r"[\d.]+, the worst case over \d+ attack\(s\); (all \d+ sanity checks pass|worst sanity "
+    r"check: (warn|skip), .+)\."
+)
+
+
 def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if path := shutil.which(name):
@@ -61,7 +82,7 @@ class Browser:
             start_new_session=True,  # /usr/bin/chromium is a shell wrapper: stop its group
         )  # fmt: skip
         port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600  # a hang guard
         while not port_file.is_file() or not port_file.read_text().strip():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.close()
@@ -93,7 +114,7 @@ class Browser:
 
     def open(self, path: Path) -> None:
         self.call("Page.navigate", url=path.resolve().as_uri())
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600  # a hang guard
         while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{path} did not finish loading")
@@ -159,7 +180,17 @@ def test_report_renders_in_chromium(report_db, browser, tmp_path):
     assert state["found"] == state["expected"] == 6
     assert state["empty"] == []
     sections = {"provenance", "sanity", "curves", "corruptions", "certified", "frontier"}
-    assert sections | {"examples"} <= set(state["sections"])
+    assert sections | {"examples", "glossary"} <= set(state["sections"])
+    reader = json.loads(browser.evaluate(READER_JS))
+    # every metric abbreviation on the page has its expansion and a glossary entry
+    assert reader["bare"] == [] and reader["abbrs"], reader
+    for abbr in reader["abbrs"]:
+        assert abbr["title"].strip(), abbr
+        assert abbr["href"] and abbr["href"][1:] in reader["glossary"], abbr
+    assert all("docs/metrics.md" in text for text in reader["glossary"].values())
+    # one quotable verdict line per model
+    assert len(reader["verdicts"]) == reader["cards"] >= 1
+    assert all(VERDICT.fullmatch(v.strip()) for v in reader["verdicts"]), reader["verdicts"]
 
 
 def test_comparison_renders_in_chromium(report_db, browser, tmp_path):

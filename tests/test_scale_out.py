@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import children
 import pytest
 import torch
 from sqlalchemy import text
@@ -55,7 +56,7 @@ def _local(tmp_path: Path, name: str, threads: int | None = None, **update) -> s
 def _evaluate(plan: dict, *args: str, env: dict[str, str], cwd: Path) -> subprocess.Popen:
     path = cwd / "plan.json"
     path.write_text(json.dumps(plan))
-    return subprocess.Popen(
+    return children.start(
         [sys.executable, "-m", "aisafety.cli", "evaluate", str(path), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -82,9 +83,7 @@ def test_a_local_run_never_imports_ray(tmp_path):
     )
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({**PLAN, "attacks": PLAN["attacks"][:1]}))
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(plan)], capture_output=True, text=True, timeout=300
-    )
+    result = children.run([sys.executable, "-c", code, str(plan)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, []]
 
@@ -212,7 +211,7 @@ def test_a_plan_on_ray_and_postgresql_stores_what_a_local_run_stores_in_sqlite(
     plan = {**PLAN, "shard_size": 10, "batch_size": 10}
     args = _stores_what_local_stores(plan, local, ray_cluster, postgres_url, tmp_path)
     resumed = _evaluate(plan, *args, "--resume", env=ray_cluster.env, cwd=tmp_path)
-    out, err = resumed.communicate(timeout=600)
+    out, err = children.communicate(resumed)
     assert resumed.returncode == 0, err
     assert "(4 finished unit(s) taken from the database)" in out
     assert _count(postgres_url, "SELECT COUNT(*) FROM units") == 4
@@ -233,7 +232,7 @@ def _stores_what_local_stores(plan, local, ray_cluster, postgres_url, tmp_path) 
     number equals the ``local`` run's. Returns the command-line arguments it used."""
     args = ("--executor", "ray", "--address", ray_cluster.address, "--db", postgres_url)
     driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
-    out, err = driver.communicate(timeout=600)
+    out, err = children.communicate(driver)
     assert driver.returncode == 0, err
     assert "4/4 units done" in err
     counts, differences = compare(local, postgres_url)
@@ -272,7 +271,7 @@ def test_a_sharded_unit_is_stored_as_soon_as_its_shards_are_done(postgres_url, t
     try:
         args = ("--executor", "ray", "--address", cluster.address, "--db", postgres_url)
         driver = _evaluate(plan, *args, env=cluster.env, cwd=tmp_path)
-        out, err = driver.communicate(timeout=600)
+        out, err = children.communicate(driver)
     finally:
         cluster.stop()
     assert driver.returncode == 0, err
@@ -325,7 +324,7 @@ def test_a_worker_killed_mid_plan_loses_and_duplicates_nothing(ray_cluster, post
     args = ("--address", ray_cluster.address, "--db", postgres_url)
     driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
     _kill_a_busy_worker(ray_cluster, driver)
-    out, err = driver.communicate(timeout=600)
+    out, err = children.communicate(driver)
     assert driver.returncode == 0, err
     assert _count(postgres_url, "SELECT COUNT(*) FROM units") == 4
     assert _count(postgres_url, "SELECT COUNT(*) FROM metric_values") == _count(
@@ -347,13 +346,13 @@ def test_a_unit_that_fails_for_good_is_recorded_and_resume_runs_only_it(
     args = ("--address", ray_cluster.address, "--db", postgres_url)
     driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
     _kill_a_busy_worker(ray_cluster, driver)
-    out, err = driver.communicate(timeout=600)
+    out, err = children.communicate(driver)
     assert driver.returncode == 1, err
     assert "1 unit(s) failed after their retries" in err
     assert _count(postgres_url, "SELECT COUNT(*) FROM unit_failures") == 1
     assert _count(postgres_url, "SELECT COUNT(*) FROM units") == 3
     resumed = _evaluate(plan, *args, "--resume", env=ray_cluster.env, cwd=tmp_path)
-    out, err = resumed.communicate(timeout=600)
+    out, err = children.communicate(resumed)
     assert resumed.returncode == 0, err
     assert "(3 finished unit(s) taken from the database)" in out
     assert compare(local, postgres_url)[1] == []

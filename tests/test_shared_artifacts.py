@@ -74,8 +74,8 @@ def test_context_runs_pgd_once_for_every_metric(zoo_predictor, mnist_subset):
     ctx = EvaluationContext(
         zoo_predictor, data, make_attack, batch_size=16, load_profile=load_profile
     )
-    first = [m.compute(ctx, spec, 0.1) for m in all_metrics()]
-    second = [m.compute(ctx, spec, 0.1) for m in all_metrics()]
+    first = [m.compute(ctx, spec, 0.1)[0] for m in all_metrics()]
+    second = [m.compute(ctx, spec, 0.1)[0] for m in all_metrics()]
     assert ctx.attack_runs == Counter({(spec.key(), 0.1): 1})
     assert len(built) == 1
     assert ctx.neurons.passes == {"outputs": 1, "deviation": 1, "bounds": 1}

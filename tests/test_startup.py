@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import children
 import pytest
 
 from aisafety import cli, listing_cache
@@ -17,8 +18,8 @@ HEAVY = ("torch", "sqlalchemy", "pydantic", "scipy", "numpy", "aisafety.plugins"
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=300)  # fmt: skip
+    return children.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env})  # fmt: skip
 
 
 def test_importing_the_command_line_and_help_load_nothing_heavy():
@@ -48,6 +49,11 @@ def test_a_cached_listing_loads_no_plugin_and_equals_the_live_one(tmp_path):
     assert "LOADED []" in second.stderr  # answered from the cache
     assert json.loads(second.stdout) == json.loads(first.stdout) == json.loads(live.stdout)
     assert len(list(tmp_path.glob("list-attacks-*.json"))) == 1
+    # the first listing cached every plugin kind: a first `list metrics` imports nothing heavy
+    for kind in cli.LIST_KINDS:
+        assert len(list(tmp_path.glob(f"list-{kind}-*.json"))) == 1, kind
+    metrics = _python(code.replace("'attacks'", "'metrics'"), **env)
+    assert metrics.returncode == 0 and "LOADED []" in metrics.stderr, metrics.stderr
 
 
 def test_the_key_follows_code_and_zoo_manifests(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import threading
 import time
 from datetime import timedelta
 
+import children
 import pytest
 from sqlalchemy import text as sa_text
 from sqlalchemy.orm import Session
@@ -25,12 +26,13 @@ from aisafety.database.read_only import query_read_only, read_only_engine
 from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError, StoreError
 from aisafety.interfaces import (
-    SAMPLES_DETAILS_KEY,
     AttackSpec,
     DatasetSpec,
     EvaluationPlan,
     MetricSpec,
     MetricValue,
+    SampleVerdict,
+    SmoothingCertificates,
 )
 from aisafety.runner import Runner
 
@@ -216,19 +218,20 @@ def _full_unit(zoo_predictor, x, y) -> tuple[list[MetricValue], tuple]:
     result = FGSM()(zoo_predictor, x, y, 0.1)
     n = len(y)
     verdicts = [
-        {"sample_index": i, "label": int(y[i]), "verdict": "unknown", "margin": None,
-         "seconds": 0.0}
+        SampleVerdict(sample_index=i, label=int(y[i]), verdict="unknown", margin=None,
+                      seconds=0.0)
         for i in range(n)
     ]  # fmt: skip
-    per_sample = {
-        "sample_index": list(range(n)), "label": y.tolist(), "prediction": y.tolist(),
-        "p_a_lower": [0.9] * n, "radius": [0.5] * n, "seconds": [0.0] * n,
-    }  # fmt: skip
+    certificates = SmoothingCertificates(
+        setting="k", norm="l2", sample_index=list(range(n)), label=y.tolist(),
+        prediction=y.tolist(), p_a_lower=[0.9] * n, radius=[0.5] * n, seconds=[0.0] * n,
+    )  # fmt: skip
     values = [
         MetricValue(metric="certified", value=0.5, direction="higher", n_samples=n,
-                    details={SAMPLES_DETAILS_KEY: verdicts}),
+                    verdicts=verdicts),
         MetricValue(metric="smoothed", value=0.5, direction="higher", n_samples=n,
-                    details={"certificates": "k", "norm": "l2", "per_sample": per_sample}),
+                    details={"certificates": "k", "norm": "l2"},
+                    smoothing_certificates=certificates),
     ]  # fmt: skip
     return values, (AttackSpec(name="fgsm", eps=(0.1,)), "gradient", result)
 
@@ -367,7 +370,7 @@ def test_a_held_write_lock_is_waited_for_then_reported(tmp_path, monkeypatch):
 def test_a_killed_run_is_marked_interrupted_by_the_next_run(tmp_path):
     path = tmp_path / "r.db"
     store = ResultStore(f"sqlite:///{path}")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+    dead = children.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
                           capture_output=True, check=True)  # fmt: skip
     run_id = store.start_run(PLAN, "test", "cpu")
     with sqlite3.connect(path) as connection:  # as a kill -9 leaves it
@@ -397,15 +400,16 @@ def test_sigterm_marks_the_run_interrupted(tmp_path):
     path = tmp_path / "r.db"
     many = tuple(round(0.01 * i, 2) for i in range(1, 40))  # more units than it has time for
     plan = PLAN.model_copy(update={"attacks": (AttackSpec(name="fgsm", eps=many),)})
-    child = subprocess.Popen(
+    child = children.start(
         [sys.executable, "-c", CHILD, f"sqlite:///{path}", plan.model_dump_json()],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not _units_done(path):
+    deadline = time.monotonic() + children.HANG_LIMIT  # a hang guard: waits for a unit, not time
+    while time.monotonic() < deadline and not _units_done(path) and child.poll() is None:
         time.sleep(0.05)
+    assert _units_done(path), "the child wrote no unit before it ended or the hang guard"
     child.send_signal(signal.SIGTERM)
-    _, err = child.communicate(timeout=60)
+    _, err = children.communicate(child, what="the SIGTERMed run")
     assert child.returncode != 0, err
     with sqlite3.connect(path) as connection:
         assert connection.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]

@@ -48,7 +48,9 @@ def test_a_slow_bound_phase_ends_as_timeout_at_the_limit(name, clock):
     spent = time.perf_counter() - began
     assert slow.verdicts == [Verdict.TIMEOUT] * 4 and not slow.certified.any()
     assert slow.notes == ["timeout"] * 4
-    assert (slow.seconds >= 0.2).all() and spent < 4 * 0.2 + 5  # 2 batches of 2 x 0.2 s
+    assert (slow.seconds >= 0.2).all()
+    # 2 batches of 2 x 0.2 s; 1,000,000 steps without the limit would take hours
+    assert spent < 300, f"a 0.2 s limit ended the bound phase only after {spent:.0f} s"
     assert torch.isinf(slow.margins).all() and (slow.margins < 0).all()
 
 

@@ -40,6 +40,7 @@ from aisafety.attack.gradients import eot_loss_gradient, require_finite_budget
 from aisafety.attack.losses import LOSSES
 from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import per_sample
+from aisafety.attack.work import counted
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -114,7 +115,7 @@ class _APGD(Attack):
         state: _Restarts,
     ) -> None:
         """``n_restarts`` runs on the samples of ``state`` not fooled yet, updating it."""
-        for _ in range(self.config.n_restarts):
+        for _ in counted("restart", self.config.n_restarts):
             todo = (~state.fooled).nonzero().squeeze(1)
             if not len(todo):
                 break
@@ -169,7 +170,7 @@ class _APGD(Attack):
         idx = torch.arange(n, device=device)
         if cfg.early_stop:
             idx = idx[~fooled]
-        for k in range(cfg.steps):
+        for k in counted("iteration", cfg.steps):
             if not len(idx):
                 break
             xa, x0 = x_adv[idx], x[idx]
@@ -286,7 +287,7 @@ class _APGDTargeted(_APGD):
         require_finite_budget(self.name, eps)
         state = _Restarts(x)
         targets = ranked_targets(call.clean_logits, y, self.config.n_target_classes)
-        for rank in range(targets.shape[1]):
+        for rank in counted("target", targets.shape[1]):
             self._restart(predictor, x, y, eps, call.streams, targets[:, rank], state)
         return state.x_out, state.steps
 

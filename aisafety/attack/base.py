@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import inspect
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 import torch
 from pydantic import Field
@@ -34,9 +35,10 @@ from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
 from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import THREATS, ThreatModel, threat_model
+from aisafety.attack.work import counted
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.errors import InputError, PluginError
-from aisafety.interfaces import AttackFamily, Capability, Norm, Precision
+from aisafety.interfaces import AttackFamily, Capability, Norm, Precision, Seed
 from aisafety.memory import reuse_freed_memory
 from aisafety.prediction.base import Predictor
 
@@ -46,7 +48,7 @@ CPU_CHUNK = 128
 
 
 class AttackConfig(PluginConfig):
-    seed: int = 0
+    seed: Seed = 0  # as the plan's: a non-negative integer (seed: -1 was accepted here only)
     chunk_size: int | None = Field(
         default=None,
         gt=0,
@@ -61,7 +63,25 @@ class AttackConfig(PluginConfig):
 
 
 class Attack(ABC):
-    """An adversarial attack; ``attack(predictor, x, y, eps)`` returns an ``AttackResult``."""
+    """An adversarial attack; ``attack(predictor, x, y, eps)`` returns an ``AttackResult``.
+
+    A subclass implements ``perturb(predictor, x, y, eps, call)`` and sets class attributes;
+    ``__call__`` is final (the checks live there). The attributes that change what is
+    stored, each checked for every registered attack by ``tests/test_contract.py``:
+
+    - ``norm``: the budget's geometry; every result is projected into it (and the box).
+    - ``family``: which attack metrics read the results (``AttackMetric.attack_families``);
+      ``CORRUPTION`` has no norm and no attack metric.
+    - ``requires``: the predictor capability checked before any work.
+    - ``chunk_independent``: True promises each sample's result is the same whatever the
+      chunking; False makes the runner key its units by the plan's batch size, so another
+      batch size is another unit on ``--resume``.
+    - ``cpu_chunk``: the chunk size on CPU when neither the call nor ``chunk_size`` says.
+    - ``skips_misclassified``: samples the model already gets wrong (all at eps 0) are
+      stored clean with 0 steps.
+    - ``targeted``: ``perturb`` honours ``call.target``; otherwise a call with targets is an
+      ``InputError``.
+    """
 
     name: ClassVar[str]
     family: ClassVar[AttackFamily]
@@ -84,12 +104,28 @@ class Attack(ABC):
     # never mixed with this one)
     chunk_independent: ClassVar[bool] = False
     # plugins written for the older ``perturb(predictor, x, y, eps)`` get no ``call``
+    # (deprecated: a DeprecationWarning when such a class is defined)
     _takes_call: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
+        if "__call__" in vars(cls):
+            raise PluginError(
+                f"attack class {cls.__module__}.{cls.__qualname__} overrides __call__, which "
+                "owns the checks every attack gets (inputs, budget projection, the final fp32 "
+                "re-evaluation); implement perturb(predictor, x, y, eps, call) instead"
+            )
         parameters = inspect.signature(cls.perturb).parameters
         cls._takes_call = "call" in parameters or len(parameters) > 5
+        if not cls._takes_call:
+            warnings.warn(
+                f"attack class {cls.__module__}.{cls.__qualname__} defines the older "
+                "perturb(predictor, x, y, eps); add the fifth parameter, call (an AttackCall: "
+                "random streams, clean logits, targets): perturb(predictor, x, y, eps, call). "
+                "The four-parameter form will stop working in a later version",
+                DeprecationWarning,
+                stacklevel=2,
+            )
 
     def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
         self.config = build_config(
@@ -144,6 +180,7 @@ class Attack(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return candidate adversarial inputs and the steps (or queries) spent per sample."""
 
+    @final
     def __call__(
         self,
         predictor: Predictor,
@@ -205,9 +242,10 @@ class Attack(ABC):
             parts = [
                 self._attack_chunk(predictor, xc, yc, eps, generator, *rest)
                 for xc, yc, *rest in tqdm(
-                    chunks, desc=f"{self.name} eps={eps:g}", disable=not progress
+                    (chunks[i] for i in counted("batch", len(chunks))),
+                    total=len(chunks), desc=f"{self.name} eps={eps:g}", disable=not progress,
                 )
-            ]
+            ]  # fmt: skip
         return parts[0] if len(parts) == 1 else AttackResult.concat(parts)
 
     def search_predictor(self, predictor: Predictor) -> Predictor:

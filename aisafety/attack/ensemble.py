@@ -34,6 +34,7 @@ from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.result import AttackResult
 from aisafety.attack.transfer import AttackRegistry
+from aisafety.attack.work import counted
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -157,7 +158,8 @@ class _Ensemble(Attack):
         attacked = torch.zeros(n, k, dtype=torch.bool, device=device)
         member_steps = torch.zeros(n, k, dtype=torch.long, device=device)
         seconds = [0.0] * k
-        for j, member in enumerate(self.members):
+        for j in counted("member", k, [m.name for m in self.members]):
+            member = self.members[j]
             rows = robust.nonzero().squeeze(1)
             if not len(rows):
                 break

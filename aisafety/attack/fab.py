@@ -44,6 +44,7 @@ from aisafety.attack.call import AttackCall
 from aisafety.attack.gradients import loss_gradient, require_finite_budget
 from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import normalized, per_sample
+from aisafety.attack.work import counted
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -180,8 +181,8 @@ class _FABTargeted(Attack):
         x_out = x.clone()
         best = torch.full((len(x),), math.inf, device=x.device)
         steps = torch.zeros(len(x), dtype=torch.long, device=x.device)
-        for rank in range(targets.shape[1]):
-            for restart in range(cfg.n_restarts):
+        for rank in counted("target", targets.shape[1]):
+            for restart in counted("restart", cfg.n_restarts):
                 todo = (best > eps).nonzero().squeeze(1)
                 if not len(todo):
                     break
@@ -222,7 +223,7 @@ class _FABTargeted(Attack):
         moves = torch.zeros(n, dtype=torch.long, device=x.device)
         project = PROJECTIONS[self.norm]
         idx = torch.arange(n, device=x.device)
-        for _ in range(cfg.steps):
+        for _ in counted("iteration", cfg.steps):
             if not len(idx):
                 break
             xi, x0, m = x1[idx], x[idx], len(idx)

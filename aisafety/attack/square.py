@@ -26,6 +26,7 @@ from pydantic import Field
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.streams import SampleStreams, scaled
+from aisafety.attack.work import counted
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
@@ -91,7 +92,7 @@ class SquareLinf(Attack):
             margin = margin_loss(predictor.logits(best), y0)
             used = torch.ones(n, dtype=torch.long, device=x.device)
             side_max = max(min(h, w) - 1, 1)
-            for iteration in range(cfg.queries - 1):
+            for iteration in counted("query", cfg.queries - 1):
                 active = torch.nonzero(margin > 0).squeeze(1)
                 if not len(active):
                     break

@@ -37,6 +37,7 @@ from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.square import margin_loss, p_selection
 from aisafety.attack.streams import SampleStreams, scaled
+from aisafety.attack.work import counted
 from aisafety.errors import InputError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -158,7 +159,7 @@ class SquareL2(Attack):
             margin = margin_loss(predictor.logits(best), y0)
             used = torch.ones(n, dtype=torch.long, device=x.device)
             side_max = max(min(h, w) - 1, 1)
-            for iteration in range(cfg.queries - 1):
+            for iteration in counted("query", cfg.queries - 1):
                 active = torch.nonzero(margin > 0).squeeze(1)
                 if not len(active):
                     break

@@ -14,6 +14,7 @@ import torch
 from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.call import AttackCall
 from aisafety.corruption.base import CORRUPTIONS, corrupt
 from aisafety.corruption.params import TABLE_NAMES
 from aisafety.interfaces import AttackFamily, Capability
@@ -47,7 +48,7 @@ class Corruption(Attack):
         )
 
     def perturb(
-        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float
+        self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = corrupt(x, self.name, self.config.severity, self.config.seed, self.config.table)
         return out, torch.ones(len(x), dtype=torch.long, device=x.device)

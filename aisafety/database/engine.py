@@ -8,7 +8,9 @@ is ``migration.py``'s (Alembic).
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -17,8 +19,11 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from aisafety.errors import ConfigError, StoreError
+from aisafety.errors import AISafetyWarning, ConfigError, StoreError
 
+DEFAULT_GRACE_S = 60.0  # a database server that went away is waited for this long
+GRACE_ENV = "AISAFETY_DB_GRACE_S"
+GRACE_PAUSE_S = 1.0  # between attempts to reach it again
 BUSY_TIMEOUT_S = 30.0  # how long one statement waits for another process's write lock
 WRITE_ATTEMPTS = 5  # bounded retries of a whole transaction after that
 RETRY_PAUSE_S = 0.5  # first pause between attempts; doubles each time
@@ -37,6 +42,16 @@ _TRANSIENT = (
     # the same unit stored at once by two attempts of one task (Ray retries): the next
     # attempt finds it stored and leaves it
     "unique constraint failed: units.key", 'unique constraint "units_pkey"',
+)  # fmt: skip
+
+
+# A connection that failed or broke: the server restarts, or the network is down.
+_GONE = (
+    "connection refused", "could not connect", "server closed the connection",
+    "terminating connection", "connection is closed", "connection reset",
+    "the database system is starting up", "the database system is shutting down",
+    "the database system is in recovery mode", "consuming input failed",
+    "connection timed out", "no route to host",
 )  # fmt: skip
 
 
@@ -62,7 +77,13 @@ def check_url(url: str, create: bool) -> None:
     if path is None:
         return
     if create:  # ``--db sqlite:///results/run.db`` works without creating results/ first
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create the folder of the results database {str(path)!r} (--db {url}): "
+                f"{exc.strerror}; give a --db path in a folder you can write"
+            ) from None
     elif not path.is_file():
         raise ConfigError(
             f"results database {str(path)!r} does not exist (--db {url}); check the path, "
@@ -80,7 +101,8 @@ def open_engine(url: str) -> Engine:
     """An engine for a writable store: WAL and busy timeout on SQLite files."""
     is_sqlite = make_url(url).get_backend_name() == "sqlite"
     connect_args = {"timeout": BUSY_TIMEOUT_S} if is_sqlite else {}
-    engine = create_engine(url, connect_args=connect_args)
+    # a server that restarted leaves dead connections in the pool: test each before use
+    engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
         if sqlite_file(url) is not None:  # WAL is a property of the file: set it once
@@ -101,13 +123,64 @@ def checkpoint(engine: Engine) -> None:
             connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
 
+def grace_seconds() -> float:
+    """How long a database server that went away is waited for (``AISAFETY_DB_GRACE_S``)."""
+    raw = os.environ.get(GRACE_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_GRACE_S
+    except ValueError:
+        raise ConfigError(f"{GRACE_ENV}={raw!r} is not a number of seconds (e.g. 60)") from None
+    if not value >= 0:
+        raise ConfigError(f"{GRACE_ENV}={raw!r} must be >= 0 seconds (0: do not wait)")
+    return value
+
+
+def _server_gone(exc: DBAPIError) -> bool:
+    """A connection that failed or broke (server restarting, network down), not a refusal
+    of the statement itself."""
+    text = str(exc.orig).lower()
+    return bool(exc.connection_invalidated) or any(word in text for word in _GONE)
+
+
+def _wait_for_server(what: str, exc: DBAPIError, started: float | None, grace: float) -> float:
+    """Start or continue waiting for a server that went away; raise once ``grace`` is over."""
+    now = time.monotonic()
+    if started is None:
+        warnings.warn(
+            f"the results database is unreachable ({_first_line(exc)}); waiting up to "
+            f"{grace:g} s for it to come back ({GRACE_ENV} sets how long)",
+            AISafetyWarning,
+            stacklevel=3,
+        )
+        started = now
+    if now - started >= grace:
+        raise StoreError(
+            f"cannot {what}: {_first_line(exc)} (the database server was unreachable for "
+            f"{grace:g} s, the grace period, {GRACE_ENV}); the units finished before are "
+            "stored: once the server is back, rerun the same command with --resume"
+        ) from None
+    time.sleep(min(GRACE_PAUSE_S, grace - (now - started)))
+    return started
+
+
+def _first_line(exc: DBAPIError) -> str:
+    return (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+
+
 def with_retries(what: str, action: Callable[[], T]) -> T:
-    """Run ``action`` (one whole transaction); retry a few times while the database is busy."""
-    pause = RETRY_PAUSE_S
-    for attempt in range(1, WRITE_ATTEMPTS + 1):
+    """Run ``action`` (one whole transaction); retry a few times while the database is busy,
+    and for up to ``grace_seconds()`` while its server is unreachable."""
+    pause, grace, gone_since = RETRY_PAUSE_S, grace_seconds(), None
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return action()
         except DBAPIError as exc:
+            if _server_gone(exc) and grace > 0:
+                gone_since = _wait_for_server(what, exc, gone_since, grace)
+                attempt -= 1  # waiting for the server is not an attempt
+                continue
             transient = any(word in str(exc.orig).lower() for word in _TRANSIENT)
             if not transient or attempt == WRITE_ATTEMPTS:
                 raise StoreError(
@@ -121,4 +194,3 @@ def with_retries(what: str, action: Callable[[], T]) -> T:
                 ) from None
         time.sleep(pause)
         pause *= 2
-    raise AssertionError("unreachable")

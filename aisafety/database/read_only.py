@@ -1,23 +1,57 @@
 """``aisafety query``: SQL against the results database that cannot change anything.
 
-SQLite files are opened with ``mode=ro``, which stops writes to the database itself but
-not ``ATTACH`` or ``VACUUM INTO`` (they create other files), so an authorizer also allows
-only reading: SELECT, reading columns, functions, recursive CTEs and read-only PRAGMAs.
-PostgreSQL runs the statement in a READ ONLY transaction that is rolled back.
+Read-only by construction, not by parsing the text:
+
+* one statement per call: SQLite's driver refuses a second statement, and on PostgreSQL
+  the statement goes through the extended protocol (one prepared statement), which the
+  server itself refuses for more than one command, so ``SELECT 1; COMMIT; DROP ...`` never
+  runs its ``COMMIT``;
+* SQLite files are opened with ``mode=ro``, and an authorizer allows only reading (SELECT,
+  reading columns, functions, recursive CTEs, read-only PRAGMAs): ``mode=ro`` alone lets
+  ``ATTACH`` and ``VACUUM INTO`` create other files;
+* PostgreSQL sessions start with ``default_transaction_read_only=on`` and every statement
+  runs in a ``READ ONLY`` transaction that is rolled back; a single statement cannot make
+  its own transaction read-write (the server refuses it after the first query);
+* a statement timeout (PostgreSQL's ``statement_timeout``, SQLite's progress handler) and a
+  row limit bound what one call costs, and rows are streamed, never collected whole.
+
+What a PostgreSQL role may still *read* (server files, for a superuser) is the role's
+business: docs/database.md says which role to give ``query``.
 """
 
 from __future__ import annotations
 
 import re
 import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from aisafety.database import QUERY_MAX_ROWS, QUERY_TIMEOUT_S
 from aisafety.database.engine import check_url, sqlite_file
 from aisafety.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one query may cost: seconds until it is stopped, rows until output stops
+    (``None``: no row limit, for callers that collect a known small result)."""
+
+    timeout_s: float = QUERY_TIMEOUT_S
+    max_rows: int | None = QUERY_MAX_ROWS
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ConfigError(f"query timeout {self.timeout_s} s must be > 0 (e.g. --timeout 60)")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ConfigError(f"query row limit {self.max_rows} must be >= 1 (e.g. --max-rows 100)")
+
 
 _READ_ACTIONS = {
     sqlite3.SQLITE_SELECT,
@@ -80,19 +114,55 @@ class _Authorizer:
 
 
 def read_only_engine(url: str) -> Engine:
-    """An engine on an existing database that opens SQLite files read-only."""
+    """An engine on an existing database: SQLite files opened read-only, PostgreSQL
+    sessions read-only from their start (``default_transaction_read_only``)."""
     check_url(url, create=False)
     path = sqlite_file(url)
     if path is not None:
         url = f"sqlite:///file:{quote(str(path.resolve()))}?mode=ro&uri=true"
+    backend = make_url(url).get_backend_name()
+    connect_args = {}
+    if backend == "postgresql":
+        _check_psycopg3(url)
+        connect_args = {"options": "-c default_transaction_read_only=on"}
     try:
-        return create_engine(url)
+        return create_engine(url, connect_args=connect_args)
     except (SQLAlchemyError, ImportError) as exc:
         raise ConfigError(f"cannot open the results database {url!r}: {exc}") from None
 
 
-def query_read_only(engine: Engine, sql: str) -> tuple[list[str], list[tuple]]:
-    """Column names and rows of ``sql``; any statement that would write is refused."""
+def _check_psycopg3(url: str) -> None:
+    driver = make_url(url).get_driver_name()
+    if driver != "psycopg":
+        raise ConfigError(
+            f"'aisafety query' on PostgreSQL needs the psycopg (3) driver, not {driver!r}: "
+            f"write the URL as postgresql+psycopg://... (pip install 'psycopg[binary]')"
+        )
+
+
+class Rows:
+    """The columns and a one-pass iterator over the rows of a read-only query;
+    ``truncated`` is True once iteration stopped at the row limit."""
+
+    def __init__(self, columns: list[str], rows: Iterator[tuple], limits: QueryLimits) -> None:
+        self.columns = columns
+        self.truncated = False
+        self._rows = rows
+        self._limits = limits
+
+    def __iter__(self) -> Iterator[tuple]:
+        for count, row in enumerate(self._rows, start=1):
+            yield row
+            if self._limits.max_rows is not None and count >= self._limits.max_rows:
+                self.truncated = next(self._rows, None) is not None
+                return
+
+
+@contextmanager
+def read_only_rows(engine: Engine, sql: str, limits: QueryLimits | None = None) -> Iterator[Rows]:
+    """The rows of ``sql``, streamed; any statement that would write is refused, and errors
+    (while executing or iterating) are ``ConfigError`` naming the cause and the fix."""
+    limits = limits or QueryLimits()
     backend = make_url(str(engine.url)).get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise ConfigError(
@@ -101,26 +171,55 @@ def query_read_only(engine: Engine, sql: str) -> tuple[list[str], list[tuple]]:
     try:
         with engine.connect() as connection:
             if backend == "sqlite":
-                return _sqlite_query(connection, sql)
-            _check_postgresql_statement(sql)
-            connection.exec_driver_sql("SET TRANSACTION READ ONLY")
-            return _rows(connection, sql)  # the context manager rolls the transaction back
-    except SQLAlchemyError as exc:
-        if "read-only transaction" in str(exc):
-            reason = str(exc.orig).strip()
-            raise ConfigError(f"query refused: {reason}; {_READ_ONLY_HINT}") from None
-        raise ConfigError(
-            f"query failed: {getattr(exc, 'orig', None) or exc} (one SQL statement per query; "
-            "tables and views: see docs/database.md)"
-        ) from None
+                with _sqlite_rows(connection, sql, limits) as rows:
+                    yield rows
+            else:
+                with _postgresql_rows(connection, sql, limits) as rows:
+                    yield rows
+    except (SQLAlchemyError, sqlite3.Error) as exc:
+        raise _query_error(exc, limits) from None
+    except Exception as exc:  # psycopg's own errors, raised while streaming
+        if type(exc).__module__.startswith("psycopg"):
+            raise _query_error(exc, limits) from None
+        raise
+
+
+def query_read_only(
+    engine: Engine, sql: str, limits: QueryLimits | None = None
+) -> tuple[list[str], list[tuple]]:
+    """Column names and rows of ``sql`` (no row limit unless ``limits`` sets one)."""
+    with read_only_rows(engine, sql, limits or QueryLimits(max_rows=None)) as rows:
+        return rows.columns, list(rows)
 
 
 _READ_ONLY_HINT = "'aisafety query' is read-only (SELECT, WITH, read-only PRAGMAs)"
-# A READ ONLY transaction still lets COPY ... TO write a file on the server.
+# A READ ONLY transaction still lets COPY ... TO write a file on the server; a statement
+# other than these is refused before it is sent.
 _PG_READING = re.compile(
     r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(select|with|values|table|show|explain)\b",
     re.IGNORECASE | re.DOTALL,
 )
+
+
+def _query_error(exc: BaseException, limits: QueryLimits) -> ConfigError:
+    orig = getattr(exc, "orig", None) or exc
+    message = str(orig).strip()
+    if "read-only transaction" in message:
+        return ConfigError(f"query refused: {message}; {_READ_ONLY_HINT}")
+    if "multiple commands" in message or "one statement at a time" in message:
+        return ConfigError(
+            f"query refused: {message}: 'aisafety query' runs exactly one SQL statement per "
+            "call; run each statement in its own call"
+        )
+    if "statement timeout" in message or message == "interrupted":
+        return ConfigError(
+            f"query stopped after its timeout of {limits.timeout_s:g} s (--timeout); give a "
+            "larger --timeout, or narrow the query (WHERE, LIMIT)"
+        )
+    return ConfigError(
+        f"query failed: {message} (one SQL statement per query; tables and views: see "
+        "docs/database.md)"
+    )
 
 
 def _check_postgresql_statement(sql: str) -> None:
@@ -129,13 +228,46 @@ def _check_postgresql_statement(sql: str) -> None:
         raise ConfigError(f"query refused: {first} is not a reading statement; {_READ_ONLY_HINT}")
 
 
-def _sqlite_query(connection: Connection, sql: str) -> tuple[list[str], list[tuple]]:
+@contextmanager
+def _postgresql_rows(connection: Connection, sql: str, limits: QueryLimits) -> Iterator[Rows]:
+    """One statement through psycopg's ``stream`` (extended protocol, single-row mode)
+    in a READ ONLY transaction with ``statement_timeout``; rolled back on leaving."""
+    _check_postgresql_statement(sql)
+    _check_psycopg3(str(connection.engine.url))
+    raw = connection.connection.dbapi_connection
+    timeout_ms = max(1, round(limits.timeout_s * 1000))
+    with raw.cursor() as cursor:
+        cursor.execute("SET TRANSACTION READ ONLY")
+        cursor.execute(f"SET LOCAL statement_timeout = {timeout_ms}")
+        stream = cursor.stream(sql)
+        try:
+            first = next(stream, None)
+            columns = [d.name for d in cursor.description or []]
+            rows = _chain_first(first, stream) if first is not None else iter(())
+            yield Rows(columns, rows, limits)
+        finally:
+            stream.close()  # cancels a statement still sending rows
+            raw.rollback()
+
+
+def _chain_first(first: tuple, rest: Iterator[tuple]) -> Iterator[tuple]:
+    yield first
+    yield from rest
+
+
+@contextmanager
+def _sqlite_rows(connection: Connection, sql: str, limits: QueryLimits) -> Iterator[Rows]:
     raw = connection.connection.dbapi_connection
     authorizer = _Authorizer()
+    deadline = time.monotonic() + limits.timeout_s
     raw.set_authorizer(authorizer)
+    raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
     try:
-        return _rows(connection, sql)
-    except SQLAlchemyError:
+        cursor = raw.cursor()
+        cursor.execute(sql)
+        columns = [d[0] for d in cursor.description or []]
+        yield Rows(columns, iter(cursor), limits)
+    except sqlite3.Error:
         if authorizer.refused is not None:
             raise ConfigError(
                 f"query refused: {authorizer.refused} would change the database or write a "
@@ -144,10 +276,25 @@ def _sqlite_query(connection: Connection, sql: str) -> tuple[list[str], list[tup
         raise
     finally:
         raw.set_authorizer(None)  # the connection goes back to a pool a writer may use
+        raw.set_progress_handler(None, 0)
 
 
-def _rows(connection: Connection, sql: str) -> tuple[list[str], list[tuple]]:
-    result = connection.exec_driver_sql(sql)
-    if not result.returns_rows:
-        return [], []
-    return list(result.keys()), [tuple(r) for r in result]
+def superuser_warning(engine: Engine) -> str | None:
+    """A warning when a PostgreSQL query runs as a superuser, which a read-only transaction
+    does not stop from reading the server's files (``pg_read_file``, ``pg_ls_dir``)."""
+    if make_url(str(engine.url)).get_backend_name() != "postgresql":
+        return None
+    try:
+        with engine.connect() as connection:
+            user, superuser = connection.exec_driver_sql(
+                "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
+            ).one()
+    except SQLAlchemyError as exc:
+        raise _query_error(exc, QueryLimits()) from None
+    if not superuser:
+        return None
+    return (
+        f"'aisafety query' connected as the PostgreSQL superuser {user!r}: a read-only "
+        "transaction stops writes, not a superuser reading the server's files; give query a "
+        "role with SELECT on the results tables only (docs/database.md)"
+    )

@@ -23,8 +23,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from aisafety.interfaces import SAMPLES_DETAILS_KEY
-
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -201,11 +199,8 @@ class SmoothingCertificate(Base):
     seconds: Mapped[float] = mapped_column(Float)
 
 
-SAMPLES = SAMPLES_DETAILS_KEY  # details key whose list becomes verification_samples rows
-
-
 class VerificationSample(Base):
-    """One sample's verdict under a certified metric (details["samples"] of its value)."""
+    """One sample's verdict under a certified metric (``MetricValue.verdicts``)."""
 
     __tablename__ = "verification_samples"
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -27,9 +27,6 @@ from aisafety.database.read_only import query_read_only
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
 
-# details keys stored as rows of their own tables, not in the metric value's JSON
-# ("per_sample" only for values with "certificates": _row_backed)
-ROW_DETAILS = (schema.SAMPLES, "per_sample")
 # Inputs kept per attack run for the report's example panels: successful ones first.
 EXAMPLES_PER_RUN = 4
 
@@ -231,7 +228,7 @@ class ResultStore:
                     attack=v.attack,
                     eps=v.eps,
                     n_samples=v.n_samples,
-                    details={k: d for k, d in v.details.items() if not _row_backed(k, v)},
+                    details=v.details,
                     platform_version=version,
                     **_interval(v),
                 )
@@ -245,33 +242,27 @@ class ResultStore:
     def _add_certificates(
         session: Session, run_id: int, key: str, values: list[MetricValue]
     ) -> int:
-        """Per-image rows of the values that carry them (``details["per_sample"]``, e.g. the
-        smoothed metrics), once per certificate setting (``details["certificates"]``); returns
-        how many rows it wrote."""
+        """The rows of each value's ``smoothing_certificates``, once per certificate setting
+        (the smoothed metrics of one setting share them); returns how many it wrote."""
         written, count = set(), 0
         for v in values:
-            setting, columns = v.details.get("certificates"), v.details.get("per_sample")
-            if setting is None or columns is None or setting in written:
+            cert = v.smoothing_certificates
+            if cert is None or cert.setting in written:
                 continue
-            written.add(setting)
+            written.add(cert.setting)
+            columns = zip(
+                cert.sample_index, cert.label, cert.prediction, cert.p_a_lower, cert.radius,
+                cert.seconds, strict=True,
+            )  # fmt: skip
             rows = [
-                dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)
-            ]
+                {"run_id": run_id, "unit_key": key, "certificates": cert.setting,
+                 "norm": cert.norm, "sample_index": i, "label": label, "prediction": prediction,
+                 "p_a_lower": p_a_lower, "radius": radius, "seconds": seconds,
+                 "abstained": prediction == -1}
+                for i, label, prediction, p_a_lower, radius, seconds in columns
+            ]  # fmt: skip
             count += len(rows)
-            session.execute(
-                insert(schema.SmoothingCertificate),
-                [
-                    {
-                        **row,
-                        "run_id": run_id,
-                        "unit_key": key,
-                        "certificates": setting,
-                        "norm": v.details["norm"],
-                        "abstained": row["prediction"] == -1,
-                    }
-                    for row in rows
-                ],
-            )
+            session.execute(insert(schema.SmoothingCertificate), rows)
         return count
 
     def _subject_ids(self, session: Session, s: Subject) -> tuple[int, int]:
@@ -368,25 +359,16 @@ WHERE u.n_values = (
 """
 
 
-def _row_backed(key: str, value: MetricValue) -> bool:
-    """Whether a details entry is stored as rows of its own table, not in the JSON: the
-    verification verdicts, and ``per_sample`` of a smoothed metric (its certificates). Other
-    metrics' ``per_sample`` (AH's areas, which ``aisafety compare``'s rank-sum test reads
-    back on ``--resume``) stays in the JSON."""
-    return key == schema.SAMPLES or (key == "per_sample" and "certificates" in value.details)
-
-
 def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]) -> int:
-    """Per-sample verdicts of certified metrics (details["samples"]) as table rows; returns
-    how many it wrote."""
-    if not any(schema.SAMPLES in v.details for v in values):
+    """Each value's per-sample ``verdicts`` (certified metrics) as table rows; returns how
+    many it wrote."""
+    if not any(v.verdicts for v in values):
         return 0
     session.flush()  # the metric rows' ids
     verdicts = [
-        {"metric_value_id": row.id, "sample_index": s["sample_index"], "label": s["label"],
-         "verdict": s["verdict"], "margin": s["margin"], "seconds": s["seconds"],
-         "attack": {k: x for k, x in s.items() if k.startswith("attack")}}
-        for row, v in zip(rows, values, strict=True) for s in v.details.get(schema.SAMPLES, [])
+        {"metric_value_id": row.id, "sample_index": s.sample_index, "label": s.label,
+         "verdict": s.verdict, "margin": s.margin, "seconds": s.seconds, "attack": s.attack}
+        for row, v in zip(rows, values, strict=True) for s in v.verdicts
     ]  # fmt: skip
     if verdicts:
         session.execute(insert(schema.VerificationSample), verdicts)

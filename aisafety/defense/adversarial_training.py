@@ -1,12 +1,13 @@
 """PGD adversarial training (Madry et al., 2018): fit the worst case inside the eps-ball.
 
 Shared by the training defenses in ``aisafety.defense.training``. The inner maximisation is
-l-inf PGD, from a random start by default; the budget ramps up linearly over
-``warmup_epochs`` (a common stabiliser for small networks, e.g. Gowal et al. 2018), then
-stays at ``eps``. The SoK's VeriGauge code trains differently, and these options reproduce
-it: PGD from the clean input (``random_start: false``), a step relative to the current
-budget (``relative_step``: eps / 50 there) and a budget constant within each epoch,
-eps * min((epoch + 1) / warmup_epochs, 1) (``warmup: per-epoch``, 0-based epochs).
+the attack's l-inf PGD (``aisafety.attack.pgd.linf_pgd``), from a random start by default;
+the budget ramps up linearly over ``warmup_epochs`` (a common stabiliser for small networks,
+e.g. Gowal et al. 2018), then stays at ``eps``. The SoK's VeriGauge code trains
+differently, and these options reproduce it: PGD from the clean input (``random_start:
+false``), a step relative to the current budget (``relative_step``: eps / 50 there) and a
+budget constant within each epoch, eps * min((epoch + 1) / warmup_epochs, 1) (``warmup:
+per-epoch``, 0-based epochs).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from aisafety.attack.pgd import linf_pgd
 from aisafety.attack.threat import LinfThreat
 from aisafety.config_base import PluginConfig
 from aisafety.defense.mlp_gradient import ReluMlp
@@ -63,7 +65,7 @@ def pgd_examples(
     mlp = ReluMlp.of(network)
     if mlp is not None:
         gradient = partial(mlp.cross_entropy_gradient, y=y)
-        return ascend_linf_gradient(gradient, x, x_start, eps, steps, step_size)
+        return linf_pgd(gradient, x, x_start, eps, steps, step_size)
 
     def objective(logits: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, y, reduction="sum")
@@ -91,25 +93,8 @@ def ascend_linf(
         x_adv = x_adv.detach().requires_grad_(True)
         return torch.autograd.grad(objective(network(x_adv)), x_adv)[0]
 
-    x_adv = ascend_linf_gradient(gradient, x, x_start, eps, steps, step_size)
+    x_adv = linf_pgd(gradient, x, x_start, eps, steps, step_size)
     network.train(was_training)
-    return x_adv
-
-
-def ascend_linf_gradient(
-    gradient: Callable[[torch.Tensor], torch.Tensor],
-    x: torch.Tensor,
-    x_start: torch.Tensor,
-    eps: float,
-    steps: int,
-    step_size: float,
-) -> torch.Tensor:
-    """``ascend_linf`` given the objective's input ``gradient`` directly."""
-    threat = LinfThreat()
-    lower, upper = threat.bounds(x, eps)
-    x_adv = x_start.detach().clone()
-    for _ in range(steps):  # in place: x_adv + step * ascent, clamped to the ball and [0, 1]
-        x_adv.add_(threat.ascent(gradient(x_adv)), alpha=step_size).clamp_(lower, upper)
     return x_adv
 
 

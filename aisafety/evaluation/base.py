@@ -9,11 +9,21 @@ outputs) once for all metrics.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from aisafety.config_base import PluginConfig, build_config
+from aisafety.errors import PluginError
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Direction, MetricValue
+from aisafety.interfaces import (
+    AttackFamily,
+    AttackSpec,
+    Capability,
+    Direction,
+    MetricValue,
+    SampleVerdict,
+    SmoothingCertificates,
+)
 
 
 class Metric(ABC):
@@ -68,10 +78,14 @@ class Metric(ABC):
         n_samples: int,
         attack: AttackSpec | None = None,
         eps: float | None = None,
+        *,
+        verdicts: Sequence[SampleVerdict] = (),
+        smoothing_certificates: SmoothingCertificates | None = None,
         **details: Any,
     ) -> MetricValue:
         """Wrap a number with the metric's metadata (``eps`` may also be a clean metric's own
-        radius, e.g. ENI's noise level)."""
+        radius, e.g. ENI's noise level); ``details`` are stored as JSON, the per-sample
+        ``verdicts`` and ``smoothing_certificates`` as rows of their tables."""
         return MetricValue(
             metric=self.label(),
             value=float(value),
@@ -82,6 +96,8 @@ class Metric(ABC):
             eps=eps,
             n_samples=n_samples,
             details=details,
+            verdicts=tuple(verdicts),
+            smoothing_certificates=smoothing_certificates,
         )
 
 
@@ -95,8 +111,8 @@ class CleanMetric(Metric):
     own_unit: ClassVar[bool] = False
 
     @abstractmethod
-    def compute(self, ctx: EvaluationContext) -> MetricValue | list[MetricValue]:
-        """The value on ``ctx`` (per-layer metrics return one value per layer)."""
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
+        """The values on ``ctx``: one for most metrics, one per layer for per-layer ones."""
 
 
 class AttackMetric(Metric):
@@ -116,7 +132,21 @@ class AttackMetric(Metric):
         return self.attack_families is None or family in self.attack_families
 
     @abstractmethod
-    def compute(
-        self, ctx: EvaluationContext, attack: AttackSpec, eps: float
-    ) -> MetricValue | list[MetricValue]:
-        """The value on ``attack``'s adversarial examples at budget ``eps``."""
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
+        """The values on ``attack``'s adversarial examples at budget ``eps`` (one for most
+        metrics, one per layer for per-layer ones)."""
+
+
+def checked_values(metric: Metric, values: Any) -> list[MetricValue]:
+    """What ``metric.compute`` returned, or a PluginError naming the metric and the fix:
+    ``compute`` returns a list of ``MetricValue`` always."""
+    if isinstance(values, list) and all(isinstance(v, MetricValue) for v in values):
+        return values
+    got = type(values).__name__
+    if isinstance(values, list):
+        got = f"a list holding {', '.join(sorted({type(v).__name__ for v in values}))}"
+    raise PluginError(
+        f"metric {metric.name!r} ({type(metric).__module__}.{type(metric).__qualname__}): "
+        f"compute returned {got}; it must return a list of MetricValue, e.g. "
+        "[self.value(number, n_samples)]"
+    )

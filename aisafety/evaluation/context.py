@@ -195,6 +195,14 @@ class EvaluationContext:
         key = (spec.key(), float(eps))
         self._adversarial[key] = self._to_cpu(result)
 
+    def forget_cached(self) -> None:
+        """Drop every computed artifact (after a plugin changed shared state,
+        ``evaluation/integrity.py``): the next unit computes afresh what it reads."""
+        for name in ("clean_logits", "clean_probs", "clean_correct", "neurons", "reference"):
+            self.__dict__.pop(name, None)
+        for cache in (self._adversarial, self._corrupted, self._sequences, self._artifacts):
+            cache.clear()
+
     def forget_adversarial(self, spec: AttackSpec, eps: float) -> None:
         """Free an attack result no later unit of this process reads (Ray workers)."""
         self._adversarial.pop((spec.key(), float(eps)), None)

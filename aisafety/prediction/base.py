@@ -14,6 +14,7 @@ import torch
 
 from aisafety.errors import AISafetyError, CapabilityError, InputError, ModelOutputError
 from aisafety.interfaces import Capability
+from aisafety.prediction.watch import check_forward, forward_deadline, model_tensors, versions
 
 
 class Predictor(ABC):
@@ -24,6 +25,12 @@ class Predictor(ABC):
     input_shape: tuple[int, int, int]
     num_classes: int
     device: torch.device = torch.device("cpu")
+    # seconds one forward pass may take before it is stopped (the runner sets the plan's
+    # limits.forward_seconds); None: no watchdog
+    forward_timeout: float | None = None
+    # Why a capability (or "bounds": a graph a verifier can bound) is missing, naming the
+    # model source that would give it; ``require`` says it instead of the generic advice.
+    unavailable: dict[str, str] = {}
 
     @abstractmethod
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -31,19 +38,35 @@ class Predictor(ABC):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
+        watched = self._watched_tensors()
+        before = versions(x, watched)
         try:
-            scores = self._logits(x)
+            with forward_deadline(self.name, self.forward_timeout):
+                scores = self._logits(x)
         except AISafetyError:
             raise
-        except (RuntimeError, ValueError, IndexError, TypeError) as exc:  # the model's own code
+        except (
+            RuntimeError,
+            ValueError,
+            IndexError,
+            TypeError,
+            torch.jit.Error,
+        ) as exc:  # its code
             lines = [line for line in str(exc).strip().splitlines() if line.strip()]
             reason = (lines[-1] if lines else type(exc).__name__)[:300]
             raise ModelOutputError(
                 f"model {self.name!r} failed on a batch of shape {tuple(x.shape)}: {reason} "
                 "(check input_shape, num_classes and that the file is the intended model)"
             ) from exc
+        check_forward(self.name, x, watched, before)
         self.check_output(scores, len(x))
         return scores
+
+    def _watched_tensors(self) -> dict[str, torch.Tensor]:
+        """The weights and buffers a forward pass must leave alone (found once)."""
+        if "_watched" not in self.__dict__:
+            self.__dict__["_watched"] = model_tensors(self)
+        return self.__dict__["_watched"]
 
     def probs(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.logits(x), dim=1)
@@ -65,6 +88,11 @@ class Predictor(ABC):
         """Fail clearly when ``user`` (an attack or metric) needs what the model lacks."""
         if capability not in self.capabilities:
             offered = ", ".join(sorted(c.value for c in self.capabilities))
+            if capability.value in self.unavailable:
+                raise CapabilityError(
+                    f"{user} needs {capability.value}; model {self.name!r} offers only "
+                    f"{offered}: {self.unavailable[capability.value]}"
+                )
             raise CapabilityError(
                 f"{user} needs {capability.value}; model {self.name!r} offers only {offered}. "
                 f"Use an algorithm that needs only those, or load the model so that it "
@@ -81,6 +109,12 @@ class Predictor(ABC):
                 f"model {self.name!r} returned scores of shape {got} for {n} input(s); "
                 f"expected {expected} (one score per class: check num_classes and the "
                 "model's last layer)"
+            )
+        if not scores.is_floating_point():
+            raise ModelOutputError(
+                f"model {self.name!r} returned scores of dtype {scores.dtype}; expected "
+                "floating-point scores, one per class (logits): a model that returns labels "
+                "or rounded scores cannot be attacked or measured"
             )
         finite = torch.isfinite(scores.detach()).all(dim=1)
         if not bool(finite.all()):

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from aisafety.errors import AISafetyError, CapabilityError, ConfigError
+from aisafety.files import MAX_MODEL_BYTES, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import TorchPredictor
@@ -109,9 +110,7 @@ def _onnx2torch() -> Any:
 def _read(model: str | Path | bytes) -> tuple[bytes, str]:
     if isinstance(model, bytes):
         return model, "onnx-model"
-    path = Path(model).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"ONNX model {str(path)!r} does not exist")
+    path = regular_file(model, "ONNX model", MAX_MODEL_BYTES)
     return path.read_bytes(), path.name
 
 

@@ -32,6 +32,10 @@ from aisafety.errors import AISafetyError, ConfigError
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 
+RESPONSE_BYTES_PER_NUMBER = 32  # a score as JSON text with its separator, and a margin
+RESPONSE_ENVELOPE_BYTES = 1 << 20  # the answer's JSON around the scores; metadata answers
+CHUNK_BYTES = 1 << 16
+
 
 class RemoteError(AISafetyError):
     """Talking to a remote model failed; the message names the URL."""
@@ -89,7 +93,13 @@ class RemotePredictor(Predictor):
         backoff: float = 0.5,
         headers: dict[str, str] | None = None,
     ):
-        if not url.startswith(("http://", "https://")):
+        scheme = url.split("://", 1)[0].lower() if "://" in url else None
+        if scheme not in (None, "http", "https"):
+            raise ConfigError(
+                f"remote model url {url!r} uses the scheme {scheme!r}; a model server is "
+                "reached over http:// or https:// (e.g. http://localhost:8000)"
+            )
+        if scheme is None:
             url = f"http://{url}"
         self.url = url.rstrip("/")
         self.model_name = model_name
@@ -265,12 +275,57 @@ class RemotePredictor(Predictor):
             time.sleep(self.backoff * 2**attempt)
             attempt += 1
 
+    @property
+    def max_response_bytes(self) -> int:
+        """The largest answer read: a full batch of scores as JSON text, with room for the
+        envelope (metadata and probes: the envelope alone)."""
+        classes = getattr(self, "num_classes", 0)
+        return self.max_batch_size * classes * RESPONSE_BYTES_PER_NUMBER + RESPONSE_ENVELOPE_BYTES
+
+    def _read_bounded(self, response: Any, what: str) -> bytes:
+        """The body, read in pieces: refused past ``max_response_bytes`` (a server answering
+        gigabytes must not fill this process's memory) and past ``timeout`` seconds in all
+        (a server trickling a byte a second answers each read in time, never finishing)."""
+        deadline = time.monotonic() + self.timeout
+        limit = self.max_response_bytes
+        declared = response.headers.get("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RemoteResponseError(
+                f"{what} announced an answer of {int(declared):,} bytes, above the limit of "
+                f"{limit:,} for {self.max_batch_size} inputs; is this the model server?"
+            )
+        sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
+        parts, size = [], 0
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                if sock is not None:
+                    sock.settimeout(remaining)  # no read outlasts the whole request's time
+                part = response.read1(CHUNK_BYTES)
+            except TimeoutError:
+                raise RemoteTimeoutError(
+                    f"{what} did not finish its answer within {self.timeout:g} s (it sent "
+                    f"{size:,} bytes); raise the timeout or lower max_batch_size"
+                ) from None
+            if not part:
+                return b"".join(parts)
+            size += len(part)
+            if size > limit:
+                raise RemoteResponseError(
+                    f"{what} answered more than {limit:,} bytes, the limit for "
+                    f"{self.max_batch_size} inputs of {getattr(self, 'num_classes', '?')} "
+                    "scores; is this the model server?"
+                )
+            parts.append(part)
+
     def _send(self, method: str, url: str, data: bytes | None, headers: dict[str, str]) -> Any:
         request = urllib.request.Request(url, data=data, headers=headers, method=method)
         self.requests_sent += 1
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
+                raw = self._read_bounded(response, f"{method} {url}")
         except urllib.error.HTTPError as exc:
             body = _excerpt(exc.read() or b"")
             raise RemoteHTTPError(

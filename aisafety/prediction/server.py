@@ -48,6 +48,11 @@ _MODEL_PATH = re.compile(
 _BINARY_HEADER = "Inference-Header-Content-Length"
 
 
+BYTES_PER_NUMBER = 24  # the longest float32 as JSON text with its separator, and a margin
+ENVELOPE_BYTES = 1 << 20  # the request's JSON around the numbers
+REQUEST_TIMEOUT_S = 60.0  # a client silent for this long is disconnected
+
+
 class RequestError(Exception):
     """A request the server answers with an error status and a JSON message."""
 
@@ -75,6 +80,11 @@ class OIPServer(ThreadingHTTPServer):
         self.model_name = model_name
         self.max_batch_size = max_batch_size
         self.verbose = verbose
+        # a full batch as JSON text (a float32 takes at most ~16 characters, with the
+        # separator) plus room for the envelope: a larger body is refused before it is read
+        size = max_batch_size * math.prod(predictor.input_shape)
+        self.max_body_bytes = size * BYTES_PER_NUMBER + ENVELOPE_BYTES
+        self.request_timeout = REQUEST_TIMEOUT_S  # per socket read or write of one client
         # one forward pass at a time: not every predictor is re-entrant
         self.lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -123,6 +133,12 @@ class _Handler(BaseHTTPRequestHandler):
     server: OIPServer
     protocol_version = "HTTP/1.1"
     server_version = f"aisafety/{__version__}"
+
+    def setup(self) -> None:
+        """A client that sends or reads nothing for ``request_timeout`` seconds is dropped
+        (its thread ends) instead of holding a thread forever."""
+        self.timeout = self.server.request_timeout
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
         if self.server.verbose:
@@ -196,6 +212,14 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length", "0"))
         except ValueError:
             raise RequestError(400, "Content-Length is not a number") from None
+        if length > self.server.max_body_bytes:  # refused before a byte of it is read
+            self.close_connection = True  # the unread body must not be taken for a request
+            raise RequestError(
+                413,
+                f"the request body of {length:,} bytes exceeds this server's limit of "
+                f"{self.server.max_body_bytes:,} (max_batch_size {self.server.max_batch_size} "
+                "inputs as JSON); send smaller batches",
+            )
         raw = self.rfile.read(length) if length > 0 else b""
         header_length = self.headers.get(_BINARY_HEADER)
         binary = b""
@@ -211,6 +235,8 @@ class _Handler(BaseHTTPRequestHandler):
             request = json.loads(raw or b"null")
         except ValueError as exc:
             raise RequestError(400, f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise RequestError(400, "the request body is JSON nested too deeply") from None
         if not isinstance(request, dict):
             raise RequestError(400, 'the request body must be a JSON object {"inputs": [...]}')
         return request, binary

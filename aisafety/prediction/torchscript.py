@@ -1,8 +1,11 @@
 """Predictor for a TorchScript archive (``torch.jit.save``): gradients, scores and labels.
 
 A scripted or traced module carries its own code, so no architecture has to be named. Its
-internal layers are not addressable by forward hooks the way an ``nn.Module``'s are, so
-activations are not offered: load the model as a PyTorch module for coverage metrics.
+internal layers are not addressable by forward hooks: a loaded archive's submodules refuse
+them (``register_forward_hook is not supported on ScriptModules``), and on a module traced in
+this process they register but never fire (torch 2.13, checked in tests/test_own_model.py).
+So activations are not offered, nor verification (its code is one opaque ``forward`` call
+that torch.fx cannot trace into); ``unavailable`` names the sources that give both.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 from torch import nn
 
 from aisafety.errors import ConfigError
+from aisafety.files import MAX_MODEL_BYTES, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import Normalize
@@ -27,9 +31,7 @@ def _jit_load(source: str | Path | bytes, device: torch.device) -> torch.jit.Scr
         target: io.BytesIO | str = io.BytesIO(source)
         label = "TorchScript archive"
     else:
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"TorchScript model {str(path)!r} does not exist")
+        path = regular_file(source, "TorchScript model", MAX_MODEL_BYTES)
         target, label = str(path), str(path)
     try:
         with warnings.catch_warnings():
@@ -40,6 +42,19 @@ def _jit_load(source: str | Path | bytes, device: torch.device) -> torch.jit.Scr
             f"{label} is not a TorchScript archive ({exc}); save models with "
             "torch.jit.save(torch.jit.script(model), path), or load a state dict as a checkpoint"
         ) from None
+
+
+UNAVAILABLE = {
+    "activations": (
+        "a TorchScript archive's layers cannot be hooked (its submodules refuse forward "
+        "hooks); load the model with source: python (its module, optionally with a state "
+        "dict) or source: export (a torch.export .pt2 archive) for activations"
+    ),
+    "bounds": (
+        "a TorchScript archive cannot be bounded (its code is one opaque call that torch.fx "
+        "cannot trace into); load it with source: python, export or onnx for verification"
+    ),
+}
 
 
 class TorchScriptPredictor(Predictor):
@@ -74,6 +89,7 @@ class TorchScriptPredictor(Predictor):
         for p in self.network.parameters():
             p.requires_grad_(False)
         self.capabilities = frozenset({Capability.LABELS, Capability.SCORES, Capability.GRADIENTS})
+        self.unavailable = UNAVAILABLE
         self.num_classes = int(num_classes) if num_classes else self._probe_classes()
 
     def _probe_classes(self) -> int:

@@ -41,16 +41,30 @@ def environment() -> Environment:
 
 @dataclass
 class Report:
-    """What a section renders from: the run's data and its sanity checks."""
+    """What a section renders from: the run's data, its sanity checks and the expansion of
+    each metric name it shows (``glossary``: name -> what it measures)."""
 
     data: RunData
     checks: list[Check]
     plots: int = 0
+    glossary: dict[str, str] = field(default_factory=dict)
+    # fraction metrics that are not a rate over samples (neuron coverage): no interval
+    not_rates: set[str] = field(default_factory=set)
 
     def template(self, name: str, **context: Any) -> Markup:
-        html = environment().get_template(name).render(**context)
+        html = environment().get_template(name).render(metric=self.metric, **context)
         self.plots += html.count('<img class="plot"')
         return Markup(html)
+
+    def metric(self, label: str) -> Markup:
+        """``label`` (``ald(p=2)``) as an abbreviation whose title expands it, linked to its
+        glossary entry; a name the glossary lacks is shown as it is."""
+        name = label.split("(", 1)[0]
+        if name not in self.glossary:
+            return Markup.escape(label)
+        return Markup(
+            '<a class="metric" href="#glossary-{0}"><abbr class="metric" title="{1}">{2}</abbr></a>'
+        ).format(name, self.glossary[name], label)
 
     def attack_defaults(self, attack: str) -> dict[str, Any]:
         """The registered attack's default settings (a plan's config lists only changes)."""
@@ -96,10 +110,39 @@ def page(title: str, subtitle: str, rendered: list[RenderedSection], plots: int)
     )
 
 
+def glossary(names: list[str], registry: Registry) -> dict[str, str]:
+    """Each metric name's expansion: its registered description (a plugin metric no longer
+    installed keeps its bare name)."""
+    found = {}
+    for name in dict.fromkeys(names):
+        try:
+            found[name] = registry.get("metric", name).description
+        except Exception:  # not installed here
+            continue
+    return found
+
+
+def coverage_metrics(names: list[str], registry: Registry) -> set[str]:
+    """The ``data``-category fraction metrics (neuron coverage: a share of neurons or of their
+    sections, which a binomial interval over images does not describe)."""
+    found = set()
+    for name in set(names):
+        try:
+            cls = registry.get("metric", name)
+        except Exception:  # not installed here
+            continue
+        if cls.category == "data" and getattr(cls, "unit", None) == "fraction":
+            found.add(name)
+    return found
+
+
 def build_report(store: ResultStore, run_id: int, registry: Registry | None = None) -> str:
     """The self-contained HTML report of run ``run_id``."""
+    registry = registry or default_registry()
     data = load_run(store, run_id)
     report = Report(data, sanity_checks(data))
+    report.glossary = glossary([m.name for m in data.metrics], registry)
+    report.not_rates = coverage_metrics([m.name for m in data.metrics], registry)
     rendered = render_sections(report, registry)
     models = ", ".join(data.model_names) or "no models"
     subtitle = (
@@ -119,6 +162,7 @@ class Column:
     unit: str
     direction: str
     values: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    metric: str = ""  # the metric the label starts with (expanded on the page)
 
 
 def _category(metric: str, registry: Registry) -> str:
@@ -141,7 +185,10 @@ def _columns(runs: list[RunData], registry: Registry) -> dict[tuple, Column]:
             label += f" @{m.eps:g}" if m.eps is not None else ""
             label += f" [{m.dataset}]" if several else ""
             column = columns.setdefault(
-                key, Column(_category(m.name, registry), label, m.unit, m.direction)
+                key,
+                Column(
+                    _category(m.name, registry), label, m.unit, m.direction, metric=m.metric
+                ),  # fmt: skip
             )
             column.values[m.model].append(m.value)
         for model in data.model_names:
@@ -249,6 +296,7 @@ def build_comparison(
     runs = [load_run(store, run_id) for run_id in run_ids]
     checks = [c for data in runs for c in sanity_checks(data)]
     report = Report(runs[0], checks)
+    report.glossary = glossary([m.name for data in runs for m in data.metrics], registry)
     rendered = [
         RenderedSection(
             "leaderboard",

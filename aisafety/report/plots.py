@@ -44,6 +44,9 @@ class Series:
     style: str = "-o"
 
 
+MARKERS = "osD^vP*Xh<>"
+
+
 def figure_uri(fig) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
@@ -56,8 +59,12 @@ def line_plot(
 ) -> Plot:
     fig, ax = _pyplot().subplots(figsize=(5.6, 3.6))
     drawn = []
-    for s in series:
-        (line,) = ax.plot(s.x, s.y, s.style, label=s.label, markersize=4)
+    for i, s in enumerate(series):
+        # lines that coincide (PGD under the worst case) stay visible: each later line is
+        # thinner and has its own marker, so it shows inside the earlier ones
+        style = f"-{MARKERS[i % len(MARKERS)]}" if s.style == "-o" else s.style
+        width, size = max(0.8, 3.6 - 1.4 * i), max(2.5, 7.0 - 2.0 * i)
+        (line,) = ax.plot(s.x, s.y, style, label=s.label, markersize=size, linewidth=width)
         drawn.append(s.label)
         if s.n is not None:
             bands = [

@@ -17,6 +17,7 @@ from markupsafe import Markup
 
 from aisafety.report.data import RunData
 from aisafety.report.intervals import is_rate, rate_interval
+from aisafety.report.plan_view import fold_defaults
 from aisafety.report.plots import Series, example_grid, heatmap, line_plot
 
 NOISE = "random-noise"
@@ -49,7 +50,9 @@ class Provenance(ReportSection):
     name, title, order = "provenance", "Plan and provenance", 90
 
     def render(self, report: ReportView) -> str:
-        return report.template("provenance.html.j2", data=report.data)
+        return report.template(
+            "provenance.html.j2", data=report.data, plan=fold_defaults(report.data.plan)
+        )
 
 
 def clean_accuracy(report: ReportView, model: str) -> tuple[float, int] | None:
@@ -78,6 +81,39 @@ def worst_case(report: ReportView, model: str) -> dict[tuple[str, float], tuple[
     }
 
 
+def main_budget(report: ReportView, model: str) -> tuple[str, float] | None:
+    """The plan's main budget for ``model``: the (norm, eps) the most attacks ran at (the
+    one they share), the smaller eps on a tie; None without attack runs."""
+    counts: dict[tuple[str, float], int] = defaultdict(int)
+    for a in report.data.attack_runs:
+        if a.model == model and a.family != "corruption":
+            counts[(a.norm or "-", a.eps)] += 1
+    if not counts:
+        return None
+    return min(counts, key=lambda key: (-counts[key], key[1], key[0]))
+
+
+SEVERITY = {"warn": 0, "skip": 1, "pass": 2}
+
+
+def verdict(report: ReportView, model: str) -> dict[str, Any] | None:
+    """One quotable line: robust accuracy (worst case over the attacks) at the main budget
+    with its 95% interval, and the worst sanity check."""
+    budget = main_budget(report, model)
+    worst = worst_case(report, model)
+    if budget is None or budget not in worst:
+        return None
+    accuracy, n = worst[budget]
+    attacks = sum(a.model == model and (a.norm or "-", a.eps) == budget
+                  for a in report.data.attack_runs)  # fmt: skip
+    checks = sorted((c for c in report.checks if c.model == model),
+                    key=lambda c: SEVERITY.get(c.status, 1))  # fmt: skip
+    return {"norm": budget[0], "eps": budget[1], "accuracy": accuracy, "n": n,
+            "ci": rate_interval(accuracy, n), "attacks": attacks,
+            "check": checks[0] if checks else None,
+            "passed": sum(c.status == "pass" for c in checks), "checks": len(checks)}  # fmt: skip
+
+
 class ModelCards(ReportSection):
     name, title, order = "models", "Models", 10
 
@@ -91,6 +127,7 @@ class ModelCards(ReportSection):
                     "model": model,
                     "clean": clean_accuracy(report, name),
                     "worst": sorted(worst_case(report, name).items()),
+                    "verdict": verdict(report, name),
                     "warnings": sum(c.status == "warn" for c in checks),
                     "passed": sum(c.status == "pass" for c in checks),
                     "skipped": sum(c.status == "skip" for c in checks),
@@ -98,6 +135,20 @@ class ModelCards(ReportSection):
                 }
             )
         return report.template("cards.html.j2", cards=cards, interval=rate_interval)
+
+
+class Glossary(ReportSection):
+    """Every metric name the page shows, expanded, each linked to where it is defined."""
+
+    name, title, order = "glossary", "Glossary of metrics", 85
+    DOCS = "docs/metrics.md"
+
+    def render(self, report: ReportView) -> str | None:
+        glossary = getattr(report, "glossary", {})
+        if not glossary:
+            return None
+        return report.template("glossary.html.j2", entries=sorted(glossary.items()),
+                               docs=self.DOCS)  # fmt: skip
 
 
 class SanityChecks(ReportSection):
@@ -114,10 +165,13 @@ class MetricTable(ReportSection):
 
     def render(self, report: ReportView) -> str | None:
         rows = []
+        not_rates = getattr(report, "not_rates", set())
         for m in report.data.metrics:
             ci = m.ci  # stored; derived from value and n for runs stored before it was
             if ci is None and is_rate(m.unit, m.value, m.n_samples):
                 ci = rate_interval(m.value, m.n_samples)
+            if m.name in not_rates:
+                ci = None  # a share of neurons, not of samples: no binomial interval
             rows.append({"m": m, "ci": ci})
         if not rows:
             return None
@@ -375,6 +429,7 @@ BUILTIN_SECTIONS = [
     ModelCards,
     SanityChecks,
     MetricTable,
+    Glossary,
     RobustnessCurves,
     Corruptions,
     CertifiedCurves,

@@ -63,21 +63,23 @@ def _runtime(network: str | Path) -> OnnxRuntimePredictor:
     """onnxruntime's predictor; a graph taking flat vectors gets a (1, 1, n) layout."""
     try:
         return OnnxRuntimePredictor(network)
-    except ConfigError:  # not (N, C, H, W): read the per-sample size off the graph
-        import onnxruntime as ort
+    except ConfigError:  # not (N, C, H, W), or no onnxruntime (then this says so, exit 2)
+        from aisafety.prediction.onnx_model import _import
 
+        ort = _import("onnxruntime", "onnxruntime")
         dims = ort.InferenceSession(str(network)).get_inputs()[0].shape
         size = math.prod(d for d in dims[1:] if isinstance(d, int) and d > 0)
         return OnnxRuntimePredictor(network, input_shape=(1, 1, size))
 
 
-def run_verify(
+def verify_report(
     registry: PluginRegistry, network: str, spec: str, verifier: str, timeout: float
-) -> int:
-    """The ``aisafety verify`` command: print the status (and counterexample) as VNN-COMP."""
+) -> str:
+    """What ``aisafety verify`` prints: the status (and counterexample) as VNN-COMP, then a
+    comment line with the time and the margin bound."""
     result = verify_instance(registry, network, spec, verifier, timeout)
-    print(result.status)
+    lines = [result.status]
     if result.counterexample:
-        print(result.counterexample)
-    print(f"# {verifier}: {result.seconds:.2f} s, margin bound {result.margin:.4g}")
-    return 0
+        lines.append(result.counterexample)
+    lines.append(f"# {verifier}: {result.seconds:.2f} s, margin bound {result.margin:.4g}")
+    return "\n".join(lines)

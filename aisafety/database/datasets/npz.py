@@ -22,6 +22,7 @@ import torch
 
 from aisafety.database.datasets.base import DatasetSource, LoadedDataset, images_to_tensor
 from aisafety.errors import ConfigError
+from aisafety.files import regular_file
 
 _CHANNELS = (1, 3)
 
@@ -37,14 +38,14 @@ def image_layout(shape: tuple[int, ...]) -> str:
 
 def _resolve(path: Path, split: str) -> Path:
     if not path.is_dir():
-        return path
+        return regular_file(path, "dataset 'npz': file")  # a FIFO would block np.load
     file = path / f"{split}.npz"
     if not file.is_file():
         raise ConfigError(
             f"dataset 'npz': {path} is a folder without {file.name}; add it or point 'path' "
             f"at the .npz file itself"
         )
-    return file
+    return regular_file(file, "dataset 'npz': file")
 
 
 def read_npz(file: Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...] | None]:

@@ -17,8 +17,8 @@ class CleanAccuracy(CleanMetric):
     unit = "fraction"
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
-        return self.value(ctx.clean_correct.double().mean(), len(ctx.y))
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
+        return [self.value(ctx.clean_correct.double().mean(), len(ctx.y))]
 
 
 class AdversarialAccuracyWhiteBox(AttackMetric):
@@ -32,9 +32,9 @@ class AdversarialAccuracyWhiteBox(AttackMetric):
     attack_families = frozenset({AttackFamily.GRADIENT})
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         result = ctx.adversarial(attack, eps)
-        return self.value(result.robust_accuracy, len(result.y), attack, eps)
+        return [self.value(result.robust_accuracy, len(result.y), attack, eps)]
 
 
 class AdversarialAccuracyBlackBox(AdversarialAccuracyWhiteBox):

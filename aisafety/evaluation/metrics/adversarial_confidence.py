@@ -29,10 +29,10 @@ class AverageConfidenceAdversarialClass(AttackMetric):
     direction = Direction.LOWER
     unit = "probability"
 
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         probs, _ = _successful_probs(ctx, attack, eps)
         value = probs.max(1).values.mean() if len(probs) else float("nan")
-        return self.value(value, len(probs), attack, eps)
+        return [self.value(value, len(probs), attack, eps)]
 
 
 class AverageConfidenceTrueClass(AttackMetric):
@@ -41,10 +41,10 @@ class AverageConfidenceTrueClass(AttackMetric):
     direction = Direction.HIGHER
     unit = "probability"
 
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         probs, y = _successful_probs(ctx, attack, eps)
         value = probs.gather(1, y[:, None]).mean() if len(probs) else float("nan")
-        return self.value(value, len(probs), attack, eps)
+        return [self.value(value, len(probs), attack, eps)]
 
 
 class NoiseToleranceEstimation(AttackMetric):
@@ -58,9 +58,9 @@ class NoiseToleranceEstimation(AttackMetric):
     direction = Direction.LOWER
     unit = "probability"
 
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         probs, _ = _successful_probs(ctx, attack, eps)
         if not len(probs):
-            return self.value(float("nan"), 0, attack, eps)
+            return [self.value(float("nan"), 0, attack, eps)]
         top2 = probs.topk(2, dim=1).values
-        return self.value((top2[:, 0] - top2[:, 1]).mean(), len(probs), attack, eps)
+        return [self.value((top2[:, 0] - top2[:, 1]).mean(), len(probs), attack, eps)]

@@ -28,9 +28,9 @@ class RobustAccuracy(AttackMetric):
     unit = "fraction"
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         result = ctx.adversarial(attack, eps)
-        return self.value(result.robust_accuracy, len(result.y), attack, eps)
+        return [self.value(result.robust_accuracy, len(result.y), attack, eps)]
 
 
 class AttackSuccessConfig(PluginConfig):
@@ -57,13 +57,13 @@ class AttackSuccessRate(AttackMetric):
     requires = Capability.LABELS
     Config = AttackSuccessConfig
 
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         result = ctx.adversarial(attack, eps)
         if self.config.over == "all":
             n = len(result.y)
             wrong = int((result.adv_pred != result.y).sum())
-            return self.value(wrong / n if n else float("nan"), n, attack, eps)
+            return [self.value(wrong / n if n else float("nan"), n, attack, eps)]
         correct = result.clean_pred == result.y
         n = int(correct.sum())
         flipped = int((correct & (result.adv_pred != result.y)).sum())
-        return self.value(flipped / n if n else float("nan"), n, attack, eps)
+        return [self.value(flipped / n if n else float("nan"), n, attack, eps)]

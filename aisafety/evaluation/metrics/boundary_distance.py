@@ -126,7 +126,7 @@ class EmpiricalBoundaryDistance(CleanMetric):
     requires = Capability.LABELS
     Config = EBDConfig
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         cfg = self.config
         index = evaluated_samples(ctx, cfg.samples, cfg.seed)
         generator = torch.Generator().manual_seed(cfg.seed)
@@ -142,9 +142,9 @@ class EmpiricalBoundaryDistance(CleanMetric):
             distances.append(d)
             found.append(f)
         if not distances:
-            return self.value(math.nan, 0)
+            return [self.value(math.nan, 0)]
         d, f = torch.cat(distances), torch.cat(found)
-        return self.value(d.mean(), len(d), censored=int((~f).sum()), max_rms=cfg.max_rms)
+        return [self.value(d.mean(), len(d), censored=int((~f).sum()), max_rms=cfg.max_rms)]
 
 
 class EBD2Config(PluginConfig):
@@ -190,7 +190,7 @@ class EmpiricalBoundaryDistance2(CleanMetric):
     requires = Capability.GRADIENTS
     Config = EBD2Config
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         cfg = self.config
         index = evaluated_samples(ctx, cfg.samples, cfg.seed)
         parts = [
@@ -198,8 +198,10 @@ class EmpiricalBoundaryDistance2(CleanMetric):
             for part in index.split(CHUNK)
         ]
         if not parts:
-            return self.value(math.nan, 0)
+            return [self.value(math.nan, 0)]
         steps = torch.cat(parts)
         censored = steps > cfg.max_steps
         value = steps.clamp_max(cfg.max_steps).double().mean()
-        return self.value(value, len(steps), censored=int(censored.sum()), step_size=cfg.step_size)
+        return [
+            self.value(value, len(steps), censored=int(censored.sum()), step_size=cfg.step_size)
+        ]

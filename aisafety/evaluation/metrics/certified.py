@@ -35,8 +35,7 @@ from aisafety.config_base import PluginConfig
 from aisafety.errors import AISafetyError, CapabilityError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import SAMPLES_DETAILS_KEY as SAMPLES
-from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue
+from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue, SampleVerdict
 from aisafety.verification.falsify import pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph, build_graph
 from aisafety.verification.margins import certified, ibp_margin_bounds
@@ -58,7 +57,12 @@ def ibp_certified_mask(
 
 def predictor_graph(predictor: Any, metric: str) -> BoundGraph:
     """The bound graph of a predictor's PyTorch network (normalisation included)."""
-    network = getattr(predictor, "network", None)
+    why_not = getattr(predictor, "unavailable", {}).get("bounds")
+    if why_not:
+        raise CapabilityError(
+            f"metric {metric!r} needs a bound graph of model {predictor.name!r}; {why_not}"
+        )
+    network = getattr(predictor, "bound_network", None) or getattr(predictor, "network", None)
     if not isinstance(network, torch.nn.Module):
         raise CapabilityError(
             f"metric {metric!r} needs the model's PyTorch layers, but {predictor.name!r} "
@@ -144,7 +148,7 @@ class CertifiedAccuracy(VerifierMetric):
     unit = "fraction"
     Config = CertifiedConfig
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         graph = checked_graph(self.verifier, ctx.predictor, self.name)
         eps = self.config.eps
         spec = AttackSpec(name=self.config.attack, config=self.config.attack_config, eps=(eps,))
@@ -161,27 +165,28 @@ class CertifiedAccuracy(VerifierMetric):
                 f"{spec.label} breaks at eps {eps:g}: a soundness bug, please report it"
             )
         samples = [
-            {"sample_index": i, "label": int(y[i]), "verdict": Verdict.FALSIFIED.value,
-             "margin": None, "seconds": None, "attack_broken": True, "attack_first": True}
+            SampleVerdict(sample_index=i, label=int(y[i]), verdict=Verdict.FALSIFIED.value,
+                          margin=None, seconds=None,
+                          attack={"attack_broken": True, "attack_first": True})
             for i in range(len(y))
         ]  # fmt: skip
         for row, i in enumerate(checked.tolist()):
             margin = float(result.margins[row])
-            samples[i] = {
-                "sample_index": i, "label": int(y[i]), "verdict": result.verdicts[row].value,
-                "margin": margin if math.isfinite(margin) else None,
-                "seconds": float(result.seconds[row]), "attack_broken": bool(broken[i]),
-            }  # fmt: skip
-        counts = Counter(sample["verdict"] for sample in samples)
+            samples[i] = SampleVerdict(
+                sample_index=i, label=int(y[i]), verdict=result.verdicts[row].value,
+                margin=margin if math.isfinite(margin) else None,
+                seconds=float(result.seconds[row]), attack={"attack_broken": bool(broken[i])},
+            )  # fmt: skip
+        counts = Counter(sample.verdict for sample in samples)
         n = len(y)
-        return self.value(
+        return [self.value(
             counts[Verdict.CERTIFIED.value] / n, n, eps=eps, verifier=self.verifier.name,
             falsified=counts[Verdict.FALSIFIED.value] / n,
             unknown=counts[Verdict.UNKNOWN.value] / n, timeout=counts[Verdict.TIMEOUT.value] / n,
             attack_first=self.config.attack_first, verified_samples=len(checked),
             upper_bound_attack=spec.label, attack_upper_bound=float(adversarial.robust_accuracy),
-            seconds_per_sample=float(result.seconds.sum()) / n, **{SAMPLES: samples},
-        )  # fmt: skip
+            seconds_per_sample=float(result.seconds.sum()) / n, verdicts=samples,
+        )]  # fmt: skip
 
     def _verify(self, graph, ctx, x, y, eps: float) -> VerificationResult:
         if not len(y):  # the attack broke every sample
@@ -216,7 +221,7 @@ class AverageCertifiedRadius(VerifierMetric):
     unit = "linf"
     Config = RadiusConfig
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         graph = checked_graph(self.verifier, ctx.predictor, self.name)
         x, y = ctx.x.cpu(), ctx.y.cpu()
         classes = ctx.predictor.num_classes
@@ -234,15 +239,15 @@ class AverageCertifiedRadius(VerifierMetric):
         certified_radius = bisect(certifies, len(y), c.max_radius, c.precision, proved_low=True)
         attack_radius = bisect(breaks, len(y), c.max_radius, c.precision, proved_low=False)
         samples = [
-            {"sample_index": i, "label": int(y[i]), "verdict": "radius",
-             "margin": float(certified_radius[i]), "seconds": None,
-             "attack_radius": float(attack_radius[i])}
+            SampleVerdict(sample_index=i, label=int(y[i]), verdict="radius",
+                          margin=float(certified_radius[i]), seconds=None,
+                          attack={"attack_radius": float(attack_radius[i])})
             for i in range(len(y))
         ]  # fmt: skip
-        return self.value(
+        return [self.value(
             certified_radius.mean(), len(y), verifier=self.verifier.name,
-            attack_upper_bound=float(attack_radius.mean()), **{SAMPLES: samples},
-        )  # fmt: skip
+            attack_upper_bound=float(attack_radius.mean()), verdicts=samples,
+        )]  # fmt: skip
 
 
 def bisect(test, n: int, top: float, precision: float, proved_low: bool) -> torch.Tensor:

@@ -117,19 +117,21 @@ class MeanCorruptionError(CleanMetric):
     requires = Capability.LABELS
     Config = CorruptionConfig
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         sets = corruption_sets(ctx, self.config)
         errors = corruption_errors(ctx, sets)
         per_corruption = self.per_corruption(ctx, errors, sets.samples)
-        return self.value(
-            per_corruption.mean(),
-            len(ctx.subset(sets.samples)),
-            per_corruption=dict(zip(sets.names, per_corruption.tolist(), strict=True)),
-            severities=list(sets.severities),
-            table=ctx.corruptions.table,
-            # E_{s,c} itself, for the report's error-per-type-and-severity plot
-            errors=dict(zip(sets.names, errors.tolist(), strict=True)),
-        )
+        return [
+            self.value(
+                per_corruption.mean(),
+                len(ctx.subset(sets.samples)),
+                per_corruption=dict(zip(sets.names, per_corruption.tolist(), strict=True)),
+                severities=list(sets.severities),
+                table=ctx.corruptions.table,
+                # E_{s,c} itself, for the report's error-per-type-and-severity plot
+                errors=dict(zip(sets.names, errors.tolist(), strict=True)),
+            )
+        ]
 
     def per_corruption(
         self, ctx: EvaluationContext, errors: torch.Tensor, samples: int | None
@@ -185,11 +187,11 @@ class MeanFlipProbability(CleanMetric):
             out[name] = flip_probability(seq, labels.compares_to_first_frame)
         return out
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         fp = self.flip_probabilities(ctx, reference=False)
         value = sum(fp.values()) / len(fp)
         n = len(ctx.subset(self.config.samples))
-        return self.value(value, n, per_sequence=fp, n_frames=self.config.n_frames)
+        return [self.value(value, n, per_sequence=fp, n_frames=self.config.n_frames)]
 
 
 class MeanFlipRate(MeanFlipProbability):
@@ -205,17 +207,19 @@ class MeanFlipRate(MeanFlipProbability):
     unit = "ratio"
     needs_reference = True
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         reference = ctx.reference.name  # first: a clear error if the plan has no reference
         fp = self.flip_probabilities(ctx, reference=False)
         base = self.flip_probabilities(ctx, reference=True)
         rates = {c: fp[c] / base[c] for c in fp if base[c] > 0}
         value = sum(rates.values()) / len(rates) if rates else math.nan
-        return self.value(
-            value,
-            len(ctx.subset(self.config.samples)),
-            per_sequence=rates,
-            undefined=[c for c in fp if c not in rates],
-            reference=reference,
-            n_frames=self.config.n_frames,
-        )
+        return [
+            self.value(
+                value,
+                len(ctx.subset(self.config.samples)),
+                per_sequence=rates,
+                undefined=[c for c in fp if c not in rates],
+                reference=reference,
+                n_frames=self.config.n_frames,
+            )
+        ]

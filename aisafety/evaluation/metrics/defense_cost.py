@@ -49,10 +49,10 @@ class ClassificationAccuracyVariance(_DefenseCost):
     unit = "fraction"
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         reference, defended = self._pair(ctx)
         value = defended.double().mean() - reference.double().mean()
-        return self._value(ctx, value, len(ctx.y))
+        return [self._value(ctx, value, len(ctx.y))]
 
 
 class ClassificationRectifyRatio(_DefenseCost):
@@ -64,9 +64,9 @@ class ClassificationRectifyRatio(_DefenseCost):
     unit = "fraction"
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         reference, defended = self._pair(ctx)
-        return self._value(ctx, (~reference & defended).double().mean(), len(ctx.y))
+        return [self._value(ctx, (~reference & defended).double().mean(), len(ctx.y))]
 
 
 class ClassificationSacrificeRatio(_DefenseCost):
@@ -78,9 +78,9 @@ class ClassificationSacrificeRatio(_DefenseCost):
     unit = "fraction"
     requires = Capability.LABELS
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         reference, defended = self._pair(ctx)
-        return self._value(ctx, (reference & ~defended).double().mean(), len(ctx.y))
+        return [self._value(ctx, (reference & ~defended).double().mean(), len(ctx.y))]
 
 
 class ClassificationConfidenceVariance(_DefenseCost):
@@ -93,13 +93,13 @@ class ClassificationConfidenceVariance(_DefenseCost):
     direction = Direction.LOWER
     unit = "probability"
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         both = self._both_correct(ctx)
         y = ctx.y[both, None]
         p_ref = ctx.reference.probs[both].gather(1, y)[:, 0]
         p_def = torch.softmax(ctx.clean_logits[both].double(), 1).gather(1, y)[:, 0]
         value = (p_ref - p_def).abs().mean() if len(y) else float("nan")
-        return self._value(ctx, value, len(y))
+        return [self._value(ctx, value, len(y))]
 
     def _both_correct(self, ctx: EvaluationContext) -> torch.Tensor:
         reference, defended = self._pair(ctx)
@@ -118,9 +118,9 @@ class ClassificationOutputStability(ClassificationConfidenceVariance):
     direction = Direction.LOWER
     unit = "nats"
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         both = self._both_correct(ctx)
         p = ctx.reference.probs[both]
         q = torch.softmax(ctx.clean_logits[both].double(), dim=1)
         value = jensen_shannon(p, q).mean() if len(p) else float("nan")
-        return self._value(ctx, value, len(p))
+        return [self._value(ctx, value, len(p))]

@@ -106,13 +106,13 @@ class _FeatureSeparation(CleanMetric):
     Config = FeatureConfig
     key: str
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         features = extract_features(ctx.predictor, ctx.x, self.config.layer, ctx.batch_size)
         parts = self.formula(features.vectors, features.predicted)
         details = {k: v for k, v in parts.items() if k != self.key}
         details["layer"] = self.config.layer
         details["feature_dim"] = int(features.vectors.shape[1])
-        return self.value(parts[self.key], len(features.predicted), **details)
+        return [self.value(parts[self.key], len(features.predicted), **details)]
 
     @staticmethod
     def formula(vectors: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

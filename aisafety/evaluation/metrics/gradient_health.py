@@ -37,8 +37,8 @@ class ZeroGradientRate(CleanMetric):
     category = "diagnostic"
     requires = Capability.GRADIENTS
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         correct = ctx.clean_correct
         dead = dead_gradient_mask(ctx.predictor, ctx.x[correct], ctx.y[correct], ctx.batch_size)
         n = int(correct.sum())
-        return self.value(dead.double().mean() if n else 0.0, n, zero_or_nan=int(dead.sum()))
+        return [self.value(dead.double().mean() if n else 0.0, n, zero_or_nan=int(dead.sum()))]

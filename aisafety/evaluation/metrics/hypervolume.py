@@ -76,19 +76,21 @@ class AdversarialHypervolume(CleanMetric):
             torch.cat([p.gradients for p in parts]),
         )
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         found = self.frontier(ctx)
         levels = torch.tensor(found.budgets, dtype=torch.float64) / self.config.eps_max
         per_sample = hypervolume(levels, found.margins[:, 1:])
-        return self.value(
-            float(per_sample.mean()),
-            len(per_sample),
-            eps=self.config.eps_max,
-            std=float(per_sample.std(unbiased=False)),
-            norm=self.config.norm,
-            budgets=[0.0, *found.budgets],
-            per_sample=[round(v, 6) for v in per_sample.tolist()],
-            frontier=[[round(v, 6) for v in row] for row in found.margins.tolist()],
-            robust_accuracy_at_eps_max=float((found.margins[:, -1] > 0).double().mean()),
-            gradients_per_sample=float(found.gradients.double().mean()),
-        )
+        return [
+            self.value(
+                float(per_sample.mean()),
+                len(per_sample),
+                eps=self.config.eps_max,
+                std=float(per_sample.std(unbiased=False)),
+                norm=self.config.norm,
+                budgets=[0.0, *found.budgets],
+                per_sample=[round(v, 6) for v in per_sample.tolist()],
+                frontier=[[round(v, 6) for v in row] for row in found.margins.tolist()],
+                robust_accuracy_at_eps_max=float((found.margins[:, -1] > 0).double().mean()),
+                gradients_per_sample=float(found.gradients.double().mean()),
+            )
+        ]

@@ -30,7 +30,7 @@ class AverageLpDistortion(AttackMetric):
     category = "data"
     Config = ALDConfig
 
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         result = ctx.adversarial(attack, eps)
         mask = successful_mask(result)
         key = "linf" if self.config.p == "inf" else f"l{self.config.p}"
@@ -39,7 +39,7 @@ class AverageLpDistortion(AttackMetric):
         size = perturbation_norms(x)[key]
         ratio = distortion / size.clamp_min(1e-12)
         value = ratio.mean() if len(ratio) else float("nan")
-        return self.value(value, int(mask.sum()), attack, eps)
+        return [self.value(value, int(mask.sum()), attack, eps)]
 
 
 class AverageStructuralSimilarity(AttackMetric):
@@ -51,9 +51,9 @@ class AverageStructuralSimilarity(AttackMetric):
     unit = "ssim"
     category = "data"
 
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         result = ctx.adversarial(attack, eps)
         mask = successful_mask(result)
         values = ssim(result.x_adv[mask], result.x[mask])
         value = values.mean() if len(values) else float("nan")
-        return self.value(value, int(mask.sum()), attack, eps)
+        return [self.value(value, int(mask.sum()), attack, eps)]

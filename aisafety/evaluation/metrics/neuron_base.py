@@ -73,7 +73,7 @@ class NeuronDataMetric(NeuronMetric):
     @abstractmethod
     def measure(
         self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
-    ) -> MetricValue | list[MetricValue]:
+    ) -> list[MetricValue]:
         """The value on the adversarial examples of (attack, eps), or on the clean data when
         ``attack`` is None."""
 
@@ -88,12 +88,12 @@ class NeuronDataMetric(NeuronMetric):
 
 
 class _OnAttack(AttackMetric):
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float):
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         return self.measure(ctx, attack, eps)  # type: ignore[attr-defined]
 
 
 class _OnClean(CleanMetric):
-    def compute(self, ctx: EvaluationContext):
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         return self.measure(ctx, None, None)  # type: ignore[attr-defined]
 
 

@@ -90,10 +90,10 @@ class KMultisectionNeuronCoverage(CoverageMetric):
 
     def measure(
         self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
-    ) -> MetricValue:
+    ) -> list[MetricValue]:
         bounds, outputs = self.bounds_and_outputs(ctx, attack, eps)
         covered = covered_sections(outputs, bounds, self.config.k)
-        return self.coverage(covered.double().mean(), ctx, attack, eps, bounds, len(outputs))
+        return [self.coverage(covered.double().mean(), ctx, attack, eps, bounds, len(outputs))]
 
 
 class NeuronBoundaryCoverage(CoverageMetric):
@@ -104,11 +104,11 @@ class NeuronBoundaryCoverage(CoverageMetric):
 
     def measure(
         self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
-    ) -> MetricValue:
+    ) -> list[MetricValue]:
         bounds, outputs = self.bounds_and_outputs(ctx, attack, eps)
         upper, lower = corner_neurons(outputs, bounds)
         value = (upper.sum() + lower.sum()).double() / (2 * bounds.n_neurons)
-        return self.coverage(value, ctx, attack, eps, bounds, len(outputs))
+        return [self.coverage(value, ctx, attack, eps, bounds, len(outputs))]
 
 
 class StrongNeuronActivationCoverage(CoverageMetric):
@@ -119,10 +119,10 @@ class StrongNeuronActivationCoverage(CoverageMetric):
 
     def measure(
         self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
-    ) -> MetricValue:
+    ) -> list[MetricValue]:
         bounds, outputs = self.bounds_and_outputs(ctx, attack, eps)
         upper, _ = corner_neurons(outputs, bounds)
-        return self.coverage(upper.double().mean(), ctx, attack, eps, bounds, len(outputs))
+        return [self.coverage(upper.double().mean(), ctx, attack, eps, bounds, len(outputs))]
 
 
 class TKNConfig(NeuronMetricConfig):
@@ -139,7 +139,7 @@ class TopKNeuronCoverage(CoverageMetric):
 
     def measure(
         self, ctx: EvaluationContext, attack: AttackSpec | None, eps: float | None
-    ) -> MetricValue:
+    ) -> list[MetricValue]:
         layers, outputs = self.outputs(ctx, attack, eps)
         hit = top_k_neurons(outputs, ctx.neurons.sizes(layers), self.config.k)
-        return self.value(hit.double().mean(), len(outputs), attack, eps, neurons=len(hit))
+        return [self.value(hit.double().mean(), len(outputs), attack, eps, neurons=len(hit))]

@@ -81,7 +81,7 @@ class EmpiricalNoiseInsensitivity(CleanMetric):
     requires = Capability.SCORES
     Config = ENIConfig
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed)
         n = len(ctx.y) if cfg.samples is None else min(cfg.samples, len(ctx.y))
@@ -94,4 +94,4 @@ class EmpiricalNoiseInsensitivity(CleanMetric):
         values = torch.cat(ratios).flatten() if ratios else torch.empty(0)
         values = values[~values.isnan()]
         value = values.mean() if len(values) else math.nan
-        return self.value(value, n, eps=cfg.eps, pairs=len(values), noise=cfg.noise)
+        return [self.value(value, n, eps=cfg.eps, pairs=len(values), noise=cfg.noise)]

@@ -80,11 +80,11 @@ class PerturbationSensitivityDistance(AttackMetric):
     category = "data"
     Config = PSDConfig
 
-    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> MetricValue:
+    def compute(self, ctx: EvaluationContext, attack: AttackSpec, eps: float) -> list[MetricValue]:
         result = ctx.adversarial(attack, eps)
         mask = successful_mask(result)
         if not mask.any():
-            return self.value(float("nan"), 0, attack, eps)
+            return [self.value(float("nan"), 0, attack, eps)]
         x, x_adv = result.x[mask], result.x_adv[mask]
         step = ctx.batch_size  # float64 copies of a whole large set would not fit in memory
         distances = torch.cat(
@@ -95,4 +95,4 @@ class PerturbationSensitivityDistance(AttackMetric):
                 for i in range(0, len(x), step)
             ]
         )
-        return self.value(distances.mean(), len(x), attack, eps)
+        return [self.value(distances.mean(), len(x), attack, eps)]

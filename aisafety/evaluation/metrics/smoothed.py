@@ -30,7 +30,7 @@ from aisafety.defense.randomized_smoothing import RandomizedSmoothing
 from aisafety.errors import ConfigError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import Capability, Direction, MetricValue
+from aisafety.interfaces import Capability, Direction, MetricValue, SmoothingCertificates
 from aisafety.verification.smoothing.certify import Bound, Certificates, certify
 from aisafety.verification.smoothing.noise import Noise
 
@@ -101,17 +101,21 @@ class SmoothedMetric(CleanMetric):
     Config = SmoothedCertificationConfig
 
     def summary(self, ctx: EvaluationContext) -> tuple[np.ndarray, Certificates, dict]:
+        """The labels, the certificates, and what every value carries: the setting and norm
+        (stored as JSON details) and each image's certificate (stored as rows)."""
         key, (index, cert) = certificates(ctx, self.config)
         y = ctx.y[index].numpy()
-        per_sample = {
-            "sample_index": index.tolist(),
-            "label": y.tolist(),
-            "prediction": cert.prediction.tolist(),
-            "p_a_lower": cert.p_a_lower.tolist(),
-            "radius": cert.radius.tolist(),
-            "seconds": cert.seconds.tolist(),
-        }
-        details = {"certificates": key, "norm": cert.norm, "per_sample": per_sample}
+        rows = SmoothingCertificates(
+            setting=key,
+            norm=cert.norm,
+            sample_index=index.tolist(),
+            label=y.tolist(),
+            prediction=cert.prediction.tolist(),
+            p_a_lower=cert.p_a_lower.tolist(),
+            radius=cert.radius.tolist(),
+            seconds=cert.seconds.tolist(),
+        )
+        details = {"certificates": key, "norm": cert.norm, "smoothing_certificates": rows}
         return y, cert, details
 
 
@@ -134,11 +138,11 @@ class SmoothedAverageCertifiedRadius(SmoothedMetric):
     description = "Mean certified radius of the smoothed classifier, 0 when wrong or abstaining"
     unit = "radius"
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         y, cert, details = self.summary(ctx)
-        return self.value(
-            np.where(cert.prediction == y, cert.radius, 0.0).mean(), len(y), **details
-        )
+        return [
+            self.value(np.where(cert.prediction == y, cert.radius, 0.0).mean(), len(y), **details)
+        ]
 
 
 class SmoothedAbstentionRate(SmoothedMetric):
@@ -147,6 +151,6 @@ class SmoothedAbstentionRate(SmoothedMetric):
     direction = Direction.LOWER
     unit = "fraction"
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         y, cert, details = self.summary(ctx)
-        return self.value(cert.abstained.mean(), len(y), **details)
+        return [self.value(cert.abstained.mean(), len(y), **details)]

@@ -14,10 +14,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from aisafety.config_base import PluginConfig
-from aisafety.defense.base import InputDefense
-from aisafety.errors import ConfigError
-from aisafety.prediction.base import Predictor
+from aisafety.plugin import ConfigError, InputDefense, PluginConfig, Predictor
 
 
 class GaussianBlurConfig(PluginConfig):

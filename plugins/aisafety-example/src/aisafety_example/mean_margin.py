@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from aisafety.evaluation.base import CleanMetric
-from aisafety.evaluation.context import EvaluationContext
-from aisafety.interfaces import Capability, Direction, MetricValue
+from aisafety.plugin import Capability, CleanMetric, Direction, EvaluationContext, MetricValue
 
 
 def logit_margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -31,14 +29,16 @@ class MeanMargin(CleanMetric):
     category = "behaviour"
     requires = Capability.SCORES
 
-    def compute(self, ctx: EvaluationContext) -> MetricValue:
+    def compute(self, ctx: EvaluationContext) -> list[MetricValue]:
         ctx.predictor.require(self.requires, f"metric {self.name!r}")
         y = ctx.y.to(torch.long)
         if not len(y):
-            return self.value(float("nan"), 0)
+            return [self.value(float("nan"), 0)]
         margins = logit_margins(ctx.clean_logits.cpu(), y.cpu())
-        return self.value(
-            margins.mean(),
-            len(y),
-            fraction_positive=float((margins > 0).double().mean()),
-        )
+        return [
+            self.value(
+                margins.mean(),
+                len(y),
+                fraction_positive=float((margins > 0).double().mean()),
+            )
+        ]

@@ -13,10 +13,15 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from aisafety.attack.base import Attack, AttackConfig
-from aisafety.attack.call import AttackCall
-from aisafety.interfaces import AttackFamily, Capability, Norm
-from aisafety.prediction.base import Predictor
+from aisafety.plugin import (
+    Attack,
+    AttackCall,
+    AttackConfig,
+    AttackFamily,
+    Capability,
+    Norm,
+    Predictor,
+)
 
 
 class UniformNoiseConfig(AttackConfig):

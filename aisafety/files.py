@@ -1,0 +1,50 @@
+"""Files read from outside, checked by ``stat`` before they are opened.
+
+``open`` on a FIFO blocks until a writer appears, ``/dev/zero`` never ends and a directory
+cannot be read; ``Path.is_file()`` is False for all three, which used to be reported as
+"does not exist". One ``os.stat`` (no open) tells what the path is and how large, so a
+wrong path gets the right message and a huge file is refused before a byte is read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from aisafety.errors import ConfigError
+
+GIB = 1 << 30
+MAX_MODEL_BYTES = 8 * GIB  # a model file read whole (checkpoint, TorchScript, ONNX)
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def regular_file(path: str | Path, what: str, max_bytes: int | None = None) -> Path:
+    """``path`` if it is a regular file of at most ``max_bytes``; else a ``ConfigError``
+    that says what ``what`` (e.g. "config file") names instead, and the fix."""
+    path = Path(path).expanduser()
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {str(path)!r} does not exist; check the path") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {str(path)!r} cannot be read: {exc.strerror}") from None
+    for test, kind in _KINDS:
+        if test(info.st_mode):
+            raise ConfigError(
+                f"{what} {str(path)!r} is {kind}, not a regular file; give the path of the file "
+                "itself"
+            )
+    if max_bytes is not None and info.st_size > max_bytes:
+        raise ConfigError(
+            f"{what} {str(path)!r} is {info.st_size:,} bytes, above the limit of {max_bytes:,} "
+            "bytes read whole: is this the right file?"
+        )
+    return path

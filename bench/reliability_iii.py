@@ -1,0 +1,348 @@
+"""The cases of issue #35 (Reliability III) for bench/reliability.py: plugins that tamper
+with or crash a run, special files, silent acceptances, network bounds and, where
+PostgreSQL is installed, ``aisafety query`` on a real server.
+
+Each case returns (group, label, outcome, line) with outcome one of: clear, unclear (an
+error, but its message misses what it should name), traceback, runaway (past its limit
+plus 10 %), silent (accepted although wrong), corrupted (another unit's stored numbers
+changed), or accepted (a valid control).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import socket
+import sqlite3
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import aisafety.cli as cli
+import aisafety.runner as runner
+from aisafety.attack.fgsm import FGSM
+from aisafety.evaluation.base import CleanMetric
+from aisafety.hookspecs import hookimpl
+from aisafety.interfaces import MetricValue
+from aisafety.plugins import build_registry
+from aisafety.prediction.remote import RemotePredictor
+from aisafety.prediction.server import make_server
+from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.prediction.watch import model_tensors
+
+Row = tuple[str, str, str, str]
+OK = "metrics: [ca]\n"
+# (label, plan, what the error must name)
+PLANS = [
+    ("steps '3'", "attacks: [{name: pgd-linf, config: {steps: '3'}}]\n" + OK, "string '3'"),
+    ("steps true", "attacks: [{name: pgd-linf, config: {steps: true}}]\n" + OK, "not true"),
+    ("step_size .nan", "attacks: [{name: pgd-linf, config: {step_size: .nan}}]\n" + OK, "NaN"),
+    ("attack seed -1", "attacks: [{name: fgsm, config: {seed: -1}}]\n" + OK, "seed"),
+    ("apgd-t 50 targets on 10 classes",
+     "attacks: [{name: apgd-t, config: {n_target_classes: 50}}]\n" + OK, "10 classes"),
+    ("seed beside seeds", "seed: 3\nseeds: [0, 1]\n" + OK, "both seed"),
+    ("metrics [ca, ca]", "metrics: [ca, ca]\n", "listed twice"),
+    ("'fgsm '", "attacks: ['fgsm ']\n" + OK, "spaces around it"),
+    ("eps 1.0000001", "attacks: [{name: fgsm, eps: 1.0000001}]\n" + OK, "eps=1.0000001"),
+    ("remote file:// url", "model: {source: remote, url: 'file:///etc/passwd', "
+     "input_shape: [1,28,28], num_classes: 10}\n" + OK, "scheme 'file'"),
+    ("5,000 seeds", f"seeds: {list(range(5000))}\n" + OK, "limits: {seeds: 5000}"),
+    ("smoothing n 1e12",
+     "metrics: [{name: smoothed-certified-accuracy, config: {n: 1000000000000}}]\n", "samples"),
+    ("eot_samples 1e9", "defenses: [{name: jpeg, config: {eot_samples: 1000000000}}]\n" + OK,
+     "eot_samples"),
+    ("nattack population 1e9",
+     "attacks: [{name: nattack, config: {population: 1000000000}}]\n" + OK, "population"),
+    ("nattack population 1e9 with its limit raised",
+     "attacks: [{name: nattack, config: {population: 1000000000}}]\n"
+     "limits: {population: 1000000000}\n" + OK, "GiB"),
+]  # fmt: skip
+
+
+class WeightScaler(FGSM):
+    name = "weight-scaler"
+
+    def perturb(self, predictor, x, y, eps, call):
+        for tensor in model_tensors(predictor).values():
+            tensor.data.mul_(0)
+        return super().perturb(predictor, x, y, eps, call)
+
+
+class ContextWriter(CleanMetric):
+    name = "ctx-writer"
+
+    def compute(self, ctx):
+        ctx.x[:] = 0
+        ctx.y[:] = 0
+        ctx.clean_logits.zero_()
+        return MetricValue(metric=self.name, value=1.0, direction="higher", n_samples=1)
+
+
+class Crashing(FGSM):
+    name = "crashing"
+
+    def perturb(self, predictor, x, y, eps, call):
+        return 1 / 0
+
+
+def _plugin(name: str, **hooks) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for hook, function in hooks.items():
+        setattr(module, hook, hookimpl(function))
+    return module
+
+
+@contextlib.contextmanager
+def _registry(*plugins: tuple[str, types.ModuleType]):
+    registry = build_registry(list(plugins))
+    saved = cli.default_registry, runner.default_registry
+    cli.default_registry = runner.default_registry = lambda: registry
+    try:
+        yield registry
+    finally:
+        cli.default_registry, runner.default_registry = saved
+
+
+def _run(argv: list[str], limit_s: float = 120.0) -> tuple[int | None, str, float]:
+    err = io.StringIO()
+    start = time.monotonic()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main(argv)
+    except BaseException as exc:  # noqa: BLE001 - a traceback is what this counts
+        return None, f"{type(exc).__name__}: {exc}"[:150], time.monotonic() - start
+    lines = err.getvalue().strip().splitlines()
+    return code, (lines[-1] if lines else ""), time.monotonic() - start
+
+
+def _judge(code: int | None, line: str, expect: str, elapsed: float = 0, limit: float = 0) -> str:
+    if limit and elapsed > limit * 1.1:
+        return "runaway"
+    if code is None:
+        return "traceback"
+    if code == 0:
+        return "silent"
+    if code != 2 or "Traceback" in line:
+        return "traceback"
+    return "clear" if expect in line else "unclear"
+
+
+def plan_cases(folder: Path, db: str) -> list[Row]:
+    rows = []
+    for i, (label, content, expect) in enumerate(PLANS):
+        path = folder / f"iii-{i}.yaml"
+        path.write_text(content)
+        code, line, _ = _run(["evaluate", str(path), "--db", db, "--quiet", "--limit", "8",
+                              "--device", "cpu"])  # fmt: skip
+        rows.append(("plan", f"plan: {label}", _judge(code, line, expect), line))
+    return rows
+
+
+def file_cases(folder: Path, db: str) -> list[Row]:
+    """Special files as plan, checkpoint and npz dataset, and an empty npz."""
+    fifo, directory = folder / "fifo.yaml", folder / "dir.yaml"
+    os.mkfifo(fifo)
+    directory.mkdir()
+    np.savez(folder / "empty.npz", x=np.zeros((0, 1, 28, 28), np.float32), y=np.zeros(0, int))
+    rows = []
+    for label, path, expect in (("FIFO", fifo, "FIFO"), ("folder", directory, "folder"),
+                                ("/dev/zero", Path("/dev/zero"), "character device")):  # fmt: skip
+        code, line, elapsed = _run(["evaluate", str(path), "--db", db])
+        rows.append(("files", f"plan: {label}", _judge(code, line, expect, elapsed, 10), line))
+        for what, section in (
+            ("checkpoint", f"model: {{source: checkpoint, path: '{path}', architecture: "
+                           "mnist-cnn, input_shape: [1,28,28], num_classes: 10}"),
+            ("npz", f"dataset: {{name: npz, path: '{path}'}}"),
+        ):  # fmt: skip
+            expect_here = "folder without" if what == "npz" and label == "folder" else expect
+            plan = folder / f"file-{what}-{label.strip('/').replace('/', '-')}.yaml"
+            plan.write_text(section + "\n" + OK)
+            code, line, elapsed = _run(["evaluate", str(plan), "--db", db, "--device", "cpu"])
+            judged = _judge(code, line, expect_here, elapsed, 10)
+            rows.append(("files", f"{what}: {label}", judged, line))
+    plan = folder / "empty-npz.yaml"
+    plan.write_text(f"dataset: {{name: npz, path: '{folder / 'empty.npz'}'}}\n" + OK)
+    code, line, _ = _run(["evaluate", str(plan), "--db", db, "--device", "cpu"])
+    rows.append(("files", "npz: no samples", _judge(code, line, "no samples"), line))
+    huge = folder / "huge.yaml"
+    with huge.open("wb") as handle:
+        handle.truncate(2 << 30)
+    code, line, elapsed = _run(["evaluate", str(huge), "--db", db])
+    rows.append(("files", "plan: 2 GiB (sparse)", _judge(code, line, "bytes", elapsed, 5), line))
+    return rows
+
+
+def _stored(path: Path) -> dict:
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT metric, attack, eps, value FROM results").fetchall()
+    return {(m, a, e): v for m, a, e, v in rows if a in ("fgsm", "pgd-linf")}
+
+
+def plugin_cases(folder: Path) -> list[Row]:
+    """Careless plugins beside fgsm and pgd: they must fail alone, not change the others."""
+    base = ("dataset: {{limit: 24}}\ndevice: cpu\nmetrics: [ca, aaw{extra}]\n"
+            "attacks: [{{name: fgsm, eps: [0.1]}}, {attack}{{name: pgd-linf, "
+            "config: {{steps: 3}}, eps: [0.1]}}]\n")  # fmt: skip
+    reference = folder / "plugins-reference.db"
+    (folder / "reference.yaml").write_text(base.format(extra="", attack=""))
+    _run(["evaluate", str(folder / "reference.yaml"), "--db", f"sqlite:///{reference}"])
+    expected = _stored(reference)
+    module = _plugin("careless", aisafety_attacks=lambda: [WeightScaler, Crashing],
+                     aisafety_metrics=lambda: [ContextWriter])  # fmt: skip
+    rows = []
+    for label, extra, attack, code_ok in (
+        ("attack scaling the weights by 0", "", "{name: weight-scaler, eps: [0.1]}, ", 1),
+        ("metric writing ctx.x, ctx.y, clean logits", ", ctx-writer", "", 1),
+        ("attack raising ZeroDivisionError", "", "{name: crashing, eps: [0.1]}, ", 2),
+    ):
+        plan, db = folder / f"plugin-{len(rows)}.yaml", folder / f"plugin-{len(rows)}.db"
+        plan.write_text(base.format(extra=extra, attack=attack))
+        with _registry(("careless", module)):
+            code, line, _ = _run(["evaluate", str(plan), "--db", f"sqlite:///{db}"])
+        stored = _stored(db)
+        if code is None:
+            outcome = "traceback"
+        elif any(stored[k] != v for k, v in expected.items() if k in stored):
+            outcome = "corrupted"
+        elif code == 0:
+            outcome = "silent"
+        else:
+            outcome = "clear" if code == code_ok else "unclear"
+        rows.append(("plugin", f"plugin: {label}", outcome, line))
+    (folder / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    for label, plugin in (
+        ("SystemExit in a hook", _plugin("exits", aisafety_attacks=lambda: sys.exit(3))),
+        ("hook returning [42, 'not-a-class']",
+         _plugin("junk", aisafety_attacks=lambda: [42, "not-a-class"])),
+    ):  # fmt: skip
+        try:
+            with _registry((label, plugin)) as registry:
+                db = f"sqlite:///{folder / 'p.db'}"
+                code, line, _ = _run(["evaluate", "--limit", "8", "--db", db, "--device", "cpu"])
+            failed = [f.name for f in registry.failures] == [label]
+            outcome = "clear" if code == 0 and failed else "unclear"
+        except BaseException as exc:  # noqa: BLE001
+            outcome, line = "traceback", f"{type(exc).__name__}: {exc}"
+        rows.append(("plugin", f"plugin: {label}", outcome, line))
+    return rows
+
+
+def _one_shot(behaviour: Callable[[socket.socket], None]) -> str:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def run() -> None:
+        connection, _ = listener.accept()
+        with connection, listener, contextlib.suppress(OSError):
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += connection.recv(65536)
+            behaviour(connection)
+
+    threading.Thread(target=run, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def network_cases() -> list[Row]:
+    rows = []
+    model = TorchPredictor(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)),
+                           (1, 2, 2), 3, name="m")  # fmt: skip
+    with make_server(model, port=0, max_batch_size=8) as server:
+        server.request_timeout = 2.0
+        with socket.create_connection(server.server_address[:2], timeout=30) as sock:
+            sock.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1500000000\r\n\r\n")
+            answer = sock.recv(65536).decode(errors="replace")
+        outcome = "clear" if " 413 " in answer.splitlines()[0] else "unclear"
+        rows.append(("network", "serve: 1.5 GB body announced", outcome, answer.splitlines()[0]))
+        with socket.create_connection(server.server_address[:2], timeout=30) as sock:
+            sock.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\n")
+            start = time.monotonic()
+            closed = sock.recv(65536) == b""
+            elapsed = time.monotonic() - start
+        outcome = "clear" if closed and elapsed <= 2.2 else "runaway"
+        rows.append(("network", "serve: silent client (2 s timeout)", outcome, f"{elapsed:.2f} s"))
+
+    def trickle(connection: socket.socket) -> None:
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(1000):
+            connection.sendall(b" ")
+            time.sleep(0.2)
+
+    def flood(connection: socket.socket) -> None:
+        connection.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+        for _ in range(3 * 1024):
+            connection.sendall(b"0" * (1 << 20))
+
+    remotes = (
+        ("remote trickling 5 bytes/s (2 s timeout)", trickle, "did not finish"),
+        ("remote answering 3 GB", flood, "answered more than"),
+    )
+    for label, behaviour, expect in remotes:
+        remote = RemotePredictor(_one_shot(behaviour), "m", (1, 2, 2), 3, input_name="x",
+                                 timeout=2.0, retries=0)  # fmt: skip
+        start = time.monotonic()
+        try:
+            remote.logits(torch.rand(1, 1, 2, 2))
+            outcome, line = "silent", ""
+        except Exception as exc:  # noqa: BLE001
+            line = str(exc)
+            outcome = "clear" if expect in line else "unclear"
+        if time.monotonic() - start > 2.2:
+            outcome = "runaway"
+        rows.append(("network", label, outcome, line))
+    return rows
+
+
+def postgres_cases() -> list[Row]:
+    """``aisafety query`` against a real PostgreSQL server (skipped where none is installed)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from postgres_server import find_bindir, start_postgres
+
+    if find_bindir() is None:
+        print("PostgreSQL is not installed: the query cases on PostgreSQL are skipped",
+              file=sys.stderr)  # fmt: skip
+        return []
+    from sqlalchemy import text
+
+    from aisafety.database.store import ResultStore
+
+    server = start_postgres()
+    try:
+        url = server.create_database()
+        _run(["evaluate", "--limit", "8", "--db", url, "--device", "cpu"])
+        engine = ResultStore(url).engine
+
+        def count() -> int:
+            with engine.connect() as connection:
+                return connection.execute(text("SELECT COUNT(*) FROM metric_values")).scalar_one()
+
+        rows, before = [], count()
+        for sql in ("SELECT 1; COMMIT; DROP TABLE metric_values CASCADE",
+                    "SELECT 1; COMMIT; DELETE FROM metric_values"):  # fmt: skip
+            code, line, _ = _run(["query", "--db", url, sql])
+            outcome = _judge(code, line, "one SQL statement")
+            rows.append(
+                ("pg", f"query: {sql}", "corrupted" if count() != before else outcome, line)
+            )
+        code, line, elapsed = _run(
+            ["query", "--db", url, "SELECT pg_sleep(3600)", "--timeout", "2"]
+        )
+        rows.append(("pg", "query: pg_sleep(3600), --timeout 2",
+                     _judge(code, line, "timeout of 2 s", elapsed, 2), line))  # fmt: skip
+        return rows
+    finally:
+        server.stop()
+
+
+def all_cases(folder: Path) -> list[Row]:
+    db = f"sqlite:///{folder / 'iii.db'}"
+    return (plan_cases(folder, db) + file_cases(folder, db) + plugin_cases(folder)
+            + network_cases() + postgres_cases())  # fmt: skip

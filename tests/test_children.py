@@ -1,0 +1,50 @@
+"""The suite's child processes die with their process group: a timed-out ``bash -c`` takes
+its own children with it, and the end-of-session check finds any survivor by its mark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import children
+import pytest
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return not stat.read().split(") ")[-1].startswith("Z")
+
+
+def test_a_timed_out_shell_is_killed_with_its_children(tmp_path):
+    """The orphan of issue 36: ``bash -c 'child & wait'`` killed, its child left running."""
+    pid_file = tmp_path / "grandchild.pid"
+    script = f"sleep 600 & echo $! > {pid_file}; wait"
+    with pytest.raises(AssertionError, match=r"the test shell did not finish within 2 s"):
+        children.run(["bash", "-c", script], what="the test shell", timeout=2,
+                     capture_output=True, text=True)  # fmt: skip
+    grandchild = int(pid_file.read_text())
+    assert not _alive(grandchild), "the shell's child outlived the killed group"
+
+
+def test_a_grandchild_that_outlives_its_finished_parent_is_killed(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    done = children.run(["bash", "-c", f"sleep 600 & echo $! > {pid_file}"], text=True)
+    assert done.returncode == 0
+    assert not _alive(int(pid_file.read_text()))
+
+
+def test_survivors_are_found_by_the_session_mark():
+    token = os.environ[children.SESSION_VARIABLE]
+    escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                               start_new_session=True)  # fmt: skip
+    try:
+        assert escaped.pid in {pid for pid, _ in children.leftovers(token)}
+    finally:
+        escaped.kill()
+        escaped.wait()
+    assert escaped.pid not in {pid for pid, _ in children.leftovers(token)}

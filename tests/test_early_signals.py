@@ -1,0 +1,114 @@
+"""SIGTERM before the first unit ends a run as Ctrl-C does: exit 130 and 'interrupted', not
+143 or 'failed'; a run whose process vanishes (os._exit in a plugin) is marked by the next
+run (issue #35, finding 7)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from aisafety.database.store import ResultStore
+from aisafety.interfaces import EvaluationPlan
+from aisafety.runner import Runner
+
+REPO = str(Path(__file__).resolve().parents[1])
+CHILD = """
+import sys
+from aisafety.cli import main
+print("ready", flush=True)
+sys.exit(main(sys.argv[1:]))
+"""
+SLOW_PLAN = """
+dataset: {limit: 100}
+attacks: [{name: pgd-linf, config: {steps: 5000}, eps: [0.3]}]
+metrics: [robust-accuracy]
+device: cpu
+"""
+
+
+def _start(tmp_path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def _runs(path) -> list[tuple]:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as connection:
+            return connection.execute(
+                "SELECT status, (SELECT COUNT(*) FROM units) FROM runs"
+            ).fetchall()
+    except sqlite3.Error:
+        return []
+
+
+@pytest.mark.parametrize("moment", ["while loading", "run started, no unit finished"])
+def test_sigterm_before_the_first_unit_is_an_interruption(tmp_path, moment):
+    plan, db = tmp_path / "plan.yaml", tmp_path / "r.db"
+    plan.write_text(SLOW_PLAN)
+    child = _start(tmp_path, "evaluate", str(plan), "--db", f"sqlite:///{db}", "--quiet")
+    if moment == "while loading":
+        time.sleep(0.5)  # parsing done, the plan, plugins and model still loading
+    else:
+        deadline = time.monotonic() + 120
+        while not _runs(db) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _runs(db) == [("running", 0)]
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    if moment != "while loading":
+        assert _runs(db) == [("interrupted", 0)]
+
+
+VANISHING = """
+import os, sys, types
+from aisafety.attack.fgsm import FGSM
+from aisafety.database.store import ResultStore
+from aisafety.hookspecs import hookimpl
+from aisafety.interfaces import EvaluationPlan
+from aisafety.plugins import build_registry
+from aisafety.runner import Runner
+
+class Vanishing(FGSM):
+    name = "vanishing"
+    def perturb(self, *args, **kwargs):
+        os._exit(0)
+
+module = types.ModuleType("vanishing")
+module.aisafety_attacks = hookimpl(lambda: [Vanishing])
+plan = EvaluationPlan.model_validate_json(sys.argv[2])
+Runner(plan, ResultStore(sys.argv[1]), registry=build_registry([("vanishing", module)]),
+       quiet=True).run()
+"""
+
+
+def test_a_run_whose_process_vanishes_is_marked_by_the_next_run(tmp_path):
+    """os._exit cannot be caught (exit 0, no handler runs); the next run on this host finds
+    the process gone and marks the run 'interrupted' (database/liveness.py)."""
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    plan = EvaluationPlan.model_validate(
+        {"dataset": {"limit": 8}, "attacks": [{"name": "vanishing", "eps": [0.1]}],
+         "metrics": ["robust-accuracy"], "device": "cpu"}
+    )  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(VANISHING), url,
+                           plan.model_dump_json()], env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0  # what os._exit(0) leaves: nothing to see in the exit code
+    assert _runs(tmp_path / "r.db") == [("running", 0)]
+    Runner(EvaluationPlan(metrics=(), device="cpu", dataset={"limit": 8}), ResultStore(url),
+           quiet=True).run()  # fmt: skip
+    assert [status for status, _ in _runs(tmp_path / "r.db")] == ["interrupted", "finished"]

@@ -1,0 +1,65 @@
+"""The tracebacks left after Reliability II (issue #35, finding 6): each a user's mistake,
+each now a clear error with exit 2 naming the thing and the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from aisafety.cli import main
+
+
+class _Raises(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 0:
+            raise ValueError("boom")
+        return x
+
+
+class _Tuple(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.flatten(1)[:, :10], x
+
+
+class _Int64(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.flatten(1)[:, :10] * 10).long()
+
+
+def _evaluate(tmp_path, capsys, plan: str) -> str:
+    path = tmp_path / "plan.yaml"
+    path.write_text(plan + "metrics: [ca]\ndevice: cpu\n")
+    assert main(["evaluate", str(path), "--db", f"sqlite:///{tmp_path / 'r.db'}", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    "module, message",
+    [(_Raises(), "failed on a batch of shape (8, 1, 28, 28): builtins.ValueError: boom"),
+     (_Tuple(), "returned scores of shape <class 'tuple'> for 8 input(s)"),
+     (_Int64(), "returned scores of dtype torch.int64; expected floating-point scores")],
+)  # fmt: skip
+def test_a_torchscript_model_that_misbehaves_is_named(module, message, tmp_path, capsys):
+    torch.jit.save(torch.jit.script(module), tmp_path / "m.pt")
+    err = _evaluate(tmp_path, capsys, (
+        f"model: {{name: scripted, source: torchscript, path: {tmp_path / 'm.pt'}, "
+        "input_shape: [1, 28, 28], num_classes: 10}\ndataset: {limit: 8}\n"
+    ))  # fmt: skip
+    assert f"model 'scripted' {message}" in err
+
+
+def test_an_empty_npz_dataset_is_named(tmp_path, capsys):
+    np.savez(tmp_path / "empty.npz", x=np.zeros((0, 1, 28, 28), np.float32), y=np.zeros(0, int))
+    err = _evaluate(tmp_path, capsys, f"dataset: {{name: npz, path: {tmp_path / 'empty.npz'}}}\n")
+    assert "dataset 'npz' (test split at" in err and "holds no samples" in err
+
+
+def test_a_database_folder_that_cannot_be_made_is_named(capsys):
+    assert main(["evaluate", "--db", "sqlite:////proc/x/y.db", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot create the folder of the results database '/proc/x/y.db'" in err
+    assert "Traceback" not in err

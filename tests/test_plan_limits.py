@@ -1,0 +1,113 @@
+"""``limits:`` covers every count a plan can set, with a memory estimate refused before
+allocation, and a watchdog ends a forward pass that never returns (issue #35, findings 4,
+6 and 7; aisafety/limits.py, aisafety/prediction/watch.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from aisafety.config import plan_from_dict
+from aisafety.errors import ConfigError, ModelOutputError
+from aisafety.interfaces import EvaluationPlan
+from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.runner import Runner
+
+
+def _plan(**fields) -> EvaluationPlan:
+    fields.setdefault("metrics", ["robust-accuracy"])
+    return plan_from_dict({"dataset": {"limit": 8}, "device": "cpu", **fields}, "plan")
+
+
+def test_seeds_are_counted():
+    with pytest.raises(ConfigError, match=r"seeds holds 5,000 seeds, above the limit of 100"):
+        _plan(metrics=["ca"], seeds=list(range(5000)))
+    _plan(metrics=["ca"], seeds=list(range(5000)), limits={"seeds": 5000})  # on purpose
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"metrics": [{"name": "smoothed-certified-accuracy", "config": {"n": 10**12}}]},
+         "metric 'smoothed-certified-accuracy': n = 1,000,000,000,000 is above the limit of "
+         "1,000,000 samples"),
+        ({"attacks": [{"name": "nattack", "config": {"population": 10**9}, "eps": [0.1]}]},
+         "attack 'nattack': population = 1,000,000,000 is above the limit of 100,000"),
+        ({"attacks": [{"name": "spsa", "config": {"samples": 10**9}, "eps": [0.1]}]},
+         "attack 'spsa': samples = 1,000,000,000 is above the limit"),
+    ],
+)  # fmt: skip
+def test_counts_of_attacks_and_metrics_are_limited(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        Runner(_plan(**fields), store=None)
+
+
+@pytest.mark.parametrize(
+    "defense, message",
+    [({"name": "randomized-smoothing", "config": {"samples": 10**12}},
+      "defense 'randomized-smoothing': samples = 1,000,000,000,000 is above the limit"),
+     ({"name": "jpeg", "config": {"eot_samples": 10**9}},
+      "eot_samples = 1,000,000,000 is above the limit of 1,000")],
+)  # fmt: skip
+def test_counts_of_defenses_are_limited(defense, message):
+    plan = _plan(defenses=[defense], metrics=["ca"])
+    with pytest.raises(ConfigError, match=message):
+        Runner(plan, store=None).prepare()
+
+
+def test_memory_is_estimated_before_allocation():
+    """Within the count limits, but above the memory given: refused by the estimate."""
+    plan = _plan(
+        attacks=[{"name": "nattack", "config": {"population": 50_000}, "eps": [0.1]}],
+        limits={"memory_gib": 0.1},
+    )
+    expected = r"population = 50,000 needs about 0.1 GiB \(50,000 candidates of one image"
+    with pytest.raises(ConfigError, match=expected):
+        Runner(plan, store=None).prepare()
+    eot = _plan(defenses=[{"name": "jpeg", "config": {"eot_samples": 1000}}],
+                metrics=["ca"], batch_size=128, limits={"memory_gib": 0.25})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"eot_samples = 1,000 needs about 0.4 GiB \(128 images"):
+        Runner(eot, store=None).prepare()
+
+
+def test_the_default_memory_limit_is_the_machine_memory():
+    """nattack population 1e9 used to die in the allocator; with the count raised on
+    purpose, the estimate (2.9 TiB) still refuses it before allocation."""
+    plan = _plan(
+        attacks=[{"name": "nattack", "config": {"population": 10**9}, "eps": [0.1]}],
+        limits={"population": 10**9},
+    )
+    with pytest.raises(ConfigError, match=r"needs about 2,920.6 GiB .* this machine's memory"):
+        Runner(plan, store=None).prepare()
+
+
+def test_more_targets_than_classes_is_refused():
+    plan = _plan(attacks=[{"name": "apgd-t", "config": {"n_target_classes": 50}, "eps": [0.1]}])
+    with pytest.raises(ConfigError, match="n_target_classes = 50 but the model has 10 classes"):
+        Runner(plan, store=None).prepare()
+
+
+class _Hangs(nn.Module):
+    def forward(self, x):
+        time.sleep(3600)
+        return x.flatten(1)
+
+
+def test_a_forward_pass_that_never_returns_is_stopped_naming_the_model():
+    limit = 2.0
+    predictor = TorchPredictor(_Hangs(), (1, 2, 2), 4, name="hanging-model")
+    predictor.forward_timeout = limit
+    start = time.monotonic()
+    with pytest.raises(ModelOutputError, match=r"model 'hanging-model' did not return from a "
+                                               r"forward pass within 2 s"):  # fmt: skip
+        predictor.logits(torch.rand(1, 1, 2, 2))
+    assert limit * 0.9 <= time.monotonic() - start <= limit * 1.1
+
+
+def test_the_runner_arms_the_watchdog_from_the_plan():
+    plan = _plan(metrics=["ca"], limits={"forward_seconds": 123})
+    prepared = Runner(plan, store=None).prepare()
+    assert prepared.context.predictor.forward_timeout == 123

@@ -1,0 +1,83 @@
+"""A plugin that calls sys.exit at import, or whose hook returns junk, disables itself,
+not the command (issue #35, finding 6; aisafety/plugins.py)."""
+
+from __future__ import annotations
+
+import types
+from importlib import metadata
+
+import pytest
+
+from aisafety.cli import main
+from aisafety.hookspecs import PROJECT, hookimpl
+from aisafety.plugins import build_registry
+
+
+@pytest.fixture
+def exiting_entry_point(tmp_path, monkeypatch):
+    """An installed-looking plugin whose module calls sys.exit(3) when imported."""
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    point = metadata.EntryPoint("exits-at-import", "exits_at_import", PROJECT)
+    real = metadata.entry_points
+
+    def entry_points(**selection):
+        found = list(real(**selection))
+        return [*found, point] if selection.get("group") == PROJECT else found
+
+    monkeypatch.setattr(metadata, "entry_points", entry_points)
+
+
+def test_system_exit_at_import_is_contained(exiting_entry_point, monkeypatch, capsys):
+    registry = build_registry()
+    (failure,) = [f for f in registry.failures if f.name == "exits-at-import"]
+    assert "SystemExit: 3" in failure.error
+    assert "fgsm" in registry.names("attack")  # the built-ins and other plugins still load
+    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    assert main(["plugins"]) == 1
+    assert "'exits-at-import'" in capsys.readouterr().out
+    assert main(["list", "attacks", "--format", "json"]) == 0
+
+
+def _plugin(**hooks) -> types.ModuleType:
+    module = types.ModuleType("junk")
+    for name, function in hooks.items():
+        setattr(module, name, hookimpl(function))
+    return module
+
+
+@pytest.mark.parametrize(
+    "returned, named",
+    [([42, "not-a-class"], "returned 42 among its attacks"), (42, "returned 42;"),
+     ("fgsm", "returned 'fgsm';"), ([type("Nameless", (), {})], "Nameless")],
+)  # fmt: skip
+def test_a_hook_returning_junk_disables_that_plugin_only(returned, named, tmp_path, monkeypatch,
+                                                         capsys):  # fmt: skip
+    module = _plugin(aisafety_attacks=lambda: returned, aisafety_metrics=lambda: [])
+    registry = build_registry(extra_plugins=[("junk", module)])
+    (failure,) = registry.failures
+    assert failure.name == "junk" and named in failure.error
+    assert "junk" not in {p.name for p in registry.plugins}
+    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    plan = tmp_path / "p.yaml"
+    plan.write_text("metrics: [ca]\ndevice: cpu\n")
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}",
+                 "--limit", "10", "--quiet"]) == 0  # fmt: skip
+    assert "warning: plugin 'junk'" in capsys.readouterr().err
+
+
+def test_system_exit_in_a_hook_is_contained():
+    def leave():
+        raise SystemExit(1)
+
+    registry = build_registry(extra_plugins=[("leaves", _plugin(aisafety_attacks=leave))])
+    assert [f.name for f in registry.failures] == ["leaves"]
+    assert "fgsm" in registry.names("attack")
+
+
+def test_keyboard_interrupt_in_a_hook_still_interrupts():
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_registry(extra_plugins=[("ctrl-c", _plugin(aisafety_attacks=interrupted))])

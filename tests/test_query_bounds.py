@@ -1,0 +1,146 @@
+"""``aisafety query`` is read-only by construction and bounded (issue #35, finding 1):
+one statement per call, a read-only session a COMMIT cannot undo, a statement timeout and a
+row limit, rows streamed. PostgreSQL cases run against a real server the tests start
+(tests/postgres_server.py)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+from sqlalchemy import text
+
+from aisafety.cli import main
+from aisafety.database.store import ResultStore
+from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
+from aisafety.runner import Runner
+
+PLAN = EvaluationPlan(
+    dataset=DatasetSpec(limit=10),
+    attacks=(AttackSpec(name="fgsm", eps=(0.1,)),),
+    metrics=(MetricSpec(name="ca"), MetricSpec(name="aaw")),
+    device="cpu",
+)
+# An endless recursive CTE: only a reader that streams can print its first rows.
+ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"
+TIMEOUT_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def filled_postgres(postgres_server) -> str:
+    url = postgres_server.create_database()
+    Runner(PLAN, ResultStore(url), quiet=True).run()
+    return url
+
+
+@pytest.fixture(scope="module")
+def filled_sqlite(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("db") / "r.db"
+    Runner(PLAN, ResultStore(f"sqlite:///{path}"), quiet=True).run()
+    return f"sqlite:///{path}"
+
+
+def _count(url: str, table: str) -> int:
+    with ResultStore(url).engine.connect() as connection:
+        return connection.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar_one()
+
+
+def test_commit_inside_a_query_string_cannot_drop_a_table_on_postgresql(filled_postgres, capsys):
+    before = _count(filled_postgres, "metric_values")
+    units = _count(filled_postgres, "units")
+    assert before > 0 and units > 0
+    sql = "SELECT 1; COMMIT; DROP TABLE metric_values CASCADE"
+    assert main(["query", "--db", filled_postgres, sql]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: query refused:") and "one SQL statement per call" in err
+    assert _count(filled_postgres, "metric_values") == before  # the table is still there
+    assert main(["query", "--db", filled_postgres, "SELECT 1; COMMIT; DELETE FROM units"]) == 2
+    assert _count(filled_postgres, "units") == units
+
+
+def test_the_postgresql_session_is_read_only_from_its_start(filled_postgres, capsys):
+    """Set at connect (default_transaction_read_only), not by a statement a COMMIT ends;
+    a statement that turns the default off is rolled back with its transaction."""
+    turn_off = "SELECT set_config('default_transaction_read_only', 'off', false)"
+    assert main(["query", "--db", filled_postgres, turn_off]) == 0
+    capsys.readouterr()
+    show = "SELECT current_setting('default_transaction_read_only') AS ro"
+    assert main(["query", "--db", filled_postgres, show, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"ro": "on"}]
+
+
+def test_a_superuser_query_is_warned_about(filled_postgres, capsys):
+    assert main(["query", "--db", filled_postgres, "SELECT 1"]) == 0
+    err = capsys.readouterr().err
+    assert "superuser 'postgres'" in err and "docs/database.md" in err
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_statement_is_stopped_by_its_timeout(backend, filled_sqlite, filled_postgres, capsys):
+    url, sql = {
+        "sqlite": (filled_sqlite, f"SELECT COUNT(*) FROM ({ENDLESS})"),
+        "postgresql": (filled_postgres, "SELECT pg_sleep(3600)"),
+    }[backend]
+    start = time.monotonic()
+    assert main(["query", "--db", url, sql, "--timeout", str(TIMEOUT_S)]) == 2
+    elapsed = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert f"query stopped after its timeout of {TIMEOUT_S:g} s (--timeout)" in err
+    assert TIMEOUT_S * 0.9 <= elapsed <= TIMEOUT_S * 1.1, elapsed
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_rows_are_streamed_and_stop_at_the_row_limit(backend, filled_sqlite, filled_postgres,
+                                                     capsys):  # fmt: skip
+    """The endless CTE prints its first rows: nothing collects the result before printing."""
+    url = {"sqlite": filled_sqlite, "postgresql": filled_postgres}[backend]
+    assert main(["query", "--db", url, ENDLESS, "--max-rows", "4", "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["x", "1", "2", "3", "4"]
+    assert "output stopped at 4 rows (--max-rows)" in captured.err
+
+
+def test_the_default_row_limit_applies_and_is_not_reported_when_not_reached(filled_sqlite,
+                                                                           capsys):  # fmt: skip
+    assert main(["query", "--db", filled_sqlite, ENDLESS, "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1 + 10_000
+    assert "output stopped at 10000 rows" in captured.err
+    assert main(["query", "--db", filled_sqlite, "SELECT metric FROM results"]) == 0
+    assert "output stopped" not in capsys.readouterr().err
+
+
+def test_one_statement_per_call_on_sqlite(filled_sqlite, capsys):
+    path = filled_sqlite.removeprefix("sqlite:///")
+    assert main(["query", "--db", filled_sqlite, "SELECT 1; DELETE FROM units"]) == 2
+    assert "one SQL statement per call" in capsys.readouterr().err
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("SELECT COUNT(*) FROM units").fetchone()[0] == 2
+
+
+@pytest.mark.parametrize("option", [["--timeout", "0"], ["--max-rows", "0"]])
+def test_bounds_must_be_positive(filled_sqlite, option, capsys):
+    assert main(["query", "--db", filled_sqlite, "SELECT 1", *option]) == 2
+    assert "must be" in capsys.readouterr().err
+
+
+def test_the_reader_role_of_the_docs_reads_results_and_not_the_server(filled_postgres, capsys):
+    """docs/database.md's role: the results tables, no warning, no server files."""
+    owner = ResultStore(filled_postgres).engine
+    database = filled_postgres.rsplit("/", 1)[1]
+    with owner.begin() as connection:
+        for statement in [
+            "CREATE ROLE aisafety_reader LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE",
+            f'GRANT CONNECT ON DATABASE "{database}" TO aisafety_reader',
+            "GRANT USAGE ON SCHEMA public TO aisafety_reader",
+            "GRANT SELECT ON ALL TABLES IN SCHEMA public TO aisafety_reader",
+        ]:
+            connection.execute(text(statement))
+    reader = filled_postgres.replace("//postgres@", "//aisafety_reader@")
+    assert main(["query", "--db", reader, "SELECT metric FROM results", "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert "ca" in captured.out.splitlines() and "superuser" not in captured.err
+    assert main(["query", "--db", reader, "SELECT pg_ls_dir('/')"]) == 2
+    assert "permission denied" in capsys.readouterr().err
