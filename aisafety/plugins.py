@@ -227,10 +227,12 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
 
 
 def _classes(kind: str, hook: str, returned: object) -> list:
-    """What a hook returned, checked: a list of classes with a ``name`` (of ``RECORDS``
-    records, for the kinds whose hooks return records)."""
+    """What a hook returned, checked for shape: a list of classes (of ``RECORDS`` records,
+    for the kinds whose hooks return records). Junk (``[42, "not-a-class"]``) disables the
+    plugin; a class of the wrong base or without a name is skipped by ``Registry.add``, which
+    names it, while the plugin's other classes load."""
     what = f"aisafety.plugin.{RECORDS[kind].__name__} records" if kind in RECORDS else (
-        f"{kind} classes, each with a 'name' (a str class attribute)"
+        f"{kind} classes"
     )  # fmt: skip
     if returned is None:
         return []
@@ -239,7 +241,7 @@ def _classes(kind: str, hook: str, returned: object) -> list:
     items = list(returned)
     for item in items:
         shaped = isinstance(item, RECORDS[kind]) if kind in RECORDS else isinstance(item, type)
-        if not shaped or not isinstance(getattr(item, "name", None), str):
+        if not shaped:
             raise PluginError(f"hook {hook} returned {item!r} among its {kind}s; return {what}")
     return items
 

@@ -49,7 +49,7 @@ def _plugin(**hooks) -> types.ModuleType:
 @pytest.mark.parametrize(
     "returned, named",
     [([42, "not-a-class"], "returned 42 among its attacks"), (42, "returned 42;"),
-     ("fgsm", "returned 'fgsm';"), ([type("Nameless", (), {})], "Nameless")],
+     ("fgsm", "returned 'fgsm';")],
 )  # fmt: skip
 def test_a_hook_returning_junk_disables_that_plugin_only(returned, named, tmp_path, monkeypatch,
                                                          capsys):  # fmt: skip
@@ -58,6 +58,25 @@ def test_a_hook_returning_junk_disables_that_plugin_only(returned, named, tmp_pa
     (failure,) = registry.failures
     assert failure.name == "junk" and named in failure.error
     assert "junk" not in {p.name for p in registry.plugins}
+    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    plan = tmp_path / "p.yaml"
+    plan.write_text("metrics: [ca]\ndevice: cpu\n")
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}",
+                 "--limit", "10", "--quiet"]) == 0  # fmt: skip
+    assert "warning: plugin 'junk'" in capsys.readouterr().err
+
+
+def test_a_nameless_class_is_skipped_and_named_while_the_command_runs(tmp_path, monkeypatch,
+                                                                     capsys):  # fmt: skip
+    """A class (not junk) without a name is skipped by the registry and named as a failure
+    of its plugin (tests/test_hooks.py checks the same per hook); nothing of it registers."""
+    module = _plugin(
+        aisafety_attacks=lambda: [type("Nameless", (), {})], aisafety_metrics=lambda: []
+    )
+    registry = build_registry(extra_plugins=[("junk", module)])
+    (failure,) = registry.failures
+    assert failure.name == "junk" and "Nameless" in failure.error
+    assert not [name for name, source in registry.sources["attack"].items() if source == "junk"]
     monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
     plan = tmp_path / "p.yaml"
     plan.write_text("metrics: [ca]\ndevice: cpu\n")
