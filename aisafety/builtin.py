@@ -105,6 +105,7 @@ from aisafety.evaluation.metrics.smoothed import (
     SmoothedCertifiedAccuracy,
 )
 from aisafety.hookspecs import hookimpl
+from aisafety.verification.bab import BabVerifier
 from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.incomplete import INCOMPLETE
 
@@ -224,7 +225,7 @@ def aisafety_datasets() -> list[type]:
 
 @hookimpl
 def aisafety_verifiers() -> list[type]:
-    return [*INCOMPLETE, CompleteVerifier]
+    return [*INCOMPLETE, CompleteVerifier, BabVerifier]
 
 
 @hookimpl

@@ -51,6 +51,11 @@ def time_limit(deadline: Deadline) -> Iterator[Deadline]:
         _CURRENT.reset(token)
 
 
+def current() -> Deadline | None:
+    """The deadline of the enclosing ``time_limit`` (None outside one)."""
+    return _CURRENT.get()
+
+
 def check_time() -> None:
     deadline = _CURRENT.get()
     if deadline is not None and deadline.passed():
