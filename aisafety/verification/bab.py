@@ -45,6 +45,9 @@ class BabConfig(AlphaCrownConfig):
         default=8, ge=0, description="split the input box of nets with at most this many inputs"
     )
     max_domains: int = Field(default=100_000, gt=0, description="open domains kept at most")
+    max_memory_mb: float = Field(
+        default=2048, gt=0, description="open domains' slopes, multipliers and splits at most"
+    )
     attack_every: int = Field(
         default=10, ge=0, description="rounds between box-PGD runs on the best domains (0: never)"
     )
@@ -92,7 +95,7 @@ class BabVerifier(AlphaCrownVerifier):
         for s in range(len(prop)):
             if (bounds[s] + prop.offset[s]).min() > 0:
                 continue
-            share = batch.left() / (len(prop) - s)
+            share = min(batch.left() / (len(prop) - s), self.config.timeout)
             deadline = Deadline(min(batch.at, batch.clock() + share), batch.clock)
             sample_boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes]
             outcome = self.search(graph, prop[s : s + 1], sample_boxes, bounds[s], deadline)
@@ -145,6 +148,10 @@ class Search:
         spec, offset = self.prop.spec[0, rows], self.prop.offset[0, rows]
         todo = root_domains(self.graph, self.root, spec, offset, rows)
         todo.bound = root_bound[rows].clone()
+        per_domain = sum(t[0].numel() * t.element_size() for part in
+                         (todo.alpha, todo.beta, todo.splits) for t in part.values())  # fmt: skip
+        memory = self.config.max_memory_mb * 2**20
+        self.max_open = max(1, min(self.config.max_domains, int(memory / max(1, per_domain))))
         self.open: Domains | None = None
         self.stuck: list[torch.Tensor] = []  # bounds of domains that cannot be split
         why = ""
@@ -217,7 +224,7 @@ class Search:
 
     def _next_round(self) -> Domains | None:
         """The children of the lowest-bound open domains, or None when none is left."""
-        if self.open is None or not len(self.open) or len(self.open) > self.config.max_domains:
+        if self.open is None or not len(self.open) or len(self.open) > self.max_open:
             return None
         self.rounds += 1
         order = torch.argsort(self.open.bound)
