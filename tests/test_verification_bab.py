@@ -180,9 +180,12 @@ def test_bab_out_of_time_keeps_the_bound_it_reached():
 
 def test_complete_picks_milp_for_small_mlps_and_bab_for_the_rest():
     verifier = make_verifier(default_registry(), "complete")
-    assert verifier.engine(build_graph(mlp(16, 0), (1, 4, 4), "mlp")) == "milp"
+    tiny = nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16),
+                         nn.ReLU(), nn.Linear(16, 3))  # fmt: skip
+    assert verifier.engine(build_graph(tiny.eval(), (1, 4, 4), "tiny")) == "milp"  # 32 ReLUs
+    assert verifier.engine(build_graph(mlp(16, 0), (1, 4, 4), "mlp")) == "bab"  # 48
     assert verifier.engine(build_graph(ResidualCifar().eval(), (3, 32, 32), "res")) == "bab"
     wide = nn.Sequential(nn.Flatten(), nn.Linear(16, 2048), nn.ReLU(), nn.Linear(2048, 3))
     assert verifier.engine(build_graph(wide.eval(), (1, 4, 4), "wide")) == "bab"
     forced = make_verifier(default_registry(), "complete", {"engine": "bab"})
-    assert forced.engine(build_graph(mlp(16, 0), (1, 4, 4), "mlp")) == "bab"
+    assert forced.engine(build_graph(tiny.eval(), (1, 4, 4), "tiny")) == "bab"

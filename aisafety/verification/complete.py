@@ -50,7 +50,7 @@ class CompleteConfig(BabConfig):
         "milp_max_relus ReLUs, branch and bound on every other",
     )
     milp_max_relus: int = Field(
-        default=1024, ge=0, description="'auto' uses the MILP up to this many ReLUs (no conv)"
+        default=32, ge=0, description="'auto' uses the MILP up to this many ReLUs (no conv)"
     )
     refine_share: float = Field(
         default=0.0,
