@@ -86,11 +86,11 @@ class BabVerifier(AlphaCrownVerifier):
         return super().verify(graph, prop, self._model)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self._found: dict[int, torch.Tensor] = {}  # this batch's, even if it runs out of time
+        self._why: dict[int, str] = {}
         bounds, coeff, boxes = self.bounds_and_boxes(graph, prop)  # records each bound
         batch = current()
         assert batch is not None  # ``_verify_batch`` runs this inside the batch's limit
-        self._found: dict[int, torch.Tensor] = {}
-        self._why: dict[int, str] = {}
         bounds = bounds.clone()
         for s in range(len(prop)):
             if (bounds[s] + prop.offset[s]).min() > 0:
