@@ -107,6 +107,7 @@ from aisafety.evaluation.metrics.smoothed import (
 )
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import Architecture
+from aisafety.verification.bab import BabVerifier
 from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.deeppoly import DeepPolyVerifier
 from aisafety.verification.dual_network import DualNetworkVerifier
@@ -248,6 +249,7 @@ def aisafety_verifiers() -> list[type]:
         OpNormVerifier,
         FastLipVerifier,
         CompleteVerifier,
+        BabVerifier,
     ]
 
 

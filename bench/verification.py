@@ -4,14 +4,19 @@
                                  [--images 1000] [--eps 0.1] [--nets 256x2 ...]
                                  [--timeout 60] [--threads 2] [--cpu-limit 60]
                                  [--cnn-images 100] [--alpha-steps 20]
+                                 [--verifiers complete bab] [--per-net 0] [--clock wall]
+                                 [--suite mnistfc|eran]
 
 1. CROWN (and IBP, CROWN-IBP) on ``--images`` embedded MNIST test images for the zoo's
    ``mnist-cnn-strided-crown-ibp`` at ``--eps``: seconds, certified fraction, and the ratio
    to one forward pass of the same images (median of interleaved pairs).
-2. The complete verifier on every instance of ``vnncomp2021_mnistfc`` for ``--nets``
-   (``../shared/data``), each with ``--timeout`` seconds: status (sat / unsat / timeout /
-   unknown), wall and CPU seconds, and the time of one forward pass of the network. The
-   settled fraction (sat + unsat) is printed at the end. The machine is shared, so CPU
+2. ``--verifiers`` (default: complete; e.g. ``complete/milp bab``: ``/`` forces an
+   engine) side by side on every instance of ``vnncomp2021_mnistfc`` (or ``--suite eran``)
+   for ``--nets``
+   (``../shared/data``; ``--per-net`` caps the instances per net), each with ``--timeout``
+   seconds on ``--clock``: status (sat / unsat / timeout / unknown, with the engine
+   ``complete`` picked), wall and CPU seconds. The settled count (sat + unsat) per net and
+   verifier is printed at the end. The machine is shared, so CPU
    seconds (process time) are printed next to wall seconds, with the load average, and
    the fraction settled within ``--cpu-limit`` seconds of CPU is printed too (run with a
    longer ``--timeout`` on a loaded machine: HiGHS's limit is wall-clock).
@@ -85,36 +90,54 @@ def crown_part(images: int, eps: float) -> None:
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 
-def complete_part(nets: list[str], timeout: float, cpu_limit: float) -> None:
+def complete_part(
+    nets: list[str],
+    timeout: float,
+    cpu_limit: float,
+    verifiers: list[str] = ("complete",),
+    per_net: int = 0,
+    clock: str = "wall",
+    suite: str = "mnistfc",
+) -> None:
+    """Each of ``verifiers`` on every instance of ``suite`` (``mnistfc`` or ``eran``) for
+    ``nets`` (the first ``per_net`` of each net, 0: all), side by side: status, engine
+    (``complete``: milp or bab), wall and CPU seconds; settled counts per net and verifier."""
     from aisafety.plugins import default_registry
-    from aisafety.prediction.onnx_model import OnnxRuntimePredictor
     from aisafety.verification.vnncomp import verify_instance
 
-    with (DATA / "mnistfc_instances.csv").open() as f:
+    folder = DATA if suite == "mnistfc" else DATA.parent / "vnncomp2021_eran"
+    with (folder / f"{suite}_instances.csv").open() as f:
         instances = [row for row in csv.reader(f) if row and any(n in row[0] for n in nets)]
-    counts: dict[str, int] = {}
-    within_cpu = 0
-    print(f"load average at start: {os.getloadavg()[0]:.1f} (2 cores are idle at 0-2)")
-    print(
-        f"{'network':<22} {'property':<20} {'status':<8} {'wall s':>7} {'cpu s':>7} {'fwd ms':>7}"
-    )
+    if per_net:
+        seen: dict[str, int] = {}
+        instances = [r for r in instances if seen.setdefault(r[0], 0) < per_net
+                     and not seen.__setitem__(r[0], seen[r[0]] + 1)]  # fmt: skip
+    settled: dict[tuple[str, str], list[int]] = {}
+    print(f"{suite}, timeout {timeout:g} s ({clock} clock), {torch.get_num_threads()} thread(s); "
+          f"load average at start {os.getloadavg()[0]:.1f}")  # fmt: skip
+    head = " ".join(f"{v + ' status':>18} {'wall s':>7} {'cpu s':>7}" for v in verifiers)
+    print(f"{'network':<34} {'property':<38} {head}")
     for onnx_name, spec, _ in instances:
-        network = DATA / onnx_name
-        reference = OnnxRuntimePredictor(network, input_shape=(1, 28, 28))
-        fwd = forward_seconds(reference.logits, torch.rand(1, 1, 28, 28))
-        wall, cpu = time.perf_counter(), time.process_time()
-        result = verify_instance(default_registry(), network, DATA / spec, "complete", timeout)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        counts[result.status] = counts.get(result.status, 0) + 1
-        within_cpu += result.status in ("sat", "unsat") and cpu <= cpu_limit
-        print(f"{onnx_name:<22} {spec:<20} {result.status:<8} {wall:>7.1f} {cpu:>7.1f} "
-              f"{fwd * 1e3:>7.2f}", flush=True)  # fmt: skip
-    settled = counts.get("sat", 0) + counts.get("unsat", 0)
-    n = max(1, len(instances))
-    print(f"settled within {timeout:g} s wall: {settled}/{len(instances)} ({settled / n:.0%}) "
-          f"{counts}; settled using <= {cpu_limit:g} s of process CPU: {within_cpu}/"
-          f"{len(instances)} ({within_cpu / n:.0%}); load average at end: "
-          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+        cells = []
+        for name in verifiers:
+            verifier, _, engine = name.partition("/")  # complete/milp: that engine forced
+            config = {"clock": clock, **({"engine": engine} if engine else {})}
+            wall, cpu = time.perf_counter(), time.process_time()
+            result = verify_instance(default_registry(), folder / onnx_name, folder / spec,
+                                     verifier, timeout, config)  # fmt: skip
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            done = result.status in ("sat", "unsat")
+            counts = settled.setdefault((onnx_name, name), [0, 0, 0])
+            counts[0] += done
+            counts[1] += done and cpu <= cpu_limit
+            counts[2] += 1
+            status = f"{result.status}({result.how})" if result.how != verifier else result.status
+            cells.append(f"{status:>18} {wall:>7.1f} {cpu:>7.1f}")
+        print(f"{onnx_name:<34} {spec:<38} {' '.join(cells)}", flush=True)
+    for (net, name), (done, within, n) in settled.items():
+        print(f"{net:<34} {name:<10} settled {done}/{n}; within {cpu_limit:g} s of CPU: "
+              f"{within}/{n}")  # fmt: skip
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
 
 
 def tightness_part(nets: list[str]) -> None:
@@ -210,6 +233,10 @@ def main() -> None:
     parser.add_argument(
         "--cpu-limit", type=float, default=60.0, help="also count settled within this CPU time"
     )
+    parser.add_argument("--verifiers", nargs="*", default=["complete"], help="for complete")
+    parser.add_argument("--per-net", type=int, default=0, help="instances per net (0: all)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    parser.add_argument("--suite", choices=["mnistfc", "eran"], default="mnistfc")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.part in ("crown", "all"):
@@ -219,7 +246,8 @@ def main() -> None:
     if args.part in ("cnn-tightness", "all"):
         cnn_tightness_part(args.cnn_images, args.eps, args.alpha_steps, args.timeout)
     if args.part in ("complete", "all"):
-        complete_part(args.nets, args.timeout, args.cpu_limit)
+        complete_part(args.nets, args.timeout, args.cpu_limit, args.verifiers, args.per_net,
+                      args.clock, args.suite)  # fmt: skip
 
 
 if __name__ == "__main__":

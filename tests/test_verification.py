@@ -240,7 +240,8 @@ def test_a_milp_point_above_the_cutoff_keeps_highs_bound_and_certifies():
     data = EmbeddedMnist().load(None, "test")
     graph = build_graph(predictor.network, predictor.input_shape, predictor.name)
     prop = robustness_property(data.x[33:34], data.y[33:34], 0.02, 10)
-    result = make_verifier(default_registry(), "complete").verify(graph, prop, predictor.logits)
+    milp = make_verifier(default_registry(), "complete", {"engine": "milp"})
+    result = milp.verify(graph, prop, predictor.logits)
     assert result.verdicts == [Verdict.CERTIFIED]
     boxes = b.linear_boxes(graph, prop.lower.double(), prop.upper.double())
     enc = encode(graph, boxes)

@@ -5,8 +5,14 @@ the input coefficients of the linear bound when there is one). The base class tu
 into verdicts: certified where every row's bound is > 0; otherwise the relaxation's
 minimising corner and the box centre are replayed through the predictor and the sample is
 falsified if one violates the property, unknown if not. A batch of B samples has B times
-the per-instance ``timeout`` (its seconds are shared equally); a batch whose bounds are
-not done by then is ``timeout`` on every sample (``deadline.py``).
+the per-instance ``timeout`` (its seconds are shared equally, ``deadline.py``).
+
+A verifier that can falsify (``attack_first``) runs box-PGD with restarts on the margin,
+from the box's centre, corners and random points, before any bound work, and bounds only
+the samples it did not break. Anytime: a bound pass that completes is ``record``-ed, so a
+batch out of time returns the strongest verdict reached (certified where a completed bound
+is > 0, else ``timeout`` with that bound as margin); ``timeout`` with margin -inf only
+when no bound completed.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from aisafety.config_base import PluginConfig, build_config
 from aisafety.memory import reuse_freed_memory
 from aisafety.verification.bounds import LINEAR_KINDS
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
-from aisafety.verification.falsify import Model, replay
+from aisafety.verification.falsify import Model, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
 from aisafety.verification.result import Verdict, VerificationResult
@@ -39,6 +45,13 @@ class VerifierConfig(PluginConfig):
     )
 
 
+class AttackFirstConfig(VerifierConfig):
+    attack_steps: int = Field(default=50, ge=0, description="box-PGD steps before any bound")
+    attack_restarts: int = Field(
+        default=4, ge=0, description="box-PGD runs from random points, besides centre and corners"
+    )
+
+
 class Verifier(ABC):
     """Answers, per sample of a ``Property``, certified / falsified / unknown."""
 
@@ -49,12 +62,28 @@ class Verifier(ABC):
     # construction proves); the registry-wide contract (tests/test_contract.py) checks it
     tighter_than: ClassVar[tuple[str, ...]] = ()
     kinds: ClassVar[set[str]] = LINEAR_KINDS  # the graph ops it can bound
+    attack_first: ClassVar[bool] = False  # box-PGD before the bounds (``AttackFirstConfig``)
     Config: ClassVar[type[PluginConfig]] = VerifierConfig
 
     def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
         self.config = build_config(
             f"verifier {self.name!r}", self.Config, {**(config or {}), **overrides}
         )
+        self._progress: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def record(self, bounds: torch.Tensor, coeff: torch.Tensor | None) -> None:
+        """A completed, sound bound of the batch being bounded (kept if out of time later)."""
+        if self._progress is not None and bounds.shape == self._progress[0].shape:
+            bounds = torch.maximum(bounds, self._progress[0])  # both sound: the larger is
+        self._progress = (bounds.detach(), None if coeff is None else coeff.detach())
+
+    def attack(self, graph: BoundGraph, prop: Property, model: Model):
+        """Box-PGD on every sample: (broken (B,), the lowest points (B, *in))."""
+        steps, restarts = self.config.attack_steps, self.config.attack_restarts
+        point = pgd_on_rows(
+            lambda x: graph.forward(x.to(graph.dtype)), prop, steps, restarts, corners=True
+        )
+        return replay(model, prop, point), point
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
@@ -98,27 +127,57 @@ class Verifier(ABC):
         deadline = self.deadline(len(prop))
         began = deadline.clock()
         prop = prop.to(graph.dtype)
+        n = len(prop)
+        broken, point = torch.zeros(n, dtype=torch.bool), prop.lower
+        margins = torch.full((n,), float("-inf"), dtype=prop.lower.dtype)
+        certified, out_of_time = torch.zeros(n, dtype=torch.bool), False
+        bounds = coeff = None
+        todo = torch.arange(n)
+        self._progress = None
         try:
-            with torch.no_grad(), time_limit(deadline):
-                bounds, coeff = self.lower_bounds(graph, prop)
+            with time_limit(deadline):
+                if self.attack_first:
+                    broken, point = self.attack(graph, prop, model)
+                    todo = torch.nonzero(~broken).flatten()
+                if len(todo):
+                    with torch.no_grad():
+                        bounds, coeff = self.lower_bounds(graph, prop[todo])
         except OutOfTime:
-            spent = (deadline.clock() - began) / len(prop)
-            return VerificationResult.timed_out(self.name, prop.lower, spent)
-        margins = (bounds + prop.offset).amin(1)
-        certified = margins > 0
+            out_of_time = True
+            bounds, coeff = self._progress if self._progress is not None else (None, None)
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
-        falsified = torch.zeros_like(certified)
-        for candidate in self._candidates(prop, bounds, coeff):
-            hit = ~certified & ~falsified & replay(model, prop, candidate)
-            counter[hit] = candidate[hit].float()
-            falsified |= hit
-        seconds = torch.full((len(prop),), (deadline.clock() - began) / max(1, len(prop)))
+        falsified = broken.clone()
+        counter[broken] = point[broken].float()
+        if broken.any():
+            with torch.no_grad():
+                rows = prop[broken].rows(model(point[broken].float()).double())
+            margins[broken] = rows.amin(1).to(margins.dtype)
+        if bounds is not None:
+            sub = prop[todo]
+            margins[todo] = (bounds + sub.offset).amin(1).to(margins.dtype)
+            certified[todo] = margins[todo] > 0
+            for candidate in self._candidates(sub, bounds, coeff):
+                hit = ~certified[todo] & ~falsified[todo] & replay(model, sub, candidate)
+                counter[todo[hit]] = candidate[hit].float()
+                falsified[todo[hit]] = True
+        seconds = torch.full((n,), (deadline.clock() - began) / max(1, n))
+        why = ["timeout" if out_of_time else "bounds too loose"] * n
+        if not out_of_time and bounds is not None:
+            for t, reason in zip(todo.tolist(), self.open_notes(len(todo)), strict=True):
+                why[t] = reason or why[t]
         verdicts = [
-            Verdict.CERTIFIED if c else Verdict.FALSIFIED if f else Verdict.UNKNOWN
-            for c, f in zip(certified.tolist(), falsified.tolist(), strict=True)
-        ]
-        notes = ["bounds too loose" if v is Verdict.UNKNOWN else "" for v in verdicts]
+            Verdict.CERTIFIED if c else Verdict.FALSIFIED if f
+            else Verdict.TIMEOUT if w == "timeout" else Verdict.UNKNOWN
+            for c, f, w in zip(certified.tolist(), falsified.tolist(), why, strict=True)
+        ]  # fmt: skip
+        settled = (Verdict.CERTIFIED, Verdict.FALSIFIED)
+        notes = ["" if v in settled else w for v, w in zip(verdicts, why, strict=True)]
         return VerificationResult(self.name, verdicts, margins.float(), seconds, counter, notes)
+
+    def open_notes(self, n: int) -> list[str]:
+        """Per bounded sample, why it may be left open ('' for the default: bounds too
+        loose); a search that ran out of its own share of the time says ``timeout``."""
+        return [""] * n
 
     @staticmethod
     def _candidates(prop: Property, bounds: torch.Tensor, coeff: torch.Tensor | None):

@@ -1,7 +1,12 @@
 """The complete verifier: settles a ReLU network's property, given time.
 
-Per sample: alpha-CROWN (certifies the easy ones), box-PGD with restarts for a
-counterexample, then the unstable ReLUs' input bounds tightened by MILP (``refine.py``,
+It picks its engine by the network's size (``engine: auto``): a fully connected network
+of at most ``milp_max_relus`` ReLUs gets the MILP below, every other network branch and
+bound (``bab.py``, the same verifier as ``bab``); ``aisafety verify`` prints which.
+
+MILP, per sample: box-PGD with restarts for a counterexample (first, before any bound),
+alpha-CROWN (certifies the easy ones; out of time, the bound CROWN completed stands),
+then the unstable ReLUs' input bounds tightened by MILP (``refine.py``,
 up to ``refine_share`` of the timeout) and alpha-CROWN again on them, then one MILP per
 remaining spec row (``milp.py``), weakest bound first. The sample's time limit covers every
 phase: the batch's alpha-CROWN and box-PGD share B limits (their seconds are charged
@@ -13,17 +18,18 @@ optimum or dual bound is > 0); a point it finds is replayed through the predicto
 
 from __future__ import annotations
 
+import math
 import time
+from typing import Literal
 
 import torch
 from pydantic import Field
 
 from aisafety.verification import bounds as b
-from aisafety.verification.base import VerifierConfig
+from aisafety.verification.bab import BabConfig, BabVerifier
 from aisafety.verification.deadline import Deadline, OutOfTime, time_limit
-from aisafety.verification.falsify import Model, pgd_on_rows, replay
-from aisafety.verification.graph import BoundGraph, VerificationError
-from aisafety.verification.incomplete import AlphaCrownVerifier
+from aisafety.verification.falsify import Model, replay
+from aisafety.verification.graph import BoundGraph
 from aisafety.verification.milp import decide_row, encode, minimise_row
 from aisafety.verification.property import Property
 from aisafety.verification.refine import refine_boxes
@@ -34,13 +40,18 @@ from aisafety.verification.result import Verdict, VerificationResult
 WALL_BACKSTOP = 10.0
 
 
-class CompleteConfig(VerifierConfig):
+class CompleteConfig(BabConfig):
     batch_size: int = Field(default=16, gt=0)
-    attack_steps: int = Field(default=50, ge=0, description="box-PGD steps before the MILP")
-    attack_restarts: int = Field(
-        default=4, ge=0, description="box-PGD runs from random points, besides the centre"
-    )
     alpha_steps: int = Field(default=20, ge=0, description="alpha-CROWN steps for the bounds")
+    engine: Literal["auto", "milp", "bab"] = Field(
+        default="auto",
+        description="what settles the rows the bounds leave open: 'milp' (HiGHS), 'bab' "
+        "(branch and bound), or 'auto': MILP on fully connected networks with at most "
+        "milp_max_relus ReLUs, branch and bound on every other",
+    )
+    milp_max_relus: int = Field(
+        default=32, ge=0, description="'auto' uses the MILP up to this many ReLUs (no conv)"
+    )
     refine_share: float = Field(
         default=0.0,
         ge=0,
@@ -56,11 +67,12 @@ class CompleteConfig(VerifierConfig):
     )
 
 
-class CompleteVerifier(AlphaCrownVerifier):
+class CompleteVerifier(BabVerifier):
     name = "complete"
     description = (
-        "alpha-CROWN, box-PGD, then an exact MILP (HiGHS) per spec row; ReLU "
-        "networks; settles every sample given time"
+        "box-PGD, alpha-CROWN, then per open row an exact MILP (HiGHS) on fully connected "
+        "networks of at most milp_max_relus ReLUs, branch and bound ('bab') on the others; "
+        "ReLU networks; settles every sample given time"
     )
     complete = True
     Config = CompleteConfig
@@ -75,40 +87,43 @@ class CompleteVerifier(AlphaCrownVerifier):
     def alpha_lr(self) -> float:
         return 0.1
 
-    def check(self, graph: BoundGraph) -> None:
-        super().check(graph)
-        if not graph.relu_only:
-            raise VerificationError(
-                f"verifier 'complete' needs a ReLU network; model {graph.model!r} has sigmoid "
-                "or tanh activations (use 'alpha-crown' or 'crown', which bound them)"
-            )
+    def engine(self, graph: BoundGraph) -> str:
+        """'milp' or 'bab': the config's choice, or by the network's size (``auto``)."""
+        if self.config.engine != "auto":
+            return self.config.engine
+        relus = sum(math.prod(graph.ops[op.inputs[0]].out_shape) for op in graph.ops
+                    if op.kind == "activation")  # fmt: skip
+        dense = not any(op.kind == "conv" for op in graph.ops)
+        return "milp" if dense and relus <= self.config.milp_max_relus else "bab"
 
     def _verify_batch(self, graph: BoundGraph, prop: Property, model: Model) -> VerificationResult:
+        if self.engine(graph) == "bab":
+            return super()._verify_batch(graph, prop, model)
         n = len(prop)
-        batch = self.deadline(n)  # alpha-CROWN and box-PGD, shared by the batch
+        batch = self.deadline(n)  # box-PGD and alpha-CROWN, shared by the batch
         clock, began = batch.clock, batch.clock()
         prop = prop.to(graph.dtype)
+        attacked, attack = torch.zeros(n, dtype=torch.bool), prop.lower
+        bound, boxes, self._progress = None, None, None
         try:
             with time_limit(batch):
+                attacked, attack = self.attack(graph, prop, model)  # attack first
                 with torch.no_grad():  # alpha-CROWN: fewer unstable ReLUs, tighter big-M
                     bound, _, boxes = self.bounds_and_boxes(graph, prop)
-                    bound = bound + prop.offset
-                attack = pgd_on_rows(
-                    lambda x: graph.forward(x.to(graph.dtype)),
-                    prop,
-                    self.config.attack_steps,
-                    self.config.attack_restarts,
-                )
-        except OutOfTime:
-            return VerificationResult.timed_out(self.name, prop.lower, (clock() - began) / n)
-        attacked = replay(model, prop, attack)
+        except OutOfTime:  # what completed stands (``record``); no time left for a MILP
+            bound = self._progress[0] if self._progress is not None else None
+        if bound is None:
+            bound = torch.full(prop.offset.shape, float("-inf"), dtype=prop.offset.dtype)
+        bound = bound + prop.offset
         shared = (clock() - began) / n
         verdicts, margins, seconds, notes = [], [], [], []
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
         for s in range(n):
             start = clock()
             deadline = Deadline(start + self.config.timeout - shared, clock)  # what is left
-            sample_boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes]
+            if boxes is None:
+                deadline = Deadline(start, clock)  # the batch ran out before its bounds
+            sample_boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes or []]
             verdict, margin, point, note = self._one(
                 graph, prop[s : s + 1], sample_boxes, bound[s], attacked[s], attack[s], model,
                 deadline,
@@ -124,12 +139,14 @@ class CompleteVerifier(AlphaCrownVerifier):
 
     def _one(self, graph, prop, boxes, bound, attacked, attack_point, model, deadline: Deadline):
         """One sample: (verdict, margin, counterexample or None, why not settled)."""
-        if bound.min() > 0:
-            return Verdict.CERTIFIED, float(bound.min()), None, ""
         if attacked:
             with torch.no_grad():
                 value = prop.rows(model(attack_point[None].float()).double()).min()
             return Verdict.FALSIFIED, float(value), attack_point.float(), ""
+        if bound.min() > 0:
+            return Verdict.CERTIFIED, float(bound.min()), None, ""
+        if deadline.passed():
+            return Verdict.TIMEOUT, float(bound.min()), None, "timeout"
         proved = bound.clone()
         if self.config.refine_share > 0:
             share = self.config.refine_share * self.config.timeout

@@ -37,21 +37,30 @@ def replay(model: Model, prop: Property, candidates: torch.Tensor) -> torch.Tens
 
 
 def pgd_on_rows(
-    model: Model, prop: Property, steps: int = 50, restarts: int = 1, seed: int = 0
+    model: Model,
+    prop: Property,
+    steps: int = 50,
+    restarts: int = 1,
+    seed: int = 0,
+    corners: bool = False,
+    start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Signed-gradient descent on min_k (C f + d)_k inside the box; the lowest point found.
 
     The platform's attacks take labels, not spec rows, so VNN-LIB properties need this
-    small box-PGD; its points are only candidates until ``replay`` confirms them.
+    small box-PGD; its points are only candidates until ``replay`` confirms them. Starts:
+    the centre, with ``corners`` the box's lowest and highest corners, then ``restarts``
+    random points (the loss is the margin itself: the lowest row); ``start`` replaces the
+    centre (branch and bound attacks from its most promising domains' corners).
     """
     generator = torch.Generator().manual_seed(seed)
     lower, upper = prop.lower.float(), prop.upper.float()
     width = upper - lower
-    best = (lower + upper) / 2
+    best = (lower + upper) / 2 if start is None else start.float().clamp(lower, upper)
     best_value = _lowest_row(model, prop, best)
-    starts = [best.clone()] + [
-        lower + width * torch.rand(lower.shape, generator=generator) for _ in range(restarts)
-    ]
+    starts = [best.clone()] + ([lower.clone(), upper.clone()] if corners else [])
+    starts += [lower + width * torch.rand(lower.shape, generator=generator)
+               for _ in range(restarts)]  # fmt: skip
     # each row's own box sets its step (rows of a radius search have different widths)
     first_step = width.flatten(1).amax(1).reshape(-1, *([1] * (width.dim() - 1))) / 4
     for x in starts:

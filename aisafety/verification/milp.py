@@ -294,3 +294,27 @@ def decide_row(
     if found.value > tolerance:  # not a violation: keep what HiGHS proved
         return min(found.bound, tolerance), found.value, found.point
     return float("-inf"), found.value, found.point
+
+
+def with_splits(graph: BoundGraph, boxes: list[Box], splits: dict[int, np.ndarray]) -> Encoding:
+    """The MILP of one sample with branch and bound's split constraints added: for ReLU
+    node ``i`` and ``splits[i][u]`` = s in {-1, 1}, the row ``s z_u >= 0`` on its input z.
+    The boxes stay sound on the whole box, so the optimum is the exact minimum over the
+    part of the box where the splits hold (the reference the tests check pruned domains
+    against)."""
+    from scipy.sparse import csr_matrix
+
+    enc = encode(graph, boxes)
+    for i, signs in splits.items():
+        chosen = np.flatnonzero(signs)
+        if len(chosen) == 0:
+            continue
+        j = graph.ops[i].inputs[0]  # z: an affine function of the variables before node i
+        prefix = encode(BoundGraph(graph.ops[: j + 1], graph.model, graph.dtype), boxes[: j + 1])
+        z = np.zeros((enc.n_vars, len(chosen)))
+        z[: prefix.n_vars] = prefix.out_matrix[:, chosen]
+        s = signs[chosen].astype(np.float64)
+        enc.rows.append(csr_matrix((z * s).T))
+        enc.row_lower.append(-s * prefix.out_const[chosen])
+        enc.row_upper.append(np.full(len(chosen), np.inf))
+    return enc

@@ -26,6 +26,7 @@ class InstanceResult:
     seconds: float
     margin: float
     counterexample: str = ""
+    how: str = ""  # the engine that answered (``complete``: milp or bab)
 
 
 def verify_instance(
@@ -34,29 +35,33 @@ def verify_instance(
     spec: str | Path,
     verifier: str = "complete",
     timeout: float = 60.0,
+    config: dict | None = None,
 ) -> InstanceResult:
-    """Verify one instance with the named verifier under a time limit in seconds."""
+    """Verify one instance with the named verifier under a time limit in seconds (and
+    ``config``: other fields of the verifier's config, e.g. its clock)."""
     reference = _runtime(network)
     shape = reference.input_shape
     predictor = load_onnx(network, gradients=True, input_shape=shape)
     graph = build_graph(predictor.network.cpu(), shape, Path(network).name)
-    checker = make_verifier(registry, verifier, {"timeout": timeout})
+    checker = make_verifier(registry, verifier, {**(config or {}), "timeout": timeout})
     checker.check(graph)  # before reading the property or any work
+    engine = getattr(checker, "engine", None)
     prop = read_vnnlib(spec, math.prod(shape), reference.num_classes)
     prop.lower, prop.upper = prop.lower.reshape(1, *shape), prop.upper.reshape(1, *shape)
     result = checker.verify(graph, prop, reference.logits)
     verdict, note = result.verdicts[0], result.notes[0] if result.notes else ""
     seconds, margin = float(result.seconds[0]), float(result.margins[0])
+    how = engine(graph) if engine is not None else verifier
     if verdict is Verdict.CERTIFIED:
-        return InstanceResult("unsat", seconds, margin)
+        return InstanceResult("unsat", seconds, margin, how=how)
     if verdict is Verdict.FALSIFIED:
         x = result.counterexamples[:1]
         y = reference.logits(x)[0]
         lines = [f"(X_{i} {v!r})" for i, v in enumerate(x.flatten().tolist())]
         lines += [f"(Y_{j} {v!r})" for j, v in enumerate(y.tolist())]
-        return InstanceResult("sat", seconds, margin, "(" + "\n ".join(lines) + ")")
+        return InstanceResult("sat", seconds, margin, "(" + "\n ".join(lines) + ")", how)
     timed_out = verdict is Verdict.TIMEOUT or note == "timeout"
-    return InstanceResult("timeout" if timed_out else "unknown", seconds, margin)
+    return InstanceResult("timeout" if timed_out else "unknown", seconds, margin, how=how)
 
 
 def _runtime(network: str | Path) -> OnnxRuntimePredictor:
@@ -81,5 +86,6 @@ def verify_report(
     lines = [result.status]
     if result.counterexample:
         lines.append(result.counterexample)
-    lines.append(f"# {verifier}: {result.seconds:.2f} s, margin bound {result.margin:.4g}")
+    engine = f" ({result.how})" if result.how != verifier else ""
+    lines.append(f"# {verifier}{engine}: {result.seconds:.2f} s, margin bound {result.margin:.4g}")
     return "\n".join(lines)

@@ -1,0 +1,305 @@
+"""Branch and bound on beta-CROWN bounds (``split_bounds.py``): the ``bab`` verifier.
+
+Per sample: box-PGD first (``base.py``), then CROWN and alpha-CROWN on every row; each row
+still <= 0 becomes a domain. Each round takes the ``domain_batch`` open domains with the
+lowest bounds (best first: the ones that decide the verdict), splits each in two and
+bounds all children in one batch (alpha and beta optimised per domain). A child whose
+bound is > 0 is pruned (proved); the corner minimising each child's linear bound is
+replayed through the predictor, and every ``attack_every`` rounds box-PGD starts from the
+corners of the most promising domains. A row is proved when no domain of it is left; the
+sample is falsified at the first replayed counterexample.
+
+Branching: on a ReLU network, the unstable neuron with the largest BaBSR-style score
+(Bunel et al. 2020): the bias the relaxation loses there, ``max(-A, 0) * (-l u / (u - l))``
+with ``A`` the coefficient reaching the ReLU's output, ties broken by ``|A|`` times the
+same intercept. On a network with at most ``input_split_max`` inputs the input box is
+split instead, at the middle of the dimension with the largest ``|coefficient| * width``.
+
+Anytime: out of time, each row's bound is the lowest over its open and proved domains,
+which is a sound lower bound of the row on the whole box; the clock is read between rounds
+and inside every bound pass (``check_time``), so one round's cost is all it can overrun.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import Field
+
+from aisafety.verification.deadline import Deadline, OutOfTime, current_deadline, time_limit
+from aisafety.verification.falsify import Model, pgd_on_rows, replay
+from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.incomplete import AlphaCrownConfig, AlphaCrownVerifier
+from aisafety.verification.ops import Box
+from aisafety.verification.property import Property
+from aisafety.verification.split_bounds import Domains, bound_domains, relu_nodes, root_domains
+
+
+class BabConfig(AlphaCrownConfig):
+    batch_size: int = Field(default=1, gt=0, description="samples bounded together at the root")
+    domain_batch: int = Field(default=64, gt=0, description="domains split per round")
+    bab_steps: int = Field(default=10, ge=0, description="Adam steps on alpha and beta per round")
+    bab_lr: float = Field(default=0.1, gt=0, description="Adam learning rate of alpha and beta")
+    input_split_max: int = Field(
+        default=8, ge=0, description="split the input box of nets with at most this many inputs"
+    )
+    max_domains: int = Field(default=100_000, gt=0, description="open domains kept at most")
+    max_memory_mb: float = Field(
+        default=2048, gt=0, description="open domains' slopes, multipliers and splits at most"
+    )
+    attack_every: int = Field(
+        default=10, ge=0, description="rounds between box-PGD runs on the best domains (0: never)"
+    )
+
+
+@dataclass
+class Outcome:
+    """One sample's search: a sound lower bound per row, a replayed counterexample or None,
+    and why it stopped short (``timeout``, ``not split further``, ``domain limit``) or ''."""
+
+    bounds: torch.Tensor
+    point: torch.Tensor | None
+    why: str
+
+
+class BabVerifier(AlphaCrownVerifier):
+    name = "bab"
+    description = (
+        "branch and bound: box-PGD first, alpha-CROWN, then ReLU (or input) splits bounded by "
+        "beta-CROWN in batches, best first; ReLU networks; settles every sample given time"
+    )
+    complete = True
+    attack_first = True
+    Config = BabConfig
+
+    def check(self, graph: BoundGraph) -> None:
+        super().check(graph)
+        if not graph.relu_only:
+            raise VerificationError(
+                f"verifier {self.name!r} needs a ReLU network; model {graph.model!r} has sigmoid "
+                "or tanh activations (use 'alpha-crown' or 'crown', which bound them)"
+            )
+
+    def verify(self, graph: BoundGraph, prop: Property, model: Model | None = None):
+        self._model = model or (lambda x: graph.forward(x.to(graph.dtype)))
+        return super().verify(graph, prop, self._model)
+
+    def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self._found: dict[int, torch.Tensor] = {}  # this batch's, even if it runs out of time
+        self._why: dict[int, str] = {}
+        bounds, coeff, boxes = self.bounds_and_boxes(graph, prop)  # records each bound
+        batch = current_deadline()
+        assert batch is not None  # ``_verify_batch`` runs this inside the batch's limit
+        bounds = bounds.clone()
+        for s in range(len(prop)):
+            if (bounds[s] + prop.offset[s]).min() > 0:
+                continue
+            share = min(batch.left() / (len(prop) - s), self.config.timeout)
+            deadline = Deadline(min(batch.at, batch.clock() + share), batch.clock)
+            sample_boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes]
+            outcome = self.search(graph, prop[s : s + 1], sample_boxes, bounds[s], deadline)
+            bounds[s] = torch.maximum(bounds[s], outcome.bounds - prop.offset[s])
+            self.record(bounds, coeff)
+            if outcome.point is not None:
+                self._found[s] = outcome.point
+            self._why[s] = outcome.why
+        return bounds, coeff
+
+    def _candidates(self, prop: Property, bounds: torch.Tensor, coeff: torch.Tensor | None):
+        yield from super()._candidates(prop, bounds, coeff)
+        found = getattr(self, "_found", {})
+        if found:
+            points = (prop.lower + prop.upper) / 2
+            for s, point in found.items():
+                points[s] = point.to(points.dtype)
+            yield points
+
+    def open_notes(self, n: int) -> list[str]:
+        why = getattr(self, "_why", {})
+        return [why.get(s, "") for s in range(n)]
+
+    def search(
+        self, graph: BoundGraph, prop: Property, boxes: list[Box], bound, deadline: Deadline
+    ) -> Outcome:
+        """Branch and bound on the rows of ``prop`` (one sample) whose ``bound`` is <= 0."""
+        return Search(self.config, graph, prop, boxes, self._model, deadline).run(
+            (bound + prop.offset[0]).detach()
+        )
+
+
+class Search:
+    """The state of one sample's branch and bound (see the module docstring)."""
+
+    def __init__(self, config, graph, prop, boxes, model, deadline, on_prune=None):
+        self.config, self.graph, self.prop, self.root = config, graph, prop, boxes
+        self.model, self.deadline, self.on_prune = model, deadline, on_prune
+        self.input_split = prop.lower[0].numel() <= config.input_split_max
+        self.relus = relu_nodes(graph)
+        self.rounds = 0
+
+    def run(self, root_bound: torch.Tensor) -> Outcome:
+        k = len(root_bound)
+        self.proved = torch.full((k,), torch.inf, dtype=root_bound.dtype)
+        self.proved[root_bound > 0] = root_bound[root_bound > 0]
+        rows = torch.nonzero(root_bound <= 0).flatten()
+        if len(rows) == 0:
+            return Outcome(self.proved, None, "")
+        spec, offset = self.prop.spec[0, rows], self.prop.offset[0, rows]
+        todo = root_domains(self.graph, self.root, spec, offset, rows)
+        todo.bound = root_bound[rows].clone()
+        per_domain = sum(t[0].numel() * t.element_size() for part in
+                         (todo.alpha, todo.beta, todo.splits) for t in part.values())  # fmt: skip
+        memory = self.config.max_memory_mb * 2**20
+        self.max_open = max(1, min(self.config.max_domains, int(memory / max(1, per_domain))))
+        self.open: Domains | None = None
+        self.stuck: list[torch.Tensor] = []  # bounds of domains that cannot be split
+        why = ""
+        try:
+            with time_limit(self.deadline):
+                while todo is not None:
+                    self._inflight = todo
+                    point = self._bound_and_prune(todo)
+                    self._inflight = None
+                    every = self.config.attack_every
+                    if point is None and every and self.open is not None and len(self.open) \
+                            and self.rounds % every == every - 1:  # fmt: skip
+                        point = self._attack_from(self.open.take(torch.argsort(self.open.bound)))
+                    if point is not None:
+                        return Outcome(root_bound, point, "")
+                    todo = self._next_round()
+        except OutOfTime:
+            why = "timeout"
+            if self._inflight is not None:  # not bounded yet: its parents' bounds stay open
+                self.open = Domains.cat([d for d in (self.open, self._inflight) if d is not None])
+        return self._outcome(why)
+
+    def _outcome(self, why: str) -> Outcome:
+        bounds = self.proved.clone()
+        parts = [self.open] if self.open is not None and len(self.open) else []
+        for d in parts:
+            bounds.scatter_reduce_(0, d.row, d.bound.to(bounds.dtype), "amin")
+        if self.stuck:
+            stuck = torch.cat(self.stuck)
+            bounds.scatter_reduce_(0, stuck[:, 0].long(), stuck[:, 1], "amin")
+            why = why or "not split further"
+        if not why and (bounds <= 0).any():
+            why = "domain limit"
+        return Outcome(bounds, None, why)
+
+    _parents: Domains | None = None
+    _inflight: Domains | None = None
+
+    def _bound_and_prune(self, todo: Domains) -> torch.Tensor | None:
+        """Bound ``todo`` (children of ``_parents``), prune the proved, keep the rest."""
+        config = self.config
+        steps = config.bab_steps if self.rounds else max(config.bab_steps, config.steps)
+        done, coeff, at_relu, boxes = bound_domains(
+            self.graph, self.root, todo, steps, config.bab_lr, self.input_split
+        )
+        if self._parents is not None:  # a child is at least as tight as its parent
+            done.bound = torch.maximum(done.bound, self._parents.bound.repeat(2))
+        point = self._corners(done, coeff)
+        if point is not None:
+            return point
+        proved = done.bound > 0
+        if proved.any():
+            leaves = done.take(torch.nonzero(proved).flatten())
+            self.proved.scatter_reduce_(0, leaves.row, leaves.bound.to(self.proved.dtype), "amin")
+            if self.on_prune is not None:
+                self.on_prune(leaves)
+        keep = torch.nonzero(~proved).flatten()
+        rest = done.take(keep)
+        rest.branch = self._choose(rest, coeff[keep], {i: a[keep] for i, a in at_relu.items()},
+                                   [(lo[keep], hi[keep]) for lo, hi in boxes])  # fmt: skip
+        splittable = rest.branch[:, 0] >= 0
+        if (~splittable).any():
+            stuck = rest.take(torch.nonzero(~splittable).flatten())
+            self.stuck.append(torch.stack([stuck.row.double(), stuck.bound.double()], 1))
+        rest = rest.take(torch.nonzero(splittable).flatten())
+        self.open = Domains.cat([d for d in (self.open, rest) if d is not None and len(d)]) \
+            if (self.open is not None and len(self.open)) or len(rest) else None  # fmt: skip
+        self._parents = None
+        return None
+
+    def _next_round(self) -> Domains | None:
+        """The children of the lowest-bound open domains, or None when none is left."""
+        if self.open is None or not len(self.open) or len(self.open) > self.max_open:
+            return None
+        self.rounds += 1
+        order = torch.argsort(self.open.bound)
+        n = min(self.config.domain_batch, len(order))
+        picked, rest = self.open.take(order[:n]), self.open.take(order[n:])
+        self.open = rest if len(rest) else None
+        self._parents = picked
+        return _split(picked, self.input_split)
+
+    def _corners(self, done: Domains, coeff: torch.Tensor) -> torch.Tensor | None:
+        """The corner minimising each domain's linear bound, replayed: the first violation."""
+        corner = torch.where(coeff[:, 0] > 0, done.lower, done.upper)
+        prop = _repeat(self.prop, len(done))
+        hit = replay(self.model, prop, corner)
+        return corner[hit][0] if hit.any() else None
+
+    def _attack_from(self, picked: Domains) -> torch.Tensor | None:
+        """Box-PGD on the whole box from the centres of the most promising domains."""
+        best = picked.take(torch.arange(min(4, len(picked))))
+        prop = _repeat(self.prop, len(best))
+        start = (best.lower + best.upper) / 2
+        forward = lambda x: self.graph.forward(x.to(self.graph.dtype))  # noqa: E731
+        point = pgd_on_rows(forward, prop, max(1, self.config.attack_steps // 2), 0, start=start)
+        hit = replay(self.model, prop, point)
+        return point[hit][0] if hit.any() else None
+
+    def _choose(self, d: Domains, coeff, at_relu, boxes) -> torch.Tensor:
+        """Per domain (node, index) to split on; node -1 where nothing is left to split."""
+        if self.input_split:
+            width = (d.upper - d.lower).flatten(1)
+            score = coeff[:, 0].flatten(1).abs() * width + 1e-9 * width
+            best = score.argmax(1)
+            node = torch.where(width.gather(1, best[:, None])[:, 0] > 0, 0, -1)
+            return torch.stack([node, best], 1)
+        scores, owners = [], []
+        for i in self.relus:
+            lo, hi = (t.flatten(1) for t in boxes[self.graph.ops[i].inputs[0]])
+            a = at_relu[i].flatten(1).to(lo.dtype)
+            unstable = (lo < 0) & (hi > 0)
+            intercept = -lo * hi / (hi - lo).clamp(min=1e-12)
+            score = (-a).clamp(min=0) * intercept + 1e-3 * a.abs() * intercept
+            scores.append(torch.where(unstable, score + 1e-12, torch.full_like(score, -1.0)))
+            owners.append(torch.full((lo.shape[1],), i))
+        flat = torch.cat(scores, 1)
+        owner = torch.cat(owners)
+        start = torch.cumsum(torch.tensor([0] + [s.shape[1] for s in scores]), 0)
+        pick = flat.argmax(1)
+        node = torch.where(flat.gather(1, pick[:, None])[:, 0] > 0, owner[pick], -1)
+        layer = torch.searchsorted(start[1:], pick, right=True)
+        return torch.stack([node, pick - start[layer]], 1)
+
+
+def _repeat(prop: Property, n: int) -> Property:
+    return Property(*(t.expand(n, *t.shape[1:]) for t in (prop.lower, prop.upper, prop.spec,
+                                                          prop.offset)))  # fmt: skip
+
+
+def _split(d: Domains, input_split: bool) -> Domains:
+    """Two children per domain (first all the ``+`` halves, then all the ``-`` halves)."""
+    n = len(d)
+    children = Domains.cat([d, d])
+    node, idx = d.branch[:, 0], d.branch[:, 1]
+    rows = torch.arange(n)
+    if input_split:
+        lower, upper = children.lower.flatten(1).clone(), children.upper.flatten(1).clone()
+        mid = (lower[rows, idx] + upper[rows, idx]) / 2
+        lower[rows, idx] = mid
+        upper[n + rows, idx] = mid
+        children.lower = lower.reshape(children.lower.shape)
+        children.upper = upper.reshape(children.upper.shape)
+        return children
+    for i in children.splits:
+        mine = torch.nonzero(node == i).flatten()
+        splits = children.splits[i].clone()
+        splits[mine, idx[mine]] = 1
+        splits[n + mine, idx[mine]] = -1
+        children.splits[i] = splits
+    return children

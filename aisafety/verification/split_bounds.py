@@ -1,0 +1,215 @@
+"""Bounds of a batch of ReLU-split domains: beta-CROWN (Wang et al. 2021).
+
+A domain is one spec row of one sample with some unstable ReLUs fixed: ``+1`` (z >= 0,
+the ReLU is the identity) or ``-1`` (z <= 0, it is zero). Its bound is CROWN's backward
+pass on the root's intermediate boxes, each split neuron's box cut to its half (so its
+relaxation is exact), with
+
+* alpha: a lower slope in [0, 1] per domain and unstable ReLU (alpha-CROWN), and
+* beta: a multiplier >= 0 per domain and split neuron for its constraint ``s z >= 0``;
+  the pass bounds ``row - sum beta s z``, which is <= the row wherever the splits hold,
+  so its minimum over the box is a lower bound of the row on the domain (Lagrangian
+  duality; any beta >= 0 is sound, the optimised one is tight).
+
+Both are optimised by Adam on the bound in float32; the result is the bound of the best
+multipliers recomputed in the graph's own dtype (float64), so the search's precision
+decides only tightness. The root boxes are valid on every domain (they hold on the whole
+box), and cutting a split neuron's box to its half is valid where its split holds; IBP is
+re-run after the cuts and intersected, which is sound for the same reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from aisafety.verification.bounds import SEARCH_DTYPE, concretize, forward_from, linear_boxes
+from aisafety.verification.deadline import check_time
+from aisafety.verification.graph import BoundGraph
+from aisafety.verification.ops import Box
+from aisafety.verification.relaxations import RELU, relu_default_slope
+
+
+@dataclass
+class Domains:
+    """D domains of one sample: row spec (D, 1, outputs), offset (D,), the row's index (D,),
+    input box (D, *in), per ReLU node (by its index in the graph) the splits (D, n) in
+    {-1, 0, 1}, slopes alpha (D, 1, n) and multipliers beta (D, 1, n), and the last bound
+    (D,)."""
+
+    spec: torch.Tensor
+    offset: torch.Tensor
+    row: torch.Tensor
+    lower: torch.Tensor
+    upper: torch.Tensor
+    splits: dict[int, torch.Tensor]
+    alpha: dict[int, torch.Tensor]
+    beta: dict[int, torch.Tensor]
+    bound: torch.Tensor
+    branch: torch.Tensor | None = None  # (D, 2): the (node, index) chosen to split next
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    def take(self, index: torch.Tensor) -> Domains:
+        pick = lambda d: {i: t[index] for i, t in d.items()}  # noqa: E731
+        return Domains(self.spec[index], self.offset[index], self.row[index], self.lower[index],
+                       self.upper[index], pick(self.splits), pick(self.alpha), pick(self.beta),
+                       self.bound[index],
+                       None if self.branch is None else self.branch[index])  # fmt: skip
+
+    @staticmethod
+    def cat(parts: list[Domains]) -> Domains:
+        parts = [p for p in parts if len(p)]
+        join = lambda key: {i: torch.cat([getattr(p, key)[i] for p in parts])  # noqa: E731
+                            for i in getattr(parts[0], key)}  # fmt: skip
+        return Domains(*(torch.cat([getattr(p, k) for p in parts])
+                         for k in ("spec", "offset", "row", "lower", "upper")),
+                       join("splits"), join("alpha"), join("beta"),
+                       torch.cat([p.bound for p in parts]),
+                       None if any(p.branch is None for p in parts)
+                       else torch.cat([p.branch for p in parts]))  # fmt: skip
+
+
+def relu_nodes(graph: BoundGraph) -> list[int]:
+    """Indices of the ReLU ops, in graph order."""
+    return [
+        i for i, op in enumerate(graph.ops) if op.kind == "activation" and op.relaxation is RELU
+    ]
+
+
+def domain_boxes(
+    graph: BoundGraph, root: list[Box], domains: Domains, input_split: bool = False
+) -> list[Box]:
+    """The root boxes (batch of one) per domain, split neurons cut to their half, IBP
+    re-run after each cut and intersected. With ``input_split`` each domain's own input
+    box gets its own CROWN boxes, intersected with the root's."""
+    d = len(domains)
+    boxes = [(lo.expand(d, *lo.shape[1:]), hi.expand(d, *hi.shape[1:])) for lo, hi in root]
+    if input_split:
+        own = linear_boxes(graph, domains.lower, domains.upper)
+        boxes = [(torch.maximum(a, c), torch.minimum(b, e))
+                 for (a, b), (c, e) in zip(boxes, own, strict=True)]  # fmt: skip
+        boxes[0] = (domains.lower, domains.upper)
+    for i in relu_nodes(graph):
+        j = graph.ops[i].inputs[0]
+        lo, hi = boxes[j]
+        s = domains.splits[i].reshape(lo.shape)
+        lo = torch.where(s > 0, lo.clamp(min=0), lo)
+        boxes[j] = (lo, torch.where(s < 0, hi.clamp(max=0), hi))
+        boxes = forward_from(graph, boxes, j)
+    return boxes
+
+
+def split_backward(
+    graph: BoundGraph,
+    domains: Domains,
+    boxes: list[Box],
+    alpha: dict[int, torch.Tensor],
+    beta: dict[int, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """Lower bound (D,) of each domain's row minus sum beta s z, its input coefficients
+    (D, 1, *in), and the coefficient reaching each ReLU's output (for branching)."""
+    last = len(graph.ops) - 1
+    a = domains.spec.reshape(len(domains), 1, *graph.ops[-1].out_shape)
+    pending = {last: a}
+    bias = a.new_zeros(a.shape[:2])
+    at_relu: dict[int, torch.Tensor] = {}
+    cut = {graph.ops[i].inputs[0]: i for i in relu_nodes(graph)}
+    for i in range(last, 0, -1):
+        if i not in pending:
+            continue
+        check_time()
+        op, coeff = graph.ops[i], pending.pop(i)
+        if i in cut:  # the split constraints' term: - beta s z
+            k = cut[i]
+            shift = beta[k] * domains.splits[k].unsqueeze(1).to(beta[k].dtype)
+            coeff = coeff - shift.reshape(coeff.shape)
+        in_boxes = [boxes[j] for j in op.inputs]
+        if op.kind == "activation":
+            at_relu[i] = coeff
+            slope = alpha.get(i)
+            if slope is None and op.relaxation is RELU:
+                slope = relu_default_slope(*in_boxes[0], "adaptive")
+            elif slope is not None:
+                slope = slope.reshape(coeff.shape)
+            back, shift = op.backward(coeff, *in_boxes, lower_slope=slope)
+        else:
+            back, shift = op.backward(coeff, *in_boxes)
+        bias = bias + shift
+        for j, c in zip(op.inputs, back, strict=True):
+            pending[j] = pending[j] + c if j in pending else c
+    coeff = pending.get(0, a.new_zeros(*a.shape[:2], *graph.input_shape))
+    bound = concretize(coeff, boxes[0]) + bias
+    return bound[:, 0] + domains.offset, coeff, at_relu
+
+
+def bound_domains(
+    graph: BoundGraph,
+    root: list[Box],
+    domains: Domains,
+    steps: int,
+    lr: float,
+    input_split: bool = False,
+) -> tuple[Domains, torch.Tensor, dict[int, torch.Tensor], list[Box]]:
+    """``domains`` with their bound (and best alpha, beta) after ``steps`` of Adam; their
+    input coefficients, the coefficients at the ReLU outputs and their boxes."""
+    boxes = domain_boxes(graph, root, domains, input_split)
+    search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
+    cast = search.dtype
+    s_boxes = [(lo.to(cast), hi.to(cast)) for lo, hi in boxes]
+    s_dom = Domains(domains.spec.to(cast), domains.offset.to(cast), domains.row, *s_boxes[0],
+                    domains.splits, {}, {}, domains.bound)  # fmt: skip
+    alpha = {i: t.to(cast).clone().requires_grad_(True) for i, t in domains.alpha.items()}
+    beta = {i: t.to(cast).clone().requires_grad_(True) for i, t in domains.beta.items()}
+    chosen_a = {i: t.detach().clone() for i, t in alpha.items()}
+    chosen_b = {i: t.detach().clone() for i, t in beta.items()}
+    top = torch.full((len(domains),), -torch.inf, dtype=cast)
+    if steps > 0:
+        optimiser = torch.optim.Adam([*alpha.values(), *beta.values()], lr=lr)
+        for _ in range(steps):
+            with torch.enable_grad():
+                bound, _, _ = split_backward(search, s_dom, s_boxes, alpha, beta)
+                optimiser.zero_grad()
+                (-bound.sum()).backward()
+            better = bound.detach() > top
+            top = torch.where(better, bound.detach(), top)
+            for mine, chosen in ((alpha, chosen_a), (beta, chosen_b)):
+                for i, t in mine.items():
+                    chosen[i] = torch.where(better.reshape(-1, 1, 1), t.detach(), chosen[i])
+            optimiser.step()
+            with torch.no_grad():
+                for t in alpha.values():
+                    t.clamp_(0, 1)
+                for t in beta.values():
+                    t.clamp_(min=0)
+    final_a = {i: t.to(graph.dtype) for i, t in chosen_a.items()}
+    final_b = {i: t.to(graph.dtype) for i, t in chosen_b.items()}
+    with torch.no_grad():
+        bound, coeff, at_relu = split_backward(graph, domains, boxes, final_a, final_b)
+    done = Domains(domains.spec, domains.offset, domains.row, domains.lower, domains.upper,
+                   domains.splits, chosen_a, chosen_b, bound)  # fmt: skip
+    return done, coeff, at_relu, boxes
+
+
+def root_domains(
+    graph: BoundGraph, root: list[Box], spec: torch.Tensor, offset: torch.Tensor, rows
+) -> Domains:
+    """One domain per spec row (spec (K, outputs), offset (K,), their indices ``rows``):
+    no split, CROWN's slopes."""
+    k = len(offset)
+    splits, alpha, beta = {}, {}, {}
+    for i in relu_nodes(graph):
+        lo, hi = root[graph.ops[i].inputs[0]]
+        flat_lo, flat_hi = lo.reshape(1, -1), hi.reshape(1, -1)
+        n = flat_lo.shape[1]
+        splits[i] = torch.zeros(k, n, dtype=torch.int8)
+        alpha[i] = relu_default_slope(flat_lo, flat_hi, "adaptive").expand(k, n).unsqueeze(1)
+        alpha[i] = alpha[i].to(SEARCH_DTYPE).clone()
+        beta[i] = torch.zeros(k, 1, n, dtype=SEARCH_DTYPE)
+    lower, upper = root[0]
+    return Domains(spec.unsqueeze(1), offset, torch.as_tensor(rows),
+                   lower.expand(k, *lower.shape[1:]), upper.expand(k, *upper.shape[1:]),
+                   splits, alpha, beta,
+                   torch.full((k,), -torch.inf, dtype=offset.dtype))  # fmt: skip

@@ -1,0 +1,191 @@
+"""Branch and bound (``bab``), attack first and anytime answers.
+
+Soundness: every domain branch and bound prunes has a bound at most the exact minimum of
+its row over its part of the box (the MILP with the split constraints, ``milp.with_splits``,
+solved to optimality by HiGHS), for ReLU splits and for input splits; no ``bab`` verdict
+contradicts the MILP's or an attack's. Attack first: on a residual CIFAR-shaped network,
+every instance ``pgd-linf`` breaks is falsified by ``complete``, ``alpha-crown`` and
+``bab`` before any bound work (their bound phases are set to a million steps, so a
+verifier that bounded first would end ``timeout``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from aisafety.plugins import default_registry
+from aisafety.verification.bab import Search
+from aisafety.verification.deadline import CLOCKS, Deadline
+from aisafety.verification.falsify import pgd_on_rows, replay
+from aisafety.verification.graph import build_graph
+from aisafety.verification.incomplete import AlphaCrownVerifier
+from aisafety.verification.milp import minimise_row, with_splits
+from aisafety.verification.property import robustness_property
+from aisafety.verification.registry import make_verifier
+from aisafety.verification.result import Verdict
+
+
+def mlp(inputs: int, seed: int, scale: float = 1.0) -> nn.Module:
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(inputs, 24), nn.ReLU(), nn.Linear(24, 24),
+                        nn.ReLU(), nn.Linear(24, 3)).eval()  # fmt: skip
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(scale)
+    return net
+
+
+def instances(net: nn.Module, shape: tuple[int, ...], n: int, eps: float):
+    x = torch.rand(n, *shape, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    return build_graph(net, shape, "mlp"), robustness_property(x, y, eps, 3)
+
+
+def pruned_domains(graph, prop, config: dict):
+    """Every domain the search of each sample prunes, with that sample's root boxes."""
+    verifier = make_verifier(default_registry(), "bab", config)
+    model = lambda x: graph.forward(x.to(graph.dtype))  # noqa: E731
+    found = []
+    for s in range(len(prop)):
+        one = prop[s : s + 1].to(graph.dtype)
+        with torch.no_grad():
+            bound, _, boxes = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
+        deadline = Deadline(CLOCKS["cpu"]() + 60, CLOCKS["cpu"])
+        leaves = []
+        search = Search(verifier.config, graph, one, boxes, model, deadline, leaves.append)
+        search.run(bound[0] + one.offset[0])
+        found += [(one, boxes, leaf) for leaf in leaves]
+    return found
+
+
+def check_against_milp(graph, domains, most: int = 12) -> int:
+    checked = 0
+    for _prop, boxes, leaves in domains:
+        for d in range(len(leaves)):
+            if checked >= most:
+                return checked
+            splits = {i: t[d].numpy() for i, t in leaves.splits.items()}
+            own = [(leaves.lower[d : d + 1], leaves.upper[d : d + 1])] + list(boxes[1:])
+            enc = with_splits(graph, own, splits)
+            row = leaves.spec[d, 0].numpy()
+            proved, best, _ = minimise_row(enc, row, float(leaves.offset[d]), 60.0)
+            bound = float(leaves.bound[d])
+            assert bound > 0  # pruned
+            # HiGHS's optimum to a 1e-9 gap: its dual bound is <= the true minimum
+            assert bound <= proved + 1e-6 and bound <= best + 1e-7, (bound, proved, best)
+            checked += 1
+    return checked
+
+
+def test_every_pruned_relu_split_domain_is_below_the_exact_milp_minimum():
+    net = mlp(16, 0)
+    graph, prop = instances(net, (1, 4, 4), 4, 0.2)
+    domains = pruned_domains(graph, prop, {"domain_batch": 4})
+    split = [(p, b, leaves) for p, b, leaves in domains
+             if any((t != 0).any() for t in leaves.splits.values())]  # fmt: skip
+    assert split, "no domain needed a split: the test would check nothing"
+    assert check_against_milp(graph, split) >= 8
+
+
+def test_every_pruned_input_split_domain_is_below_the_exact_milp_minimum():
+    net = mlp(4, 1, scale=2.0)  # CROWN leaves half of these open, input splits settle them
+    graph, prop = instances(net, (1, 2, 2), 10, 0.5)
+    domains = pruned_domains(graph, prop, {"domain_batch": 4})
+    narrow = [(p, b, leaves) for p, b, leaves in domains
+              if ((leaves.upper - leaves.lower) < (p.upper - p.lower) - 1e-9).any()]  # fmt: skip
+    assert narrow, "no input box was split: the test would check nothing"
+    assert check_against_milp(graph, narrow) >= 4
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.3])
+def test_bab_agrees_with_the_milp_and_never_certifies_what_an_attack_breaks(eps):
+    net = mlp(16, 2)
+    graph, prop = instances(net, (1, 4, 4), 8, eps)
+    bab = make_verifier(default_registry(), "bab", {"timeout": 20}).verify(graph, prop, net)
+    milp = make_verifier(default_registry(), "complete", {"engine": "milp", "timeout": 20})
+    reference = milp.verify(graph, prop, net)
+    point = pgd_on_rows(lambda x: net(x.float()).double(), prop, 100, 10, corners=True)
+    broken = replay(net, prop, point)
+    for s, (ours, theirs) in enumerate(zip(bab.verdicts, reference.verdicts, strict=True)):
+        assert {ours, theirs} != {Verdict.CERTIFIED, Verdict.FALSIFIED}, s
+        assert not (broken[s] and ours is Verdict.CERTIFIED), s
+        if ours is Verdict.FALSIFIED:  # a replayed point of the box
+            assert replay(net, prop[s : s + 1], bab.counterexamples[s : s + 1])[0]
+    settled = sum(v in (Verdict.CERTIFIED, Verdict.FALSIFIED) for v in bab.verdicts)
+    assert settled == len(prop)
+
+
+class ResidualCifar(nn.Module):
+    """A small CIFAR-shaped residual net (3x32x32): conv, a residual block, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 4, stride=4)
+        self.conv1 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = torch.relu(h + self.conv2(torch.relu(self.conv1(h))))
+        return self.head(torch.flatten(h, 1))
+
+
+SLOW_BOUNDS = {
+    "complete": {"alpha_steps": 1_000_000},
+    "alpha-crown": {"steps": 1_000_000},
+    "bab": {"steps": 1_000_000},
+}
+
+
+@pytest.mark.parametrize("name", ["complete", "alpha-crown", "bab"])
+def test_what_pgd_breaks_on_a_residual_cifar_net_is_falsified_before_any_bound(name):
+    from aisafety.prediction.torch_module import TorchPredictor
+
+    torch.manual_seed(0)
+    net = ResidualCifar().eval()
+    predictor = TorchPredictor(net, (3, 32, 32), 10, name="residual-cifar")
+    x = torch.rand(12, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    y = predictor.logits(x).argmax(1)
+    eps = 0.02
+    attack = default_registry().create("attack", "pgd-linf", {"steps": 20})
+    broken = predictor.logits(attack(predictor, x, y, eps).x_adv).argmax(1) != y
+    assert broken.sum() >= 3, "too few broken instances for the test to mean anything"
+    graph = build_graph(net, (3, 32, 32), "residual-cifar")
+    prop = robustness_property(x[broken], y[broken], eps, 10)
+    config = {**SLOW_BOUNDS[name], "timeout": 60, "batch_size": 4}
+    result = make_verifier(default_registry(), name, config).verify(graph, prop, predictor.logits)
+    assert result.verdicts == [Verdict.FALSIFIED] * len(prop), result.verdicts
+    assert replay(predictor.logits, prop, result.counterexamples).all()
+
+
+def test_bab_out_of_time_keeps_the_bound_it_reached():
+    """A 0.5 s limit on hard instances: ``timeout`` with a finite (proved) margin, never
+    -inf once CROWN's bound completed, and never above the exact minimum."""
+    net = mlp(16, 0)
+    graph, prop = instances(net, (1, 4, 4), 3, 0.3)
+    verifier = make_verifier(default_registry(), "bab", {"timeout": 0.5, "clock": "cpu"})
+    result = verifier.verify(graph, prop, net)
+    milp = {"engine": "milp", "exact": True, "timeout": 60}
+    exact = make_verifier(default_registry(), "complete", milp).verify(graph, prop, net)
+    for s, verdict in enumerate(result.verdicts):
+        if verdict is Verdict.TIMEOUT:
+            assert np.isfinite(float(result.margins[s])) and result.notes[s] == "timeout"
+        if exact.verdicts[s] is Verdict.CERTIFIED:
+            assert float(result.margins[s]) <= float(exact.margins[s]) + 1e-6
+
+
+def test_complete_picks_milp_for_small_mlps_and_bab_for_the_rest():
+    verifier = make_verifier(default_registry(), "complete")
+    tiny = nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16),
+                         nn.ReLU(), nn.Linear(16, 3))  # fmt: skip
+    assert verifier.engine(build_graph(tiny.eval(), (1, 4, 4), "tiny")) == "milp"  # 32 ReLUs
+    assert verifier.engine(build_graph(mlp(16, 0), (1, 4, 4), "mlp")) == "bab"  # 48
+    assert verifier.engine(build_graph(ResidualCifar().eval(), (3, 32, 32), "res")) == "bab"
+    wide = nn.Sequential(nn.Flatten(), nn.Linear(16, 2048), nn.ReLU(), nn.Linear(2048, 3))
+    assert verifier.engine(build_graph(wide.eval(), (1, 4, 4), "wide")) == "bab"
+    forced = make_verifier(default_registry(), "complete", {"engine": "bab"})
+    assert forced.engine(build_graph(tiny.eval(), (1, 4, 4), "tiny")) == "bab"
