@@ -118,8 +118,9 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     from aisafety.report.table import render, seed_rows
 
     records = [
-        run_plan(plan.model_copy(update={"seed": seed}), store, resume=args.resume,
-                 quiet=args.quiet)
+        # each run is the plan at one seed (a plan giving seed beside seeds is refused)
+        run_plan(plan.model_copy(update={"seed": seed, "seeds": None}), store,
+                 resume=args.resume, quiet=args.quiet)
         for seed in plan.seeds
     ]  # fmt: skip
     run_ids = [r.run_id for r in records]
