@@ -33,6 +33,19 @@ def _read_model_file(spec: ModelSpec) -> bytes:
     return path.read_bytes()
 
 
+def normalisation(spec: ModelSpec) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """The plan's input domain as the predictor's (x - mean) / std on [0, 1] images.
+
+    The network takes ``(x * scale - mean) / std``, which is ``(x - mean / scale) /
+    (std / scale)``: one normalisation, so the bound graph sees it as any other.
+    """
+    if spec.scale == 1.0:
+        return spec.mean, spec.std
+    mean = tuple(m / spec.scale for m in (spec.mean or (0.0,)))
+    std = tuple(s / spec.scale for s in (spec.std or (1.0,)))
+    return mean, std
+
+
 def load_model(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
     """The predictor and a fingerprint of what it computes (the sha256 of its file)."""
     if spec.source == "zoo":
@@ -48,19 +61,22 @@ def load_model(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
         )
         return predictor, sha256_bytes(f"{spec.url}|{spec.name}".encode())
     data = _read_model_file(spec)
+    mean, std = normalisation(spec)
     if spec.source == "onnx":
-        from aisafety.prediction.onnx_model import load_onnx
+        from aisafety.prediction.onnx_model import load_onnx, read_onnx
+
+        data = read_onnx(Path(spec.path).expanduser(), spec.name)  # with external weights
 
         predictor = load_onnx(
             data, spec.gradients, input_shape=spec.input_shape, num_classes=spec.num_classes,
-            name=spec.name, mean=spec.mean, std=spec.std, device=device,
+            name=spec.name, mean=mean, std=std, device=device, layout=spec.layout,
         )  # fmt: skip
     elif spec.source == "torchscript":
         from aisafety.prediction.torchscript import TorchScriptPredictor
 
         predictor = TorchScriptPredictor(
             data, spec.input_shape, spec.num_classes,
-            name=spec.name, mean=spec.mean, std=spec.std, device=device,
+            name=spec.name, mean=mean, std=std, device=device,
         )  # fmt: skip
     else:
         predictor = _load_checkpoint(spec, data, device)
@@ -99,10 +115,10 @@ def _load_checkpoint(spec: ModelSpec, data: bytes, device: torch.device) -> Pred
                 f"model {spec.name!r}: architecture {spec.architecture!r} does not run on "
                 f"input_shape {spec.input_shape} ({exc}); check input_shape"
             ) from None
+    mean, std = normalisation(spec)
     return TorchPredictor(
-        module, spec.input_shape, num_classes,
-        name=spec.name, mean=spec.mean, std=spec.std, device=device,
-    )  # fmt: skip
+        module, spec.input_shape, num_classes, name=spec.name, mean=mean, std=std, device=device
+    )
 
 
 def apply_defenses(
