@@ -54,8 +54,10 @@ def test_net_reproduces_its_documented_accuracy(tmp_path, name):
 def test_resnet_2b_pgd_beside_its_published_accuracy(tmp_path):
     values = run_plan("resnet_2b", tmp_path)
     robust = values["robust-accuracy"]
-    print(f"resnet_2b PGD-50 at 2/255: {robust:.2%} on the 100 ERAN images; published "
-          f"{PUBLISHED_PGD_2B:.2%} on the full test set (clean: {values['ca']:.2%} vs 69.25%)")  # fmt: skip
+    print(
+        f"resnet_2b PGD-50 at 2/255: {robust:.2%} on the 100 ERAN images; published "
+        f"{PUBLISHED_PGD_2B:.2%} on the full test set (clean: {values['ca']:.2%} vs 69.25%)"
+    )
     assert robust < values["ca"]
     # 100 images: about +-5 points of sampling error against the full-set figure
     assert abs(robust - PUBLISHED_PGD_2B) < 0.15
