@@ -13,8 +13,8 @@ A graph taking channels-last images (Keras/TF converters: ``[N, H, W, C]``) is l
 ``layout="nhwc"``: the platform still feeds (N, C, H, W) images in [0, 1], and the
 predictor transposes them (``ChannelsLast``) after normalising.
 
-onnxruntime, onnx and onnx2torch are optional (``pip install aisafety[onnx]``) and are only
-imported when an ONNX model is loaded.
+onnxruntime, onnx and onnx2torch are optional (``install_command()``: the ``onnx`` extra, and
+onnx2torch without its dependencies) and are only imported when an ONNX model is loaded.
 """
 
 from __future__ import annotations
@@ -42,23 +42,19 @@ class OnnxConversionError(AISafetyError):
     """The ONNX graph could not be turned into a PyTorch module that computes the same."""
 
 
-def install_command() -> str:
-    """A command that installs the ONNX extra without replacing the installed torch.
+ONNX2TORCH = "onnx2torch==1.5.15"
 
-    onnx2torch depends on torchvision; left to choose, pip takes the newest torchvision and
-    with it a newer torch (from PyPI: a CUDA build of several GB). The torchvision release
-    made for the installed torch is 0.(minor + 15) (torch 2.13 -> torchvision 0.28), and a
-    CPU-only torch needs it from PyTorch's CPU wheel index.
+
+def install_command() -> str:
+    """A command that installs ONNX support without touching the installed torch.
+
+    onnx2torch's metadata requires torchvision; resolved by pip, that takes the newest
+    torchvision and with it a newer torch (from PyPI: a CUDA build of several GB, even over
+    a CPU torch). It is pure Python and needs torchvision only for detection operators
+    (``_onnx2torch`` stands in for it), so it is installed without its dependencies; the
+    ``onnx`` extra brings the ones it uses (onnx, numpy).
     """
-    version = torch.__version__.split("+")[0]
-    major, minor = (int(part) for part in version.split(".")[:2])
-    torchvision = f"torchvision=={major - 2}.{minor + 15}.*"
-    if torch.version.cuda is None and torch.version.hip is None:  # a CPU-only build
-        return (
-            f"pip install '{torchvision}' --index-url https://download.pytorch.org/whl/cpu "
-            "&& pip install 'aisafety[onnx]'"
-        )
-    return f"pip install '{torchvision}' 'aisafety[onnx]'"
+    return f"pip install 'aisafety[onnx]' && pip install --no-deps '{ONNX2TORCH}'"
 
 
 def _import(module: str, package: str) -> Any:
@@ -66,8 +62,8 @@ def _import(module: str, package: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(
-            f"loading ONNX models needs the package {package!r} ({exc}); install it, with a "
-            f"torchvision that keeps your torch {torch.__version__}, by: {install_command()}"
+            f"loading ONNX models needs the package {package!r} ({exc}); install it, keeping "
+            f"your torch {torch.__version__}, by: {install_command()}"
         ) from None
 
 
