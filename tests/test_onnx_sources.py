@@ -172,3 +172,43 @@ def test_exported_graph_runs_attacks_coverage_rdi_and_crown(tmp_path, way, capsy
     assert found["ca"] == 1.0
     # sound: nothing certified at 0.002 that PGD breaks at 0.002; CROWN certifies some
     assert 0 < found["certified-accuracy"] <= found["robust-accuracy"]
+
+
+def test_an_unconvertible_graph_is_refused_by_the_plans_model_name(tmp_path):
+    """The message names the model as the plan does (not 'onnx-model'), the operator, and
+    the way on (scores only)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 48])
+    nodes = [helper.make_node("Shrink", ["x"], ["h"]), helper.make_node("Flatten", ["h"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "odd.onnx"))
+    spec = ModelSpec(name="my-net", source="onnx", path=tmp_path / "odd.onnx", gradients=True)
+    from aisafety.prediction.onnx_model import OnnxConversionError
+
+    with pytest.raises(OnnxConversionError) as caught:
+        load_model(spec, torch.device("cpu"))
+    message = str(caught.value)
+    assert "'my-net'" in message and "Shrink" in message and "gradients: false" in message
+    assert "onnx-model" not in message
+
+
+def test_input_domain_fields_fold_into_the_normalisation_and_are_refused_where_unused():
+    """scale 255 with mean/std in 0..255 units is the [0, 1] normalisation (x - m/255) /
+    (s/255); layout is read by ONNX models only."""
+    from aisafety.loading import normalisation
+
+    spec = ModelSpec(name="n", source="onnx", path="n.onnx", scale=255, mean=(127.5,), std=(64,))
+    mean, std = normalisation(spec)
+    assert mean == pytest.approx((0.5,)) and std == pytest.approx((64 / 255,))
+    assert normalisation(ModelSpec(name="n", source="onnx", path="n.onnx", scale=255)) == (
+        pytest.approx((0.0,)),
+        pytest.approx((1 / 255,)),
+    )
+    with pytest.raises(ValueError, match="layout is not used by a torchscript model"):
+        ModelSpec(name="n", source="torchscript", path="n.pt", input_shape=(3, 4, 4),
+                  layout="nhwc")  # fmt: skip
