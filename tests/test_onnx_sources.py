@@ -212,3 +212,54 @@ def test_input_domain_fields_fold_into_the_normalisation_and_are_refused_where_u
     with pytest.raises(ValueError, match="layout is not used by a torchscript model"):
         ModelSpec(name="n", source="torchscript", path="n.pt", input_shape=(3, 4, 4),
                   layout="nhwc")  # fmt: skip
+
+
+def test_onnx2torch_batchnorm_with_computed_statistics_is_bounded_soundly(tmp_path):
+    """A BatchNormalization whose parameters are not initializers (here ``Constant`` nodes)
+    becomes onnx2torch's ``OnnxBatchNorm``; the bound graph reads it as an elementwise affine
+    map, and CROWN's bound on the graph lies below the true margin at random box points."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from aisafety.plugins import default_registry
+    from aisafety.prediction.onnx_model import load_onnx
+    from aisafety.verification.graph import build_graph
+    from aisafety.verification.property import robustness_property
+    from aisafety.verification.registry import make_verifier
+
+    rng = np.random.default_rng(0)
+
+    def constant(name: str, values: np.ndarray):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(values))
+
+    stats = {"s": rng.uniform(0.5, 1.5, 3), "b": rng.uniform(-0.3, 0.3, 3),
+             "m": rng.uniform(-0.2, 0.2, 3), "v": rng.uniform(0.5, 1.5, 3)}  # fmt: skip
+    nodes = [constant(k, v.astype(np.float32)) for k, v in stats.items()]
+    nodes += [
+        helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"]),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "w"], ["y"], transB=1),
+    ]
+    weight = numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    graph = helper.make_graph(nodes, "bn", [x], [y], initializer=[weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "bn.onnx"))
+
+    predictor = load_onnx(tmp_path / "bn.onnx", gradients=True, name="bn-net")
+    kinds = {type(m).__name__ for m in predictor.network.modules()}
+    assert "OnnxBatchNorm" in kinds and "OnnxGlobalAveragePoolWithKnownInputShape" in kinds
+    bound_graph = build_graph(predictor.network, (3, 4, 4), "bn-net")
+    images = torch.rand(4, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    labels = predictor.logits(images).argmax(1)
+    prop = robustness_property(images, labels, 0.05, 4)
+    bounds, _ = make_verifier(default_registry(), "crown").lower_bounds(bound_graph, prop)
+    noise = torch.rand(256, 1, 3, 4, 4, dtype=torch.float64)
+    points = prop.lower + (prop.upper - prop.lower) * noise  # 256 batches of the 4 boxes
+    for point in points:
+        true = prop.rows(predictor.logits(point.float()).double())
+        assert (bounds <= true + 1e-5).all()
