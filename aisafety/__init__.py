@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aisafety.version import __version__
 
@@ -18,11 +19,24 @@ def evaluate(
     db: str = "sqlite:///aisafety.db",
     resume: bool = False,
     quiet: bool = True,
+    *,
+    model: Any = None,
+    data: tuple[Any, Any] | None = None,
+    name: str | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
 ) -> RunRecord:
-    """Run a plan (object, dict, YAML/TOML path, or None for the embedded default)."""
+    """Run a plan (object, dict, YAML/TOML path, or None for the embedded default).
+
+    ``model`` (a ``torch.nn.Module`` taking [0, 1] images, normalised by ``mean``/``std`` if
+    given, or a ``Predictor``) and ``data`` (images and labels: tensors or arrays, NCHW or
+    NHWC, uint8 or [0, 1] floats) replace the plan's model and dataset, so a notebook's
+    objects are evaluated, stored and reported like any run (docs/own-model.md).
+    """
     from aisafety.config import default_plan, load_plan, plan_from_dict
     from aisafety.database.store import ResultStore
     from aisafety.execution import run_plan
+    from aisafety.in_memory import in_memory_data, in_memory_model
 
     if plan is None:
         plan = default_plan()
@@ -30,4 +44,20 @@ def evaluate(
         plan = load_plan(plan)
     elif isinstance(plan, dict):
         plan = plan_from_dict(plan)
-    return run_plan(plan, ResultStore(db), resume=resume, quiet=quiet)
+    given_data = None if data is None else in_memory_data(data)
+    if given_data is not None:
+        plan = plan.model_copy(
+            update={"dataset": plan.dataset.model_copy(update={"name": "arrays"})}
+        )
+    given_model = None
+    if model is not None:
+        shape = tuple(given_data.x.shape[1:]) if given_data is not None else None
+        given_model, spec = in_memory_model(model, shape, name=name, mean=mean, std=std)
+        plan = plan.model_copy(update={"model": spec})
+    elif any(v is not None for v in (name, mean, std)):
+        from aisafety.errors import ConfigError
+
+        raise ConfigError("name, mean and std describe a model= given in memory; pass model= too")
+    return run_plan(
+        plan, ResultStore(db), resume=resume, quiet=quiet, model=given_model, data=given_data
+    )

@@ -1,5 +1,5 @@
-"""The built-in attacks, input and training defenses, metrics and datasets, registered like
-any plugin."""
+"""The built-in attacks, input and training defenses, metrics, datasets and architectures,
+registered like any plugin."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ from aisafety.attack.square import SquareLinf
 from aisafety.attack.square_l2 import SquareL2
 from aisafety.attack.transfer import TransferAttack
 from aisafety.corruption import CORRUPTION_ATTACKS
+from aisafety.database.architectures import builtin_architectures
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
-from aisafety.database.datasets.embedded import EmbeddedMnist
+from aisafety.database.datasets.embedded import EmbeddedCifar10, EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
 from aisafety.database.datasets.image_folder import ImageFolderDataset
 from aisafety.database.datasets.npz import NpzDataset
@@ -105,6 +106,7 @@ from aisafety.evaluation.metrics.smoothed import (
     SmoothedCertifiedAccuracy,
 )
 from aisafety.hookspecs import hookimpl
+from aisafety.interfaces import Architecture
 from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.incomplete import INCOMPLETE
 
@@ -213,6 +215,7 @@ def aisafety_metrics() -> list[type]:
 def aisafety_datasets() -> list[type]:
     return [
         EmbeddedMnist,
+        EmbeddedCifar10,
         MnistDataset,
         FashionMnistDataset,
         Cifar10Dataset,
@@ -223,12 +226,18 @@ def aisafety_datasets() -> list[type]:
 
 
 @hookimpl
+def aisafety_architectures() -> list[Architecture]:
+    return builtin_architectures()
+
+
+@hookimpl
 def aisafety_verifiers() -> list[type]:
     return [*INCOMPLETE, CompleteVerifier]
 
 
 @hookimpl
 def aisafety_report_sections() -> list[type]:
+    from aisafety.report.gate.section import GateVerdicts
     from aisafety.report.sections import BUILTIN_SECTIONS
 
-    return list(BUILTIN_SECTIONS)
+    return [*BUILTIN_SECTIONS, GateVerdicts]

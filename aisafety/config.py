@@ -90,7 +90,19 @@ def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
                 **spec,
                 "path": str(given if given.is_absolute() else base / given),
             }
+        if isinstance(spec, dict) and spec.get("source") == "python":
+            resolved[section] = {**resolved[section], "python_path": _code_folders(spec, base)}
     return resolved
+
+
+def _code_folders(spec: dict[str, Any], base: Path) -> list[str]:
+    """Where a ``python`` model's factory is imported from: the plan's folder first (as
+    pytest finds a ``conftest.py``), then the spec's ``python_path``, relative to it."""
+    given = spec.get("python_path") or []
+    if not isinstance(given, list | tuple):
+        return given  # the spec's validation names the wrong type
+    folders = [Path(str(p)).expanduser() for p in given]
+    return [str(base), *(str(p if p.is_absolute() else base / p) for p in folders)]
 
 
 def _read_text(path: Path) -> str:

@@ -6,18 +6,37 @@ stores the same numbers on either. Ray is imported only for a plan that runs on 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aisafety.database.store import ResultStore
 from aisafety.interfaces import EvaluationPlan, RunRecord
 from aisafety.runner import Runner
 
+if TYPE_CHECKING:
+    from aisafety.database.datasets.base import LoadedDataset
+    from aisafety.prediction.base import Predictor
+
 
 def run_plan(
-    plan: EvaluationPlan, store: ResultStore, resume: bool = False, quiet: bool = False
+    plan: EvaluationPlan,
+    store: ResultStore,
+    resume: bool = False,
+    quiet: bool = False,
+    model: tuple[Predictor, str] | None = None,
+    data: LoadedDataset | None = None,
 ) -> RunRecord:
-    """Run ``plan`` on ``plan.executor`` and store its results in ``store``."""
-    runner = Runner(plan, store, resume=resume, quiet=quiet)
+    """Run ``plan`` on ``plan.executor`` and store its results in ``store``; ``model`` and
+    ``data`` (in memory, from ``aisafety.evaluate``) replace the plan's, on the local executor."""
+    runner = Runner(plan, store, resume=resume, quiet=quiet, model=model, data=data)
     if plan.executor.name == "local":
         return runner.run()
+    if model is not None or data is not None:
+        from aisafety.errors import ConfigError
+
+        raise ConfigError(
+            "a model or data handed to aisafety.evaluate() lives in this process; run it with "
+            "the local executor, or save it (source: python / export) for the ray executor"
+        )
     try:
         from aisafety.distributed.executor import run_on_ray
     except ImportError as exc:

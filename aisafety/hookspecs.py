@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pluggy
 
+from aisafety.interfaces import Architecture, ModelEntry
+
 PROJECT = "aisafety"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -47,3 +49,31 @@ def aisafety_verifiers() -> list[type]:
 def aisafety_report_sections() -> list[type]:
     """Return ``aisafety.report.sections.ReportSection`` subclasses (sections of the HTML
     report, placed by their ``order``)."""
+
+
+@hookspec
+def aisafety_architectures() -> list[Architecture]:
+    """Return ``aisafety.interfaces.Architecture`` records: networks a plan names with
+    ``architecture: NAME`` to load a state dict (``source: checkpoint``), so a package of a
+    lab's architectures is one ``pip install`` away.
+
+    Called once per process, when the registry is built (the first plan, ``aisafety list``,
+    ``aisafety plugins``); the factories run only when a plan loads a model. A record that is
+    not an ``Architecture`` (or whose fields are invalid: ``Architecture`` checks them) or a
+    name already registered is reported by ``aisafety plugins`` and skipped, and the other
+    plugins still load. The zoo's own architectures answer this hook too (``aisafety.builtin``).
+    Since 0.2.0 (added after the 0.1.0 release).
+    """
+
+
+@hookspec
+def aisafety_models() -> list[ModelEntry]:
+    """Return ``aisafety.interfaces.ModelEntry`` records: named, ready-to-evaluate models
+    (``model: {name: NAME}`` in a plan, as a zoo model is), each with the ``ModelSpec`` that
+    loads it (e.g. a ``checkpoint`` of one of the plugin's architectures).
+
+    Called once per process, when the registry is built; the spec is loaded only when a plan
+    names the entry. A record that is not a ``ModelEntry`` or a name already registered is
+    reported by ``aisafety plugins`` and skipped; a zoo model of the same name wins over an
+    entry (the zoo is checked first). Since 0.2.
+    """

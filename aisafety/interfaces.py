@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -72,11 +74,17 @@ class Direction(StrEnum):
 class ModelSpec(StrictModel):
     """A model to evaluate.
 
-    ``zoo``: a zoo name. ``checkpoint``: a state dict (``path``) and the ``architecture`` that
-    rebuilds it. ``torchscript``: a TorchScript archive. ``onnx``: an ONNX file, run by
-    onnxruntime (scores only) or, with ``gradients: true``, converted to PyTorch and checked
-    against onnxruntime. ``remote``: a model served over the Open Inference Protocol v2 at
-    ``url`` (scores only).
+    ``zoo``: a zoo name, or a model entry a plugin registers (``aisafety_models``).
+    ``checkpoint``: a state dict (``path``) and the ``architecture`` that rebuilds it (the
+    zoo's or a plugin's, ``aisafety_architectures``). ``python``: the ``nn.Module`` that
+    ``factory`` ("package.module:callable", called with ``kwargs``) returns, with an optional
+    state dict at ``path``; ``python_path`` folders are searched first (a plan file's folder
+    always is). ``export``: a ``torch.export`` archive (``.pt2``). ``torchscript``: a
+    TorchScript archive. ``onnx``: an ONNX file, run by onnxruntime (scores only) or, with
+    ``gradients: true``, converted to PyTorch and checked against onnxruntime. ``remote``: a
+    model served over the Open Inference Protocol v2 at ``url`` (scores only). ``object``:
+    the record of a module or predictor handed to ``aisafety.evaluate(model=...)``; it is
+    stored with the run but cannot be loaded from a plan file.
 
     The input domain, where the network does not take [0, 1] NCHW images: it is fed
     ``(x * scale - mean) / std`` for the platform's images ``x`` in [0, 1] (``scale: 255``
@@ -86,10 +94,15 @@ class ModelSpec(StrictModel):
     """
 
     name: str = "mnist-cnn"
-    source: Literal["zoo", "checkpoint", "torchscript", "onnx", "remote"] = "zoo"
+    source: Literal[
+        "zoo", "checkpoint", "python", "export", "torchscript", "onnx", "remote", "object"
+    ] = "zoo"
     path: Path | None = None
     url: str | None = None
     architecture: str | None = None
+    factory: str | None = None
+    kwargs: dict[str, Any] | None = None
+    python_path: tuple[Path, ...] = ()
     gradients: bool = False
     input_shape: tuple[int, int, int] | None = None
     num_classes: int | None = Field(default=None, gt=1)
@@ -106,6 +119,16 @@ class ModelSpec(StrictModel):
     def _positive_shape(cls, value: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
         if value is not None and not all(0 < side <= 16384 for side in value):
             raise ValueError(f"input_shape is (C, H, W) with sides in 1..16384, got {value}")
+        return value
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, value: str | None) -> str | None:
+        module, _, attribute = (value or "").partition(":")
+        if value is not None and not (module and attribute and "." not in attribute[:1]):
+            raise ValueError(
+                f"factory is 'package.module:callable' (e.g. 'mynets:TinyResNet'), got {value!r}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -135,7 +158,9 @@ class ModelSpec(StrictModel):
     @model_validator(mode="after")
     def _source_needs(self) -> ModelSpec:
         needs = {
-            "checkpoint": ("path", "architecture", "input_shape"),
+            "checkpoint": ("path", "architecture"),
+            "python": ("factory", "input_shape"),
+            "export": ("path", "input_shape"),
             "torchscript": ("path", "input_shape"),
             "onnx": ("path",),
             "remote": ("url",),
@@ -151,30 +176,85 @@ class ModelSpec(StrictModel):
 
 _MODEL_FIELDS_USED = {
     "zoo": {"name"},
-    "checkpoint": {
-        "name",
-        "path",
-        "architecture",
-        "input_shape",
-        "num_classes",
-        "mean",
-        "std",
-        "scale",
-    },
+    "checkpoint": {"name", "path", "architecture", "input_shape", "num_classes", "mean", "std",
+                   "scale"},
+    "python": {"name", "factory", "kwargs", "python_path", "path", "input_shape", "num_classes",
+               "mean", "std", "scale"},
+    "export": {"name", "path", "input_shape", "num_classes", "mean", "std", "scale"},
+    "object": {"name", "input_shape", "num_classes"},
     "torchscript": {"name", "path", "input_shape", "num_classes", "mean", "std", "scale"},
-    "onnx": {
-        "name",
-        "path",
-        "gradients",
-        "input_shape",
-        "num_classes",
-        "mean",
-        "std",
-        "scale",
-        "layout",
-    },
+    "onnx": {"name", "path", "gradients", "input_shape", "num_classes", "mean", "std", "scale",
+             "layout"},
     "remote": {"name", "url", "input_shape", "num_classes", "timeout", "retries"},
-}
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A network a plan can name (``architecture: NAME`` with a ``checkpoint`` state dict),
+    returned by the ``aisafety_architectures`` hook.
+
+    ``factory()`` builds the untrained ``torch.nn.Module``; ``input_shape`` (C, H, W) and
+    ``num_classes`` are what it takes and gives, and ``mean``/``std`` the per-channel
+    normalisation its weights expect when it is not inside the module (a plan's own values
+    win). A record that breaks these rules raises here, inside the plugin's hook, so the
+    plugin is reported as failed (``aisafety plugins``) and the others still load.
+    """
+
+    name: str
+    factory: Callable[[], Any]
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"an architecture needs a non-empty name, got {self.name!r}")
+        if not callable(self.factory):
+            raise TypeError(f"architecture {self.name!r}: factory {self.factory!r} is not callable")
+        shape = tuple(self.input_shape)
+        if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
+            raise ValueError(f"architecture {self.name!r}: input_shape is (C, H, W), got {shape}")
+        if not isinstance(self.num_classes, int) or self.num_classes < 2:
+            raise ValueError(f"architecture {self.name!r}: num_classes {self.num_classes!r} < 2")
+        for field in ("mean", "std"):
+            value = getattr(self, field)
+            if value is not None and len(value) not in (1, shape[0]):
+                raise ValueError(
+                    f"architecture {self.name!r}: {field} has {len(value)} values for "
+                    f"{shape[0]} channel(s)"
+                )
+        if self.std is not None and any(v <= 0 for v in self.std):
+            raise ValueError(f"architecture {self.name!r}: std must be > 0, got {self.std}")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A named model a plan can load by name alone (``model: {name: NAME}``), returned by
+    the ``aisafety_models`` hook: ``spec`` says how to load it (a ``checkpoint`` of one of the
+    plugin's architectures, a ``python`` factory, an archive); its ``name`` is the entry's."""
+
+    name: str
+    spec: ModelSpec
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a model entry needs a non-empty name, got {self.name!r}")
+        if not isinstance(self.spec, ModelSpec):
+            raise TypeError(f"model entry {self.name!r}: spec must be a ModelSpec")
+        if self.spec.source == "zoo":
+            raise ValueError(
+                f"model entry {self.name!r}: spec.source 'zoo' would load another entry by "
+                "name; give the checkpoint, python or archive source that loads this one"
+            )
+
+    def model_spec(self) -> ModelSpec:
+        """The spec to load, named as the entry."""
+        return self.spec.model_copy(update={"name": self.name})
+
 
 # Seeds go to torch, numpy and SQLite (a signed 64-bit integer column).
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]

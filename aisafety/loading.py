@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-import io
 from pathlib import Path
 
 import torch
 
-from aisafety.database.architectures import build
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.zoo import list_models, load_zoo_model, sha256_bytes
-from aisafety.errors import ConfigError
+from aisafety.errors import ConfigError, UnknownNameError
 from aisafety.interfaces import DatasetSpec, DefenseSpec, ModelSpec
-from aisafety.plugins import Registry
+from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
-from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.prediction.python_factory import build_module, resolve_factory
+from aisafety.prediction.state_dict import load_into, read_state_dict
+from aisafety.prediction.torch_module import TorchPredictor, module_fingerprint
 
 
 def resolve_device(device: str) -> torch.device:
@@ -46,10 +46,19 @@ def normalisation(spec: ModelSpec) -> tuple[tuple[float, ...] | None, tuple[floa
     return mean, std
 
 
-def load_model(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
-    """The predictor and a fingerprint of what it computes (the sha256 of its file)."""
-    if spec.source == "zoo":
-        return load_zoo_model(spec.name, device), list_models()[spec.name][0].sha256
+def load_model(
+    spec: ModelSpec, device: torch.device, registry: Registry | None = None
+) -> tuple[Predictor, str]:
+    """The predictor and a fingerprint of what it computes (the sha256 of its file, or of
+    a ``python`` model's code and weights)."""
+    registry = registry or default_registry()
+    if spec.source == "zoo":  # a zoo model, else a plugin's model entry of that name
+        zoo = list_models()
+        if spec.name not in zoo and spec.name in registry.classes["model"]:
+            return load_model(registry.get("model", spec.name).model_spec(), device, registry)
+        if spec.name not in zoo:
+            raise UnknownNameError("zoo model", spec.name, {*zoo, *registry.classes["model"]})
+        return load_zoo_model(spec.name, device), zoo[spec.name][0].sha256
     if spec.source == "remote":
         from aisafety.prediction.remote import RemotePredictor
 
@@ -60,65 +69,114 @@ def load_model(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
             spec.url, spec.name, spec.input_shape, spec.num_classes, name=spec.name, **settings
         )
         return predictor, sha256_bytes(f"{spec.url}|{spec.name}".encode())
+    if spec.scale != 1.0:  # every source below reads the domain as mean and std
+        mean, std = normalisation(spec)
+        spec = spec.model_copy(update={"mean": mean, "std": std, "scale": 1.0})
+    if spec.source == "python":
+        return _load_python(spec, device)
+    if spec.source == "object":
+        raise ConfigError(
+            f"model {spec.name!r} was handed to aisafety.evaluate(model=...) in memory; a plan "
+            "cannot load it again: pass the module again with model=, or describe it with "
+            "source: python (docs/own-model.md)"
+        )
     data = _read_model_file(spec)
-    mean, std = normalisation(spec)
     if spec.source == "onnx":
         from aisafety.prediction.onnx_model import load_onnx, read_onnx
 
         data = read_onnx(Path(spec.path).expanduser(), spec.name)  # with external weights
-
         predictor = load_onnx(
             data, spec.gradients, input_shape=spec.input_shape, num_classes=spec.num_classes,
-            name=spec.name, mean=mean, std=std, device=device, layout=spec.layout,
+            name=spec.name, mean=spec.mean, std=spec.std, device=device, layout=spec.layout,
         )  # fmt: skip
     elif spec.source == "torchscript":
         from aisafety.prediction.torchscript import TorchScriptPredictor
 
         predictor = TorchScriptPredictor(
             data, spec.input_shape, spec.num_classes,
-            name=spec.name, mean=mean, std=std, device=device,
+            name=spec.name, mean=spec.mean, std=spec.std, device=device,
         )  # fmt: skip
+    elif spec.source == "export":
+        predictor = _load_export(spec, data, device)
     else:
-        predictor = _load_checkpoint(spec, data, device)
+        predictor = _load_checkpoint(spec, data, device, registry)
     return predictor, sha256_bytes(data)
 
 
-def _load_checkpoint(spec: ModelSpec, data: bytes, device: torch.device) -> Predictor:
+def _load_checkpoint(
+    spec: ModelSpec, data: bytes, device: torch.device, registry: Registry
+) -> Predictor:
+    """A state dict loaded into an architecture of the registry (the zoo's or a plugin's)."""
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"model {spec.name!r}: {spec.path} is not a loadable PyTorch checkpoint "
-            f"({first_line}); save one with torch.save(model.state_dict(), path)"
-        ) from None
-    if not isinstance(state, dict):
-        raise ConfigError(
-            f"model {spec.name!r}: {spec.path} holds a {type(state).__name__}, not a state "
-            "dict; save one with torch.save(model.state_dict(), path)"
+        record = registry.get("architecture", spec.architecture)
+    except UnknownNameError as exc:
+        hint = (
+            f"; to load your own module, use source: python with factory: {spec.architecture!r}"
+            if ":" in spec.architecture
+            else ""
         )
-    module = build(spec.architecture)
-    try:
-        module.load_state_dict(state)
-    except (RuntimeError, TypeError, AttributeError) as exc:
-        raise ConfigError(
-            f"model {spec.name!r}: {spec.path} does not fit architecture "
-            f"{spec.architecture!r}: {exc}"
-        ) from None
-    num_classes = spec.num_classes
-    if num_classes is None:  # one forward pass tells the number of outputs
-        try:
-            with torch.no_grad():
-                num_classes = module.eval()(torch.zeros(1, *spec.input_shape)).shape[1]
-        except (RuntimeError, IndexError) as exc:
-            raise ConfigError(
-                f"model {spec.name!r}: architecture {spec.architecture!r} does not run on "
-                f"input_shape {spec.input_shape} ({exc}); check input_shape"
-            ) from None
-    mean, std = normalisation(spec)
-    return TorchPredictor(
-        module, spec.input_shape, num_classes, name=spec.name, mean=mean, std=std, device=device
+        error = UnknownNameError(exc.kind, exc.name, exc.known)
+        error.args = (error.args[0] + hint,)
+        raise error from None
+    module = build_module(record.factory, None, spec.name, f"architecture {record.name!r}")
+    load_into(module, read_state_dict(data, spec.name, spec.path), spec.name, spec.path)
+    spec = spec.model_copy(
+        update={
+            field: getattr(record, field)
+            for field in ("input_shape", "num_classes", "mean", "std")
+            if getattr(spec, field) is None
+        }
     )
+    return _module_predictor(spec, module, device)
+
+
+def _load_python(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
+    """The module ``factory(**kwargs)`` returns, with the state dict at ``path`` if given."""
+    factory = resolve_factory(spec.factory, spec.python_path, spec.name)
+    module = build_module(factory, spec.kwargs, spec.name, f"factory {spec.factory!r}")
+    if spec.path is not None:
+        data = _read_model_file(spec)
+        load_into(module, read_state_dict(data, spec.name, spec.path), spec.name, spec.path)
+    return _module_predictor(spec, module, device), module_fingerprint(module, spec.factory)
+
+
+def _load_export(spec: ModelSpec, data: bytes, device: torch.device) -> Predictor:
+    from aisafety.prediction.exported import ExportedPredictor, load_exported
+
+    program = load_exported(data, spec.name)
+    num_classes = spec.num_classes or _probe_classes(spec, program.module())  # eval at export
+    return ExportedPredictor(
+        program, spec.input_shape, num_classes,
+        name=spec.name, mean=spec.mean, std=spec.std, device=device,
+    )  # fmt: skip
+
+
+def _module_predictor(spec: ModelSpec, module: torch.nn.Module, device) -> TorchPredictor:
+    num_classes = spec.num_classes or _probe_classes(spec, module.eval())
+    return TorchPredictor(
+        module, spec.input_shape, num_classes,
+        name=spec.name, mean=spec.mean, std=spec.std, device=device,
+    )  # fmt: skip
+
+
+def _probe_classes(spec: ModelSpec, module: torch.nn.Module) -> int:
+    """One forward pass on a zero image tells the number of outputs."""
+    try:
+        with torch.no_grad():
+            out = module(torch.zeros(1, *spec.input_shape))
+    except (RuntimeError, IndexError, AssertionError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ConfigError(
+            f"model {spec.name!r} does not run on input_shape {spec.input_shape} ({first}); "
+            "check input_shape"
+        ) from None
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[1] < 2:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(
+            f"model {spec.name!r} returns {got} for one image; a classifier returns "
+            "(N, num_classes) logits"
+        )
+    return int(out.shape[1])
 
 
 def apply_defenses(
@@ -144,3 +202,18 @@ def fingerprint(data: LoadedDataset) -> str:
     digest = hashlib.sha256(data.x.numpy().tobytes())
     digest.update(data.y.numpy().tobytes())
     return digest.hexdigest()
+
+
+def predictor_fingerprint(predictor: Predictor) -> str:
+    """sha256 of what an in-memory predictor computes: its network's code and weights, or
+    for a predictor without one its class's code and its logits on a fixed random batch."""
+    network = getattr(predictor, "network", None)
+    if isinstance(network, torch.nn.Module):
+        return module_fingerprint(network, type(predictor).__qualname__)
+    probe = torch.rand((4, *predictor.input_shape), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = predictor.logits(probe).detach().cpu().double().numpy()
+    return sha256_bytes(
+        module_fingerprint(torch.nn.Module(), type(predictor).__qualname__).encode()
+        + logits.tobytes()
+    )

@@ -22,6 +22,7 @@ import pluggy
 from aisafety import hookspecs
 from aisafety.defense.training.base import TrainingDefense
 from aisafety.errors import ConfigError, PluginError, UnknownNameError
+from aisafety.interfaces import Architecture, ModelEntry
 
 KINDS = {
     "attack": "aisafety_attacks",
@@ -31,7 +32,11 @@ KINDS = {
     "dataset": "aisafety_datasets",
     "verifier": "aisafety_verifiers",
     "report_section": "aisafety_report_sections",
+    "architecture": "aisafety_architectures",
+    "model": "aisafety_models",
 }
+# Kinds whose hooks return records (instances), not classes: the record type each must be.
+RECORDS = {"architecture": Architecture, "model": ModelEntry}
 BUILTIN = "aisafety.builtin"
 
 
@@ -89,10 +94,18 @@ class Registry:
         """Register ``cls``; a name taken already keeps its first owner (built-ins load
         first), and the clash is recorded as a failure of ``source`` instead of stopping
         every command."""
+        label = kind.replace("_", " ")
+        if kind in RECORDS and not isinstance(cls, RECORDS[kind]):
+            record = RECORDS[kind].__name__
+            problem = (
+                f"{KINDS[kind]} of {source!r} returned {cls!r}, which is skipped; return "
+                f"aisafety.interfaces.{record} records"
+            )
+            self.failures.append(PluginFailure(source, origin or source, problem))
+            return
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
             raise PluginError(f"plugin {source!r} gives a {kind} class {cls!r} without a 'name'")
-        label = kind.replace("_", " ")
         problem = _misfiled_defense(kind, cls)
         taken = [
             other for other in _SHARED_NAMESPACE.get(kind, (kind,)) if name in self.classes[other]
@@ -184,7 +197,9 @@ def _register_one(manager, registry: Registry, name: str, origin: str, module: o
     for kind, classes in provides.items():
         for cls in classes:
             registry.add(kind, cls, name, origin)
-    names = {kind: [c.name for c in classes] for kind, classes in provides.items()}
+    names = {
+        kind: [getattr(c, "name", repr(c)) for c in classes] for kind, classes in provides.items()
+    }
     registry.plugins.append(PluginInfo(name, origin, names))
 
 

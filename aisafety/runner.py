@@ -17,6 +17,7 @@ import torch
 
 from aisafety.attack.base import Attack
 from aisafety.corruption.plan import warn_corruption_as_attack
+from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
 from aisafety.defense.obfuscation import warn_obfuscation
@@ -38,6 +39,7 @@ from aisafety.limits import check_budgets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.memory import reuse_freed_memory
 from aisafety.plugins import Registry, default_registry
+from aisafety.prediction.base import Predictor
 from aisafety.progress import RunProgress
 from aisafety.version import __version__
 
@@ -121,8 +123,13 @@ class Runner:
         registry: Registry | None = None,
         resume: bool = False,
         quiet: bool = False,
+        model: tuple[Predictor, str] | None = None,
+        data: LoadedDataset | None = None,
     ):
+        """``model`` (a predictor and its fingerprint) and ``data`` replace the plan's model
+        and dataset when given (``aisafety.evaluate(model=..., data=...)``)."""
         self.registry = registry or default_registry()
+        self.given_model, self.given_data = model, data
         self.plan = plan = with_plan_precision(plan, self.registry)
         self.store = store
         self.resume = resume
@@ -201,13 +208,15 @@ class Runner:
         plan = self.plan
         torch.manual_seed(plan.seed)
         device = resolve_device(plan.device)
-        predictor, weights = load_model(plan.model, device)
+        predictor, weights = self.given_model or load_model(plan.model, device, self.registry)
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
         warn_obfuscation(predictor, self.attacks.values())
         reference = None
         if plan.reference_model is not None:  # the undefended baseline: no plan defenses
-            reference, self._reference_fingerprint = load_model(plan.reference_model, device)
-        data = load_data(plan.dataset, self.registry)
+            reference, self._reference_fingerprint = load_model(
+                plan.reference_model, device, self.registry
+            )
+        data = self._data()
         self._check_capabilities(predictor)
         for attack in self.attacks.values():  # bf16 where the device has none: fail now
             attack.search_predictor(predictor)
@@ -228,11 +237,27 @@ class Runner:
         )
         context = EvaluationContext(
             predictor, data, lambda s: self.attacks[s.key()], plan.batch_size, self.quiet,
-            load_profile=lambda: load_data(self._profile_spec(), self.registry),
+            load_profile=self._profile_data,
             reference=reference, seed=plan.seed, corruptions=plan.corruptions,
             shard_size=plan.shard_size,
         )  # fmt: skip
         return Prepared(subject, context, device)
+
+    def _data(self) -> LoadedDataset:
+        """The plan's dataset, or the data handed in, subset as the plan's dataset says."""
+        if self.given_data is None:
+            return load_data(self.plan.dataset, self.registry)
+        spec = self.plan.dataset
+        if spec.sampling == "uniform":
+            return self.given_data.uniform_subset(spec.limit, spec.seed)
+        return self.given_data.balanced_subset(spec.limit, spec.seed)
+
+    def _profile_data(self) -> LoadedDataset:
+        """Neuron bounds' data: the plan's profile set; for data handed in without one, that
+        data itself (there is no training split to read)."""
+        if self.given_data is not None and self.plan.profile_dataset is None:
+            return self.given_data
+        return load_data(self._profile_spec(), self.registry)
 
     def _profile_spec(self) -> DatasetSpec:
         """The data neuron bounds come from: the plan's, else the whole train split."""

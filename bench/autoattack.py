@@ -26,6 +26,10 @@ it took, and the steps (or queries) it spent on the samples that end robust and 
 break.
 
     python bench/autoattack.py --model mnist-cnn-pgd-at-ft2 --images 200 --rounds 3
+    python bench/autoattack.py --device cuda --images 1000 --steps 100 --rounds 2
+
+On a GPU (``--device cuda``) every time is wall time around synchronised device work (CPU
+time would count only the host's share), and the floor's passes are timed the same way.
 
 Target (issue 16): ours <= 1/3 of torchattacks' time at equal or better robust accuracy.
 """
@@ -59,10 +63,23 @@ def floor_passes(steps: int, queries: int) -> tuple[int, int]:
     return runs * steps, runs + queries
 
 
+def clock(device: torch.device) -> Callable[[], float]:
+    """CPU time of this process on a CPU (with one thread it is the work done, whatever else
+    the machine runs); wall time after synchronising on a GPU."""
+    if device.type != "cuda":
+        return time.process_time
+
+    def synchronised() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return synchronised
+
+
 def pass_seconds(network: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """CPU seconds of one forward + backward pass (input gradient) and of one forward pass on
-    the batch ``x``: the mean over repetitions filling at least 1 CPU second each. CPU time,
-    not wall time: with one thread it is the work done, whatever else the machine runs."""
+    """Seconds (``clock``) of one forward + backward pass (input gradient) and of one forward
+    pass on the batch ``x``: the mean over repetitions filling at least 1 second each."""
+    now = clock(x.device)
 
     def forward_backward() -> None:
         xg = x.detach().requires_grad_(True)
@@ -74,11 +91,11 @@ def pass_seconds(network: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
 
     def mean(run: Callable[[], None]) -> float:
         run()  # warm-up
-        started, count = time.process_time(), 0
-        while time.process_time() - started < 1.0 or count < 5:
+        started, count = now(), 0
+        while now() - started < 1.0 or count < 5:
             run()
             count += 1
-        return (time.process_time() - started) / count
+        return (now() - started) / count
 
     return mean(forward_backward), mean(forward)
 
@@ -108,14 +125,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=10, help="APGD/FAB iterations (both sides)")
     parser.add_argument("--queries", type=int, default=5000, help="Square queries (both sides)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    now = clock(device)
     import torchattacks
     from torchattacks.attacks.square import Square
 
     data = EmbeddedMnist().load(None, "test").balanced_subset(args.images, seed=0)
-    x, y, eps = data.x, data.y, args.eps
-    predictor = load_zoo_model(args.model)
+    x, y, eps = data.x.to(device), data.y.to(device), args.eps
+    predictor = load_zoo_model(args.model, device=device)
     net = predictor.network.eval()
     config = {"steps": args.steps, "queries": args.queries}
     ours = default_registry().create("attack", "standard", config)
@@ -138,8 +158,11 @@ def main() -> None:
             return net(x_adv).argmax(1) == y
 
     fb_passes, f_passes = floor_passes(args.steps, args.queries)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    unit = "wall" if device.type == "cuda" else "CPU"
     print(f"{args.model}, {args.images} images, l-inf {eps}, {args.threads} thread(s), "
-          f"steps {args.steps}, queries {args.queries}, torch {torch.__version__}")  # fmt: skip
+          f"steps {args.steps}, queries {args.queries}, torch {torch.__version__}, "
+          f"{device} ({where}), times in {unit} s")  # fmt: skip
     print(f"floor per sample robust on both sides: {fb_passes} forward+backward and "
           f"{f_passes} forward passes")  # fmt: skip
     ratios: dict[str, list[float]] = {"ours/theirs": [], "ours/floor": [], "theirs/floor": []}
@@ -148,10 +171,10 @@ def main() -> None:
         load = os.getloadavg()[0]
         wall, cpu, robust = {}, {}, {}
         for side, run in (("ours", run_ours), ("theirs", run_theirs)):
-            started, started_cpu = time.perf_counter(), time.process_time()
+            started, started_cpu = time.perf_counter(), now()
             robust[side] = run()
+            cpu[side] = now() - started_cpu
             wall[side] = time.perf_counter() - started
-            cpu[side] = time.process_time() - started_cpu
         both = robust["ours"] & robust["theirs"]
         t_fb, t_f = pass_seconds(net, project(x[both] + 0.1, x[both], eps, Norm.LINF), y[both])
         floor = fb_passes * t_fb + f_passes * t_f if both.any() else float("nan")
@@ -161,10 +184,11 @@ def main() -> None:
         wall_ratios.append(wall["ours"] / wall["theirs"])
         print(
             f"round {round_ + 1} (load {load:.1f} -> {os.getloadavg()[0]:.1f}): ours "
-            f"{cpu['ours']:.1f} CPU s ({wall['ours']:.0f} s wall) robust "
-            f"{float(robust['ours'].double().mean()):.3f} | torchattacks {cpu['theirs']:.1f} CPU s "
+            f"{cpu['ours']:.1f} {unit} s ({wall['ours']:.0f} s wall) robust "
+            f"{float(robust['ours'].double().mean()):.3f} | torchattacks "
+            f"{cpu['theirs']:.1f} {unit} s "
             f"({wall['theirs']:.0f} s wall) robust {float(robust['theirs'].double().mean()):.3f} | "
-            f"floor {floor:.1f} CPU s on {int(both.sum())} samples robust on both sides (one "
+            f"floor {floor:.1f} {unit} s on {int(both.sum())} samples robust on both sides (one "
             f"pass at batch {int(both.sum())}: forward + backward {t_fb * 1e3:.2f} ms, forward "
             f"{t_f * 1e3:.2f} ms) | ours/theirs {ratios['ours/theirs'][-1]:.3f}, ours/floor "
             f"{ratios['ours/floor'][-1]:.3f}, torchattacks/floor {ratios['theirs/floor'][-1]:.3f}",
@@ -173,7 +197,7 @@ def main() -> None:
     print("ours, last round, per member (wall seconds):")
     profile(last["ours"])
     median = {k: statistics.median(v) for k, v in ratios.items()}
-    print(f"median over rounds (CPU time, one thread): ours/torchattacks "
+    print(f"median over rounds ({unit} time): ours/torchattacks "
           f"{median['ours/theirs']:.3f} (wall time {statistics.median(wall_ratios):.3f}), "
           f"ours/floor {median['ours/floor']:.3f}, torchattacks/floor "
           f"{median['theirs/floor']:.3f}")  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from pathlib import Path
 
@@ -411,3 +412,41 @@ def test_dataset_spec_sampling_is_validated_and_drives_load_data() -> None:
     balanced = load_data(DatasetSpec(limit=50, seed=3), registry)
     assert torch.bincount(balanced.y, minlength=10).tolist() == [5] * 10
     assert not torch.equal(balanced.x, uniform.x)
+
+
+# --- the embedded CIFAR-10 subset ------------------------------------------------------------
+
+# sha256 of the 100 images as uint8 HWC bytes, computed from ERAN's CSV when the file was made.
+CIFAR10_EMBEDDED_SHA256 = "efd083b0ee394fcd75573b4768c330c582a6019ccba153f565591ea6e1aa5e12"
+
+
+def _uint8_hwc(data: LoadedDataset) -> np.ndarray:
+    return (data.x * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def test_cifar10_embedded_shape_labels_and_checksum() -> None:
+    from aisafety.database.datasets.embedded import EmbeddedCifar10
+
+    data = EmbeddedCifar10().load(None, "test")
+    _check_tensors(data)
+    assert data.x.shape == (100, 3, 32, 32)
+    assert data.y[:20].tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1, 0, 9, 5, 7, 9, 8, 5, 7, 8, 6]
+    assert np.bincount(data.y.numpy()).tolist() == [10, 6, 8, 10, 7, 8, 16, 11, 13, 11]
+    assert data.classes[0] == "airplane" and data.classes[9] == "truck"
+    pixels = _uint8_hwc(data)
+    assert pixels[0, 0, :5, 0].tolist() == [158, 159, 165, 166, 160]  # test_batch data[0]
+    assert hashlib.sha256(pixels.tobytes()).hexdigest() == CIFAR10_EMBEDDED_SHA256
+    with pytest.raises(ConfigError, match="no split 'train'"):
+        EmbeddedCifar10().load(None, "train")
+
+
+def test_cifar10_embedded_equals_the_eran_csv() -> None:
+    from aisafety.database.datasets.embedded import EmbeddedCifar10
+
+    csv = SHARED_DATA / "eran_test_subsets/cifar10_test.csv"
+    if not csv.is_file():
+        pytest.skip(f"{csv} is not here")
+    rows = np.loadtxt(csv, delimiter=",", dtype=np.int64)
+    data = EmbeddedCifar10().load(None, "test")
+    assert np.array_equal(_uint8_hwc(data), rows[:, 1:].reshape(-1, 32, 32, 3))
+    assert np.array_equal(data.y.numpy(), rows[:, 0])

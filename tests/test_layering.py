@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.version",
             "aisafety.hookspecs",
             "aisafety.memory",
+            "aisafety.randomness",
         ),
     ),
     (
@@ -70,6 +71,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety",  # the package's __init__: aisafety.evaluate()
             "aisafety.config",
             "aisafety.loading",
+            "aisafety.in_memory",  # aisafety.evaluate(model=..., data=...): a notebook's objects
             "aisafety.runner",
             "aisafety.progress",  # progress and ETA over a plan's units
             "aisafety.execution",  # picks the executor: local (runner) or Ray (distributed)
@@ -77,6 +79,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.database.zoo_build",
             "aisafety.report.html",  # builds pages from the registry's sections
             "aisafety.report.sanity",  # reads attack defaults from the registry
+            "aisafety.check",  # the release gate: evaluates, reads sanity checks, writes pages
             "aisafety.cli",
         ),
     ),

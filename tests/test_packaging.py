@@ -34,7 +34,8 @@ def test_non_editable_install_runs_the_default_data_and_model(tmp_path):
     script = (
         "import aisafety, sys;"
         "from aisafety.database.zoo import load_zoo_model;"
-        "from aisafety.database.datasets.embedded import EmbeddedMnist;"
+        "from aisafety.database.datasets.embedded import EmbeddedCifar10, EmbeddedMnist;"
+        "assert EmbeddedCifar10().load(None, 'test').x.shape == (100, 3, 32, 32);"
         "p = load_zoo_model('mnist-cnn'); d = EmbeddedMnist().load(None, 'test');"
         "acc = (p.predict(d.x) == d.y).float().mean().item();"
         "from aisafety.database.store import ResultStore;"

@@ -27,6 +27,7 @@ import torch
 from pydantic import Field
 from tqdm import tqdm
 
+from aisafety import randomness
 from aisafety.attack.call import AttackCall
 from aisafety.attack.precision import ReducedPrecision, compute_dtype
 from aisafety.attack.projection import project
@@ -176,7 +177,7 @@ class Attack(ABC):
         size = chunk_size or self.config.chunk_size
         if size is None:
             size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
-        generator = torch.Generator(device=predictor.device).manual_seed(self.random_seed())
+        generator = randomness.generator(self.random_seed())
         if samples is None:
             samples = torch.arange(len(x))
         elif tuple(samples.shape) != (len(x),):
@@ -354,7 +355,7 @@ class Attack(ABC):
     def generator(self, device: torch.device) -> torch.Generator:
         """For plugins with the older four-argument ``perturb``: a generator seeded with
         ``config.seed`` (new attacks draw from ``call``'s streams instead)."""
-        return torch.Generator(device=device).manual_seed(self.random_seed())
+        return randomness.generator(self.random_seed())
 
     def run_budgets(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, budgets: Sequence[float]

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from aisafety import randomness
+
 BUFFER = 1024  # buffered numbers per sample and kind (uniform, normal)
 _MASK = (1 << 64) - 1
 
@@ -56,15 +58,17 @@ class _Pool:
     def generator(self, row: int) -> torch.Generator:
         made = self.generators[row]
         if made is None:
-            made = torch.Generator(device=self.device)
+            made = torch.Generator()  # host: the same numbers on every device
             made.manual_seed(sample_seed(self.seed, self.samples[row]))
             self.generators[row] = made
         return made
 
     def direct(self, kind: str, rows: np.ndarray, k: int) -> torch.Tensor:
         draw = torch.rand if kind == "rand" else torch.randn
-        parts = [draw(k, generator=self.generator(r), device=self.device) for r in rows.tolist()]
-        return torch.stack(parts) if parts else torch.empty((0, k), device=self.device)
+        parts = [draw(k, generator=self.generator(r)) for r in rows.tolist()]
+        return (
+            torch.stack(parts).to(self.device) if parts else torch.empty((0, k), device=self.device)
+        )
 
     def buffered(self, kind: str, rows: np.ndarray, k: int) -> torch.Tensor:
         buffer, positions = self.buffers[kind], self.positions[kind]
@@ -73,7 +77,7 @@ class _Pool:
         if empty.any():
             draw = torch.rand if kind == "rand" else torch.randn
             for r in rows[empty].tolist():
-                buffer[r] = draw(BUFFER, generator=self.generator(r), device=self.device)
+                buffer[r] = draw(BUFFER, generator=self.generator(r))
             positions[rows[empty]] = 0
             start = positions[rows]
         positions[rows] = start + k
@@ -173,13 +177,13 @@ RandomSource = torch.Generator | SampleStreams
 def rand(source: RandomSource, shape: Sequence[int], device: torch.device) -> torch.Tensor:
     if isinstance(source, SampleStreams):
         return source.rand(shape)
-    return torch.rand(tuple(shape), generator=source, device=device)
+    return randomness.rand(shape, source, device)
 
 
 def randn(source: RandomSource, shape: Sequence[int], device: torch.device) -> torch.Tensor:
     if isinstance(source, SampleStreams):
         return source.randn(shape)
-    return torch.randn(tuple(shape), generator=source, device=device)
+    return randomness.randn(shape, source, device)
 
 
 def randint(
@@ -187,4 +191,4 @@ def randint(
 ) -> torch.Tensor:
     if isinstance(source, SampleStreams):
         return source.randint(low, high, shape)
-    return torch.randint(low, high, tuple(shape), generator=source, device=device)
+    return randomness.randint(low, high, shape, source, device)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from aisafety import randomness
 from aisafety.corruption import blur, digital, filters, noise, weather
 from aisafety.corruption.params import TABLES, SeverityTable, table_for_size
 from aisafety.errors import ConfigError, InputError, UnknownNameError
@@ -107,7 +108,7 @@ def corrupt(x: Tensor, name: str, severity: int, seed: int = 0, table: str = "au
     chosen = resolve_table(table, *x.shape[-2:])
     if x.numel() == 0:
         return x.detach().clone()
-    generator = torch.Generator(device=x.device).manual_seed(int(seed))
+    generator = randomness.generator(seed)
     grey = x.shape[1] == 1
     with torch.no_grad():
         images = x.detach().expand(-1, 3, -1, -1).contiguous() if grey else x.detach()

@@ -6,6 +6,7 @@ from functools import lru_cache
 
 import torch
 
+from aisafety import randomness
 from aisafety.corruption import filters
 from aisafety.corruption.params import SeverityTable
 
@@ -56,7 +57,7 @@ def glass_sources(n: int, h: int, w: int, delta: int, gen: torch.Generator, devi
     chains; for d = 1 (offsets -1, 0) no neighbour is visited earlier and every pixel copies
     an original value. The chains are followed by pointer doubling, a few batched gathers.
     """
-    offsets = torch.randint(-delta, delta, (n, 2, h, w), generator=gen, device=device)
+    offsets = randomness.randint(-delta, delta, (n, 2, h, w), gen, device)
     rows = torch.arange(h, device=device).view(1, h, 1)
     cols = torch.arange(w, device=device).view(1, 1, w)
     visited = (rows > delta) & (rows <= h - delta) & (cols > delta) & (cols <= w - delta)
@@ -100,7 +101,7 @@ def motion_blur(x: Tensor, severity: int, gen: torch.Generator, table: SeverityT
 
 
 def uniform(n: int, low: float, high: float, gen: torch.Generator, device) -> Tensor:
-    u = torch.rand(n, generator=gen, device=device, dtype=torch.float64)
+    u = randomness.rand((n,), gen, device, torch.float64)
     return low + (high - low) * u
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from aisafety import randomness
 from aisafety.corruption import filters
 from aisafety.corruption.params import SeverityTable
 
@@ -137,7 +138,7 @@ def elastic_transform(
         [[cx + square, cy + square], [cx + square, cy - square], [cx - square, cy - square]],
         dtype=torch.float64, device=device,
     )  # fmt: skip
-    noise = torch.rand((n, 3, 2), generator=gen, device=device, dtype=torch.float64)
+    noise = randomness.rand((n, 3, 2), gen, device, torch.float64)
     dst = src + jitter * (2 * noise - 1)
     ones = torch.ones((n, 3, 1), dtype=torch.float64, device=device)
     # inverse map: output (dst) pixel -> input (src) pixel, as warpAffine samples
@@ -155,7 +156,7 @@ def elastic_transform(
     warped = torch.nn.functional.grid_sample(
         x, grid.to(x.dtype), mode="bilinear", padding_mode="reflection", align_corners=True
     )
-    field = 2 * torch.rand((n, 2, h, w), generator=gen, device=device, dtype=torch.float64) - 1
+    field = 2 * randomness.rand((n, 2, h, w), gen, device, torch.float64) - 1
     if sigma > 0:
         field = filters.gaussian_blur(field, sigma, truncate=3.0, mode="symmetric")
     field = field * alpha

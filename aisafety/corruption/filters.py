@@ -22,6 +22,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from aisafety import randomness
+
 Tensor = torch.Tensor
 
 # ITU-R 601 luma weights, as OpenCV's RGB2GRAY and PIL's "L" conversion use them.
@@ -270,7 +272,7 @@ def plasma_fractal(
     step, wibble = size, 100.0
 
     def wibbled_mean(total: Tensor) -> Tensor:
-        noise = torch.rand(total.shape, generator=generator, device=device, dtype=torch.float64)
+        noise = randomness.rand(total.shape, generator, device, torch.float64)
         return total / 4 + wibble * wibble * (2 * noise - 1)
 
     while step >= 2:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from aisafety import randomness
 from aisafety.corruption.params import SeverityTable
 
 Tensor = torch.Tensor
 
 
 def _randn(x: Tensor, gen: torch.Generator) -> Tensor:
-    return torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
+    return randomness.randn(x.shape, gen, x.device, x.dtype)
 
 
 def gaussian_noise(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
@@ -29,15 +30,15 @@ def shot_noise(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTa
 
 def poisson(x: Tensor, photons: float, gen: torch.Generator) -> Tensor:
     rate = (x * photons).clamp_min(0)
-    return torch.poisson(rate, generator=gen) / photons
+    return torch.poisson(rate.cpu(), generator=gen).to(rate.device) / photons
 
 
 def impulse_noise(x: Tensor, severity: int, gen: torch.Generator, table: SeverityTable) -> Tensor:
     """skimage ``random_noise(mode='s&p', amount=c)``: each value (channels independently)
     flips with probability ``c``, to 1 or 0 with equal odds."""
     amount = table.impulse_noise[severity - 1]
-    flipped = torch.rand(x.shape, generator=gen, device=x.device) < amount
-    salted = torch.rand(x.shape, generator=gen, device=x.device) < 0.5
+    flipped = randomness.rand(x.shape, gen, x.device) < amount
+    salted = randomness.rand(x.shape, gen, x.device) < 0.5
     return torch.where(flipped, salted.to(x.dtype), x)
 
 

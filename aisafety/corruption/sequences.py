@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from aisafety import randomness
 from aisafety.corruption import filters, params
 from aisafety.corruption.base import check_images
 from aisafety.corruption.digital import shift_value
@@ -190,7 +191,7 @@ def sequence(x: Tensor, name: str, n_frames: int = 31, seed: int = 0) -> Tensor:
     if isinstance(n_frames, bool) or int(n_frames) != n_frames or n_frames < 1:
         raise ConfigError(f"n_frames must be a positive integer, got {n_frames!r}")
     check_images(x, f"perturbation sequence {name!r}")
-    generator = torch.Generator(device=x.device).manual_seed(int(seed))
+    generator = randomness.generator(seed)
     with torch.no_grad():
         frames = SEQUENCES[name](x.detach(), int(n_frames), generator)
         return torch.stack(frames, dim=1).clamp(0.0, 1.0).to(x.dtype)

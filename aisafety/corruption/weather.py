@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from aisafety import randomness
 from aisafety.corruption import filters, params
 from aisafety.corruption.blur import uniform
 from aisafety.corruption.params import SeverityTable
@@ -19,7 +20,7 @@ Tensor = torch.Tensor
 
 
 def _randn(shape: tuple[int, ...], gen: torch.Generator, like: Tensor) -> Tensor:
-    return torch.randn(shape, generator=gen, device=like.device, dtype=like.dtype)
+    return randomness.randn(shape, gen, like.device, like.dtype)
 
 
 def _fractal(like: Tensor, wibble_decay: float, gen: torch.Generator) -> Tensor:
@@ -94,8 +95,8 @@ def frost_crops(n: int, h: int, w: int, scale: float, gen: torch.Generator, devi
     As the reference: photograph ``randint(5)``, top-left corner ``randint(0, PH - H)``,
     ``randint(0, PW - W)`` (the last position is never drawn)."""
     photos = [cover(frost_photo(i + 1, scale), h, w).to(device) for i in range(FROST_PHOTOS)]
-    which = torch.randint(0, FROST_PHOTOS, (n,), generator=gen, device=device)
-    u = torch.rand((n, 2), generator=gen, device=device, dtype=torch.float64)
+    which = randomness.randint(0, FROST_PHOTOS, (n,), gen, device)
+    u = randomness.rand((n, 2), gen, device, torch.float64)
     out = torch.empty((n, 3, h, w), dtype=torch.float64, device=device)
     rows, cols = torch.arange(h, device=device), torch.arange(w, device=device)
     for i, photo in enumerate(photos):

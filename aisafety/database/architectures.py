@@ -9,6 +9,7 @@ from torch import nn
 from aisafety.database.denoiser import DenoisedClassifier, Denoiser
 from aisafety.database.thermometer import ThermometerEncoding
 from aisafety.errors import UnknownNameError
+from aisafety.interfaces import Architecture
 
 
 def mnist_cnn() -> nn.Module:
@@ -83,6 +84,21 @@ ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
     "fcnn-a": fcnn_a,
     "fcnn-b": fcnn_b,
 }
+
+
+def builtin_architectures() -> list[Architecture]:
+    """The zoo's architectures as the records the ``aisafety_architectures`` hook returns:
+    MNIST-shaped, ten classes; the normalisation is each zoo model's (its manifest)."""
+    return [
+        Architecture(
+            name,
+            factory,
+            (1, 28, 28),
+            10,
+            description=(factory.__doc__ or "").strip().splitlines()[0],
+        )  # fmt: skip
+        for name, factory in ARCHITECTURES.items()
+    ]
 
 
 def build(name: str) -> nn.Module:

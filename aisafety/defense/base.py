@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
+from aisafety import randomness
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
@@ -76,7 +77,7 @@ class InputDefense(Predictor):
         # The instance's name is the defended model's; the class keeps the registry name.
         self.name = f"{predictor.name}+{type(self).name}"
         seed = getattr(self.config, "seed", 0)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = randomness.generator(seed)
 
     @classmethod
     def describe(cls) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from aisafety import randomness
 from aisafety.defense.base import InputDefense, RandomDefenseConfig
 
 
@@ -48,10 +49,10 @@ class RandomResizePad(InputDefense):
         """Per-image (height, width) in [shape, canvas) keeping the aspect, and offsets."""
         height, width = shape
         gen, dev = self.generator, self.device
-        extra = torch.randint(0, max(canvas[0] - height, 1), (n,), generator=gen, device=dev)
+        extra = randomness.randint(0, max(canvas[0] - height, 1), (n,), gen, dev)
         rows = height + extra
         cols = (rows * width / height).round().long().clamp(width, max(canvas[1] - 1, width))
-        unit = torch.rand(2, n, generator=gen, device=dev)
+        unit = randomness.rand((2, n), gen, dev)
         tops = (unit[0] * (canvas[0] - rows + 1)).long()
         lefts = (unit[1] * (canvas[1] - cols + 1)).long()
         return torch.stack([rows, cols], 1), tops, lefts

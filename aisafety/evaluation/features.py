@@ -17,6 +17,7 @@ from torch import nn
 from aisafety.errors import ConfigError
 from aisafety.evaluation.neurons import torch_module
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.torch_module import layer_type
 
 HEAD_INPUT = "head-input"
 LOGITS = "logits"
@@ -32,7 +33,9 @@ class Features:
 
 def _last_linear(predictor: Predictor) -> nn.Module:
     module = torch_module(predictor)
-    linears = [m for m in module.modules() if isinstance(m, nn.Linear)] if module else []
+    linears = (
+        [m for m in module.modules() if issubclass(layer_type(m), nn.Linear)] if module else []
+    )
     if not linears:
         raise ConfigError(
             f"model {predictor.name!r} has no nn.Linear classifier head to read the features "

@@ -21,6 +21,7 @@ from torch import nn
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.torch_module import layer_type
 
 # Outputs of these modules are what DeepGauge calls neuron outputs: after the non-linearity.
 ACTIVATION_TYPES: tuple[type[nn.Module], ...] = (
@@ -49,9 +50,9 @@ def default_layers(predictor: Predictor) -> tuple[str, ...]:
             f"{predictor.layer_names()}"
         )
     leaves = [(n, m) for n, m in module.named_modules() if n and not list(m.children())]
-    layers = [n for n, m in leaves if isinstance(m, ACTIVATION_TYPES)]
+    layers = [n for n, m in leaves if issubclass(layer_type(m), ACTIVATION_TYPES)]
     if not layers:
-        layers = [n for n, m in leaves if isinstance(m, WEIGHT_TYPES)][:-1]
+        layers = [n for n, m in leaves if issubclass(layer_type(m), WEIGHT_TYPES)][:-1]
     if not layers:
         raise ConfigError(
             f"model {predictor.name!r} has no activation, convolution or hidden linear layer; "

@@ -24,6 +24,9 @@ class Predictor(ABC):
     input_shape: tuple[int, int, int]
     num_classes: int
     device: torch.device = torch.device("cpu")
+    # Why a capability (or "bounds": a graph a verifier can bound) is missing, naming the
+    # model source that would give it; ``require`` says it instead of the generic advice.
+    unavailable: dict[str, str] = {}
 
     @abstractmethod
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,6 +68,11 @@ class Predictor(ABC):
         """Fail clearly when ``user`` (an attack or metric) needs what the model lacks."""
         if capability not in self.capabilities:
             offered = ", ".join(sorted(c.value for c in self.capabilities))
+            if capability.value in self.unavailable:
+                raise CapabilityError(
+                    f"{user} needs {capability.value}; model {self.name!r} offers only "
+                    f"{offered}: {self.unavailable[capability.value]}"
+                )
             raise CapabilityError(
                 f"{user} needs {capability.value}; model {self.name!r} offers only {offered}. "
                 f"Use an algorithm that needs only those, or load the model so that it "

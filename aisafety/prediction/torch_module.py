@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -86,3 +88,45 @@ class TorchPredictor(Predictor):
             for handle in handles:
                 handle.remove()
         return captured
+
+
+def layer_type(module: nn.Module) -> type:
+    """The class a layer was written as: a ``torch.export`` program's rebuilt layers are
+    ``InterpreterModule``s that carry it as ``original_type`` (prediction/exported.py)."""
+    return getattr(module, "original_type", None) or type(module)
+
+
+def module_fingerprint(module: nn.Module, label: str = "") -> str:
+    """sha256 of what a module computes: its class and the code of the file defining it,
+    and every parameter and buffer (name, dtype, shape, values). Two runs share stored
+    results only when code and weights are the same."""
+    digest = hashlib.sha256(
+        f"{label}|{type(module).__module__}.{type(module).__qualname__}".encode()
+    )
+    files = {_source_file(type(m)) for m in module.modules()} - {None}
+    for path in sorted(files):  # the user's code; torch's own is the installed version
+        digest.update(_read(path))
+    for key, tensor in module.state_dict().items():
+        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(
+            tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        )
+    return digest.hexdigest()
+
+
+def _source_file(cls: type) -> str | None:
+    """The file defining ``cls``; None for torch's own layers and generated classes."""
+    if cls.__module__.split(".")[0] == "torch":
+        return None
+    try:
+        return inspect.getsourcefile(cls)
+    except TypeError:
+        return None
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError:
+        return b""

@@ -1,8 +1,11 @@
 """Predictor for a TorchScript archive (``torch.jit.save``): gradients, scores and labels.
 
 A scripted or traced module carries its own code, so no architecture has to be named. Its
-internal layers are not addressable by forward hooks the way an ``nn.Module``'s are, so
-activations are not offered: load the model as a PyTorch module for coverage metrics.
+internal layers are not addressable by forward hooks: a loaded archive's submodules refuse
+them (``register_forward_hook is not supported on ScriptModules``), and on a module traced in
+this process they register but never fire (torch 2.13, checked in tests/test_own_model.py).
+So activations are not offered, nor verification (its code is one opaque ``forward`` call
+that torch.fx cannot trace into); ``unavailable`` names the sources that give both.
 """
 
 from __future__ import annotations
@@ -42,6 +45,19 @@ def _jit_load(source: str | Path | bytes, device: torch.device) -> torch.jit.Scr
         ) from None
 
 
+UNAVAILABLE = {
+    "activations": (
+        "a TorchScript archive's layers cannot be hooked (its submodules refuse forward "
+        "hooks); load the model with source: python (its module, optionally with a state "
+        "dict) or source: export (a torch.export .pt2 archive) for activations"
+    ),
+    "bounds": (
+        "a TorchScript archive cannot be bounded (its code is one opaque call that torch.fx "
+        "cannot trace into); load it with source: python, export or onnx for verification"
+    ),
+}
+
+
 class TorchScriptPredictor(Predictor):
     """A TorchScript module with optional mean/std normalisation in front of it."""
 
@@ -74,6 +90,7 @@ class TorchScriptPredictor(Predictor):
         for p in self.network.parameters():
             p.requires_grad_(False)
         self.capabilities = frozenset({Capability.LABELS, Capability.SCORES, Capability.GRADIENTS})
+        self.unavailable = UNAVAILABLE
         self.num_classes = int(num_classes) if num_classes else self._probe_classes()
 
     def _probe_classes(self) -> int:

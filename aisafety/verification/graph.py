@@ -26,9 +26,9 @@ from aisafety.verification.relaxations import RELU, SIGMOID, TANH
 
 SUPPORTED = (
     "Linear/Gemm, Conv2d, ReLU, Sigmoid, Tanh, Flatten/Reshape/View, the predictor's "
-    "normalisation, BatchNorm (eval), AvgPool2d, GlobalAveragePool, Transpose of the "
-    "per-sample axes, Add/Sub/Mul/Div by a constant, Add of two branches; MaxPool2d for IBP "
-    "only"
+    "normalisation, BatchNorm (eval), AvgPool2d, AdaptiveAvgPool2d, GlobalAveragePool, "
+    "Transpose of the per-sample axes, Add/Sub/Mul/Div by a constant, Add of two branches (as "
+    "modules, torch functions or torch.export's ATen ops); MaxPool2d for IBP only"
 )
 
 
@@ -155,6 +155,8 @@ def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) ->
                 f"model {model!r} fails on inputs of shape {tuple(input_shape)} at node "
                 f"{node.name!r} ({type(exc).__name__}: {exc}); give the input shape it takes"
             ) from None
+        if values[node] is None and not node.users:
+            continue  # a check that returns nothing (torch.export's guards)
         traced_inputs = [n for n in node.all_input_nodes if n in index]
         if not traced_inputs:
             continue  # a constant: folded into the ops that use it
@@ -196,6 +198,16 @@ ELEMENTWISE = {operator.add, operator.sub, operator.mul, operator.truediv, opera
 TORCH_BINARY = {torch.add: operator.add, torch.sub: operator.sub, torch.mul: operator.mul,
                 torch.div: operator.truediv, torch.true_divide: operator.truediv}  # fmt: skip
 RESHAPES = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous"}
+# The ATen ops a torch.export program (``ExportedProgram.module()``) is made of, mapped to
+# the torch functions above; each is the same computation (checked by ``_check``).
+aten = torch.ops.aten
+ATEN_BINARY = {aten.add.Tensor: operator.add, aten.sub.Tensor: operator.sub,
+               aten.mul.Tensor: operator.mul, aten.div.Tensor: operator.truediv}  # fmt: skip
+ATEN_RESHAPES = {aten.flatten.using_ints, aten.view.default, aten.reshape.default,
+                 aten.squeeze.dim, aten.unsqueeze.default, aten.contiguous.default}  # fmt: skip
+ATEN_ACTIVATIONS = {aten.relu.default: (torch.relu, RELU),
+                    aten.sigmoid.default: (torch.sigmoid, SIGMOID),
+                    aten.tanh.default: (torch.tanh, TANH)}  # fmt: skip
 
 
 def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op | None:
@@ -213,6 +225,8 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
     if isinstance(target, nn.Linear):
         bias = target.bias if target.bias is not None else torch.zeros(target.out_features)
         return _dense(name, inputs, in_shape, out_shape, target.weight, bias, node, model)
+    if target is aten.conv2d.default and len(in_shape) == 3:
+        return _aten_conv(name, inputs, out_shape, args, in_shape)
     if isinstance(target, nn.Conv2d) and target.padding_mode == "zeros" and len(in_shape) == 3:
         bias = target.bias if target.bias is not None else torch.zeros(target.out_channels)
         return ops.Conv(name, inputs, out_shape, weight=target.weight, bias=bias,
@@ -222,7 +236,7 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
     if activation is not None:
         fn, relaxation = activation
         return ops.Activation(name, inputs, out_shape, fn=fn, relaxation=relaxation)
-    if isinstance(target, nn.MaxPool2d) or target is F.max_pool2d:
+    if isinstance(target, nn.MaxPool2d) or target in (F.max_pool2d, aten.max_pool2d.default):
         fn = target if isinstance(target, nn.Module) else _bind(target, args, kwargs=node.kwargs)
         return ops.MaxPool(name, inputs, out_shape, fn=fn)
     if (
@@ -231,6 +245,8 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
         in (
             F.avg_pool2d,
             F.adaptive_avg_pool2d,
+            aten.avg_pool2d.default,
+            aten.adaptive_avg_pool2d.default,
         )
         or type(target).__name__ in ONNX_AVERAGES
     ):
@@ -247,6 +263,8 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
         if values[first].numel() != out.numel():
             raise _unsupported(node, "a reshape that changes the number of values", model)
         return ops.Reshape(name, inputs, out_shape, in_shape=in_shape)
+    if target is aten.batch_norm.default and not args[5]:  # args[5]: training
+        return _elementwise(node, target, args, inputs, first, out_shape, model)
     if isinstance(target, nn.BatchNorm1d | nn.BatchNorm2d) or _is_elementwise(target):
         if len(traced_inputs) == 2 and _binary(target) is operator.add:
             return ops.Add(name, [index[n] for n in traced_inputs], out_shape)
@@ -255,7 +273,7 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
         if len(traced_inputs) != 1 or in_shape != out_shape:
             raise _unsupported(node, f"{_describe(node, target)} of two traced values", model)
         return _elementwise(node, target, args, inputs, first, out_shape, model)
-    if target is F.linear:
+    if target in (F.linear, aten.linear.default):
         weight, bias = args[1], args[2] if len(args) > 2 else node.kwargs.get("bias")
         return _dense(name, inputs, in_shape, out_shape, weight, bias, node, model)
     if type(target).__name__ == "OnnxMatMul" and len(traced_inputs) == 1:
@@ -289,7 +307,24 @@ def _dense(name, inputs, in_shape, out_shape, weight, bias, node, model) -> ops.
     return ops.Dense(name, inputs, out_shape, weight=weight, bias=bias)
 
 
+def _aten_conv(name, inputs, out_shape, args, in_shape) -> ops.Conv:
+    """``aten.conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)``."""
+    weight = args[1]
+    bias = args[2] if len(args) > 2 and args[2] is not None else torch.zeros(weight.shape[0])
+    stride, padding, dilation, groups = (*args[3:], *((1,), (0,), (1,), 1)[len(args[3:]) :])
+    return ops.Conv(name, inputs, out_shape, weight=weight, bias=bias,
+                    stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation),
+                    groups=groups, in_shape=in_shape)  # fmt: skip
+
+
+def _pair(value) -> tuple[int, int]:
+    value = tuple(value) if isinstance(value, list | tuple) else (value,)
+    return (value[0], value[0]) if len(value) == 1 else (value[0], value[1])
+
+
 def _activation(target: Any):
+    if target in ATEN_ACTIVATIONS:
+        return ATEN_ACTIVATIONS[target]
     if isinstance(target, nn.ReLU) or target in (F.relu, torch.relu):
         return torch.relu, RELU
     if isinstance(target, nn.Sigmoid) or target in (torch.sigmoid, F.sigmoid):
@@ -308,6 +343,8 @@ def _is_reshape(node: fx.Node, target: Any) -> bool:
     if node.op == "call_method":
         return node.target in RESHAPES
     if target in (torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze):
+        return True
+    if target in ATEN_RESHAPES:
         return True
     kind = type(target).__name__
     return kind in {
@@ -347,6 +384,8 @@ def _binary(target: Any) -> Any:
         return target
     if target in TORCH_BINARY:
         return TORCH_BINARY[target]
+    if target in ATEN_BINARY:
+        return ATEN_BINARY[target]
     function = getattr(target, "math_op_function", None)  # onnx2torch Add/Sub/Mul/Div
     if function is not None:
         return TORCH_BINARY.get(function, operator.truediv if "div" in function.__name__ else None)
@@ -369,6 +408,8 @@ def _elementwise(node, target, args, inputs, first, out_shape, model) -> ops.Ele
             return target(x, *args[1:])
     elif type(target).__name__ == "Normalize":
         fn = target
+    elif target is aten.batch_norm.default:
+        fn = _bind(target, args, kwargs=node.kwargs)
     else:
         position = next(i for i, a in enumerate(node.args) if a is first)
         op = _binary(target)

@@ -32,7 +32,11 @@ class Property:
         return Property(*(t.to(dtype) for t in (self.lower, self.upper, self.spec, self.offset)))
 
     def rows(self, outputs: torch.Tensor) -> torch.Tensor:
-        """``C f + d`` for outputs (B, classes): (B, K); the property fails where a row <= 0."""
+        """``C f + d`` for outputs (B, classes): (B, K); the property fails where a row <= 0.
+
+        The outputs come to the property's device: a GPU predictor replays the candidates of
+        a verifier that bounds on the CPU."""
+        outputs = outputs.to(self.spec.device)
         return (self.spec.to(outputs.dtype) @ outputs.unsqueeze(2)).squeeze(2) + self.offset.to(
             outputs.dtype
         )

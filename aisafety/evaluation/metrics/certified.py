@@ -23,6 +23,7 @@ Registered metrics: ``certified-accuracy``, ``ibp-certified-accuracy``,
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from typing import Any
@@ -57,14 +58,29 @@ def ibp_certified_mask(
 
 def predictor_graph(predictor: Any, metric: str) -> BoundGraph:
     """The bound graph of a predictor's PyTorch network (normalisation included)."""
-    network = getattr(predictor, "network", None)
+    why_not = getattr(predictor, "unavailable", {}).get("bounds")
+    if why_not:
+        raise CapabilityError(
+            f"metric {metric!r} needs a bound graph of model {predictor.name!r}; {why_not}"
+        )
+    network = getattr(predictor, "bound_network", None) or getattr(predictor, "network", None)
     if not isinstance(network, torch.nn.Module):
         raise CapabilityError(
             f"metric {metric!r} needs the model's PyTorch layers, but {predictor.name!r} "
             f"({type(predictor).__name__}) does not expose them; evaluate a zoo, PyTorch or "
             "ONNX model (gradients: true) without input defenses"
         )
-    return build_graph(network.cpu(), predictor.input_shape, predictor.name)
+    return build_graph(on_cpu(network), predictor.input_shape, predictor.name)
+
+
+def on_cpu(network: torch.nn.Module) -> torch.nn.Module:
+    """``network`` where it is on the CPU, else a CPU copy: the verifiers bound on the CPU, and
+    ``Module.cpu()`` would move the predictor's own network away from its device (every later
+    forward pass of a GPU run then failed with tensors on two devices)."""
+    tensors = [*network.parameters(), *network.buffers()]
+    if all(t.device.type == "cpu" for t in tensors):
+        return network
+    return copy.deepcopy(network).cpu()
 
 
 def checked_graph(verifier: Any, predictor: Any, metric: str) -> BoundGraph:

@@ -20,6 +20,8 @@ from enum import StrEnum
 import numpy as np
 import torch
 
+from aisafety import randomness
+
 
 class Noise(StrEnum):
     GAUSSIAN = "gaussian"
@@ -40,13 +42,13 @@ def sample_noise(
 ) -> torch.Tensor:
     """One draw of the noise, from ``generator`` only (so a seed fixes every draw)."""
     if noise is Noise.GAUSSIAN:
-        return sigma * torch.randn(shape, generator=generator, device=device)
+        return sigma * randomness.randn(shape, generator, device)
     if noise is Noise.LAPLACE:
         # Laplace(0, b) = b (E1 - E2) for independent standard exponentials.
-        e = torch.empty((2, *shape), device=device).exponential_(generator=generator)
+        e = torch.empty((2, *shape)).exponential_(generator=generator).to(device)
         return sigma * (e[0] - e[1])
     if noise is Noise.UNIFORM:
-        return sigma * (2 * torch.rand(shape, generator=generator, device=device) - 1)
+        return sigma * (2 * randomness.rand(shape, generator, device) - 1)
     raise ValueError(f"unknown noise {noise!r}")
 
 

@@ -1,0 +1,99 @@
+"""A notebook's model and data, turned into what a plan would load: ``aisafety.evaluate``'s
+``model=`` and ``data=``.
+
+The stored run records an ``object`` model spec (name, input shape, classes) and a dataset
+named ``arrays``, with fingerprints of the real module (code and weights, see
+``loading.predictor_fingerprint``) and the real images, so its results are keyed, resumed and
+reported like any run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from aisafety.database.datasets.base import LoadedDataset, images_to_tensor
+from aisafety.database.datasets.npz import image_layout
+from aisafety.errors import ConfigError
+from aisafety.interfaces import ModelSpec
+from aisafety.loading import predictor_fingerprint
+from aisafety.prediction.base import Predictor
+from aisafety.prediction.torch_module import TorchPredictor
+
+
+def _array(value: Any, what: str) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"data {what} cannot be read as an array ({exc})") from None
+
+
+def in_memory_data(data: tuple[Any, Any]) -> LoadedDataset:
+    """``(x, y)``: images (N, H, W), NHWC or NCHW, uint8 0..255 or floats in [0, 1]; labels."""
+    if not isinstance(data, tuple | list) or len(data) != 2:
+        raise ConfigError("data= is a pair (images, labels), e.g. data=(x_test, y_test)")
+    x, y = _array(data[0], "images"), _array(data[1], "labels")
+    if x.ndim not in (3, 4):
+        raise ConfigError(f"data images have shape {x.shape}; give (N, H, W), NHWC or NCHW")
+    if x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.floating):
+        raise ConfigError(f"data images are {x.dtype}; give uint8 0..255 or floats in [0, 1]")
+    y = y.reshape(-1) if y.ndim == 2 and y.shape[1] == 1 else y
+    if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
+        raise ConfigError(
+            f"data labels are {y.dtype} {y.shape}; give {x.shape[0]} integer labels 0..K-1"
+        )
+    images = images_to_tensor(x, image_layout(x.shape))
+    classes = tuple(str(i) for i in range(int(y.max()) + 1 if y.size else 0))
+    return LoadedDataset("arrays", images, torch.from_numpy(y.astype(np.int64)), classes)
+
+
+def in_memory_model(
+    model: Any,
+    input_shape: Sequence[int] | None,
+    *,
+    name: str | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> tuple[tuple[Predictor, str], ModelSpec]:
+    """The predictor and its fingerprint, and the ``object`` spec stored for it."""
+    if isinstance(model, Predictor):
+        if mean is not None or std is not None:
+            raise ConfigError("mean and std apply to an nn.Module; a Predictor normalises itself")
+        predictor = model
+        if name:
+            predictor.name = name
+    elif isinstance(model, nn.Module):
+        if input_shape is None:
+            raise ConfigError(
+                "model= is an nn.Module: give data= too, whose images tell its input shape "
+                "(or wrap it in a TorchPredictor with input_shape)"
+            )
+        predictor = _module_predictor(model, input_shape, name or type(model).__name__, mean, std)
+    else:
+        raise ConfigError(
+            f"model= takes a torch.nn.Module or an aisafety Predictor, got {type(model).__name__}"
+        )
+    spec = ModelSpec(
+        name=predictor.name, source="object",
+        input_shape=predictor.input_shape, num_classes=predictor.num_classes,
+    )  # fmt: skip
+    return (predictor, predictor_fingerprint(predictor)), spec
+
+
+def _module_predictor(module: nn.Module, shape, name: str, mean, std) -> TorchPredictor:
+    predictor = TorchPredictor(module, shape, 2, name=name, mean=mean, std=std)
+    with torch.no_grad():  # one forward pass tells the number of classes
+        out = predictor.network(torch.zeros(1, *predictor.input_shape))
+    if out.dim() != 2 or out.shape[1] < 2:
+        raise ConfigError(
+            f"model {name!r} returns {tuple(out.shape)} for one image of shape "
+            f"{tuple(shape)}; a classifier returns (N, num_classes) logits"
+        )
+    predictor.num_classes = int(out.shape[1])
+    return predictor

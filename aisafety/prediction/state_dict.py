@@ -1,0 +1,96 @@
+"""Load a state dict saved by someone else's training code into the module that rebuilds it.
+
+Training code wraps models: ``nn.DataParallel`` and DistributedDataParallel save keys as
+``module.conv1.weight``, a PyTorch Lightning module holding the net as ``self.model`` saves
+``model.conv1.weight`` (inside a checkpoint dict under ``state_dict``), ``torch.compile`` adds
+``_orig_mod.``. We strip such a prefix only where it makes more keys match the module, and
+then load strictly: a key missing, left over or of another shape is an error naming each.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from aisafety.errors import ConfigError
+
+PREFIXES = ("module.", "model.", "_orig_mod.", "net.")
+# Keys under which training loops store the weights in a larger checkpoint dict.
+NESTED_KEYS = ("state_dict", "model_state_dict")
+SHOWN = 8  # missing or left-over keys listed; the rest are counted
+
+
+def read_state_dict(data: bytes, model: str, path: object) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint file, read with ``weights_only=True`` (no code runs)."""
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"model {model!r}: {path} is not a loadable PyTorch checkpoint "
+            f"({first_line}); save one with torch.save(model.state_dict(), path)"
+        ) from None
+    if not isinstance(state, dict):
+        raise ConfigError(
+            f"model {model!r}: {path} holds a {type(state).__name__}, not a state "
+            "dict; save one with torch.save(model.state_dict(), path)"
+        )
+    for key in NESTED_KEYS:
+        if isinstance(state.get(key), Mapping):
+            return dict(state[key])
+    return state
+
+
+def strip_prefixes(state: Mapping[str, torch.Tensor], expected: set[str]) -> dict[str, object]:
+    """``state`` with wrapper prefixes removed while that makes more keys match ``expected``."""
+    current = dict(state)
+    while True:
+        matched = len(expected & current.keys())
+        best, best_matched = None, matched
+        for prefix in PREFIXES:
+            renamed = {_strip(k, prefix): v for k, v in current.items()}
+            if len(renamed) == len(current) and len(expected & renamed.keys()) > best_matched:
+                best, best_matched = renamed, len(expected & renamed.keys())
+        if best is None:
+            return current
+        current = best
+
+
+def _strip(key: str, prefix: str) -> str:
+    return key[len(prefix) :] if key.startswith(prefix) else key
+
+
+def load_into(module: nn.Module, state: Mapping[str, object], model: str, path: object) -> None:
+    """Load ``state`` strictly into ``module``; every mismatch is named in one error."""
+    own = module.state_dict()
+    state = strip_prefixes(state, set(own))
+    problems = []
+    shapes = [
+        f"{key}: file {tuple(value.shape)}, model {tuple(own[key].shape)}"
+        for key, value in state.items()
+        if key in own and isinstance(value, torch.Tensor) and value.shape != own[key].shape
+    ]
+    missing = [key for key in own if key not in state]
+    unexpected = [key for key in state if key not in own]
+    if shapes:  # every layer: which ones differ tells which setting (width, classes) is off
+        problems.append(f"shape mismatch: {'; '.join(shapes)}")
+    for label, items in (
+        ("missing from the file", missing),
+        ("in the file but not in the model", unexpected),
+    ):
+        if items:
+            more = f" (and {len(items) - SHOWN} more)" if len(items) > SHOWN else ""
+            problems.append(f"{label}: {'; '.join(items[:SHOWN])}{more}")
+    if problems:
+        raise ConfigError(
+            f"model {model!r}: the state dict {path} does not fit the module "
+            f"({type(module).__name__}): " + " | ".join(problems) + ". Build the module with "
+            "the settings it was trained with (kwargs), or save its state_dict() again"
+        )
+    try:
+        module.load_state_dict(state)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"model {model!r}: {path} cannot be loaded: {exc}") from None

@@ -1,0 +1,186 @@
+"""Every capability family with ``device: cuda``, its numbers against the same plan on the CPU.
+
+Skipped without a CUDA GPU (marker ``cuda``; ``bench/gpu.sh`` runs these on a GPU machine).
+``AISAFETY_TEST_DEVICE=cpu`` runs the same comparisons with the CPU on both sides, which
+checks the test's own mechanics on a machine without a GPU.
+
+Random draws are made on the host (``aisafety/randomness.py``), so both runs start their
+attacks, noise and corruptions from the same numbers. What may still differ is arithmetic:
+cuDNN's convolution algorithms (TF32 by default on Ampere and later) and reduction orders.
+Values that do not go through an attack's search must agree within 1e-3 (CA, coverage,
+corruptions, certified accuracy: verifiers bound in float64). An attack's search can turn a
+sample the other way where a float difference decides a step, so attack-based values may
+differ by at most 3 samples' worth (3 / n of the value, n its sample count); the test prints
+every difference it allows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+
+import pytest
+import torch
+
+import aisafety
+from aisafety.plugins import default_registry
+
+DEVICE = os.environ.get("AISAFETY_TEST_DEVICE", "cuda")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"
+    ),
+]
+N = 48
+# values that an attack's or a boundary search's steps decide (they may flip a few samples)
+SEARCHED = {"aaw", "aab", "robust-accuracy", "asr", "acac", "actc", "nte", "ald", "ass", "psd",
+            "cav", "crr", "csr", "ccv", "cos", "ebd", "ebd2", "eni", "rdi", "roby",
+            "adversarial-hypervolume", "zero-gradient-rate"}  # fmt: skip
+SMALL = {"steps": 5, "queries": 60, "restarts": 1, "max_steps": 20, "iterations": 5,
+         "population": 20, "n_target_classes": 2, "samples": 16}  # fmt: skip
+CORRUPTION_ATTACKS = set(default_registry().names("attack")) - {
+    name
+    for name in default_registry().names("attack")
+    if not default_registry().get("attack", name).__module__.startswith("aisafety.corruption")
+}
+
+
+def small_config(name: str) -> dict:
+    """The attack's config with every budget-like field it has set small."""
+    fields = default_registry().get("attack", name).Config.model_fields
+    return {key: value for key, value in SMALL.items() if key in fields}
+
+
+def run(plan: dict, device: str, tmp_path) -> tuple[dict[tuple, float], dict[tuple, int]]:
+    """The plan's stored values on ``device`` and their sample counts, keyed by what each
+    value was computed on."""
+    db = tmp_path / f"{device}-{abs(hash(str(plan)))}.db"
+    record = aisafety.evaluate({**plan, "device": device}, db=f"sqlite:///{db}")
+    assert not record.failed_units, record.failed_units
+    seen: Counter = Counter()
+    values, counts = {}, {}
+    for v in record.values:
+        key = (v.metric, v.attack_key or v.attack, v.eps)
+        values[(*key, seen[key])] = v.value
+        counts[(*key, seen[key])] = max(v.n_samples, 1)
+        seen[key] += 1
+    return values, counts
+
+
+def compare(cpu_run: tuple[dict, dict], gpu_run: tuple[dict, dict]) -> None:
+    """Every value of the device run against the CPU run's; an attack-decided one may differ
+    by 3 of its samples' worth (3 / n of it, n its stored sample count)."""
+    (cpu, n), (gpu, _) = cpu_run, gpu_run
+    assert cpu.keys() == gpu.keys()
+    differing = []
+    for key, a in cpu.items():
+        b = gpu[key]
+        if math.isnan(a) and math.isnan(b):
+            continue
+        loose = key[0].split("(")[0] in SEARCHED or key[1] is not None
+        tolerance = max(3 / n[key], 1e-3) if loose else 1e-3
+        assert math.isfinite(b) == math.isfinite(a), (key, a, b)
+        assert math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance), (key, a, b)
+        if a != b:
+            differing.append(f"{key}: cpu {a:.6g} {DEVICE} {b:.6g}")
+    print(f"{len(cpu)} values, {len(differing)} differ within tolerance:", *differing, sep="\n  ")
+
+
+def test_every_attack_on_the_device_matches_the_cpu(tmp_path):
+    names = sorted(set(default_registry().names("attack")) - CORRUPTION_ATTACKS - {"transfer"})
+    attacks = [{"name": name, "eps": [0.1], "config": small_config(name)} for name in names]
+    plan = {"dataset": {"name": "mnist-embedded", "limit": N}, "attacks": attacks,
+            "metrics": ["ca", "robust-accuracy"], "seed": 0}  # fmt: skip
+    compare(run(plan, "cpu", tmp_path), run(plan, DEVICE, tmp_path))
+
+
+def test_metrics_corruptions_and_defenses_on_the_device_match_the_cpu(tmp_path):
+    plan = {
+        "model": {"name": "mnist-cnn-pgd-at"},
+        "reference_model": {"name": "mnist-cnn"},
+        "dataset": {"name": "mnist-embedded", "limit": N},
+        "attacks": [
+            {"name": "fgsm", "eps": [0.1, 0.3]},
+            {"name": "pgd-linf", "eps": [0.1, 0.3], "config": {"steps": 10}},
+            {"name": "square-linf", "eps": [0.3], "config": {"queries": 50}},
+        ],
+        "metrics": [
+            "ca",
+            "aaw",
+            "aab",
+            "robust-accuracy",
+            "asr",
+            "acac",
+            "actc",
+            "nte",
+            {"name": "ald", "config": {"p": "2"}},
+            "ass",
+            "psd",
+            "kmncov",
+            "nbcov",
+            "snacov",
+            "tkncov",
+            "mce",
+            "rmce",
+            {"name": "mfr", "config": {"n_frames": 3, "samples": 16}},
+            {"name": "mfp", "config": {"n_frames": 3, "samples": 16}},
+            "cav",
+            "crr",
+            "csr",
+            "ccv",
+            "cos",
+            {"name": "ebd", "config": {"n_directions": 4, "levels": 5, "refine": 2, "samples": 8}},
+            {"name": "ebd2", "config": {"step_size": 0.05, "max_steps": 10, "samples": 8}},
+            "eni",
+            "neuron-sensitivity",
+            "neuron-uncertainty",
+            "rdi",
+            "zero-gradient-rate",
+        ],  # fmt: skip
+        "seed": 0,
+    }
+    compare(run(plan, "cpu", tmp_path), run(plan, DEVICE, tmp_path))
+
+
+@pytest.mark.parametrize("defense", sorted(default_registry().names("defense")))
+def test_each_input_defense_on_the_device_matches_the_cpu(tmp_path, defense):
+    plan = {"dataset": {"name": "mnist-embedded", "limit": 24},
+            "defenses": [{"name": defense}],
+            "attacks": [{"name": "pgd-linf", "eps": [0.1], "config": {"steps": 5}}],
+            "metrics": ["ca", "robust-accuracy"], "seed": 0}  # fmt: skip
+    compare(run(plan, "cpu", tmp_path), run(plan, DEVICE, tmp_path))
+
+
+def test_verifiers_and_smoothing_on_the_device_match_the_cpu(tmp_path):
+    verifiers = [v for v in default_registry().names("verifier") if v != "complete"]
+    metrics = [
+        {"name": "certified-accuracy",
+         "config": {"verifier": v, "eps": 0.02, "attack_config": {"steps": 10}}}
+        for v in verifiers
+    ]  # fmt: skip
+    metrics += [
+        {
+            "name": "smoothed-certified-accuracy",
+            "config": {"n": 200, "n0": 20, "sigma": 0.25, "batch_size": 200},
+        },
+        {"name": "average-certified-radius", "config": {"verifier": "crown-ibp"}},
+    ]
+    plan = {"model": {"name": "sok-fcnn-b-adv1"},
+            "dataset": {"name": "mnist-embedded", "limit": 16},
+            "metrics": ["ca", *metrics], "seed": 0}  # fmt: skip
+    compare(run(plan, "cpu", tmp_path), run(plan, DEVICE, tmp_path))
+
+
+def test_the_report_renders_a_device_run(tmp_path):
+    from aisafety.database.store import ResultStore
+    from aisafety.report.html import build_report
+
+    plan = {"dataset": {"name": "mnist-embedded", "limit": 16},
+            "attacks": [{"name": "pgd-linf", "eps": [0.1, 0.3], "config": {"steps": 5}}],
+            "metrics": ["ca", "aaw", "robust-accuracy"], "device": DEVICE}  # fmt: skip
+    db = f"sqlite:///{tmp_path / 'report.db'}"
+    record = aisafety.evaluate(plan, db=db)
+    page = build_report(ResultStore(db), record.run_id)
+    assert "robust" in page.lower() and DEVICE in page
