@@ -85,6 +85,12 @@ class ModelSpec(StrictModel):
     model served over the Open Inference Protocol v2 at ``url`` (scores only). ``object``:
     the record of a module or predictor handed to ``aisafety.evaluate(model=...)``; it is
     stored with the run but cannot be loaded from a plan file.
+
+    The input domain, where the network does not take [0, 1] NCHW images: it is fed
+    ``(x * scale - mean) / std`` for the platform's images ``x`` in [0, 1] (``scale: 255``
+    for raw 0..255 pixels; ``mean``/``std`` in the units after scaling), transposed to
+    channels-last for ``layout: nhwc`` (ONNX only). Attacks and budgets stay on [0, 1]
+    (docs/prediction.md).
     """
 
     name: str = "mnist-cnn"
@@ -102,6 +108,8 @@ class ModelSpec(StrictModel):
     num_classes: int | None = Field(default=None, gt=1)
     mean: tuple[FiniteFloat, ...] | None = None
     std: tuple[Annotated[FiniteFloat, Field(gt=0)], ...] | None = None
+    scale: float = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False)
+    layout: Literal["nchw", "nhwc"] = "nchw"
     # remote models: seconds per request, and retries of a failed request
     timeout: float | None = Field(default=None, gt=0, le=3600, allow_inf_nan=False)
     retries: int | None = Field(default=None, ge=0, le=20)
@@ -168,24 +176,17 @@ class ModelSpec(StrictModel):
 
 _MODEL_FIELDS_USED = {
     "zoo": {"name"},
-    "checkpoint": {"name", "path", "architecture", "input_shape", "num_classes", "mean", "std"},
-    "python": {
-        "name",
-        "factory",
-        "kwargs",
-        "python_path",
-        "path",
-        "input_shape",
-        "num_classes",
-        "mean",
-        "std",
-    },
-    "export": {"name", "path", "input_shape", "num_classes", "mean", "std"},
+    "checkpoint": {"name", "path", "architecture", "input_shape", "num_classes", "mean", "std",
+                   "scale"},
+    "python": {"name", "factory", "kwargs", "python_path", "path", "input_shape", "num_classes",
+               "mean", "std", "scale"},
+    "export": {"name", "path", "input_shape", "num_classes", "mean", "std", "scale"},
     "object": {"name", "input_shape", "num_classes"},
-    "torchscript": {"name", "path", "input_shape", "num_classes", "mean", "std"},
-    "onnx": {"name", "path", "gradients", "input_shape", "num_classes", "mean", "std"},
+    "torchscript": {"name", "path", "input_shape", "num_classes", "mean", "std", "scale"},
+    "onnx": {"name", "path", "gradients", "input_shape", "num_classes", "mean", "std", "scale",
+             "layout"},
     "remote": {"name", "url", "input_shape", "num_classes", "timeout", "retries"},
-}
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,26 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def _model_path(spec: ModelSpec):
+    """The model file, checked by stat before anything reads it (``files.regular_file``)."""
+    return regular_file(spec.path, f"model {spec.name!r}: file", MAX_MODEL_BYTES)
+
+
 def _read_model_file(spec: ModelSpec) -> bytes:
-    path = regular_file(spec.path, f"model {spec.name!r}: file", MAX_MODEL_BYTES)
-    return path.read_bytes()
+    return _model_path(spec).read_bytes()
+
+
+def normalisation(spec: ModelSpec) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """The plan's input domain as the predictor's (x - mean) / std on [0, 1] images.
+
+    The network takes ``(x * scale - mean) / std``, which is ``(x - mean / scale) /
+    (std / scale)``: one normalisation, so the bound graph sees it as any other.
+    """
+    if spec.scale == 1.0:
+        return spec.mean, spec.std
+    mean = tuple(m / spec.scale for m in (spec.mean or (0.0,)))
+    std = tuple(s / spec.scale for s in (spec.std or (1.0,)))
+    return mean, std
 
 
 def load_model(
@@ -54,6 +71,9 @@ def load_model(
             spec.url, spec.name, spec.input_shape, spec.num_classes, name=spec.name, **settings
         )
         return predictor, sha256_bytes(f"{spec.url}|{spec.name}".encode())
+    if spec.scale != 1.0:  # every source below reads the domain as mean and std
+        mean, std = normalisation(spec)
+        spec = spec.model_copy(update={"mean": mean, "std": std, "scale": 1.0})
     if spec.source == "python":
         return _load_python(spec, device)
     if spec.source == "object":
@@ -62,24 +82,27 @@ def load_model(
             "cannot load it again: pass the module again with model=, or describe it with "
             "source: python (docs/own-model.md)"
         )
-    data = _read_model_file(spec)
     if spec.source == "onnx":
-        from aisafety.prediction.onnx_model import load_onnx
+        from aisafety.prediction.onnx_model import load_onnx, read_onnx
 
+        data = read_onnx(_model_path(spec), spec.name)  # with its external weights read in
         predictor = load_onnx(
             data, spec.gradients, input_shape=spec.input_shape, num_classes=spec.num_classes,
-            name=spec.name, mean=spec.mean, std=spec.std, device=device,
+            name=spec.name, mean=spec.mean, std=spec.std, device=device, layout=spec.layout,
         )  # fmt: skip
     elif spec.source == "torchscript":
         from aisafety.prediction.torchscript import TorchScriptPredictor
 
+        data = _read_model_file(spec)
         predictor = TorchScriptPredictor(
             data, spec.input_shape, spec.num_classes,
             name=spec.name, mean=spec.mean, std=spec.std, device=device,
         )  # fmt: skip
     elif spec.source == "export":
+        data = _read_model_file(spec)
         predictor = _load_export(spec, data, device)
     else:
+        data = _read_model_file(spec)
         predictor = _load_checkpoint(spec, data, device, registry)
     return predictor, sha256_bytes(data)
 

@@ -224,8 +224,8 @@ def test_conversion_mismatch_is_refused(monkeypatch):
 
     real = onnx_model.convert_onnx
 
-    def broken(model):
-        module = real(model)
+    def broken(model, name=None):
+        module = real(model, name)
         return nn.Sequential(module, _AddConstant(1e-3))
 
     monkeypatch.setattr(onnx_model, "convert_onnx", broken)

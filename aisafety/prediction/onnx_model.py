@@ -4,12 +4,17 @@
 platform's (N, C, H, W) batches onto whatever input layout the graph declares (e.g. the
 VNN-COMP ``[1, 784, 1]``) and copes with graphs exported with a fixed batch dimension.
 
-``load_onnx(path, gradients=True)`` converts the graph with onnx2torch and checks, at load
-time, that the PyTorch module computes what onnxruntime computes before any attack trusts
-its gradients.
+``load_onnx(path, gradients=True)`` converts the graph with onnx2torch (after the rewrites
+of ``onnx_rewrite.py``, with the converters ``onnx_converters.py`` adds) and checks, at load
+time, that the PyTorch module computes what onnxruntime computes on the file as shipped
+before any attack trusts its gradients.
 
-onnxruntime, onnx and onnx2torch are optional (``pip install aisafety[onnx]``) and are only
-imported when an ONNX model is loaded.
+A graph taking channels-last images (Keras/TF converters: ``[N, H, W, C]``) is loaded with
+``layout="nhwc"``: the platform still feeds (N, C, H, W) images in [0, 1], and the
+predictor transposes them (``ChannelsLast``) after normalising.
+
+onnxruntime, onnx and onnx2torch are optional (``install_command()``: the ``onnx`` extra, and
+onnx2torch without its dependencies) and are only imported when an ONNX model is loaded.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from torch import nn
 from aisafety.errors import AISafetyError, CapabilityError, ConfigError
 from aisafety.files import MAX_MODEL_BYTES, regular_file
 from aisafety.interfaces import Capability
+from aisafety.prediction import onnx_converters, onnx_rewrite
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import TorchPredictor
 
@@ -37,23 +43,19 @@ class OnnxConversionError(AISafetyError):
     """The ONNX graph could not be turned into a PyTorch module that computes the same."""
 
 
-def install_command() -> str:
-    """A command that installs the ONNX extra without replacing the installed torch.
+ONNX2TORCH = "onnx2torch==1.5.15"
 
-    onnx2torch depends on torchvision; left to choose, pip takes the newest torchvision and
-    with it a newer torch (from PyPI: a CUDA build of several GB). The torchvision release
-    made for the installed torch is 0.(minor + 15) (torch 2.13 -> torchvision 0.28), and a
-    CPU-only torch needs it from PyTorch's CPU wheel index.
+
+def install_command() -> str:
+    """A command that installs ONNX support without touching the installed torch.
+
+    onnx2torch's metadata requires torchvision; resolved by pip, that takes the newest
+    torchvision and with it a newer torch (from PyPI: a CUDA build of several GB, even over
+    a CPU torch). It is pure Python and needs torchvision only for detection operators
+    (``_onnx2torch`` stands in for it), so it is installed without its dependencies; the
+    ``onnx`` extra brings the ones it uses (onnx, numpy).
     """
-    version = torch.__version__.split("+")[0]
-    major, minor = (int(part) for part in version.split(".")[:2])
-    torchvision = f"torchvision=={major - 2}.{minor + 15}.*"
-    if torch.version.cuda is None and torch.version.hip is None:  # a CPU-only build
-        return (
-            f"pip install '{torchvision}' --index-url https://download.pytorch.org/whl/cpu "
-            "&& pip install 'aisafety[onnx]'"
-        )
-    return f"pip install '{torchvision}' 'aisafety[onnx]'"
+    return f"pip install 'aisafety[onnx]' && pip install --no-deps '{ONNX2TORCH}'"
 
 
 def _import(module: str, package: str) -> Any:
@@ -61,8 +63,8 @@ def _import(module: str, package: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(
-            f"loading ONNX models needs the package {package!r} ({exc}); install it, with a "
-            f"torchvision that keeps your torch {torch.__version__}, by: {install_command()}"
+            f"loading ONNX models needs the package {package!r} ({exc}); install it, keeping "
+            f"your torch {torch.__version__}, by: {install_command()}"
         ) from None
 
 
@@ -107,11 +109,38 @@ def _onnx2torch() -> Any:
             sys.modules.pop(name, None)
 
 
+LAYOUTS = ("nchw", "nhwc")
+
+
 def _read(model: str | Path | bytes) -> tuple[bytes, str]:
     if isinstance(model, bytes):
         return model, "onnx-model"
-    path = regular_file(model, "ONNX model", MAX_MODEL_BYTES)
-    return path.read_bytes(), path.name
+    path = regular_file(model, "ONNX model", MAX_MODEL_BYTES)  # by stat, before reading
+    return read_onnx(path, path.name), path.name
+
+
+def read_onnx(path: Path, name: str) -> bytes:
+    """The file's bytes, with weights kept beside it (``external data``, as torch's dynamo
+    exporter writes them: ``model.onnx.data``) read in, so the graph travels as one blob."""
+    if not path.is_file():
+        raise ConfigError(f"model {name!r}: ONNX file {str(path)!r} does not exist")
+    data = path.read_bytes()
+    try:
+        onnx = importlib.import_module("onnx")
+    except ImportError:
+        return data
+    helper = onnx.external_data_helper
+    model = onnx.load_from_string(data)
+    if not any(helper.uses_external_data(t) for t in helper._get_all_tensors(model)):
+        return data
+    try:
+        helper.load_external_data_for_model(model, str(path.parent))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"model {name!r}: {path.name} keeps its weights in a separate file that cannot be "
+            f"read ({exc}); keep the .data file the exporter wrote beside it"
+        ) from None
+    return model.SerializeToString()
 
 
 def _relax_batch(data: bytes) -> bytes | None:
@@ -121,6 +150,8 @@ def _relax_batch(data: bytes) -> bytes | None:
     except ImportError:
         return None
     model = onnx.load_from_string(data)
+    onnx_rewrite.bypass_identities(model)
+    onnx_rewrite.free_batch_in_reshapes(model, onnx.numpy_helper)
     initializers = {init.name for init in model.graph.initializer}
     for value in [*model.graph.input, *model.graph.output]:
         if value.name in initializers:
@@ -136,7 +167,8 @@ class OnnxRuntimePredictor(Predictor):
     """An ONNX graph run by onnxruntime: scores and labels, no gradients.
 
     ``input_shape`` is the (C, H, W) the platform feeds; it is read from the graph when the
-    graph takes 4-D images, and must be given otherwise (e.g. ``(1, 28, 28)`` for a graph
+    graph takes 4-D images (``[N, H, W, C]`` ones with ``layout="nhwc"``), and must be given
+    otherwise (e.g. ``(1, 28, 28)`` for a graph
     taking ``[1, 784, 1]``). A graph exported with a fixed batch dimension is run with its
     batch dimension made symbolic when onnxruntime accepts that and gives the same numbers
     on a probe, and in chunks of the fixed size otherwise.
@@ -154,10 +186,14 @@ class OnnxRuntimePredictor(Predictor):
         batch_size: int = 1024,
         providers: Sequence[str] | None = None,
         relax_batch: bool = True,
+        layout: str = "nchw",
     ):
         ort = _import("onnxruntime", "onnxruntime")
         data, default_name = _read(model)
         self.name = name or default_name
+        if layout not in LAYOUTS:
+            raise ConfigError(f"model {self.name!r}: layout is one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
         self._ort = ort
         self._providers = list(providers or ["CPUExecutionProvider"])
         self.session = self._session(data)
@@ -224,7 +260,7 @@ class OnnxRuntimePredictor(Predictor):
             if len(shape) != 3:
                 raise ConfigError(f"input_shape is (C, H, W), got {tuple(given)}")
         elif concrete and len(sample) == 3:
-            shape = tuple(sample)
+            shape = tuple(sample) if self.layout == "nchw" else (sample[2], sample[0], sample[1])
         else:
             raise ConfigError(
                 f"ONNX model {self.name!r} takes input {self.input_name!r} of shape "
@@ -297,7 +333,16 @@ class OnnxRuntimePredictor(Predictor):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         array = x.detach().cpu().numpy()
         array = ((array - self._mean) / self._std).astype(np.float32, copy=False)
-        array = array.reshape(len(array), *self.feed_shape)
+        if self.layout == "nhwc":
+            array = array.transpose(0, 2, 3, 1)
+        return self.run_network(array)
+
+    def run_network(self, x: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """The graph's logits on inputs in its own input space and layout (no [0, 1] check,
+        no normalisation): VNN-LIB properties live there (``verification/vnncomp.py``)."""
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu().numpy()
+        array = np.ascontiguousarray(x, np.float32).reshape(len(x), *self.feed_shape)
         return torch.from_numpy(self._run_chunks(array, self.session, self.fixed_batch))
 
 
@@ -315,6 +360,13 @@ class GraphLayout(nn.Module):
         return f"shape=(N, {', '.join(map(str, self.shape))})"
 
 
+class ChannelsLast(nn.Module):
+    """(N, C, H, W) -> (N, H, W, C), for graphs taking channels-last images."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.permute(0, 2, 3, 1)
+
+
 class OnnxTorchPredictor(TorchPredictor):
     """An ONNX graph converted to PyTorch (gradients, activations), checked against onnxruntime."""
 
@@ -322,17 +374,22 @@ class OnnxTorchPredictor(TorchPredictor):
     max_difference: float = 0.0
 
 
-def convert_onnx(model: str | Path | bytes) -> nn.Module:
+def convert_onnx(model: str | Path | bytes, name: str | None = None) -> nn.Module:
     """The graph as a ``torch.fx.GraphModule`` (onnx2torch); taking the graph's own layout."""
-    data, name = _read(model)
+    data, default_name = _read(model)
+    name = name or default_name
     onnx = _import("onnx", "onnx")
     converter = _onnx2torch()
+    onnx_converters.register()
     try:
-        return converter.convert(onnx.load_from_string(data))
+        rewritten = onnx_rewrite.rewrite(data, onnx, _import("onnxruntime", "onnxruntime"))
+        return converter.convert(onnx.load_from_string(rewritten))
     except Exception as exc:  # unsupported operator or opset
+        detail = f"{type(exc).__name__}: {exc}" if isinstance(exc, KeyError) else str(exc)
         raise OnnxConversionError(
-            f"ONNX model {name!r} cannot be converted to PyTorch by onnx2torch: {exc}. "
-            "Load it with gradients=False (scores only) and use score- or decision-based attacks"
+            f"ONNX model {name!r} cannot be converted to PyTorch by onnx2torch ({detail}). "
+            "Load it with gradients: false (scores only) and use score- or decision-based "
+            "attacks, or report the operator (docs/prediction.md)"
         ) from None
 
 
@@ -346,6 +403,7 @@ def load_onnx(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     device: str | torch.device = "cpu",
+    layout: str = "nchw",
     tolerance: float = 1e-5,
     probe_size: int = 16,
     seed: int = 0,
@@ -359,10 +417,14 @@ def load_onnx(
     """
     data, default_name = _read(model)
     name = name or default_name
-    reference = OnnxRuntimePredictor(data, input_shape, num_classes, name=name, mean=mean, std=std)
+    reference = OnnxRuntimePredictor(
+        data, input_shape, num_classes, name=name, mean=mean, std=std, layout=layout
+    )
     if not gradients:
         return reference
-    module = nn.Sequential(GraphLayout(reference.feed_shape), convert_onnx(data))
+    layers = [ChannelsLast()] if layout == "nhwc" else []
+    layers += [GraphLayout(reference.feed_shape), convert_onnx(data, name)]
+    module = nn.Sequential(*layers)
     predictor = OnnxTorchPredictor(
         module,
         reference.input_shape,
@@ -388,7 +450,8 @@ def load_onnx(
         raise OnnxConversionError(
             f"ONNX model {name!r}: the PyTorch conversion fails on a batch of "
             f"{len(probe)} images ({type(exc).__name__}: {exc}); the graph may hard-code its "
-            "batch size. Load it with gradients=False (scores only)"
+            "batch size somewhere other than a constant Reshape. Load it with gradients: false "
+            "(scores only)"
         ) from None
     if got.shape != expected.shape:
         raise OnnxConversionError(

@@ -26,9 +26,9 @@ from aisafety.verification.relaxations import RELU, SIGMOID, TANH
 
 SUPPORTED = (
     "Linear/Gemm, Conv2d, ReLU, Sigmoid, Tanh, Flatten/Reshape/View, the predictor's "
-    "normalisation, BatchNorm (eval), AvgPool2d, AdaptiveAvgPool2d, Add/Sub/Mul/Div by a "
-    "constant, Add of two branches (as modules, torch functions or torch.export's ATen ops); "
-    "MaxPool2d for IBP only"
+    "normalisation, BatchNorm (eval), AvgPool2d, AdaptiveAvgPool2d, GlobalAveragePool, "
+    "Transpose of the per-sample axes, Add/Sub/Mul/Div by a constant, Add of two branches (as "
+    "modules, torch functions or torch.export's ATen ops); MaxPool2d for IBP only"
 )
 
 
@@ -239,14 +239,26 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
     if isinstance(target, nn.MaxPool2d) or target in (F.max_pool2d, aten.max_pool2d.default):
         fn = target if isinstance(target, nn.Module) else _bind(target, args, kwargs=node.kwargs)
         return ops.MaxPool(name, inputs, out_shape, fn=fn)
-    if isinstance(target, nn.AvgPool2d | nn.AdaptiveAvgPool2d) or target in (
-        F.avg_pool2d,
-        F.adaptive_avg_pool2d,
-        aten.avg_pool2d.default,
-        aten.adaptive_avg_pool2d.default,
+    if (
+        isinstance(target, nn.AvgPool2d | nn.AdaptiveAvgPool2d)
+        or target
+        in (
+            F.avg_pool2d,
+            F.adaptive_avg_pool2d,
+            aten.avg_pool2d.default,
+            aten.adaptive_avg_pool2d.default,
+        )
+        or type(target).__name__ in ONNX_AVERAGES
     ):
         fn = target if isinstance(target, nn.Module) else _bind(target, args, kwargs=node.kwargs)
         return ops.PositiveLinear(name, inputs, out_shape, fn=fn, in_shape=in_shape)
+    if _is_mean_or_sum(target, len(in_shape) + 1):
+        return ops.PositiveLinear(name, inputs, out_shape, fn=target, in_shape=in_shape)
+    if _is_permutation(node, target, args):
+        fn = target if isinstance(target, nn.Module) else _bind(target, args, kwargs=node.kwargs)
+        return ops.PositiveLinear(name, inputs, out_shape, fn=fn, in_shape=in_shape)
+    if type(target).__name__ == "OnnxBatchNorm" and len(traced_inputs) == 1:
+        return _elementwise(node, target, args, inputs, first, out_shape, model)
     if _is_reshape(node, target) or isinstance(target, nn.Flatten | nn.Unflatten):
         if values[first].numel() != out.numel():
             raise _unsupported(node, "a reshape that changes the number of values", model)
@@ -264,6 +276,12 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
     if target in (F.linear, aten.linear.default):
         weight, bias = args[1], args[2] if len(args) > 2 else node.kwargs.get("bias")
         return _dense(name, inputs, in_shape, out_shape, weight, bias, node, model)
+    if type(target).__name__ == "OnnxMatMul" and len(traced_inputs) == 1:
+        if node.args[0] is not first or not isinstance(args[1], torch.Tensor):
+            raise _unsupported(node, "matmul of a constant by a traced value", model)
+        if args[1].dim() != 2:
+            raise _unsupported(node, "matmul by a non-matrix", model)
+        return _dense(name, inputs, in_shape, out_shape, args[1].T, None, node, model)
     if (
         target in (torch.matmul, operator.matmul)
         and len(traced_inputs) == 1
@@ -335,6 +353,32 @@ def _is_reshape(node: fx.Node, target: Any) -> bool:
     }  # fmt: skip
 
 
+ONNX_AVERAGES = {"OnnxGlobalAveragePool", "OnnxGlobalAveragePoolWithKnownInputShape"}
+
+
+def _is_mean_or_sum(target: Any, rank: int) -> bool:
+    """onnx2torch's ReduceMean/ReduceSum over per-sample axes (torch's dynamo exporter writes
+    ``AdaptiveAvgPool2d(1)`` as a ReduceMean over H and W)."""
+    if type(target).__name__ != "OnnxReduceStaticAxes" or not target.axes:
+        return False
+    per_sample = all(int(a) % rank != 0 for a in target.axes)
+    return target.operation_type in ("ReduceMean", "ReduceSum") and per_sample
+
+
+def _is_permutation(node: fx.Node, target: Any, args: Any) -> bool:
+    """A transpose of the per-sample axes (NHWC <-> NCHW); the batch axis stays first."""
+    if type(target).__name__ == "ChannelsLast":
+        return True
+    if type(target).__name__ == "OnnxTranspose":
+        perm = getattr(target, "perm", None)
+        return perm is not None and len(perm) > 0 and int(perm[0]) == 0
+    if node.op == "call_method" and node.target == "permute" or target is torch.permute:
+        perm = args[1:] if node.op == "call_method" else args[1]
+        perm = perm[0] if len(perm) == 1 and isinstance(perm[0], list | tuple) else perm
+        return len(perm) > 0 and int(perm[0]) == 0
+    return False
+
+
 def _binary(target: Any) -> Any:
     if target in ELEMENTWISE:
         return target
@@ -358,6 +402,10 @@ def _elementwise(node, target, args, inputs, first, out_shape, model) -> ops.Ele
         if target.training or target.running_mean is None:
             raise _unsupported(node, "BatchNorm in training mode", model)
         fn = target
+    elif type(target).__name__ == "OnnxBatchNorm":  # its statistics are arguments
+
+        def fn(x, args=args):
+            return target(x, *args[1:])
     elif type(target).__name__ == "Normalize":
         fn = target
     elif target is aten.batch_norm.default:

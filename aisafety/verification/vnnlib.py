@@ -1,12 +1,17 @@
 """VNN-LIB properties (VNN-COMP): an input box and a disjunction of output violations.
 
-Supported, as in the VNN-COMP 2021 MNIST benchmarks: ``declare-const`` of ``X_i`` and
-``Y_j``; ``assert`` of bounds ``(<= X_i c)`` / ``(>= X_i c)`` (possibly inside ``and``); and
-output assertions that are one atom or an ``or`` of one-atom ``and``s, each atom comparing
-two outputs or an output and a constant. The property is *violated* (``sat``) when some atom
-can hold; each atom ``g(Y) >= 0`` becomes a spec row ``-g(Y) > 0`` that must hold everywhere.
-Anything else (several input boxes, conjunctions of output atoms) is a ``VerificationError``
-naming the file and the construct.
+Supported, as in the VNN-COMP 2021 MNIST and CIFAR benchmarks: ``declare-const`` of ``X_i``
+and ``Y_j``; ``assert`` of bounds ``(<= X_i c)`` / ``(>= X_i c)`` (possibly inside ``and``);
+and output assertions, each atom comparing two outputs or an output and a constant, in one
+of two forms: one ``or`` of ``and``s (or one atom), or several asserted atoms (SMT-LIB
+conjoins asserts: Marabou's targeted properties ``Y_t >= Y_j`` for every j).
+
+The property is *violated* (``sat``) when, at some input in the box, every atom of some
+disjunct holds. Each atom ``g(Y) >= 0`` becomes a spec row ``-g(Y) > 0``; ``read_vnnlib``
+returns the common case (every disjunct one atom: all rows must stay positive) as a
+``Property``, ``read_disjuncts`` any of the forms as a box and the rows of each disjunct.
+Anything else (several input boxes, an ``or`` beside other output asserts) is a
+``VerificationError`` naming the file and the construct.
 """
 
 from __future__ import annotations
@@ -44,6 +49,25 @@ def _parse(text: str) -> list:
 
 def read_vnnlib(path: str | Path, n_inputs: int, n_outputs: int) -> Property:
     """The property of a ``.vnnlib`` file as a one-sample ``Property`` over flat inputs."""
+    box, disjuncts = read_disjuncts(path, n_inputs, n_outputs)
+    if any(len(rows) != 1 for rows in disjuncts):
+        raise VerificationError(
+            f"VNN-LIB file {Path(path).name!r}: a conjunction of several output constraints in "
+            "one disjunct is not supported here; read it with read_disjuncts"
+        )
+    spec = torch.stack([rows[0][0] for rows in disjuncts]).unsqueeze(0)
+    offset = torch.tensor([[rows[0][1] for rows in disjuncts]], dtype=torch.float64)
+    return Property(box[0].unsqueeze(0), box[1].unsqueeze(0), spec, offset)
+
+
+Row = tuple[torch.Tensor, float]
+
+
+def read_disjuncts(
+    path: str | Path, n_inputs: int, n_outputs: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor], list[list[Row]]]:
+    """The input box (lower, upper) and, per disjunct, its spec rows (c, d): the property is
+    violated where, for some disjunct, ``c.Y + d <= 0`` for all its rows."""
     path = Path(path)
     if not path.is_file():
         raise VerificationError(f"VNN-LIB file {str(path)!r} does not exist")
@@ -53,7 +77,8 @@ def read_vnnlib(path: str | Path, n_inputs: int, n_outputs: int) -> Property:
         raise VerificationError(f"VNN-LIB file {path.name!r} is malformed: {exc}") from None
     lower = torch.full((n_inputs,), float("-inf"), dtype=torch.float64)
     upper = torch.full((n_inputs,), float("inf"), dtype=torch.float64)
-    rows: list[tuple[torch.Tensor, float]] = []
+    disjuncts: list[list[Row]] = []
+    asserted: list[Row] = []  # top-level atoms, conjoined
 
     def fail(what: str) -> VerificationError:
         return VerificationError(f"VNN-LIB file {path.name!r}: {what} is not supported")
@@ -107,21 +132,24 @@ def read_vnnlib(path: str | Path, n_inputs: int, n_outputs: int) -> Property:
         atoms = body[1:] if isinstance(body, list) and body[0] == "and" else [body]
         if all(input_bound(atom) for atom in atoms):
             continue
-        disjuncts = body[1:] if isinstance(body, list) and body[0] == "or" else [body]
-        for disjunct in disjuncts:
-            is_and = isinstance(disjunct, list) and disjunct[0] == "and"
-            inner = disjunct[1:] if is_and else [disjunct]
-            if len(inner) != 1:
-                raise fail("a conjunction of several output constraints in one disjunct")
-            rows.append(output_atom(inner[0]))
+        if isinstance(body, list) and body[0] == "or":
+            if disjuncts:
+                raise fail("more than one 'or' of output constraints")
+            for disjunct in body[1:]:
+                is_and = isinstance(disjunct, list) and disjunct[0] == "and"
+                disjuncts.append([output_atom(a) for a in (disjunct[1:] if is_and else [disjunct])])
+        else:
+            asserted += [output_atom(atom) for atom in atoms]
+    if disjuncts and asserted:
+        raise fail("an 'or' of output constraints beside other asserted output constraints")
     if not torch.isfinite(lower).all() or not torch.isfinite(upper).all():
         missing = int((~torch.isfinite(lower) | ~torch.isfinite(upper)).sum())
         raise fail(f"an input box missing bounds on {missing} input(s)")
-    if not rows:
+    if asserted:
+        disjuncts = [asserted]
+    if not disjuncts or not all(disjuncts):
         raise fail("a property without output constraints")
-    spec = torch.stack([c for c, _ in rows]).unsqueeze(0)
-    offset = torch.tensor([[d for _, d in rows]], dtype=torch.float64)
-    return Property(lower.unsqueeze(0), upper.unsqueeze(0), spec, offset)
+    return (lower, upper), disjuncts
 
 
 def _flip(op: str) -> str:
