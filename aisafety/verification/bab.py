@@ -89,8 +89,9 @@ class BabVerifier(AlphaCrownVerifier):
         self._found: dict[int, torch.Tensor] = {}  # this batch's, even if it runs out of time
         self._why: dict[int, str] = {}
         bounds, coeff, boxes = self.bounds_and_boxes(graph, prop)  # records each bound
-        batch = current_deadline()
-        assert batch is not None  # ``_verify_batch`` runs this inside the batch's limit
+        # ``verify`` runs this inside the batch's limit; called directly (the registry-wide
+        # contract does), the batch gets the verifier's own limit per sample
+        batch = current_deadline() or self.deadline(len(prop))
         bounds = bounds.clone()
         for s in range(len(prop)):
             if (bounds[s] + prop.offset[s]).min() > 0:
@@ -123,7 +124,9 @@ class BabVerifier(AlphaCrownVerifier):
         self, graph: BoundGraph, prop: Property, boxes: list[Box], bound, deadline: Deadline
     ) -> Outcome:
         """Branch and bound on the rows of ``prop`` (one sample) whose ``bound`` is <= 0."""
-        return Search(self.config, graph, prop, boxes, self._model, deadline).run(
+        # the predictor ``verify`` was given replays candidates; called directly, the graph
+        model = getattr(self, "_model", None) or (lambda x: graph.forward(x.to(graph.dtype)))
+        return Search(self.config, graph, prop, boxes, model, deadline).run(
             (bound + prop.offset[0]).detach()
         )
 
