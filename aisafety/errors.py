@@ -65,3 +65,8 @@ class AISafetyWarning(UserWarning):
 
 class GradientMaskingWarning(AISafetyWarning):
     """An evaluation whose gradient attacks see an obfuscated gradient (defense/obfuscation.py)."""
+
+
+class MemoryBudgetError(AISafetyError):
+    """A computation's estimated peak memory is over its budget; raised before any work,
+    naming the estimate, the budget and what would fit."""

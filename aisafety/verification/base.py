@@ -26,6 +26,7 @@ from pydantic import Field
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.memory import reuse_freed_memory
 from aisafety.verification.bounds import LINEAR_KINDS
+from aisafety.verification.budget import GIB, box_bytes, default_budget, memory_limit, refuse
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph
@@ -42,6 +43,12 @@ class VerifierConfig(PluginConfig):
         default="wall",
         description="what timeout counts: wall seconds, or this process's CPU seconds "
         "(load-independent on a shared machine)",
+    )
+    memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="memory budget of the bound passes in GiB (default: half of the memory "
+        "available now); rows and samples are chunked under it, or the run is refused",
     )
 
 
@@ -110,13 +117,40 @@ class Verifier(ABC):
         """Verdicts for every sample; ``model`` (the predictor) replays counterexamples."""
         self.check(graph)
         model = model or (lambda x: graph.forward(x.to(graph.dtype)))
+        limit = self.memory_budget()
+        size = self.fitting_batch(graph, prop, limit)
         parts = []
-        with reuse_freed_memory():  # the bound passes' large temporaries (``memory.py``)
-            for start in range(0, len(prop), self.config.batch_size):
-                parts.append(
-                    self._verify_batch(graph, prop[start : start + self.config.batch_size], model)
-                )
+        # the bound passes' large temporaries are reused (``memory.py``) and chunked under
+        # the budget (``budget.py``)
+        with reuse_freed_memory(), memory_limit(limit):
+            for start in range(0, len(prop), size):
+                parts.append(self._verify_batch(graph, prop[start : start + size], model))
         return VerificationResult.concat(parts)
+
+    def memory_budget(self) -> int:
+        """Bytes the bound passes may take: ``memory_gib``, else the default fraction."""
+        gib = self.config.memory_gib
+        return default_budget() if gib is None else int(gib * GIB)
+
+    def peak_bytes(self, graph: BoundGraph, batch: int, rows: int) -> int:
+        """Estimated peak of ``batch`` samples with ``rows`` spec rows at the smallest chunk
+        of rows the bound passes allow (IBP here: the boxes)."""
+        return box_bytes(graph, batch)
+
+    def fitting_batch(self, graph: BoundGraph, prop: Property, limit: int) -> int:
+        """The batch size to run: ``batch_size``, fewer samples where that would not fit
+        ``limit``; refuses before any work where one sample does not fit."""
+        rows, size = prop.spec.shape[1], max(1, min(self.config.batch_size, len(prop)))
+        one = self.peak_bytes(graph, 1, rows)
+        if one > limit:
+            raise refuse(
+                f"verifier {self.name!r} on model {graph.model!r} (one sample)",
+                one,
+                limit,
+                "raise 'memory_gib' in the verifier's config if the machine has the memory, "
+                "or use a lighter verifier ('crown-ibp', then 'ibp')",
+            )
+        return min(size, limit // one)  # the estimate grows linearly with the batch
 
     def deadline(self, n: int) -> Deadline:
         """The deadline of a batch of ``n`` samples starting now: ``n`` times the timeout."""

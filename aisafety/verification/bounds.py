@@ -23,8 +23,11 @@ IBP <= CROWN-IBP, CROWN <= alpha-CROWN on every sample.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from aisafety.verification import budget
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box, split_signs
@@ -119,8 +122,10 @@ def linear_boxes(
 def _tighten(
     graph: BoundGraph, j: int, boxes: list[Box], mode: str, relu: bool, alpha_steps: int = 0
 ) -> Box:
+    """Node ``j``'s box tightened by backward passes from its unstable neurons (a ReLU's
+    stable ones are exact already), in chunks of neurons sized to the memory budget."""
     lo, hi = boxes[j]
-    b, shape = lo.shape[0], lo.shape[1:]
+    b = lo.shape[0]
     flat_lo, flat_hi = lo.reshape(b, -1), hi.reshape(b, -1)
     # each sample's own unstable neurons (stable ones are exact), padded to the batch's most
     wanted = (flat_lo < 0) & (flat_hi > 0) if relu else torch.ones_like(flat_lo, dtype=torch.bool)
@@ -128,17 +133,33 @@ def _tighten(
     if m == 0:
         return lo, hi
     order = torch.argsort(wanted.to(torch.int8), dim=1, descending=True, stable=True)[:, :m]
-    valid = wanted.gather(1, order)  # False on padding rows (stable neurons)
-    eye = lo.new_zeros(b, m, flat_lo.shape[1]).scatter_(2, order.unsqueeze(2), 1.0)
-    a = torch.cat([eye, -eye], 1).reshape(b, 2 * m, *shape)
-    if alpha_steps > 0:
-        bound, _ = optimised_backward(graph, j, a, boxes, alpha_steps, 0.1)
-    else:
-        bound, _ = backward(graph, j, a, boxes, mode)
-    old_lo, old_hi = flat_lo.gather(1, order), flat_hi.gather(1, order)
-    new_lo = flat_lo.scatter(1, order, torch.where(valid, old_lo.maximum(bound[:, :m]), old_lo))
-    new_hi = flat_hi.scatter(1, order, torch.where(valid, old_hi.minimum(-bound[:, m:]), old_hi))
+    per_row = budget.row_bytes(graph, j, b, grad=alpha_steps > 0)
+    step = max(1, budget.rows_per_chunk(per_row, 2 * m, budget.box_bytes(graph, b)) // 2)
+    new_lo, new_hi = flat_lo.clone(), flat_hi.clone()
+    for first in range(0, m, step):
+        chunk = order[:, first : first + step]
+        bound = _bound_neurons(graph, j, chunk, boxes, mode, alpha_steps)
+        valid = wanted.gather(1, chunk)  # False on padding rows (stable neurons)
+        old_lo, old_hi = flat_lo.gather(1, chunk), flat_hi.gather(1, chunk)
+        c = chunk.shape[1]
+        new_lo.scatter_(1, chunk, torch.where(valid, old_lo.maximum(bound[:, :c]), old_lo))
+        new_hi.scatter_(1, chunk, torch.where(valid, old_hi.minimum(-bound[:, c:]), old_hi))
     return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
+
+
+def _bound_neurons(
+    graph: BoundGraph, j: int, chunk: torch.Tensor, boxes: list[Box], mode: str, alpha_steps: int
+) -> torch.Tensor:
+    """Lower bounds (B, 2c) of the neurons ``chunk`` (B, c) of node ``j``, then of their
+    negations."""
+    lo = boxes[j][0]
+    b, c = chunk.shape
+    eye = lo.new_zeros(b, c, lo[0].numel()).scatter_(2, chunk.unsqueeze(2), 1.0)
+    a = torch.cat([eye, -eye], 1).reshape(b, 2 * c, *lo.shape[1:])
+    del eye
+    if alpha_steps > 0:
+        return optimised_backward(graph, j, a, boxes, alpha_steps, 0.1)[0]
+    return backward(graph, j, a, boxes, mode)[0]
 
 
 def forward_from(graph: BoundGraph, boxes: list[Box], j: int) -> list[Box]:
@@ -169,7 +190,10 @@ def spec_lower(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CROWN's bound of ``C f`` with the given intermediate boxes, and its input coefficients."""
     a = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
-    return backward(graph, len(graph.ops) - 1, a, boxes, mode, slopes)
+    end = len(graph.ops) - 1
+    if slopes is not None:  # one slope per row: the rows go together
+        return backward(graph, end, a, boxes, mode, slopes)
+    return in_chunks(graph, end, a, False, lambda rows: backward(graph, end, rows, boxes, mode))
 
 
 def optimise_slopes(
@@ -181,7 +205,28 @@ def optimise_slopes(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """alpha-CROWN: the best bound of ``C f`` over ``steps`` of Adam on the ReLU lower slopes."""
     a = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
-    return optimised_backward(graph, len(graph.ops) - 1, a, boxes, steps, lr)
+    end = len(graph.ops) - 1
+    return in_chunks(
+        graph, end, a, True, lambda rows: optimised_backward(graph, end, rows, boxes, steps, lr)
+    )
+
+
+def in_chunks(
+    graph: BoundGraph,
+    start: int,
+    a: torch.Tensor,
+    grad: bool,
+    bound: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``bound`` of the rows of ``a`` (B, K, ...) in chunks sized to the memory budget; rows
+    are bounded independently (alpha-CROWN's slopes are per row), so chunking changes
+    nothing but the peak."""
+    per_row = budget.row_bytes(graph, start, a.shape[0], grad)
+    step = budget.rows_per_chunk(per_row, a.shape[1], budget.box_bytes(graph, a.shape[0]))
+    if step >= a.shape[1]:
+        return bound(a)
+    parts = [bound(a[:, first : first + step]) for first in range(0, a.shape[1], step)]
+    return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
 
 def optimised_backward(

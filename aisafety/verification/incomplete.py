@@ -10,6 +10,7 @@ import torch
 from pydantic import Field
 
 from aisafety.verification import bounds as b
+from aisafety.verification import budget
 from aisafety.verification.base import AttackFirstConfig, Verifier
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
@@ -38,6 +39,19 @@ class CrownVerifier(Verifier):
     def boxes(self, graph: BoundGraph, prop: Property):
         return b.linear_boxes(graph, prop.lower, prop.upper, self.mode)
 
+    def peak_bytes(self, graph: BoundGraph, batch: int, rows: int) -> int:
+        """The boxes and the largest one-neuron (two-row) or one-spec-row backward pass."""
+        return budget.box_bytes(graph, batch) + self.pass_bytes(graph, batch)
+
+    def pass_bytes(self, graph: BoundGraph, batch: int, grad: bool = False) -> int:
+        end = len(graph.ops) - 1
+        passes = [budget.row_bytes(graph, end, batch, grad)]
+        deep = b.depends_on_activation(graph)
+        for op in graph.ops:
+            if op.kind == "activation" and deep[op.inputs[0]]:
+                passes.append(2 * budget.row_bytes(graph, op.inputs[0], batch, grad))
+        return max(passes)
+
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         boxes = self.boxes(graph, prop)
         bound, coeff = b.spec_lower(graph, boxes, prop.spec, self.mode)
@@ -56,6 +70,9 @@ class CrownIBPVerifier(CrownVerifier):
 
     def boxes(self, graph: BoundGraph, prop: Property):
         return b.interval_boxes(graph, prop.lower, prop.upper)
+
+    def pass_bytes(self, graph: BoundGraph, batch: int, grad: bool = False) -> int:
+        return budget.row_bytes(graph, len(graph.ops) - 1, batch)
 
 
 class AlphaCrownConfig(AttackFirstConfig):
@@ -91,6 +108,9 @@ class AlphaCrownVerifier(CrownVerifier):
 
     def boxes(self, graph: BoundGraph, prop: Property):
         return b.linear_boxes(graph, prop.lower, prop.upper, "adaptive", self.alpha_steps)
+
+    def peak_bytes(self, graph: BoundGraph, batch: int, rows: int) -> int:
+        return budget.box_bytes(graph, batch) + self.pass_bytes(graph, batch, grad=True)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         bound, coeff, _ = self.bounds_and_boxes(graph, prop)

@@ -28,6 +28,14 @@ def _sum_tail(t: torch.Tensor) -> torch.Tensor:
     return t.flatten(2).sum(2)
 
 
+def _row_dot(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """sum over the tail of ``a * t`` (B, K), ``t`` per sample (B, ...) or per row: a
+    batched matrix-vector product for the former, with no (B, K, ...) temporary."""
+    if t.dim() == a.dim():
+        return _sum_tail(a * t)
+    return (a.flatten(2) @ t.flatten(1).unsqueeze(2)).squeeze(2)
+
+
 def split_signs(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a.clamp(min=0), a.clamp(max=0)
 
@@ -217,8 +225,9 @@ class Activation(Op):
         """``lower_slope`` (alpha-CROWN) replaces the default lower line's slope."""
         lw, lb, uw, ub = self.relaxation.lines(box[0], box[1], lower_slope)
         pos, neg = split_signs(a)
-        lw, lb, uw, ub = (t if t.dim() == a.dim() else t.unsqueeze(1) for t in (lw, lb, uw, ub))
-        return [pos * lw + neg * uw], _sum_tail(pos * lb + neg * ub)
+        bias = _row_dot(pos, lb) + _row_dot(neg, ub)
+        lw, uw = (t if t.dim() == a.dim() else t.unsqueeze(1) for t in (lw, uw))
+        return [pos * lw + neg * uw], bias
 
 
 @dataclass

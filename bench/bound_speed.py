@@ -1,0 +1,186 @@
+"""CROWN's time against auto_LiRPA's on the same networks, images and specs, one thread.
+
+    /work/venv-lirpa/bin/python bench/bound_speed.py [--images 8] [--repeats 7]
+
+auto_LiRPA must be importable (a separate venv with --system-site-packages and
+``pip install --no-deps -e`` a checkout of Verified-Intelligence/auto_LiRPA, plus appdirs
+and graphviz, so it does not replace torch). Networks: the VNN-COMP 2021 mnistfc 256x2 /
+256x4 / 256x6 MLPs at eps 0.03 and the zoo's Conv-Small ``sok-cnn-a-adv1`` at eps 0.1, on
+the first ``--images`` embedded MNIST test images. Both bound the same plain
+``nn.Sequential`` rebuilt from our bound graph (auto_LiRPA cannot trace onnx2torch's
+modules), with the margin rows ``f_y - f_j`` as the spec ``C``.
+
+Per network: the paired median of our time / auto_LiRPA's (interleaved, the order
+alternating), for our shipped float64 graph and a float32 one, and the largest amount by
+which auto_LiRPA's float32 lower bound exceeds our float64 one (<= 0: ours at least as
+tight everywhere; a few 1e-6 is float32 rounding, of either sign).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aisafety.memory import reuse_freed_memory
+from aisafety.verification import ops
+from aisafety.verification.graph import build_graph
+from aisafety.verification.incomplete import CrownVerifier
+from aisafety.verification.property import robustness_property
+
+ROOT = Path(__file__).resolve().parents[1]
+MNISTFC = ROOT.parent / "shared" / "data" / "vnncomp2021_mnistfc"
+
+
+class Affine(nn.Module):
+    """x * scale + shift (normalisation, BatchNorm) as auto_LiRPA's Mul and Add."""
+
+    def __init__(self, scale: torch.Tensor, shift: torch.Tensor):
+        super().__init__()
+        self.register_buffer("scale", scale.float().clone().unsqueeze(0))
+        self.register_buffer("shift", shift.float().clone().unsqueeze(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift
+
+
+class Reshape(nn.Module):
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, *self.shape)
+
+
+def plain_module(network: nn.Module, shape: tuple[int, ...], name: str) -> nn.Module:
+    """The chain of ``network``'s bound graph as standard torch layers."""
+    graph = build_graph(network, shape, name, dtype=torch.float32)
+    layers: list[nn.Module] = []
+    for index, op in enumerate(graph.ops[1:], 1):
+        if op.inputs != [index - 1]:
+            raise SystemExit(f"{name}: not a chain at {op.name!r}")
+        if isinstance(op, ops.Elementwise) and not layers:
+            continue  # the input normalisation: applied to the box instead (``normalised``)
+        if isinstance(op, ops.Dense):
+            layer = nn.Linear(op.weight.shape[1], op.weight.shape[0])
+            layer.weight.data, layer.bias.data = op.weight.detach(), op.bias.detach()
+        elif isinstance(op, ops.Conv):
+            layer = nn.Conv2d(op.weight.shape[1] * op.groups, op.weight.shape[0],
+                              op.weight.shape[2:], op.stride, op.padding, op.dilation,
+                              op.groups)  # fmt: skip
+            layer.weight.data, layer.bias.data = op.weight.detach(), op.bias.detach()
+        elif isinstance(op, ops.Activation) and op.fn is torch.relu:
+            layer = nn.ReLU()
+        elif isinstance(op, ops.Elementwise):
+            layer = Affine(op.scale, op.shift)
+        elif isinstance(op, ops.Reshape):
+            layer = Reshape(op.out_shape)
+        else:
+            raise SystemExit(f"{name}: op {op.kind} {op.name!r} is not in a plain chain")
+        layers.append(layer)
+    return torch.fx.symbolic_trace(nn.Sequential(*layers).eval())  # Affine: a mul and an add
+
+
+def normalised(prop, network: nn.Module, shape, name: str):
+    """``prop`` with its box through the network's leading elementwise ops (monotone)."""
+    graph = build_graph(network, shape, name)
+    for op in graph.ops[1:]:
+        if not isinstance(op, ops.Elementwise):
+            break
+        lo, hi = op.interval((prop.lower, prop.upper))
+        prop = type(prop)(lo, hi, prop.spec, prop.offset)
+    return prop
+
+
+def networks() -> list[tuple[str, nn.Module, tuple[int, ...], float]]:
+    from aisafety.database.zoo import load_zoo_model
+    from aisafety.prediction.onnx_model import load_onnx
+
+    found = []
+    for depth in (2, 4, 6):
+        path = MNISTFC / f"mnist-net_256x{depth}.onnx"
+        predictor = load_onnx(path, gradients=True, input_shape=(1, 28, 28))
+        found.append((f"256x{depth}", predictor.network.cpu(), (1, 28, 28), 0.03))
+    predictor = load_zoo_model("sok-cnn-a-adv1")
+    found.append(("sok-cnn-a-adv1", predictor.network.cpu(), predictor.input_shape, 0.1))
+    return found
+
+
+def ours(graph, prop) -> tuple[float, torch.Tensor]:
+    prop = prop.to(graph.dtype)
+    verifier = CrownVerifier()
+    start = time.process_time()
+    with torch.no_grad(), reuse_freed_memory():
+        bound, _ = verifier.lower_bounds(graph, prop)
+    return time.process_time() - start, bound
+
+
+def bounded_module(module: nn.Module, shape):
+    from auto_LiRPA import BoundedModule
+
+    return BoundedModule(module, torch.zeros(1, *shape), device="cpu", verbose=False)
+
+
+def lirpa(bounded, prop) -> tuple[float, torch.Tensor]:
+    from auto_LiRPA import BoundedTensor
+    from auto_LiRPA.perturbations import PerturbationLpNorm
+
+    lower, upper = prop.lower.float(), prop.upper.float()
+    start = time.process_time()
+    x = BoundedTensor((lower + upper) / 2, PerturbationLpNorm(x_L=lower, x_U=upper))
+    with torch.no_grad():
+        bound, _ = bounded.compute_bounds(x=(x,), C=prop.spec.float(), method="CROWN",
+                                          bound_upper=False)  # fmt: skip
+    return time.process_time() - start, bound
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from aisafety.database.datasets.embedded import EmbeddedMnist
+
+    data = EmbeddedMnist().load(None, "test")
+    x, y = data.x[: args.images], data.y[: args.images]
+    print(f"{'network':<16} {'ours f64/lirpa':>15} {'ours f32/lirpa':>15} {'lirpa s':>8} "
+          f"{'lirpa tighter by':>17}")  # fmt: skip
+    for name, network, shape, eps in networks():
+        prop = robustness_property(x.reshape(-1, *shape), y, eps, 10)
+        prop, module = normalised(prop, network, shape, name), plain_module(network, shape, name)
+        graphs = {
+            d: build_graph(module, shape, name, dtype=d) for d in (torch.float64, torch.float32)
+        }
+        bounded = bounded_module(module, shape)
+        ratios: dict[torch.dtype, list[float]] = {torch.float64: [], torch.float32: []}
+        theirs: list[float] = []
+        gap = -float("inf")
+        for r in range(args.repeats):
+            for dtype in ratios:
+                if r % 2:
+                    (mine, bound), (their, their_bound) = (
+                        ours(graphs[dtype], prop),
+                        lirpa(bounded, prop),
+                    )
+                else:
+                    (their, their_bound), (mine, bound) = (
+                        lirpa(bounded, prop),
+                        ours(graphs[dtype], prop),
+                    )
+                ratios[dtype].append(mine / their)
+                theirs.append(their)
+                if dtype == torch.float64:  # the bound we ship; float32 rounds either way
+                    gap = max(gap, float((their_bound.double() - bound).max()))
+        f64, f32 = (statistics.median(ratios[d]) for d in (torch.float64, torch.float32))
+        print(f"{name:<16} {f64:>14.2f}x {f32:>14.2f}x {statistics.median(theirs):>8.3f} "
+              f"{gap:>17.2e}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
