@@ -22,7 +22,7 @@ import torch
 from aisafety.verification import bounds as b
 from aisafety.verification.base import Verifier
 from aisafety.verification.deadline import check_time
-from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.graph import BoundGraph
 from aisafety.verification.ops import Box
 from aisafety.verification.property import Property
 
@@ -79,13 +79,7 @@ class DualNetworkVerifier(Verifier):
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)
-        chained = all(op.inputs == [i] for i, op in enumerate(graph.ops[1:]))
-        if not graph.relu_only or not chained:
-            raise VerificationError(
-                f"verifier 'wk' needs a sequential ReLU network (no residual additions, no "
-                f"sigmoid or tanh); model {graph.model!r} is not one (use 'fast-lin' or "
-                "'crown', which bound it)"
-            )
+        graph.require_sequential(self.name, use="'fast-lin' or 'crown'")
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         boxes = dual_boxes(graph, prop.lower, prop.upper)

@@ -92,6 +92,20 @@ class BoundGraph:
     def relu_only(self) -> bool:
         return all(op.relaxation is RELU for op in self.ops if op.kind == "activation")
 
+    def require_sequential(self, verifier: str, relu: bool = True, use: str = "'crown'") -> None:
+        """A VerificationError unless every op reads only the op before it (no residual
+        additions), all activations ReLU with ``relu``, and the last op affine: the shape the
+        verifiers written for feed-forward networks (WK, DeepZ, the Lipschitz bounds) take."""
+        chained = all(op.inputs == [i] for i, op in enumerate(self.ops[1:]))
+        if chained and self.ops[-1].kind != "activation" and (self.relu_only or not relu):
+            return
+        needs = "a sequential ReLU network" if relu else "a sequential network"
+        raise VerificationError(
+            f"verifier {verifier!r} needs {needs} (no residual additions, an affine last layer"
+            f"{', no sigmoid or tanh' if relu else ''}); model {self.model!r} is not one (use "
+            f"{use}, which bounds it)"
+        )
+
 
 def _unsupported(node: fx.Node, what: str, model: str) -> VerificationError:
     return VerificationError(

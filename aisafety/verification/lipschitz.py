@@ -22,7 +22,7 @@ import torch
 
 from aisafety.verification import bounds as b
 from aisafety.verification.base import Verifier
-from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.graph import BoundGraph
 from aisafety.verification.ops import Op
 from aisafety.verification.property import Property
 from aisafety.verification.relaxations import SIGMOID
@@ -53,17 +53,6 @@ def inf_norm(op: Op, like: torch.Tensor) -> float:
     return float(((hi - lo) / 2).max())
 
 
-def _require_sequential(graph: BoundGraph, name: str, relu: bool) -> None:
-    chained = all(op.inputs == [i] for i, op in enumerate(graph.ops[1:]))
-    chained = chained and graph.ops[-1].kind != "activation"
-    if not chained or (relu and not graph.relu_only):
-        needs = "a sequential ReLU network" if relu else "a sequential network"
-        raise VerificationError(
-            f"verifier {name!r} needs {needs} (no residual additions, an affine last layer); model "
-            f"{graph.model!r} is not one (use 'crown', which bounds it)"
-        )
-
-
 class OpNormVerifier(Verifier):
     name = "op-norm"
     description = (
@@ -74,7 +63,7 @@ class OpNormVerifier(Verifier):
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)
-        _require_sequential(graph, self.name, relu=False)
+        graph.require_sequential(self.name, relu=False)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         value, radius = centre_rows(graph, prop)
@@ -100,7 +89,7 @@ class FastLipVerifier(Verifier):
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)
-        _require_sequential(graph, self.name, relu=True)
+        graph.require_sequential(self.name)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         value, radius = centre_rows(graph, prop)

@@ -14,7 +14,7 @@ import torch
 
 from aisafety.verification.base import Verifier
 from aisafety.verification.deadline import check_time
-from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.graph import BoundGraph
 from aisafety.verification.ops import Box, Op
 from aisafety.verification.property import Property
 
@@ -93,13 +93,7 @@ class DeepZVerifier(Verifier):
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)
-        chained = all(op.inputs == [i] for i, op in enumerate(graph.ops[1:]))
-        if not graph.relu_only or not chained:
-            raise VerificationError(
-                f"verifier 'deepz' needs a sequential ReLU network (no residual additions, "
-                f"no sigmoid or tanh); model {graph.model!r} is not one (use 'crown', which "
-                "bounds it)"
-            )
+        graph.require_sequential(self.name)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         zonotope = output_zonotope(graph, prop.lower, prop.upper)
