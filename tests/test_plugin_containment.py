@@ -3,6 +3,7 @@ not the command (issue #35, finding 6; aisafety/plugins.py)."""
 
 from __future__ import annotations
 
+import sys
 import types
 from importlib import metadata
 
@@ -17,7 +18,9 @@ from aisafety.plugins import build_registry
 def exiting_entry_point(tmp_path, monkeypatch):
     """An installed-looking plugin whose module calls sys.exit(3) when imported."""
     (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(3)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    # not monkeypatch.syspath_prepend: with a pkg_resources namespace left in sys.modules by
+    # another package (setuptools without pkg_resources), it fails importing a pkg_resources API
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     point = metadata.EntryPoint("exits-at-import", "exits_at_import", PROJECT)
     real = metadata.entry_points
 
