@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_verification import two_layer_net  # one hand-built net for both files
 from torch import nn
 
 from aisafety.plugins import default_registry
@@ -12,16 +13,6 @@ from aisafety.verification.graph import build_graph
 from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import make_verifier
 from aisafety.verification.zonotope import affine, concretize, input_zonotope, relu
-
-
-def two_layer_net() -> nn.Sequential:
-    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
-    with torch.no_grad():
-        net[0].weight.copy_(torch.tensor([[1.0, -1.0], [2.0, 1.0]]))
-        net[0].bias.copy_(torch.tensor([0.0, -1.0]))
-        net[2].weight.copy_(torch.tensor([[1.0, -1.0], [-1.0, 2.0]]))
-        net[2].bias.copy_(torch.tensor([0.5, 0.0]))
-    return net
 
 
 def bounds_of(name: str, graph, prop) -> torch.Tensor:
