@@ -178,7 +178,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from aisafety.config import default_plan, load_plan
     from aisafety.database.store import ResultStore
     from aisafety.database.zoo import list_models
-    from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
+    from aisafety.evaluation.ranking import (
+        metric_columns,
+        rank_correlations,
+        rank_sum_tests,
+        undefined_correlations,
+    )
     from aisafety.execution import run_plan
     from aisafety.interfaces import ModelSpec
     from aisafety.plugins import failure_warnings
@@ -215,12 +220,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
             ["model", *(f"{c.name} ({c.direction.value})" for c in columns)],
             [[name, *(c.values.get(name) for c in columns)] for name in args.models],
         ),
-        "rank_correlations": (
+    }  # fmt: skip
+    correlations = rank_correlations(columns)
+    if correlations:
+        tables["rank_correlations"] = (
             ["metric A", "metric B", "models", "spearman", "spearman p", "kendall", "kendall p"],
             [(r.first, r.second, r.models, r.spearman, r.spearman_p, r.kendall, r.kendall_p)
-             for r in rank_correlations(columns)],
-        ),
-    }  # fmt: skip
+             for r in correlations],
+        )  # fmt: skip
     tests = rank_sum_tests(results, baseline)
     if tests:
         tables["rank_sum_tests"] = (
@@ -230,6 +237,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )  # fmt: skip
     print_comparison(tables, f"{len(args.models)} models on {plan.dataset.name} (db {args.db})",
                      baseline, args.format)  # fmt: skip
+    note = undefined_correlations(columns)
+    if note:
+        print(f"\n{note}", file=sys.stdout if args.format == "table" else sys.stderr)
     return 0
 
 
