@@ -338,6 +338,21 @@ def fill_listing_cache(listed: str) -> None:
                 listing_cache.write(kind, entries)
 
 
+def write_shipped_listing() -> None:
+    """aisafety/builtin_listing.json, the first listing's answer (aisafety/listing_cache.py):
+    ``python -c "from aisafety.cli import write_shipped_listing as w; w()"``."""
+    from aisafety import listing_cache
+
+    if not listing_cache.only_builtins():
+        raise ConfigError("the shipped listing is of the built-ins: uninstall plugins first")
+    listings = {}
+    for kind in [*LIST_KINDS, "models"]:
+        listings[kind], complete = list_entries(kind)
+        if not complete:
+            raise ConfigError(f"a built-in failed to register while listing {kind}")
+    listing_cache.write_shipped(listings)
+
+
 def list_entries(kind: str) -> tuple[list[dict], bool]:
     """What ``aisafety list KIND`` shows, and whether every plugin loaded (only then cached)."""
     if kind == "models":
