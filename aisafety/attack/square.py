@@ -100,7 +100,7 @@ class SquareLinf(Attack):
                 side = min(max(round(math.sqrt(p * h * w)), 1), side_max)
                 x_cur, best_cur = x0[active], best[active]
                 proposal = self._propose(x_cur, best_cur, side, eps, call.streams[active])
-                new_margin = margin_loss(predictor.logits(proposal), y0[active])
+                new_margin = margin_loss(predictor.logits(proposal, in_range=True), y0[active])
                 improved = new_margin < margin[active]
                 margin[active] = torch.where(improved, new_margin, margin[active])
                 best[active] = torch.where(improved[:, None, None, None], proposal, best_cur)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ import torch
 from aisafety import randomness
 
 BUFFER = 1024  # buffered numbers per sample and kind (uniform, normal)
+PARALLEL_DRAW = 1 << 20  # numbers in a direct draw from which it is spread over threads
 _MASK = (1 << 64) - 1
 
 
@@ -64,11 +66,28 @@ class _Pool:
         return made
 
     def direct(self, kind: str, rows: np.ndarray, k: int) -> torch.Tensor:
+        """Each row's ``k`` numbers from its own generator, written in place into one host
+        tensor (pinned for a GPU, so the copy runs asynchronously). A large draw (a random
+        start at 224x224: 64 x 150,528 numbers) is split over torch's intra-op threads, one
+        sample per task: each generator is independent, so the numbers are those of a
+        sequential draw, and the host's share of a GPU step shrinks with its core count."""
         draw = torch.rand if kind == "rand" else torch.randn
-        parts = [draw(k, generator=self.generator(r)) for r in rows.tolist()]
-        return (
-            torch.stack(parts).to(self.device) if parts else torch.empty((0, k), device=self.device)
-        )
+        rows_list = rows.tolist()
+        generators = [self.generator(r) for r in rows_list]
+        pinned = self.device.type == "cuda"
+        out = torch.empty((len(rows_list), k), pin_memory=pinned)
+
+        def fill(i: int) -> None:
+            draw(k, generator=generators[i], out=out[i])
+
+        workers = min(torch.get_num_threads(), len(rows_list))
+        if workers > 1 and k * len(rows_list) >= PARALLEL_DRAW:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(fill, range(len(rows_list))))
+        else:
+            for i in range(len(rows_list)):
+                fill(i)
+        return out.to(self.device, non_blocking=pinned)
 
     def buffered(self, kind: str, rows: np.ndarray, k: int) -> torch.Tensor:
         buffer, positions = self.buffers[kind], self.positions[kind]
