@@ -105,6 +105,24 @@ class _Pool:
             index = index.to(self.device, non_blocking=True)
         return torch.take(buffer, index)
 
+    def available(self, kind: str, rows: np.ndarray, k: int) -> np.ndarray:
+        """Per row, how many draws of ``k`` numbers its buffer serves before a refill."""
+        return (BUFFER - self.positions[kind][rows]) // k
+
+    def peek(self, kind: str, rows: np.ndarray, k: int, draws: int) -> torch.Tensor:
+        """The next ``draws`` draws of ``k`` numbers per row, (rows, draws, k), left in the
+        buffer; only a row's first ``available`` draws are its numbers (the rest: filler)."""
+        start = self.positions[kind][rows]
+        offsets = start[:, None, None] + (np.arange(draws) * k)[None, :, None] + np.arange(k)
+        index = torch.from_numpy(rows[:, None, None] * BUFFER + np.minimum(offsets, BUFFER - 1))
+        if self.device.type != "cpu":
+            index = index.to(self.device, non_blocking=True)
+        return torch.take(self.buffers[kind], index)
+
+    def consume(self, kind: str, rows: np.ndarray, k: int, draws: np.ndarray) -> None:
+        """Take ``draws`` (per row, at most ``available``) draws of ``k`` numbers as drawn."""
+        self.positions[kind][rows] += draws * k
+
 
 class SampleStreams:
     """The random streams of a batch's samples, one per sample (see the module docstring).
@@ -177,6 +195,20 @@ class SampleStreams:
             raise ValueError(f"randint over {high - low} values is too wide for a float draw")
         drawn = scaled(self._draw("rand", shape), high - low)
         return drawn.add_(low) if low else drawn
+
+    def available_uniforms(self, k: int) -> np.ndarray:
+        """Per sample, how many ``rand((n, k))`` draws its buffer serves before a refill (a
+        caller may then ``peek_uniforms`` that far ahead without changing any number)."""
+        return self._pool.available("rand", self._rows, k)
+
+    def peek_uniforms(self, k: int, draws: int) -> torch.Tensor:
+        """(n, draws, k): what the next ``draws`` calls of ``rand((n, k))`` would return, for
+        each sample's first ``available_uniforms(k)`` of them; nothing is drawn."""
+        return self._pool.peek("rand", self._rows, k, draws)
+
+    def consume_uniforms(self, k: int, draws: np.ndarray) -> None:
+        """Count ``draws[i]`` peeked draws of sample ``i`` as drawn."""
+        self._pool.consume("rand", self._rows, k, np.asarray(draws, dtype=np.int64))
 
     def signs(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """+1 or -1 with probability 1/2 each (Rademacher)."""
