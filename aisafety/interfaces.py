@@ -84,7 +84,10 @@ class ModelSpec(StrictModel):
     ``gradients: true``, converted to PyTorch and checked against onnxruntime. ``remote``: a
     model served over the Open Inference Protocol v2 at ``url`` (scores only). ``object``:
     the record of a module or predictor handed to ``aisafety.evaluate(model=...)``; it is
-    stored with the run but cannot be loaded from a plan file.
+    stored with the run but cannot be loaded from a plan file. ``robustbench``: the
+    RobustBench model-zoo network ``name`` for ``dataset`` and ``threat_model``, from a
+    checkpoint already in ``model_dir`` (RobustBench's layout; never downloaded), with the
+    normalisation RobustBench builds into it.
 
     The input domain, where the network does not take [0, 1] NCHW images: it is fed
     ``(x * scale - mean) / std`` for the platform's images ``x`` in [0, 1] (``scale: 255``
@@ -95,7 +98,15 @@ class ModelSpec(StrictModel):
 
     name: str = "mnist-cnn"
     source: Literal[
-        "zoo", "checkpoint", "python", "export", "torchscript", "onnx", "remote", "object"
+        "zoo",
+        "checkpoint",
+        "python",
+        "export",
+        "torchscript",
+        "onnx",
+        "remote",
+        "object",
+        "robustbench",
     ] = "zoo"
     path: Path | None = None
     url: str | None = None
@@ -103,6 +114,10 @@ class ModelSpec(StrictModel):
     factory: str | None = None
     kwargs: dict[str, Any] | None = None
     python_path: tuple[Path, ...] = ()
+    # robustbench models: the zoo's folder, and which leaderboard the name is from
+    model_dir: Path | None = None
+    dataset: Literal["cifar10", "cifar100", "imagenet"] | None = None
+    threat_model: Literal["Linf", "L2", "corruptions", "corruptions_3d"] | None = None
     gradients: bool = False
     input_shape: tuple[int, int, int] | None = None
     num_classes: int | None = Field(default=None, gt=1)
@@ -164,6 +179,7 @@ class ModelSpec(StrictModel):
             "torchscript": ("path", "input_shape"),
             "onnx": ("path",),
             "remote": ("url",),
+            "robustbench": ("model_dir", "dataset", "threat_model"),
         }.get(self.source, ())
         missing = [field for field in needs if getattr(self, field) is None]
         if missing:
@@ -186,6 +202,7 @@ _MODEL_FIELDS_USED = {
     "onnx": {"name", "path", "gradients", "input_shape", "num_classes", "mean", "std", "scale",
              "layout"},
     "remote": {"name", "url", "input_shape", "num_classes", "timeout", "retries"},
+    "robustbench": {"name", "model_dir", "dataset", "threat_model"},
 }  # fmt: skip
 
 
