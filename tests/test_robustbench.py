@@ -105,7 +105,9 @@ def test_same_logits_as_the_architecture_loaded_directly(saved):
     print(f"robustbench {NAME}: max |logit difference| to the module = {diff:.3g}")
     assert diff < 1e-5
     assert predictor.input_shape == (3, 32, 32) and predictor.num_classes == 10
-    assert predictor.mean is None and predictor.std is None  # normalised inside, as defined
+    ours = predictor.network[0]  # no normalisation added: RobustBench's own, inside
+    assert float(ours.mean.abs().max()) == 0 and float((ours.std - 1).abs().max()) == 0
+    assert torch.allclose(predictor.module.sigma.flatten(), torch.tensor([0.2471, 0.2435, 0.2616]))
     assert len(fingerprint) == 64
 
 
@@ -122,7 +124,7 @@ def test_a_plan_with_attacks_coverage_rdi_and_crown(saved, tmp_path):
              "dataset": "cifar10", "threat_model": "Linf"}  # fmt: skip
     plan = {
         "model": model,
-        "dataset": {"name": "cifar10-embedded", "limit": 2},
+        "dataset": {"name": "cifar10-embedded", "limit": 10},  # one per class
         "profile_dataset": {"name": "cifar10-embedded", "split": "test", "limit": 8},
         "attacks": [
             {"name": "pgd-linf", "eps": [0.5 / 255], "config": {"steps": 2}},
@@ -138,7 +140,7 @@ def test_a_plan_with_attacks_coverage_rdi_and_crown(saved, tmp_path):
                 "config": {
                     "eps": 0.1 / 255,
                     "verifier": "crown",
-                    "verifier_config": {"timeout": 60},
+                    "verifier_config": {"timeout": 30, "memory_gib": 2},
                 },
             },
         ],  # fmt: skip
@@ -148,5 +150,6 @@ def test_a_plan_with_attacks_coverage_rdi_and_crown(saved, tmp_path):
     db = f"sqlite:///{tmp_path / 'r.db'}"
     assert main(["evaluate", str(path), "--db", db, "--quiet"]) == 0
     _, rows = ResultStore(db).query("SELECT metric, value FROM results")
+    print(f"robustbench {NAME} (random weights) stored: {sorted(rows)}")
     stored = {metric.split("(")[0] for metric, _ in rows}
     assert {"ca", "robust-accuracy", "tkncov", "rdi", "certified-accuracy"} <= stored, rows
