@@ -22,6 +22,7 @@ from torch import fx, nn
 
 from aisafety.errors import ConfigError
 from aisafety.verification import ops
+from aisafety.verification.attention import attention_message, product_of_inputs
 from aisafety.verification.relaxations import RELU, SIGMOID, TANH
 
 SUPPORTED = (
@@ -135,6 +136,9 @@ def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) ->
             f"verification needs a traceable network of {SUPPORTED}"
         ) from None
     modules = dict(traced.named_modules())
+    product = product_of_inputs(traced.graph, modules)
+    if product is not None:  # attention: name it, not the first op that would fail
+        raise VerificationError(attention_message(product, traced.graph, modules, model))
     example = torch.rand(2, *input_shape)
     values: dict[fx.Node, Any] = {}
     index: dict[fx.Node, int] = {}  # traced node -> op index, for input-dependent nodes
