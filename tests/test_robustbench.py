@@ -5,12 +5,13 @@ of a real RobustBench architecture (``Wong2020Fast``, a PreActResNet-18 with its
 normalisation inside) in the layout RobustBench's ``load_model`` reads. The tests that need
 the robustbench package skip, naming why, where it cannot be imported: it needs a
 torchvision built for the installed torch, and there is none for torch 2.13.0+cpu on PyPI
-(docs/own-model.md).
+(docs/own-model.md); `.ci/robustbench.sh` runs them in a venv where it can.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 import torch
@@ -70,6 +71,8 @@ def _robustbench():
             "robustbench.utils"
         )
     except Exception as exc:  # noqa: BLE001 - a torchvision unfit for this torch: RuntimeError
+        if os.environ.get("AISAFETY_REQUIRE_ROBUSTBENCH"):  # .ci/robustbench.sh: must run
+            raise
         pytest.skip(
             f"robustbench cannot be imported here ({type(exc).__name__}: {str(exc)[:120]}); "
             "it needs timm and a torchvision built for this torch (docs/own-model.md)"
@@ -153,3 +156,6 @@ def test_a_plan_with_attacks_coverage_rdi_and_crown(saved, tmp_path):
     print(f"robustbench {NAME} (random weights) stored: {sorted(rows)}")
     stored = {metric.split("(")[0] for metric, _ in rows}
     assert {"ca", "robust-accuracy", "tkncov", "rdi", "certified-accuracy"} <= stored, rows
+    _, verdicts = ResultStore(db).query("SELECT verdict, margin FROM verification_samples")
+    print(f"CROWN verdicts under a 2 GiB budget: {sorted(verdicts, key=str)}")
+    assert len(verdicts) == 10  # one per image: the verifier answered for every one
