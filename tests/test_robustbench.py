@@ -116,9 +116,12 @@ def test_same_logits_as_the_architecture_loaded_directly(saved):
 
 def test_unknown_names_and_unsupported_entries_are_named(saved):
     model_dir, _ = saved
+    (model_dir / "cifar10" / "Linf" / "Nobody2026.pt").write_bytes(b"")
     with pytest.raises(UnknownNameError, match="Carmon2019Unlabeled"):
-        (model_dir / "cifar10" / "Linf" / "Nobody2026.pt").write_bytes(b"")
         load_model(_spec(model_dir, "Nobody2026"), CPU)
+    (model_dir / "cifar10" / "Linf" / "Chen2020Adversarial.pt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="is an ensemble.*source: python"):
+        load_model(_spec(model_dir, "Chen2020Adversarial"), CPU)  # three checkpoint files
 
 
 def test_a_plan_with_attacks_coverage_rdi_and_crown(saved, tmp_path):
