@@ -150,16 +150,13 @@ def _load_robustbench(spec: ModelSpec, device: torch.device) -> tuple[Predictor,
     """A RobustBench network from its checkpoint in ``model_dir``, its normalisation inside."""
     from aisafety.prediction.robustbench_model import CLASSES, INPUT_SHAPES, load_robustbench
 
-    module, files = load_robustbench(
+    module, file = load_robustbench(
         spec.name, spec.model_dir, spec.dataset, spec.threat_model, spec.name
     )
     shape, classes = INPUT_SHAPES[spec.dataset], CLASSES[spec.dataset]
     spec = spec.model_copy(update={"input_shape": shape, "num_classes": classes})
-    digest = hashlib.sha256()
-    for file in files:  # the weights, and which RobustBench entry built them
-        digest.update(
-            regular_file(file, f"model {spec.name!r}: file", MAX_MODEL_BYTES).read_bytes()
-        )
+    weights = regular_file(file, f"model {spec.name!r}: file", MAX_MODEL_BYTES).read_bytes()
+    digest = hashlib.sha256(weights)  # the weights, and which RobustBench entry built them
     digest.update(f"robustbench|{spec.name}|{spec.dataset}|{spec.threat_model}".encode())
     return _module_predictor(spec, module, device), digest.hexdigest()
 

@@ -1,10 +1,11 @@
 """A RobustBench model-zoo network from a checkpoint already on disk; nothing is downloaded.
 
-RobustBench's ``load_model`` fetches a missing checkpoint from Google Drive or the Hugging
-Face hub. Here every file it would read is checked first, in RobustBench's own layout
-(``model_dir/<dataset>/<threat model>/<name>.pt``), and the download functions are replaced
-by an error for the duration of the call, so a plan never reaches the network. The network
-keeps the normalisation RobustBench builds into it: its input is a [0, 1] image.
+RobustBench's ``load_model`` fetches a missing checkpoint from Google Drive, or builds timm
+hub entries with their hub weights. Here the file it would read is checked first, in
+RobustBench's own layout (``model_dir/<dataset>/<threat model>/<name>.pt``), hub and ensemble
+entries are refused, and its download function is replaced by an error for the duration of
+the call, so a plan never reaches the network. The network keeps the normalisation
+RobustBench builds into it: its input is a [0, 1] image.
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ from torch import nn
 from aisafety.errors import ConfigError, UnknownNameError
 
 INSTALL = (
-    "pip install --no-deps robustbench==1.1.1 timm==1.0.9 huggingface_hub safetensors "
-    "gdown pyautoattack geotorch pandas, beside a torchvision built for your torch (pip "
-    "install robustbench with its dependencies replaces a CPU torch by a CUDA one)"
+    "pip install --no-deps robustbench==1.1.1 timm==1.0.9 huggingface_hub safetensors pandas "
+    "python-dateutil tzdata geotorch torchdiffeq gdown beautifulsoup4 soupsieve "
+    "'setuptools<81', with the autoattack package it imports and a torchvision built for "
+    "your torch (docs/own-model.md; its plain pip install replaces a CPU torch by a CUDA one)"
 )
 INPUT_SHAPES = {"cifar10": (3, 32, 32), "cifar100": (3, 32, 32), "imagenet": (3, 224, 224)}
 CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet": 1000}
 
 
-def checkpoint_files(model_dir: Path, name: str, dataset: str, threat_model: str) -> list[Path]:
-    """The files RobustBench's ``load_model`` reads for a single network (one checkpoint)."""
-    folder = Path(model_dir) / dataset / threat_model.replace("_3d", "")
-    return [folder / f"{name}.pt"]
+def checkpoint_file(model_dir: Path, name: str, dataset: str, threat_model: str) -> Path:
+    """The file RobustBench's ``load_model`` reads for a single network."""
+    return Path(model_dir) / dataset / threat_model.replace("_3d", "") / f"{name}.pt"
 
 
 def fetch_command(model_dir: Path, name: str, dataset: str, threat_model: str) -> str:
@@ -88,17 +89,16 @@ def _no_download(utils: Any, model: str) -> Iterator[None]:
 
 def load_robustbench(
     name: str, model_dir: Path, dataset: str, threat_model: str, model: str
-) -> tuple[nn.Module, list[Path]]:
-    """The network in eval mode, and the checkpoint files it was built from."""
-    files = checkpoint_files(model_dir, name, dataset, threat_model)
-    for file in files:
-        if not file.is_file():
-            raise ConfigError(
-                f"model {model!r}: the RobustBench checkpoint must be at {file} (RobustBench's "
-                "layout model_dir/<dataset>/<threat model>/<name>.pt) and is not; nothing is "
-                "downloaded here: fetch it on a machine with network access by "
-                f"{fetch_command(model_dir, name, dataset, threat_model)} and copy it there"
-            )
+) -> tuple[nn.Module, Path]:
+    """The network in eval mode, and the checkpoint file it was built from."""
+    file = checkpoint_file(model_dir, name, dataset, threat_model)
+    if not file.is_file():
+        raise ConfigError(
+            f"model {model!r}: the RobustBench checkpoint must be at {file} (RobustBench's "
+            "layout model_dir/<dataset>/<threat model>/<name>.pt) and is not; nothing is "
+            "downloaded here: fetch it on a machine with network access by "
+            f"{fetch_command(model_dir, name, dataset, threat_model)} and copy it there"
+        )
     utils, table = _robustbench(model)  # only once the file is there: it never downloads
     entry = _entry(table, name, dataset, threat_model)
     threat = threat_model.replace("_3d", "")
@@ -119,4 +119,4 @@ def load_robustbench(
         network = utils.load_model(
             name, model_dir=str(model_dir), dataset=dataset, threat_model=threat_model
         )
-    return network.eval(), files
+    return network.eval(), file
