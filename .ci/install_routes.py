@@ -13,7 +13,9 @@
    sources: a local wheel directory here, or the CPU index): `pip install '.[onnx]'` and
    `pip install --no-deps onnx2torch==1.5.15` must keep that torch and bring no CUDA
    package (the extra once resolved to torch 2.14.1 and ~20 nvidia-* packages through
-   onnx2torch's torchvision). Where no +cpu torch can be installed, NOT CHECKED.
+   onnx2torch's torchvision); so must the RobustBench route's `pip install --no-deps
+   robustbench==1.1.1 timm==1.0.9 ...` (with its dependencies it brings torch 2.14.1 too).
+   Where no +cpu torch can be installed, NOT CHECKED.
 
 Resolution only (`pip install --dry-run --report`): the CUDA wheels are gigabytes and this
 machine has no GPU. Exit status 1 when a route resolves to the wrong thing.
@@ -30,6 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PINS = ["torch==2.13.0", "torchvision==0.28.0"]
+# README's RobustBench route (docs/own-model.md): its packages without their dependencies
+ROBUSTBENCH = ["--no-deps", "robustbench==1.1.1", "timm==1.0.9", "huggingface_hub",
+               "safetensors", "pandas", "python-dateutil", "tzdata", "geotorch", "torchdiffeq",
+               "gdown", "beautifulsoup4", "soupsieve", "setuptools<81"]  # fmt: skip
 UNREACHABLE = ("Name or service not known", "Failed to establish a new connection",
                "No matching distribution", "Could not find a version")  # fmt: skip
 
@@ -109,17 +115,18 @@ def onnx_route() -> bool:
             print("onnx route: NOT CHECKED, torch 2.13.0+cpu cannot be installed from here")
             return False
         failed = False
-        for args in ([f"{ROOT}[onnx]"], ["--no-deps", "onnx2torch==1.5.15"]):
+        for args in ([f"{ROOT}[onnx]"], ["--no-deps", "onnx2torch==1.5.15"], ROBUSTBENCH):
             install, output = resolve(args, python=str(python))
             if install is None:
-                print(f"onnx route: FAILED to resolve {' '.join(args)}:\n{output[-2000:]}")
+                print(f"route FAILED to resolve {' '.join(args)}:\n{output[-2000:]}")
                 failed = True
                 continue
             found = versions(install)
             cuda = sorted(n for n in found if n.startswith(("nvidia-", "cuda-", "triton")))
             ok = "torch" not in found and not cuda
+            route = "robustbench route" if args is ROBUSTBENCH else "onnx route"
             print(
-                f"onnx route ({' '.join(args)}): {'ok' if ok else 'WRONG'} (keeps torch "
+                f"{route} ({' '.join(args)}): {'ok' if ok else 'WRONG'} (keeps torch "
                 f"2.13.0+cpu: would install {', '.join(sorted(found)) or 'nothing new'})"
             )
             failed |= not ok

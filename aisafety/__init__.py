@@ -36,7 +36,9 @@ def evaluate(
     from aisafety.config import default_plan, load_plan, plan_from_dict
     from aisafety.database.store import ResultStore
     from aisafety.execution import run_plan
-    from aisafety.in_memory import in_memory_data, in_memory_model
+    from aisafety.in_memory import check_resumable, in_memory_data, in_memory_model
+    from aisafety.interfaces import IN_MEMORY_DATA
+    from aisafety.loading import fingerprint
 
     if plan is None:
         plan = default_plan()
@@ -45,14 +47,16 @@ def evaluate(
     elif isinstance(plan, dict):
         plan = plan_from_dict(plan)
     given_data = None if data is None else in_memory_data(data)
-    if given_data is not None:
-        plan = plan.model_copy(
-            update={"dataset": plan.dataset.model_copy(update={"name": "arrays"})}
-        )
-    given_model = None
+    given_model, spec = None, None
     if model is not None:
         shape = tuple(given_data.x.shape[1:]) if given_data is not None else None
         given_model, spec = in_memory_model(model, shape, name=name, mean=mean, std=std)
+    if resume:  # a stored plan's fingerprints against the objects given now
+        check_resumable(plan, given_model and given_model[1], given_data)
+    if given_data is not None:
+        arrays = {"name": IN_MEMORY_DATA, "path": None, "fingerprint": fingerprint(given_data)}
+        plan = plan.model_copy(update={"dataset": plan.dataset.model_copy(update=arrays)})
+    if spec is not None:
         plan = plan.model_copy(update={"model": spec})
     elif any(v is not None for v in (name, mean, std)):
         from aisafety.errors import ConfigError

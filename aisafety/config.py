@@ -92,17 +92,19 @@ PATH_SECTIONS = ("model", "reference_model", "dataset", "profile_dataset")
 
 
 def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
-    """Relative ``path`` fields of a plan file are relative to the file's folder, as in
-    other tools' config files: the plan runs the same from any working directory."""
+    """Relative ``path`` (and ``model_dir``) fields of a plan file are relative to the
+    file's folder, as in other tools' config files: the plan runs the same from any working
+    directory."""
     resolved = dict(raw)
     for section in PATH_SECTIONS:
         spec = raw.get(section)
-        if isinstance(spec, dict) and isinstance(spec.get("path"), str) and spec["path"]:
-            given = Path(spec["path"]).expanduser()
-            resolved[section] = {
-                **spec,
-                "path": str(given if given.is_absolute() else base / given),
-            }
+        for key in ("path", "model_dir"):  # model_dir: a robustbench model's folder
+            if isinstance(spec, dict) and isinstance(spec.get(key), str) and spec[key]:
+                given = Path(spec[key]).expanduser()
+                resolved[section] = {
+                    **resolved[section],
+                    key: str(given if given.is_absolute() else base / given),
+                }
         if isinstance(spec, dict) and spec.get("source") == "python":
             resolved[section] = {**resolved[section], "python_path": _code_folders(spec, base)}
     return resolved

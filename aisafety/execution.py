@@ -27,6 +27,9 @@ def run_plan(
 ) -> RunRecord:
     """Run ``plan`` on ``plan.executor`` and store its results in ``store``; ``model`` and
     ``data`` (in memory, from ``aisafety.evaluate``) replace the plan's, on the local executor."""
+    from aisafety.in_memory import require_objects
+
+    require_objects(plan, model, data)  # a plan stored from evaluate(model=, data=) alone
     runner = Runner(plan, store, resume=resume, quiet=quiet, model=model, data=data)
     if plan.executor.name == "local":
         return runner.run()

@@ -4,7 +4,9 @@
 The stored run records an ``object`` model spec (name, input shape, classes) and a dataset
 named ``arrays``, with fingerprints of the real module (code and weights, see
 ``loading.predictor_fingerprint``) and the real images, so its results are keyed, resumed and
-reported like any run's.
+reported like any run's. The stored plan carries both fingerprints: re-run without the
+objects, it names what to pass; re-run with other objects and ``resume``, it says that
+nothing of the stored run can be resumed.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from torch import nn
 from aisafety.database.datasets.base import LoadedDataset, images_to_tensor
 from aisafety.database.datasets.npz import image_layout
 from aisafety.errors import ConfigError
-from aisafety.interfaces import ModelSpec
-from aisafety.loading import predictor_fingerprint
+from aisafety.interfaces import IN_MEMORY_DATA, EvaluationPlan, ModelSpec
+from aisafety.loading import fingerprint, predictor_fingerprint
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import TorchPredictor
 
@@ -50,7 +52,7 @@ def in_memory_data(data: tuple[Any, Any]) -> LoadedDataset:
         )
     images = images_to_tensor(x, image_layout(x.shape))
     classes = tuple(str(i) for i in range(int(y.max()) + 1 if y.size else 0))
-    return LoadedDataset("arrays", images, torch.from_numpy(y.astype(np.int64)), classes)
+    return LoadedDataset(IN_MEMORY_DATA, images, torch.from_numpy(y.astype(np.int64)), classes)
 
 
 def in_memory_model(
@@ -79,11 +81,53 @@ def in_memory_model(
         raise ConfigError(
             f"model= takes a torch.nn.Module or an aisafety Predictor, got {type(model).__name__}"
         )
+    digest = predictor_fingerprint(predictor)
     spec = ModelSpec(
-        name=predictor.name, source="object",
-        input_shape=predictor.input_shape, num_classes=predictor.num_classes,
+        name=predictor.name, source="object", input_shape=predictor.input_shape,
+        num_classes=predictor.num_classes, fingerprint=digest,
     )  # fmt: skip
-    return (predictor, predictor_fingerprint(predictor)), spec
+    return (predictor, digest), spec
+
+
+RERUN = (
+    "re-run it in Python: aisafety.evaluate(plan, model=<the nn.Module or Predictor>, "
+    "data=(images, labels)); or, to run it from a plan file, describe the model with "
+    "source: python or export and save the data with numpy.savez for dataset: {name: npz, "
+    "path: FILE} (docs/own-model.md)"
+)
+
+
+def require_objects(plan: EvaluationPlan, model: Any, data: Any) -> None:
+    """A plan stored from ``evaluate(model=..., data=...)`` cannot load those objects itself:
+    one error naming each one missing, before any work."""
+    missing = []
+    if plan.model.source == "object" and model is None:
+        missing.append(f"model= (model {plan.model.name!r}, {_short(plan.model.fingerprint)})")
+    if plan.dataset.name == IN_MEMORY_DATA and data is None:
+        missing.append(f"data= (the arrays, {_short(plan.dataset.fingerprint)})")
+    if missing:
+        raise ConfigError(
+            f"this plan ran on objects handed to aisafety.evaluate() in memory, which a plan "
+            f"cannot load again: {' and '.join(missing)}; {RERUN}"
+        )
+
+
+def check_resumable(plan: EvaluationPlan, model: str | None, data: LoadedDataset | None) -> None:
+    """``resume`` with a stored plan's fingerprints and other objects resumes nothing: say so."""
+    stored = {"model=": plan.model.fingerprint, "data=": plan.dataset.fingerprint}
+    given = {"model=": model, "data=": None if data is None else fingerprint(data)}
+    for what, was in stored.items():
+        if was is not None and given[what] is not None and given[what] != was:
+            raise ConfigError(
+                f"resume: the plan was stored for {what} with {_short(was)}, and the {what} "
+                f"given now has {_short(given[what])} (other code, weights or images), so "
+                "nothing of that run can be resumed; pass the same objects, or resume=False "
+                "to evaluate these afresh"
+            )
+
+
+def _short(digest: str | None) -> str:
+    return f"fingerprint {digest[:12]}" if digest else "no fingerprint recorded"
 
 
 def _module_predictor(module: nn.Module, shape, name: str, mean, std) -> TorchPredictor:

@@ -84,7 +84,11 @@ class ModelSpec(StrictModel):
     ``gradients: true``, converted to PyTorch and checked against onnxruntime. ``remote``: a
     model served over the Open Inference Protocol v2 at ``url`` (scores only). ``object``:
     the record of a module or predictor handed to ``aisafety.evaluate(model=...)``; it is
-    stored with the run but cannot be loaded from a plan file.
+    stored with the run, with the ``fingerprint`` of its code and weights, but cannot be
+    loaded from a plan file. ``robustbench``: the
+    RobustBench model-zoo network ``name`` for ``dataset`` and ``threat_model``, from a
+    checkpoint already in ``model_dir`` (RobustBench's layout; never downloaded), with the
+    normalisation RobustBench builds into it.
 
     The input domain, where the network does not take [0, 1] NCHW images: it is fed
     ``(x * scale - mean) / std`` for the platform's images ``x`` in [0, 1] (``scale: 255``
@@ -95,7 +99,15 @@ class ModelSpec(StrictModel):
 
     name: str = "mnist-cnn"
     source: Literal[
-        "zoo", "checkpoint", "python", "export", "torchscript", "onnx", "remote", "object"
+        "zoo",
+        "checkpoint",
+        "python",
+        "export",
+        "torchscript",
+        "onnx",
+        "remote",
+        "object",
+        "robustbench",
     ] = "zoo"
     path: Path | None = None
     url: str | None = None
@@ -103,6 +115,10 @@ class ModelSpec(StrictModel):
     factory: str | None = None
     kwargs: dict[str, Any] | None = None
     python_path: tuple[Path, ...] = ()
+    # robustbench models: the zoo's folder, and which leaderboard the name is from
+    model_dir: Path | None = None
+    dataset: Literal["cifar10", "cifar100", "imagenet"] | None = None
+    threat_model: Literal["Linf", "L2", "corruptions", "corruptions_3d"] | None = None
     gradients: bool = False
     input_shape: tuple[int, int, int] | None = None
     num_classes: int | None = Field(default=None, gt=1)
@@ -113,6 +129,8 @@ class ModelSpec(StrictModel):
     # remote models: seconds per request, and retries of a failed request
     timeout: float | None = Field(default=None, gt=0, le=3600, allow_inf_nan=False)
     retries: int | None = Field(default=None, ge=0, le=20)
+    # object models: what aisafety.evaluate(model=...) was given (loading.predictor_fingerprint)
+    fingerprint: str | None = None
 
     @field_validator("input_shape")
     @classmethod
@@ -164,6 +182,7 @@ class ModelSpec(StrictModel):
             "torchscript": ("path", "input_shape"),
             "onnx": ("path",),
             "remote": ("url",),
+            "robustbench": ("model_dir", "dataset", "threat_model"),
         }.get(self.source, ())
         missing = [field for field in needs if getattr(self, field) is None]
         if missing:
@@ -181,11 +200,12 @@ _MODEL_FIELDS_USED = {
     "python": {"name", "factory", "kwargs", "python_path", "path", "input_shape", "num_classes",
                "mean", "std", "scale"},
     "export": {"name", "path", "input_shape", "num_classes", "mean", "std", "scale"},
-    "object": {"name", "input_shape", "num_classes"},
+    "object": {"name", "input_shape", "num_classes", "fingerprint"},
     "torchscript": {"name", "path", "input_shape", "num_classes", "mean", "std", "scale"},
     "onnx": {"name", "path", "gradients", "input_shape", "num_classes", "mean", "std", "scale",
              "layout"},
     "remote": {"name", "url", "input_shape", "num_classes", "timeout", "retries"},
+    "robustbench": {"name", "model_dir", "dataset", "threat_model"},
 }  # fmt: skip
 
 
@@ -264,6 +284,9 @@ Seed = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
+IN_MEMORY_DATA = "arrays"  # the dataset name of data handed to aisafety.evaluate(data=...)
+
+
 class DatasetSpec(StrictModel):
     """A dataset and the subset of it to evaluate on."""
 
@@ -275,6 +298,18 @@ class DatasetSpec(StrictModel):
     # how ``limit`` samples are drawn: as many per class as possible (small evaluation sets
     # weigh every class alike) or uniformly from the whole split (as the SoK benchmark does)
     sampling: Literal["balanced", "uniform"] = "balanced"
+    # the images and labels handed to aisafety.evaluate(data=...) (dataset ``arrays``): their
+    # fingerprint, so a stored plan says which arrays it ran on (loading.fingerprint)
+    fingerprint: str | None = None
+
+    @model_validator(mode="after")
+    def _fingerprint_of_arrays_only(self) -> DatasetSpec:
+        if self.fingerprint is not None and self.name != IN_MEMORY_DATA:
+            raise ValueError(
+                f"fingerprint records the arrays handed to aisafety.evaluate(data=...) "
+                f"(dataset {IN_MEMORY_DATA!r}); dataset {self.name!r} does not take it: remove it"
+            )
+        return self
 
 
 def _one_or_many(value: Any) -> Any:

@@ -76,6 +76,8 @@ def load_model(
         spec = spec.model_copy(update={"mean": mean, "std": std, "scale": 1.0})
     if spec.source == "python":
         return _load_python(spec, device)
+    if spec.source == "robustbench":
+        return _load_robustbench(spec, device)
     if spec.source == "object":
         raise ConfigError(
             f"model {spec.name!r} was handed to aisafety.evaluate(model=...) in memory; a plan "
@@ -142,6 +144,21 @@ def _load_python(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]
         data = _read_model_file(spec)
         load_into(module, read_state_dict(data, spec.name, spec.path), spec.name, spec.path)
     return _module_predictor(spec, module, device), module_fingerprint(module, spec.factory)
+
+
+def _load_robustbench(spec: ModelSpec, device: torch.device) -> tuple[Predictor, str]:
+    """A RobustBench network from its checkpoint in ``model_dir``, its normalisation inside."""
+    from aisafety.prediction.robustbench_model import CLASSES, INPUT_SHAPES, load_robustbench
+
+    module, file = load_robustbench(
+        spec.name, spec.model_dir, spec.dataset, spec.threat_model, spec.name
+    )
+    shape, classes = INPUT_SHAPES[spec.dataset], CLASSES[spec.dataset]
+    spec = spec.model_copy(update={"input_shape": shape, "num_classes": classes})
+    weights = regular_file(file, f"model {spec.name!r}: file", MAX_MODEL_BYTES).read_bytes()
+    digest = hashlib.sha256(weights)  # the weights, and which RobustBench entry built them
+    digest.update(f"robustbench|{spec.name}|{spec.dataset}|{spec.threat_model}".encode())
+    return _module_predictor(spec, module, device), digest.hexdigest()
 
 
 def _load_export(spec: ModelSpec, data: bytes, device: torch.device) -> Predictor:

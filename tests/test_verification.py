@@ -299,3 +299,38 @@ def test_box_pgd_steps_each_row_by_its_own_box():
     prop.lower[1], prop.upper[1] = 0.495, 0.505
     point = pgd_on_rows(model, prop, steps=20, restarts=0)  # from the centre only
     assert abs(float(point[1].flatten()[0]) - 0.503) < 0.0005
+
+
+class _SizedFlatten(nn.Module):
+    """``x.view(x.size(0), -1)``, as RobustBench's PreActResNet and WideResNet write it."""
+
+    def __init__(self, scale_by_batch: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3)
+        self.fc = nn.Linear(2 * 4 * 4, 3)
+        self.scale_by_batch = scale_by_batch
+
+    def forward(self, x):
+        out = torch.relu(self.conv(x))
+        if self.scale_by_batch:  # the batch size computed on: no per-sample op
+            out = out * out.size(0)
+        flat = out.view(out.shape[0], -1) if self.scale_by_batch else out.view(out.size(0), -1)
+        return self.fc(flat)
+
+
+def test_a_shape_query_feeding_a_reshape_is_bounded_soundly_at_any_batch_size():
+    torch.manual_seed(0)
+    net = _SizedFlatten().eval()
+    graph = build_graph(net, (1, 6, 6), "sized")  # traced on a batch of 2
+    net = net.double()
+    x = torch.rand(5, 1, 6, 6, dtype=torch.float64)  # bounded on a batch of 5
+    lower, upper = (x - 0.05).clamp(0, 1), (x + 0.05).clamp(0, 1)
+    low, high = b.linear_boxes(graph, lower, upper)[-1]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        u = torch.rand(x.shape, generator=generator, dtype=torch.float64)
+        with torch.no_grad():
+            out = net(lower + u * (upper - lower))
+        assert (out >= low - 1e-9).all() and (out <= high + 1e-9).all()
+    with pytest.raises(VerificationError, match="a shape used other than as a reshape's size"):
+        build_graph(_SizedFlatten(scale_by_batch=True).eval(), (1, 6, 6), "scaled")

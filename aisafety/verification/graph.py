@@ -22,6 +22,7 @@ from torch import fx, nn
 
 from aisafety.errors import ConfigError
 from aisafety.verification import ops
+from aisafety.verification.attention import attention_message, product_of_inputs
 from aisafety.verification.relaxations import RELU, SIGMOID, TANH
 
 SUPPORTED = (
@@ -135,6 +136,9 @@ def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) ->
             f"verification needs a traceable network of {SUPPORTED}"
         ) from None
     modules = dict(traced.named_modules())
+    product = product_of_inputs(traced.graph, modules)
+    if product is not None:  # attention: name it, not the first op that would fail
+        raise VerificationError(attention_message(product, traced.graph, modules, model))
     example = torch.rand(2, *input_shape)
     values: dict[fx.Node, Any] = {}
     index: dict[fx.Node, int] = {}  # traced node -> op index, for input-dependent nodes
@@ -174,6 +178,10 @@ def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) ->
         traced_inputs = [n for n in node.all_input_nodes if n in index]
         if not traced_inputs:
             continue  # a constant: folded into the ops that use it
+        if _is_shape_query(node, target):  # x.size(0) in x.view(x.size(0), -1)
+            if not _sizes_reshape_only(node, modules):
+                raise _unsupported(node, "a shape used other than as a reshape's size", model)
+            continue  # a reshape op keeps per-sample shapes: the batch size is not read
         op = _make_op(node, target, args, values, traced_inputs, index, model)
         if op is None:  # identity (dropout, eval-mode no-ops)
             index[node] = index[traced_inputs[0]]
@@ -351,6 +359,25 @@ def _activation(target: Any):
 def _bind(fn, args, kwargs):
     rest, fixed = args[1:], dict(kwargs)
     return lambda x: fn(x, *rest, **fixed)
+
+
+def _is_shape_query(node: fx.Node, target: Any) -> bool:
+    if node.op == "call_method":
+        return node.target == "size"
+    return target is getattr and node.args[1:] == ("shape",)
+
+
+def _sizes_reshape_only(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Every use of a shape query is a reshape's argument (possibly through ``size[i]``):
+    its value, the batch size of the tracing example included, is then never computed on."""
+    for user in node.users:
+        target = modules.get(user.target) if user.op == "call_module" else user.target
+        if target is operator.getitem and user.args[0] is node:
+            if not _sizes_reshape_only(user, modules):
+                return False
+        elif not _is_reshape(user, target) or user.args[0] is node:
+            return False
+    return True
 
 
 def _is_reshape(node: fx.Node, target: Any) -> bool:
