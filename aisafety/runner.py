@@ -105,6 +105,32 @@ def warn_unmeasured_attacks(attacks, metrics: list[Metric]) -> None:
             )
 
 
+def check_attack_metrics_have_attacks(attacks, metrics: list[Metric]) -> None:
+    """An attack metric with no attack of its families in the plan gives no value: a
+    warning naming it, and an error when no metric of the plan gives one (the run would
+    end with exit 0 and an empty table, e.g. coverage listed without attacks)."""
+    unread = [
+        m
+        for m in metrics
+        if isinstance(m, AttackMetric) and not any(m.applies_to(a.family) for a in attacks)
+    ]
+    if unread and len(unread) == len(metrics):
+        raise ConfigError(
+            f"metric(s) {', '.join(repr(m.name) for m in unread)} read the adversarial "
+            "examples of the plan's attacks, but the plan has no attack they apply to, so "
+            "the run would store nothing; add attacks, or measure the clean data (neuron "
+            "metrics: config: {data: clean})"
+        )
+    for metric in unread:
+        warnings.warn(
+            f"metric {metric.name!r} reads attacks' adversarial examples and the plan has no "
+            "attack it applies to, so it gives no value; add attacks (neuron metrics: "
+            "config: {data: clean} measures the clean data)",
+            AISafetyWarning,
+            stacklevel=3,
+        )
+
+
 def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationPlan:
     """The plan with its ``precision`` written into every attack that has the option and
     does not set its own, so the stored attack label and config say how it ran (and a
@@ -144,6 +170,7 @@ class Runner:
         self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
         self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
         warn_unmeasured_attacks(self.attacks.values(), self.metrics)
+        check_attack_metrics_have_attacks(self.attacks.values(), self.metrics)
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
         if baseline_users and plan.reference_model is None:
             raise missing_reference(f"metric {baseline_users[0]!r}")

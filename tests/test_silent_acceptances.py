@@ -3,12 +3,20 @@ the value and the fix (issue #35, findings 7 and 9)."""
 
 from __future__ import annotations
 
+import math
+import sqlite3
+import types
+
 import pytest
 
 from aisafety.cli import main
 from aisafety.config import plan_from_dict
-from aisafety.errors import ConfigError
-from aisafety.plugins import default_registry
+from aisafety.database.store import ResultStore
+from aisafety.errors import ConfigError, PluginError
+from aisafety.evaluation.base import CleanMetric
+from aisafety.hookspecs import hookimpl
+from aisafety.interfaces import Direction
+from aisafety.plugins import build_registry, default_registry
 from aisafety.runner import Runner
 
 
@@ -74,3 +82,92 @@ def test_a_nan_setting_in_a_plan_file_is_refused_not_stored_as_none(tmp_path, ca
     plan.write_text("attacks: [{name: pgd-linf, config: {step_size: .nan}}]\nmetrics: [aaw]\n")
     assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
     assert "config step_size: NaN is not a setting" in capsys.readouterr().err
+
+
+def test_coverage_without_attacks_is_refused_not_an_empty_table(tmp_path, capsys):
+    """Coverage reads the attacks' adversarial examples by default: listed in a plan without
+    attacks (whatever its profile dataset) it gave no value, and the run ended with exit 0
+    and an empty table."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "dataset: {name: mnist-embedded, limit: 8}\n"
+        f"profile_dataset: {{name: npz, path: {tmp_path / 'missing.npz'}}}\n"
+        "metrics: [kmncov, nbcov]\ndevice: cpu\n"
+    )
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert "metric(s) 'kmncov', 'nbcov' read the adversarial examples" in err
+    assert "config: {data: clean}" in err and "Traceback" not in err
+
+
+def test_an_attack_metric_beside_clean_ones_without_attacks_is_named_in_a_warning():
+    from aisafety.errors import AISafetyWarning
+
+    with pytest.warns(AISafetyWarning, match="metric 'robust-accuracy' reads attacks' adv"):
+        Runner(_plan(metrics=["ca", "robust-accuracy"], dataset={"limit": 4}), store=None)
+
+
+@pytest.mark.parametrize("data", ["clean", "adversarial"])
+def test_coverage_with_a_missing_profile_dataset_exits_2_naming_it(data, tmp_path, capsys):
+    """Neuron bounds come from the profile data: missing, the unit fails naming its path
+    and no coverage value is stored (the run is marked failed)."""
+    missing = tmp_path / "missing.npz"
+    adversarial = data == "adversarial"
+    attacks = "attacks: [{name: fgsm, eps: [0.1]}]\n" if adversarial else ""
+    other = "robust-accuracy" if adversarial else "ca"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        f"dataset: {{name: mnist-embedded, limit: 8}}\n{attacks}"
+        f"profile_dataset: {{name: npz, path: {missing}}}\n"
+        f"metrics: [{{name: kmncov, config: {{data: {data}}}}}, {other}]\ndevice: cpu\n"
+    )
+    db = tmp_path / "r.db"
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err
+    assert f"the neuron bounds: dataset 'npz': path '{missing}' does not exist" in err
+    assert "; set the plan's 'profile_dataset'" in err
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT status FROM runs").fetchall() == [("failed",)]
+        rows = connection.execute("SELECT 1 FROM metric_values WHERE metric LIKE 'kmncov%'")
+        assert rows.fetchall() == []
+
+
+class _Infinite(CleanMetric):
+    name = "infinite"
+    direction = Direction.HIGHER
+    description = "a metric with a bug: +inf"
+
+    def compute(self, ctx):
+        return [self.value(math.inf, len(ctx.y))]
+
+
+class _NegativeCount(CleanMetric):
+    name = "negative-count"
+    direction = Direction.HIGHER
+    description = "a metric with a bug: n = -5"
+
+    def compute(self, ctx):
+        return [self.value(0.5, -5)]
+
+
+@pytest.mark.parametrize(
+    "metric, message",
+    [("infinite", "metric 'infinite' (.*_Infinite) returned infinite = inf; a value must be "
+                  "finite, or NaN where it is undefined; nothing of this unit is stored"),
+     ("negative-count", "metric 'negative-count' (.*) returned negative-count with n_samples = "
+                        "-5; a count of samples cannot be negative")],
+)  # fmt: skip
+def test_a_metric_returning_inf_or_a_negative_count_is_refused_and_nothing_stored(
+    metric, message, tmp_path
+):
+    module = types.ModuleType("buggy")
+    module.aisafety_metrics = hookimpl(lambda: [_Infinite, _NegativeCount])
+    registry = build_registry(extra_plugins=[("buggy", module)])
+    db = tmp_path / "r.db"
+    plan = _plan(metrics=["ca", metric], dataset={"limit": 8})
+    runner = Runner(plan, ResultStore(f"sqlite:///{db}"), registry=registry, quiet=True)
+    with pytest.raises(PluginError, match=message.replace("(.*", r"\(.*").replace(")", r"\)")):
+        runner.run()
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT metric FROM metric_values").fetchall() == []
+        assert connection.execute("SELECT status FROM runs").fetchall() == [("failed",)]
