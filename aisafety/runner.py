@@ -35,6 +35,7 @@ from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric, checked_
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.reference import missing_reference
+from aisafety.evaluation.repeatable import warn_if_not_repeatable
 from aisafety.interfaces import (
     AttackFamily,
     AttackSpec,
@@ -281,6 +282,7 @@ class Runner:
         forward passes checked: a model that changes its inputs or weights fails here."""
         integrity = self._integrity(prepared)
         prepared.context.clean_logits  # noqa: B018 - computed now, under the check below
+        warn_if_not_repeatable(prepared.context)  # a second pass of one batch, also checked
         integrity.check(f"model {prepared.context.predictor.name!r} (the clean forward pass)")
 
     def _integrity(self, prepared: Prepared) -> RunIntegrity:

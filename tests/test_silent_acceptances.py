@@ -6,8 +6,11 @@ from __future__ import annotations
 import math
 import sqlite3
 import types
+import warnings
 
 import pytest
+import torch
+from torch import nn
 
 from aisafety.cli import main
 from aisafety.config import plan_from_dict
@@ -171,3 +174,58 @@ def test_a_metric_returning_inf_or_a_negative_count_is_refused_and_nothing_store
     with sqlite3.connect(db) as connection:
         assert connection.execute("SELECT metric FROM metric_values").fetchall() == []
         assert connection.execute("SELECT status FROM runs").fetchall() == [("failed",)]
+
+
+class _CallCounter(nn.Module):
+    """Logits = a fixed linear map + the number of forward calls so far: the second pass of
+    a batch differs from the first by exactly 1 in every logit (the hand-computed reference).
+    Counted in a Python attribute, not a buffer, so the run's weight fingerprints do not
+    see it as a model that changes its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(784, 10)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.linear(x.flatten(1)) + self.calls
+
+
+def _run_with(module: nn.Module, tmp_path, name: str) -> list[str]:
+    from aisafety.prediction.torch_module import TorchPredictor
+
+    predictor = TorchPredictor(module, (1, 28, 28), 10, name=name)
+    plan = _plan(metrics=["ca"], dataset={"limit": 8}, batch_size=8)
+    store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Runner(plan, store, quiet=True, model=(predictor, name)).run()
+    return [str(w.message) for w in caught if "is not deterministic" in str(w.message)]
+
+
+def test_a_model_whose_two_forward_passes_differ_is_named_with_the_difference(tmp_path):
+    (message,) = _run_with(_CallCounter(), tmp_path, "call-counter")
+    assert message.startswith(
+        "model 'call-counter' is not deterministic: two forward passes of the same batch "
+        "differ by up to 1 in the logits"
+    )
+
+
+def test_a_deterministic_model_gets_no_such_warning(tmp_path):
+    torch.manual_seed(0)
+    assert _run_with(nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), tmp_path, "plain") == []
+
+
+def test_a_random_input_defense_is_random_by_design_and_not_warned_about(tmp_path):
+    """resize-pad draws another resize and offset on every call (its two passes differ),
+    but its randomness is declared (a seeded stream): no warning, and no second pass that
+    would draw from its stream and change the run's later draws."""
+    from aisafety.evaluation.repeatable import repeat_difference
+
+    plan = _plan(metrics=["ca"], dataset={"limit": 8}, defenses=[{"name": "resize-pad"}])
+    assert repeat_difference(Runner(plan, store=None).prepare().context) > 0.1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Runner(plan, ResultStore(f"sqlite:///{tmp_path / 'r.db'}"), quiet=True).run()
+    assert not [w for w in caught if "is not deterministic" in str(w.message)]
