@@ -63,3 +63,13 @@ def test_a_database_folder_that_cannot_be_made_is_named(capsys):
     err = capsys.readouterr().err
     assert "cannot create the folder of the results database '/proc/x/y.db'" in err
     assert "Traceback" not in err
+
+
+def test_a_junk_onnx_file_is_named(tmp_path, capsys):
+    """onnx.load_from_string (reading external weights) raised protobuf's DecodeError."""
+    pytest.importorskip("onnx", reason="onnx is not installed: pip install 'aisafety[onnx]'")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x08\x01junk")
+    err = _evaluate(tmp_path, capsys, f"model: {{name: j, source: onnx, path: {junk}}}\n")
+    assert f"model 'j': '{junk}' is not an ONNX model (DecodeError" in err
+    assert "export one with torch.onnx.export" in err
