@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aisafety.check import add_parser as add_check_parser
+from aisafety.command_clock import command_clock
 from aisafety.database import DEFAULT_URL, QUERY_MAX_ROWS, QUERY_TIMEOUT_S
 from aisafety.database.interruption import end_process_on_hang, terminate_as_interrupt
 from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError, UnknownNameError
@@ -177,7 +178,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from aisafety.config import default_plan, load_plan
     from aisafety.database.store import ResultStore
     from aisafety.database.zoo import list_models
-    from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
+    from aisafety.evaluation.ranking import (
+        metric_columns,
+        rank_correlations,
+        rank_sum_tests,
+        undefined_correlations,
+    )
     from aisafety.execution import run_plan
     from aisafety.interfaces import ModelSpec
     from aisafety.plugins import failure_warnings
@@ -214,12 +220,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
             ["model", *(f"{c.name} ({c.direction.value})" for c in columns)],
             [[name, *(c.values.get(name) for c in columns)] for name in args.models],
         ),
-        "rank_correlations": (
+    }  # fmt: skip
+    correlations = rank_correlations(columns)
+    if correlations:
+        tables["rank_correlations"] = (
             ["metric A", "metric B", "models", "spearman", "spearman p", "kendall", "kendall p"],
             [(r.first, r.second, r.models, r.spearman, r.spearman_p, r.kendall, r.kendall_p)
-             for r in rank_correlations(columns)],
-        ),
-    }  # fmt: skip
+             for r in correlations],
+        )  # fmt: skip
     tests = rank_sum_tests(results, baseline)
     if tests:
         tables["rank_sum_tests"] = (
@@ -229,6 +237,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )  # fmt: skip
     print_comparison(tables, f"{len(args.models)} models on {plan.dataset.name} (db {args.db})",
                      baseline, args.format)  # fmt: skip
+    note = undefined_correlations(columns)
+    if note:
+        print(f"\n{note}", file=sys.stdout if args.format == "table" else sys.stderr)
     return 0
 
 
@@ -325,6 +336,21 @@ def fill_listing_cache(listed: str) -> None:
             entries, complete = list_entries(kind)
             if complete:
                 listing_cache.write(kind, entries)
+
+
+def write_shipped_listing() -> None:
+    """aisafety/builtin_listing.json, the first listing's answer (aisafety/listing_cache.py):
+    ``python -c "from aisafety.cli import write_shipped_listing as w; w()"``."""
+    from aisafety import listing_cache
+
+    if not listing_cache.only_builtins():
+        raise ConfigError("the shipped listing is of the built-ins: uninstall plugins first")
+    listings = {}
+    for kind in [*LIST_KINDS, "models"]:
+        listings[kind], complete = list_entries(kind)
+        if not complete:
+            raise ConfigError(f"a built-in failed to register while listing {kind}")
+    listing_cache.write_shipped(listings)
 
 
 def list_entries(kind: str) -> tuple[list[dict], bool]:
@@ -727,7 +753,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # SIGTERM/SIGHUP from the first moment (loading a model can take a while): the
         # command ends as Ctrl-C does, 130 and 'interrupted', not killed with 143
-        with terminate_as_interrupt(), end_process_on_hang():
+        clock = command_clock(whole_process=argv is None)
+        with terminate_as_interrupt(), clock, end_process_on_hang():
             return args.func(args)
     except AISafetyError as exc:
         print(f"error: {exc}", file=sys.stderr)

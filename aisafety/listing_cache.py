@@ -8,6 +8,12 @@ modification time of every source file of the platform and of each plugin's pack
 every zoo manifest (``AISAFETY_ZOO_PATH`` included). Any change gives a new key; a listing
 with a broken plugin is never cached (its error must show each time). ``AISAFETY_LIST_CACHE=0``
 turns the cache off. Only the standard library is imported here.
+
+The very first listing has no cache yet, and would pay for importing torch (9-12 s on a
+busy 2-core machine, issue #36). Where only the built-ins are installed (no ``aisafety``
+entry point, no ``AISAFETY_ZOO_PATH``), it is answered from ``builtin_listing.json``, the
+built-ins' listing shipped with the package (``write_shipped`` makes it;
+tests/test_listing_cache.py fails, naming the command, when it differs from the live one).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from aisafety.version import __version__
 
 PACKAGE = Path(__file__).resolve().parent
 SUFFIXES = {".py", ".json"}
+SHIPPED = PACKAGE / "builtin_listing.json"
+BUILTIN_ZOO = "<the built-in zoo>"  # a models entry's source, as shipped (a path here)
 
 
 def enabled() -> bool:
@@ -93,7 +101,40 @@ def read(kind: str) -> list[dict] | None:
     try:
         return json.loads((cache_dir() / f"list-{kind}-{key(kind)}.json").read_text())
     except (OSError, ValueError):
+        return shipped(kind)
+
+
+def only_builtins() -> bool:
+    """No plugin and no extra zoo installed: the built-ins' listing is the whole answer."""
+    return not os.environ.get("AISAFETY_ZOO_PATH") and not metadata.entry_points(group="aisafety")
+
+
+def shipped(kind: str) -> list[dict] | None:
+    """The built-ins' listing shipped with this version, where it is the whole answer."""
+    if not only_builtins():
         return None
+    try:
+        listing = json.loads(SHIPPED.read_text())
+    except (OSError, ValueError):
+        return None
+    entries = listing.get("kinds", {}).get(kind) if listing.get("version") == __version__ else None
+    if entries is None:
+        return None
+    zoo = [str(m.parent) for m in _zoo_manifests()]
+    return [
+        {**e, "source": zoo[0]} if e.get("source") == BUILTIN_ZOO and zoo else e for e in entries
+    ]
+
+
+def write_shipped(listings: dict[str, list[dict]]) -> None:
+    """``builtin_listing.json`` from the live listing of every kind (built-ins only)."""
+    zoo = {str(m.parent) for m in _zoo_manifests()}
+    kinds = {
+        kind: [{**e, "source": BUILTIN_ZOO} if e.get("source") in zoo else e for e in entries]
+        for kind, entries in listings.items()
+    }
+    text = json.dumps({"version": __version__, "kinds": kinds}, indent=1, sort_keys=True)
+    SHIPPED.write_text(text + "\n")
 
 
 def write(kind: str, entries: list[dict]) -> None:

@@ -23,7 +23,12 @@ from aisafety.evaluation.metrics.feature_separation import (
     roby,
 )
 from aisafety.evaluation.metrics.hypervolume import AdversarialHypervolume, hypervolume
-from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
+from aisafety.evaluation.ranking import (
+    metric_columns,
+    rank_correlations,
+    rank_sum_tests,
+    undefined_correlations,
+)
 from aisafety.interfaces import Direction, MetricValue, Norm
 from aisafety.prediction.torch_module import TorchPredictor
 
@@ -224,6 +229,7 @@ def test_rank_correlations_and_rank_sum_match_scipy():
     assert rows[("ra", "rdi")].spearman == pytest.approx(expected.statistic)
     assert rows[("ra", "rdi")].kendall == pytest.approx(stats.kendalltau(ra, rdi_values).statistic)
     assert rows[("ra", "rdi")].spearman == pytest.approx(-0.4)  # d^2 sum 14: 1 - 6*14/60
+    assert undefined_correlations(columns) is None
     tests = {t.model: t for t in rank_sum_tests(results, "a")}
     scipy_b = stats.ranksums([0.5, 0.6, 0.7], [0.1, 0.2, 0.3])
     assert tests["b"].p_value == pytest.approx(scipy_b.pvalue)
@@ -231,6 +237,22 @@ def test_rank_correlations_and_rank_sum_match_scipy():
     assert tests["b"].statistic > 0 and tests["b"].verdict == "+"
     assert tests["d"].verdict == "="  # overlapping samples
     assert set(tests) == {"b", "c", "d"}
+
+
+def test_undefined_rank_correlations_are_left_out_and_said():
+    def results(models, constant=False):
+        return {m: [_value("ra", 0.1 * i), _value("rdi", 0.5 if constant else 0.2 * i)]
+                for i, m in enumerate(models)}  # fmt: skip
+
+    two = metric_columns(results(["a", "b"]))
+    assert rank_correlations(two) == []
+    assert "needs at least 3 models and 2 were compared" in undefined_correlations(two)
+    flat = metric_columns(results(["a", "b", "c"], constant=True))  # rdi equal on every model
+    assert rank_correlations(flat) == []
+    assert "1 of 1 pairs of metrics left out" in undefined_correlations(flat)
+    defined = metric_columns(results(["a", "b", "c"]))
+    assert [r.spearman for r in rank_correlations(defined)] == [pytest.approx(1.0)]
+    assert undefined_correlations(defined) is None
 
 
 def test_compare_command_runs_two_models(tmp_path, capsys):
@@ -246,7 +268,10 @@ def test_compare_command_runs_two_models(tmp_path, capsys):
                  "--db", db, "--quiet"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    assert "robust-accuracy @ fgsm eps=0.1" in out and "spearman" in out
+    assert "robust-accuracy @ fgsm eps=0.1" in out
+    # two models have no rank correlation: a line says so, no table of nan (issue #36)
+    assert "spearman" not in out and "nan" not in out
+    assert "needs at least 3 models and 2 were compared" in out
     assert "Wilcoxon rank-sum" in out and "mnist-cnn-pgd-at" in out
     assert main(["compare", str(plan), "--models", "mnist-cnn", "--db", db]) == 2
 

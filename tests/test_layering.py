@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.memory",
             "aisafety.randomness",
             "aisafety.files",  # files from outside, checked by stat before they are read
+            "aisafety.command_clock",  # when the command began, for the wall time a user waits
         ),
     ),
     (

@@ -350,3 +350,17 @@ def test_square_zero_budget_and_needs_scores(zoo, subset):
         SquareLinf(queries=10)(LabelsOnly(zoo), x, y, 0.1)
     with pytest.raises(AISafetyError, match="queries"):
         SquareLinf(queries=0)
+
+
+def test_logits_in_range_skips_the_scan_of_values_but_checks_layout_and_scores():
+    """A query attack's proposals are clamped into [0, 1] by construction: ``in_range``
+    skips the value scan (a device synchronisation per query) and nothing else."""
+    predictor = TorchPredictor(nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), (1, 2, 2), 3)
+    outside = torch.full((2, 1, 2, 2), 2.0)
+    with pytest.raises(AISafetyError, match="lies in"):
+        predictor.logits(outside)
+    assert predictor.logits(outside, in_range=True).shape == (2, 3)
+    with pytest.raises(AISafetyError, match="float32"):
+        predictor.logits(outside.double(), in_range=True)
+    with pytest.raises(AISafetyError, match="NaN or infinite scores"):
+        predictor.logits(torch.full((2, 1, 2, 2), float("nan")), in_range=True)

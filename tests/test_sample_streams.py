@@ -211,3 +211,25 @@ def test_a_random_input_defense_keys_every_unit_by_the_batch_size(tmp_path, defe
     other = plan.model_copy(update={"batch_size": 3})
     assert Runner(other, store, resume=True, quiet=True).run().resumed_units == resumed
     assert Runner(plan, store, resume=True, quiet=True).run().resumed_units == 2
+
+
+def test_a_large_draw_spread_over_threads_gives_the_sequential_numbers(monkeypatch):
+    """A random start at 224x224 is drawn sample by sample on torch's threads: each sample's
+    generator is its own, so the numbers are those of the one-thread draw."""
+    import aisafety.attack.streams as streams
+
+    shape = (6, 3, 64, 64)
+
+    def draw() -> tuple[torch.Tensor, torch.Tensor]:
+        s = SampleStreams(11, torch.arange(6))
+        return s.rand(shape), s.randn(shape)
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    sequential = draw()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(streams, "PARALLEL_DRAW", 1)
+    threaded = draw()
+    assert all(torch.equal(a, b) for a, b in zip(sequential, threaded, strict=True))
+    # and each sample's numbers are its own generator's, as before
+    generator = torch.Generator().manual_seed(sample_seed(11, 3))
+    assert torch.equal(sequential[0][3].flatten(), torch.rand(3 * 64 * 64, generator=generator))

@@ -35,7 +35,12 @@ def test_importing_the_command_line_and_help_load_nothing_heavy():
 
 
 def test_a_cached_listing_loads_no_plugin_and_equals_the_live_one(tmp_path):
-    env = {"AISAFETY_CACHE_DIR": str(tmp_path), "AISAFETY_LIST_CACHE": "1"}
+    # an extra (empty) zoo: the built-ins' shipped listing is then not the whole answer, so
+    # the first listing builds the cache as it does wherever a plugin is installed
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    env = {"AISAFETY_CACHE_DIR": str(tmp_path), "AISAFETY_LIST_CACHE": "1",
+           "AISAFETY_ZOO_PATH": str(zoo)}  # fmt: skip
     code = (
         "import sys\n"
         "from aisafety.cli import main\n"
@@ -43,7 +48,7 @@ def test_a_cached_listing_loads_no_plugin_and_equals_the_live_one(tmp_path):
         f"print('LOADED', [m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)"
     )
     first, second = _python(code, **env), _python(code, **env)
-    live = _python(code, AISAFETY_LIST_CACHE="0")
+    live = _python(code, AISAFETY_LIST_CACHE="0", AISAFETY_ZOO_PATH=str(zoo))
     assert first.returncode == second.returncode == live.returncode == 0, first.stderr
     assert "'torch'" in first.stderr  # built the listing: every plugin imported
     assert "LOADED []" in second.stderr  # answered from the cache
@@ -54,6 +59,38 @@ def test_a_cached_listing_loads_no_plugin_and_equals_the_live_one(tmp_path):
         assert len(list(tmp_path.glob(f"list-{kind}-*.json"))) == 1, kind
     metrics = _python(code.replace("'attacks'", "'metrics'"), **env)
     assert metrics.returncode == 0 and "LOADED []" in metrics.stderr, metrics.stderr
+
+
+def test_a_first_listing_of_the_builtins_loads_nothing_heavy(tmp_path):
+    """No cache yet (the first call after an install): the shipped listing answers, as the
+    live one would, without importing torch (issue #36: 9-12 s before)."""
+    code = (
+        "import sys\n"
+        "from aisafety.cli import main\n"
+        "main(['list', 'verifiers', '--format', 'json'])\n"
+        f"print('LOADED', [m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)"
+    )
+    env = {"AISAFETY_CACHE_DIR": str(tmp_path), "AISAFETY_LIST_CACHE": "1"}
+    if not listing_cache.only_builtins():
+        pytest.skip("a plugin or an extra zoo is installed: the shipped listing does not apply")
+    first = _python(code, **env)
+    live = _python(code, AISAFETY_LIST_CACHE="0")
+    assert first.returncode == live.returncode == 0, first.stderr
+    assert "LOADED []" in first.stderr
+    assert json.loads(first.stdout) == json.loads(live.stdout)
+
+
+@pytest.mark.parametrize("kind", [*cli.LIST_KINDS, "models"])
+def test_the_shipped_listing_is_the_live_one(kind, monkeypatch):
+    monkeypatch.setenv("AISAFETY_LIST_CACHE", "1")
+    if not listing_cache.only_builtins():
+        pytest.skip("a plugin or an extra zoo is installed: the shipped listing does not apply")
+    live, complete = cli.list_entries(kind)
+    assert complete
+    assert listing_cache.shipped(kind) == live, (
+        f"aisafety/builtin_listing.json is out of date for {kind!r}: regenerate it with "
+        'python -c "from aisafety.cli import write_shipped_listing as w; w()"'
+    )
 
 
 def test_the_key_follows_code_and_zoo_manifests(tmp_path, monkeypatch):
@@ -78,6 +115,7 @@ def test_the_key_follows_code_and_zoo_manifests(tmp_path, monkeypatch):
 @pytest.mark.parametrize("complete", [True, False])
 def test_only_a_listing_without_plugin_failures_is_cached(tmp_path, monkeypatch, capsys, complete):
     monkeypatch.setenv("AISAFETY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(listing_cache, "SHIPPED", tmp_path / "none.json")
     monkeypatch.setenv("AISAFETY_LIST_CACHE", "1")
     entries = [{"name": "my-attack", "config": {"steps": 10, "rho": 0.75}}]
     monkeypatch.setattr(cli, "list_entries", lambda kind: (entries, complete))

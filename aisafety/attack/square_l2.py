@@ -176,7 +176,7 @@ class SquareL2(Attack):
                 pattern = self._patterns(u[:, 4:], side)
                 delta = square_pair_update(best_cur - x_cur, first, second, side, pattern, eps)
                 proposal = to_sphere(x_cur, delta, eps)
-                new_margin = margin_loss(predictor.logits(proposal), y0[active])
+                new_margin = margin_loss(predictor.logits(proposal, in_range=True), y0[active])
                 improved = new_margin < margin[active]
                 margin[active] = torch.where(improved, new_margin, margin[active])
                 best[active] = torch.where(improved[:, None, None, None], proposal, best_cur)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ import torch
 from aisafety import randomness
 
 BUFFER = 1024  # buffered numbers per sample and kind (uniform, normal)
+PARALLEL_DRAW = 1 << 20  # numbers in a direct draw from which it is spread over threads
 _MASK = (1 << 64) - 1
 
 
@@ -64,11 +66,28 @@ class _Pool:
         return made
 
     def direct(self, kind: str, rows: np.ndarray, k: int) -> torch.Tensor:
+        """Each row's ``k`` numbers from its own generator, written in place into one host
+        tensor (pinned for a GPU, so the copy runs asynchronously). A large draw (a random
+        start at 224x224: 64 x 150,528 numbers) is split over torch's intra-op threads, one
+        sample per task: each generator is independent, so the numbers are those of a
+        sequential draw, and the host's share of a GPU step shrinks with its core count."""
         draw = torch.rand if kind == "rand" else torch.randn
-        parts = [draw(k, generator=self.generator(r)) for r in rows.tolist()]
-        return (
-            torch.stack(parts).to(self.device) if parts else torch.empty((0, k), device=self.device)
-        )
+        rows_list = rows.tolist()
+        generators = [self.generator(r) for r in rows_list]
+        pinned = self.device.type == "cuda"
+        out = torch.empty((len(rows_list), k), pin_memory=pinned)
+
+        def fill(i: int) -> None:
+            draw(k, generator=generators[i], out=out[i])
+
+        workers = min(torch.get_num_threads(), len(rows_list))
+        if workers > 1 and k * len(rows_list) >= PARALLEL_DRAW:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(fill, range(len(rows_list))))
+        else:
+            for i in range(len(rows_list)):
+                fill(i)
+        return out.to(self.device, non_blocking=pinned)
 
     def buffered(self, kind: str, rows: np.ndarray, k: int) -> torch.Tensor:
         buffer, positions = self.buffers[kind], self.positions[kind]
@@ -85,6 +104,24 @@ class _Pool:
         if self.device.type != "cpu":
             index = index.to(self.device, non_blocking=True)
         return torch.take(buffer, index)
+
+    def available(self, kind: str, rows: np.ndarray, k: int) -> np.ndarray:
+        """Per row, how many draws of ``k`` numbers its buffer serves before a refill."""
+        return (BUFFER - self.positions[kind][rows]) // k
+
+    def peek(self, kind: str, rows: np.ndarray, k: int, draws: int) -> torch.Tensor:
+        """The next ``draws`` draws of ``k`` numbers per row, (rows, draws, k), left in the
+        buffer; only a row's first ``available`` draws are its numbers (the rest: filler)."""
+        start = self.positions[kind][rows]
+        offsets = start[:, None, None] + (np.arange(draws) * k)[None, :, None] + np.arange(k)
+        index = torch.from_numpy(rows[:, None, None] * BUFFER + np.minimum(offsets, BUFFER - 1))
+        if self.device.type != "cpu":
+            index = index.to(self.device, non_blocking=True)
+        return torch.take(self.buffers[kind], index)
+
+    def consume(self, kind: str, rows: np.ndarray, k: int, draws: np.ndarray) -> None:
+        """Take ``draws`` (per row, at most ``available``) draws of ``k`` numbers as drawn."""
+        self.positions[kind][rows] += draws * k
 
 
 class SampleStreams:
@@ -158,6 +195,20 @@ class SampleStreams:
             raise ValueError(f"randint over {high - low} values is too wide for a float draw")
         drawn = scaled(self._draw("rand", shape), high - low)
         return drawn.add_(low) if low else drawn
+
+    def available_uniforms(self, k: int) -> np.ndarray:
+        """Per sample, how many ``rand((n, k))`` draws its buffer serves before a refill (a
+        caller may then ``peek_uniforms`` that far ahead without changing any number)."""
+        return self._pool.available("rand", self._rows, k)
+
+    def peek_uniforms(self, k: int, draws: int) -> torch.Tensor:
+        """(n, draws, k): what the next ``draws`` calls of ``rand((n, k))`` would return, for
+        each sample's first ``available_uniforms(k)`` of them; nothing is drawn."""
+        return self._pool.peek("rand", self._rows, k, draws)
+
+    def consume_uniforms(self, k: int, draws: np.ndarray) -> None:
+        """Count ``draws[i]`` peeked draws of sample ``i`` as drawn."""
+        self._pool.consume("rand", self._rows, k, np.asarray(draws, dtype=np.int64))
 
     def signs(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """+1 or -1 with probability 1/2 each (Rademacher)."""

@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from aisafety.attack.result import AttackResult
+from aisafety.command_clock import command_started_at
 from aisafety.database import DEFAULT_URL, schema
 from aisafety.database.engine import check_url, checkpoint, open_engine, with_retries
 from aisafety.database.liveness import Heartbeat, mark_dead_runs, utc_now
@@ -75,6 +76,7 @@ class ResultStore:
                     host=socket.gethostname(),
                     pid=os.getpid(),
                     heartbeat_at=utc_now(),
+                    command_started_at=command_started_at(),
                 )
                 session.add(run)
                 session.flush()

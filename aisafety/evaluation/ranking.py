@@ -60,18 +60,15 @@ class Correlation:
 
 
 def rank_correlations(columns: Sequence[Column]) -> list[Correlation]:
-    """Spearman and Kendall correlation across models for every pair of columns.
-
-    A pair with fewer than 3 common models, or a column constant on them, gets NaN (a rank
-    correlation is undefined there).
-    """
+    """Spearman and Kendall correlation across models for every pair of columns where one
+    is defined: at least 3 common models, and neither column constant on them (a rank
+    correlation of 2 models, or of a constant, is undefined: such pairs are left out, and
+    ``undefined_correlations`` says why, rather than a table of NaN)."""
     rows = []
     for a, b in combinations(columns, 2):
         models = [m for m in a.values if m in b.values]
         x, y = [a.values[m] for m in models], [b.values[m] for m in models]
         if len(models) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
-            nan = float("nan")
-            rows.append(Correlation(a.name, b.name, len(models), nan, nan, nan, nan))
             continue
         rho, rho_p = stats.spearmanr(x, y)
         tau, tau_p = stats.kendalltau(x, y)
@@ -80,6 +77,24 @@ def rank_correlations(columns: Sequence[Column]) -> list[Correlation]:
                         float(tau_p))
         )  # fmt: skip
     return rows
+
+
+def undefined_correlations(columns: Sequence[Column]) -> str | None:
+    """Why pairs of columns have no rank correlation (None when every pair has one)."""
+    pairs = list(combinations(columns, 2))
+    n_models = len({m for c in columns for m in c.values})
+    left_out = len(pairs) - len(rank_correlations(columns))
+    if not pairs or left_out == 0:
+        return None
+    if n_models < 3:
+        return (
+            f"rank correlations: none, a rank correlation needs at least 3 models and "
+            f"{n_models} were compared (give 3 or more to --models)"
+        )
+    return (
+        f"rank correlations: {left_out} of {len(pairs)} pairs of metrics left out, with "
+        "fewer than 3 models in common or a metric equal on every model (undefined there)"
+    )
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,15 @@ class Predictor(ABC):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """Model scores for a validated batch; differentiable if GRADIENTS is declared."""
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_input(x)
+    def logits(self, x: torch.Tensor, *, in_range: bool = False) -> torch.Tensor:
+        """Scores for ``x``, every check done. ``in_range``: the caller built ``x`` by
+        clamping into [0, 1] from checked inputs (a query attack's proposals), so the scan of
+        its values (a device synchronisation per call, thousands per attack on a GPU) is
+        skipped; its shape and dtype are still checked, and so are the scores."""
+        if in_range:
+            self.check_input_layout(x)
+        else:
+            self.check_input(x)
         watched = self._watched_tensors()
         before = versions(x, watched)
         try:
@@ -127,6 +134,19 @@ class Predictor(ABC):
 
     def check_input(self, x: torch.Tensor) -> None:
         """Reject tensors that would give silently wrong numbers."""
+        self.check_input_layout(x)
+        lo, hi = torch.aminmax(x.detach())
+        if not (torch.isfinite(lo) and torch.isfinite(hi)):
+            raise InputError(f"input to model {self.name!r} holds NaN or inf values")
+        if lo < 0 or hi > 1:
+            raise InputError(
+                f"input to model {self.name!r} lies in [{lo.item():.3g}, {hi.item():.3g}]; "
+                "inputs are in [0, 1] (divide uint8 images by 255; normalisation belongs in "
+                "the predictor)"
+            )
+
+    def check_input_layout(self, x: torch.Tensor) -> None:
+        """The batch's type, shape and dtype (no look at its values: no synchronisation)."""
         if not isinstance(x, torch.Tensor):
             raise InputError(f"model {self.name!r} takes a torch.Tensor, got {type(x).__name__}")
         shape = ", ".join(map(str, self.input_shape))
@@ -141,12 +161,3 @@ class Predictor(ABC):
             )
         if x.shape[0] == 0:
             raise InputError(f"model {self.name!r} got an empty batch; pass at least one image")
-        lo, hi = torch.aminmax(x.detach())
-        if not (torch.isfinite(lo) and torch.isfinite(hi)):
-            raise InputError(f"input to model {self.name!r} holds NaN or inf values")
-        if lo < 0 or hi > 1:
-            raise InputError(
-                f"input to model {self.name!r} lies in [{lo.item():.3g}, {hi.item():.3g}]; "
-                "inputs are in [0, 1] (divide uint8 images by 255; normalisation belongs in "
-                "the predictor)"
-            )

@@ -89,12 +89,21 @@ class RunData:
     examples: dict[int, list[Example]] = field(default_factory=dict)
     # metric value id -> per-sample certified radii (verdict "radius" rows of a verifier)
     radii: dict[int, np.ndarray] = field(default_factory=dict)
+    # when the command that made it started (None: made from Python, or before it was kept)
+    command_started_at: datetime | None = None
 
     @property
     def wall_seconds(self) -> float | None:
         if self.finished_at is None:
             return None
         return (self.finished_at - self.started_at).total_seconds()
+
+    @property
+    def command_seconds(self) -> float | None:
+        """The wall time its user waited: from the command's start to the run's end."""
+        if self.finished_at is None or self.command_started_at is None:
+            return None
+        return (self.finished_at - self.command_started_at).total_seconds()
 
     @property
     def model_names(self) -> list[str]:
@@ -195,6 +204,7 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
             status=run.status,
             started_at=run.started_at,
             finished_at=run.finished_at,
+            command_started_at=run.command_started_at,
             platform_version=run.platform_version,
             seed=run.seed,
             device=run.device,
