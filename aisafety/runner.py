@@ -51,6 +51,7 @@ from aisafety.loading import apply_defenses, fingerprint, load_data, load_model,
 from aisafety.memory import reuse_freed_memory
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.watch import before_exit_on_hang
 from aisafety.progress import RunProgress
 from aisafety.version import __version__
 
@@ -217,7 +218,9 @@ class Runner:
         try:  # from start_run on: whatever happens, finish_run stops the run's heartbeat
             units = self.work_units(prepared.subject)
             progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
-            with terminate_as_interrupt(), progress:
+            current: list[WorkUnit] = []  # the unit computing now, for a stuck forward pass
+            hung = before_exit_on_hang(lambda message: self._record_hang(run_id, current, message))
+            with terminate_as_interrupt(), progress, hung:
                 self._check_clean_pass(prepared)
                 for unit in units:
                     if unit.key in done:
@@ -225,6 +228,7 @@ class Runner:
                         resumed += 1
                         progress.resume(unit.key)
                         continue
+                    current[:] = [unit]
                     progress.start(unit.key)
                     try:
                         values += self.compute(prepared, unit, run_id)
@@ -253,6 +257,13 @@ class Runner:
             resumed_units=resumed,
             failed_units=tuple(failed),
         )
+
+    def _record_hang(self, run_id: int, current: list[WorkUnit], message: str) -> None:
+        """Before a forward pass stuck in compiled code ends the process (from the watchdog's
+        thread): the unit in ``unit_failures`` with the message, the run ``failed``."""
+        for unit in current:
+            self.store.record_failure(run_id, unit.key, unit.description, message)
+        self.store.finish_run(run_id, "failed")
 
     def _record_crash(self, run_id: int, exc: Exception) -> None:
         """The crashed unit and its traceback in ``unit_failures`` (``--resume`` computes

@@ -15,7 +15,6 @@ import pytest
 import torch
 from torch import nn
 
-from aisafety.cli import main
 from aisafety.config import plan_from_dict
 from aisafety.errors import ConfigError, ModelOutputError
 from aisafety.interfaces import EvaluationPlan
@@ -124,24 +123,24 @@ def test_the_runner_arms_the_watchdog_from_the_plan():
 STUCK_MODULE = '''
 import ctypes
 
+import torch
 from torch import nn
 
 LIBC = ctypes.CDLL(None)
 
 
 class Stuck(nn.Module):
-    """After the loader's probe, locks a held non-recursive mutex again: a call into C that
-    never returns and that no signal interrupts (the SIGALRM's Python handler never runs)."""
+    """In an attack's forward pass (gradients on), locks a held non-recursive mutex again:
+    a call into C that never returns and that no signal interrupts (the SIGALRM's Python
+    handler never runs). The clean pass (no gradients) returns."""
 
     def __init__(self):
         super().__init__()
         self.linear = nn.Linear(784, 10)
         self.mutex = ctypes.create_string_buffer(64)  # zeros: PTHREAD_MUTEX_INITIALIZER
-        self.calls = 0
 
     def forward(self, x):
-        self.calls += 1
-        if self.calls > 1:
+        if torch.is_grad_enabled() and x.requires_grad:
             LIBC.pthread_mutex_lock(self.mutex)
             LIBC.pthread_mutex_lock(self.mutex)
         return self.linear(x.flatten(1))
@@ -155,16 +154,16 @@ def _rows(path, sql: str) -> list[tuple]:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the deadlock is glibc's pthread mutex")
 def test_a_forward_stuck_in_compiled_code_ends_the_command_naming_the_model(tmp_path):
-    """The SIGALRM at forward_seconds cannot stop it; the backstop thread ends the process
-    forward_seconds + HANG_GRACE_S later with exit 2 naming the model, and the next run on
-    this host marks the stuck run interrupted (its process is gone)."""
+    """The SIGALRM at forward_seconds cannot stop it; the backstop thread records the unit
+    in unit_failures and the run failed, then ends the process forward_seconds +
+    HANG_GRACE_S later with exit 2 naming the model."""
     (tmp_path / "stuck.py").write_text(STUCK_MODULE)
     plan = tmp_path / "plan.yaml"
     plan.write_text(
         "model: {name: stuck, source: python, factory: 'stuck:Stuck', python_path: [.], "
         "input_shape: [1, 28, 28], num_classes: 10}\n"
-        "dataset: {name: mnist-embedded, limit: 4}\nmetrics: [ca]\n"
-        "limits: {forward_seconds: 1}\ndevice: cpu\n"
+        "dataset: {name: mnist-embedded, limit: 4}\nattacks: [{name: fgsm, eps: [0.1]}]\n"
+        "metrics: [ca, robust-accuracy]\nlimits: {forward_seconds: 1}\ndevice: cpu\n"
     )
     db = f"sqlite:///{tmp_path / 'r.db'}"
     start = time.monotonic()
@@ -178,12 +177,14 @@ def test_a_forward_stuck_in_compiled_code_ends_the_command_naming_the_model(tmp_
     assert message.startswith(
         f"error: model 'stuck' has not returned from a forward pass after {1 + HANG_GRACE_S:g} s"
     )
-    assert "its code cannot be interrupted" in message and "--resume" in message
-    assert "Traceback" not in stuck.stderr
-    statuses = "SELECT status FROM runs ORDER BY id"
-    assert _rows(tmp_path / "r.db", statuses) == [("running",)]  # nothing could mark it
-    main(["evaluate", "--db", db, "--limit", "4", "--device", "cpu", "--quiet"])
-    assert _rows(tmp_path / "r.db", statuses) == [("interrupted",), ("finished",)]
+    assert "its code cannot be interrupted" in message and "the run is marked failed" in message
+    assert "--resume" in message and "Traceback" not in stuck.stderr
+    path = tmp_path / "r.db"
+    assert _rows(path, "SELECT status FROM runs") == [("failed",)]
+    (description, error), *others = _rows(path, "SELECT description, error FROM unit_failures")
+    assert others == [] and description.startswith("fgsm")
+    assert error.startswith("model 'stuck' has not returned from a forward pass after 6 s")
+    assert _rows(path, "SELECT metric FROM metric_values") == [("ca",)]  # the clean unit
 
 
 def test_a_library_caller_gets_a_warning_and_keeps_its_process(monkeypatch):
@@ -204,6 +205,6 @@ def test_a_library_caller_gets_a_warning_and_keeps_its_process(monkeypatch):
     thread.start()
     thread.join()
     assert stderr.getvalue().startswith(
-        "warning: model 'slow-model' has not returned from a forward pass after 0.3 s"
+        "\nwarning: model 'slow-model' has not returned from a forward pass after 0.3 s"
     )
     assert "it is left running (only the command line ends it)" in stderr.getvalue()

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -151,16 +151,47 @@ def _report_hang(name: str, seconds: float) -> None:
     message = (
         f"model {name!r} has not returned from a forward pass after {seconds + grace:g} s "
         f"(limits.forward_seconds = {seconds:g}, plus {grace:g} s), and its code cannot be "
-        "interrupted (a call into compiled code that never returns); the units finished "
-        "before are stored, and the next run marks this one interrupted: fix the model, "
-        "then rerun with --resume"
+        "interrupted (a call into compiled code that never returns)"
     )
-    if os.environ.get(HANG_ENDS_PROCESS) == "1":
-        sys.stderr.write(f"error: {message}; the process is ended (exit 2)\n")
+    if os.environ.get(HANG_ENDS_PROCESS) != "1":
+        sys.stderr.write(f"\nwarning: {message}; it is left running (only the command line "
+                         "ends it)\n")  # fmt: skip
         sys.stderr.flush()
-        os._exit(2)
-    sys.stderr.write(f"warning: {message}; it is left running (only the command line ends it)\n")
+        return
+    recorder = threading.Thread(target=_before_exit, args=(message,), daemon=True)
+    recorder.start()
+    recorder.join(BEFORE_EXIT_S)  # a database that does not answer does not keep us here
+    sys.stderr.write(
+        f"\nerror: {message}; the units finished before are stored and the run is marked "
+        "failed: fix the model, then rerun with --resume; the process is ended (exit 2)\n"
+    )
     sys.stderr.flush()
+    os._exit(2)
+
+
+# What must happen before a stuck process ends (the runner marks its run and the stuck
+# unit failed), called from the watchdog thread with the message; at most BEFORE_EXIT_S.
+_BEFORE_EXIT: list[Callable[[str], None]] = []
+BEFORE_EXIT_S = 10.0
+
+
+def _before_exit(message: str) -> None:
+    for callback in list(_BEFORE_EXIT):
+        try:
+            callback(message)
+        except Exception as exc:  # noqa: BLE001 - the process ends anyway; say why not marked
+            sys.stderr.write(f"warning: could not record the stuck forward pass: {exc}\n")
+
+
+@contextmanager
+def before_exit_on_hang(callback: Callable[[str], None]) -> Iterator[None]:
+    """Within the block, ``callback(message)`` runs before a stuck forward pass ends the
+    process (from another thread: the stuck one runs nothing)."""
+    _BEFORE_EXIT.append(callback)
+    try:
+        yield
+    finally:
+        _BEFORE_EXIT.remove(callback)
 
 
 def _grace(seconds: float) -> float:
@@ -183,10 +214,21 @@ def forward_deadline(name: str, seconds: float | None) -> Iterator[None]:
     if seconds is None:
         yield
         return
+    with hang_backstop(name, seconds), _alarm(name, seconds):
+        yield
+
+
+@contextmanager
+def hang_backstop(name: str, seconds: float | None) -> Iterator[None]:
+    """Only the backstop (``_HangWatch``) around a forward pass: a lock, a few microseconds,
+    for the attacks' hot path (``Predictor.watched_logits``), where the SIGALRM's two
+    system calls per pass would cost more than a small model's forward on a GPU."""
+    if seconds is None:
+        yield
+        return
     token = _HANG_WATCH.arm(name, seconds, _grace(seconds))
     try:
-        with _alarm(name, seconds):
-            yield
+        yield
     finally:
         _HANG_WATCH.disarm(token)
 
