@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from aisafety.check import add_parser as add_check_parser
 from aisafety.command_clock import command_clock
 from aisafety.database import DEFAULT_URL, QUERY_MAX_ROWS, QUERY_TIMEOUT_S
-from aisafety.database.interruption import terminate_as_interrupt
+from aisafety.database.interruption import end_process_on_hang, terminate_as_interrupt
 from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError, UnknownNameError
 
 if TYPE_CHECKING:
@@ -753,7 +753,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # SIGTERM/SIGHUP from the first moment (loading a model can take a while): the
         # command ends as Ctrl-C does, 130 and 'interrupted', not killed with 143
-        with terminate_as_interrupt(), command_clock(whole_process=argv is None):
+        clock = command_clock(whole_process=argv is None)
+        with terminate_as_interrupt(), clock, end_process_on_hang():
             return args.func(args)
     except AISafetyError as exc:
         print(f"error: {exc}", file=sys.stderr)

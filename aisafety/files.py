@@ -4,12 +4,16 @@
 cannot be read; ``Path.is_file()`` is False for all three, which used to be reported as
 "does not exist". One ``os.stat`` (no open) tells what the path is and how large, so a
 wrong path gets the right message and a huge file is refused before a byte is read.
+A model archive is also checked against the CRC-32 of its members: torch does not check.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import stat
+import zipfile
+import zlib
 from pathlib import Path
 
 from aisafety.errors import ConfigError
@@ -48,3 +52,24 @@ def regular_file(path: str | Path, what: str, max_bytes: int | None = None) -> P
             "bytes read whole: is this the right file?"
         )
     return path
+
+
+def intact_archive(source: str | Path | bytes, what: str) -> None:
+    """Refuse a zip archive (what ``torch.save``, ``torch.jit.save`` and
+    ``torch.export.save`` write) whose members do not match their CRC-32. torch reads the
+    members without checking, so flipped bytes in a tensor's data load silently as other
+    weights. Files that are not zip archives (ONNX, legacy pickles) are left to their loader."""
+    handle = io.BytesIO(source) if isinstance(source, bytes) else source
+    if not zipfile.is_zipfile(handle):
+        return
+    try:
+        with zipfile.ZipFile(handle) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+        bad = f"? ({exc})"
+    if bad is not None:
+        raise ConfigError(
+            f"{what} is damaged: its member {bad!r} fails the zip archive's CRC-32 check (its "
+            "bytes changed after it was saved: an interrupted copy or download, or a disk "
+            "error); copy or download the file again, or save the model again"
+        )

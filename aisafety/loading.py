@@ -9,7 +9,7 @@ import torch
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.zoo import list_models, load_zoo_model, sha256_bytes
 from aisafety.errors import ConfigError, UnknownNameError
-from aisafety.files import MAX_MODEL_BYTES, regular_file
+from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
 from aisafety.interfaces import DatasetSpec, DefenseSpec, ModelSpec
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
@@ -32,7 +32,10 @@ def _model_path(spec: ModelSpec):
 
 
 def _read_model_file(spec: ModelSpec) -> bytes:
-    return _model_path(spec).read_bytes()
+    """The file's bytes; a zip archive (checkpoint, torch.export) only if its CRCs match."""
+    data = _model_path(spec).read_bytes()
+    intact_archive(data, f"model {spec.name!r}: file {str(spec.path)!r}")
+    return data
 
 
 def normalisation(spec: ModelSpec) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:

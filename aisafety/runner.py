@@ -35,6 +35,7 @@ from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric, checked_
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.reference import missing_reference
+from aisafety.evaluation.repeatable import warn_if_not_repeatable
 from aisafety.interfaces import (
     AttackFamily,
     AttackSpec,
@@ -50,6 +51,7 @@ from aisafety.loading import apply_defenses, fingerprint, load_data, load_model,
 from aisafety.memory import reuse_freed_memory
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.watch import before_exit_on_hang
 from aisafety.progress import RunProgress
 from aisafety.version import __version__
 
@@ -105,6 +107,32 @@ def warn_unmeasured_attacks(attacks, metrics: list[Metric]) -> None:
             )
 
 
+def check_attack_metrics_have_attacks(attacks, metrics: list[Metric]) -> None:
+    """An attack metric with no attack of its families in the plan gives no value: a
+    warning naming it, and an error when no metric of the plan gives one (the run would
+    end with exit 0 and an empty table, e.g. coverage listed without attacks)."""
+    unread = [
+        m
+        for m in metrics
+        if isinstance(m, AttackMetric) and not any(m.applies_to(a.family) for a in attacks)
+    ]
+    if unread and len(unread) == len(metrics):
+        raise ConfigError(
+            f"metric(s) {', '.join(repr(m.name) for m in unread)} read the adversarial "
+            "examples of the plan's attacks, but the plan has no attack they apply to, so "
+            "the run would store nothing; add attacks, or measure the clean data (neuron "
+            "metrics: config: {data: clean})"
+        )
+    for metric in unread:
+        warnings.warn(
+            f"metric {metric.name!r} reads attacks' adversarial examples and the plan has no "
+            "attack it applies to, so it gives no value; add attacks (neuron metrics: "
+            "config: {data: clean} measures the clean data)",
+            AISafetyWarning,
+            stacklevel=3,
+        )
+
+
 def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationPlan:
     """The plan with its ``precision`` written into every attack that has the option and
     does not set its own, so the stored attack label and config say how it ran (and a
@@ -144,6 +172,7 @@ class Runner:
         self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
         self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
         warn_unmeasured_attacks(self.attacks.values(), self.metrics)
+        check_attack_metrics_have_attacks(self.attacks.values(), self.metrics)
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
         if baseline_users and plan.reference_model is None:
             raise missing_reference(f"metric {baseline_users[0]!r}")
@@ -189,7 +218,9 @@ class Runner:
         try:  # from start_run on: whatever happens, finish_run stops the run's heartbeat
             units = self.work_units(prepared.subject)
             progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
-            with terminate_as_interrupt(), progress:
+            current: list[WorkUnit] = []  # the unit computing now, for a stuck forward pass
+            hung = before_exit_on_hang(lambda message: self._record_hang(run_id, current, message))
+            with terminate_as_interrupt(), progress, hung:
                 self._check_clean_pass(prepared)
                 for unit in units:
                     if unit.key in done:
@@ -197,6 +228,7 @@ class Runner:
                         resumed += 1
                         progress.resume(unit.key)
                         continue
+                    current[:] = [unit]
                     progress.start(unit.key)
                     try:
                         values += self.compute(prepared, unit, run_id)
@@ -226,6 +258,13 @@ class Runner:
             failed_units=tuple(failed),
         )
 
+    def _record_hang(self, run_id: int, current: list[WorkUnit], message: str) -> None:
+        """Before a forward pass stuck in compiled code ends the process (from the watchdog's
+        thread): the unit in ``unit_failures`` with the message, the run ``failed``."""
+        for unit in current:
+            self.store.record_failure(run_id, unit.key, unit.description, message)
+        self.store.finish_run(run_id, "failed")
+
     def _record_crash(self, run_id: int, exc: Exception) -> None:
         """The crashed unit and its traceback in ``unit_failures`` (``--resume`` computes
         it again); the exception itself goes on ending the run."""
@@ -254,6 +293,7 @@ class Runner:
         forward passes checked: a model that changes its inputs or weights fails here."""
         integrity = self._integrity(prepared)
         prepared.context.clean_logits  # noqa: B018 - computed now, under the check below
+        warn_if_not_repeatable(prepared.context)  # a second pass of one batch, also checked
         integrity.check(f"model {prepared.context.predictor.name!r} (the clean forward pass)")
 
     def _integrity(self, prepared: Prepared) -> RunIntegrity:

@@ -1,6 +1,8 @@
 """The cases of issue #35 (Reliability III) for bench/reliability.py: plugins that tamper
 with or crash a run, special files, silent acceptances, network bounds and, where
-PostgreSQL is installed, ``aisafety query`` on a real server.
+PostgreSQL is installed, ``aisafety query`` on a real server; the last finding-7 cases
+(coverage without its profile data, damaged archives, a metric's +inf or negative count, a
+random model) and, where Ray is installed, a driver refused for authentication.
 
 Each case returns (group, label, outcome, line) with outcome one of: clear, unclear (an
 error, but its message misses what it should name), traceback, runaway (past its limit
@@ -15,10 +17,12 @@ import io
 import os
 import socket
 import sqlite3
+import struct
 import sys
 import threading
 import time
 import types
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +34,7 @@ import aisafety.runner as runner
 from aisafety.attack.fgsm import FGSM
 from aisafety.evaluation.base import CleanMetric
 from aisafety.hookspecs import hookimpl
-from aisafety.interfaces import MetricValue
+from aisafety.interfaces import Direction, MetricValue
 from aisafety.plugins import build_registry
 from aisafety.prediction.remote import RemotePredictor
 from aisafety.prediction.server import make_server
@@ -342,7 +346,156 @@ def postgres_cases() -> list[Row]:
         server.stop()
 
 
+class Infinite(CleanMetric):
+    name = "infinite"
+    direction = Direction.HIGHER
+
+    def compute(self, ctx):
+        return [self.value(float("inf"), len(ctx.y))]
+
+
+class NegativeCount(CleanMetric):
+    name = "negative-count"
+    direction = Direction.HIGHER
+
+    def compute(self, ctx):
+        return [self.value(0.5, -5)]
+
+
+class Noisy(torch.nn.Module):
+    """A classifier that draws noise in its forward pass: two passes of a batch differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(784, 10)
+
+    def forward(self, x):
+        logits = self.linear(x.flatten(1))
+        return logits + torch.randn_like(logits)
+
+
+def _flipped_archive(path: Path, module: torch.nn.Module, script: bool) -> Path:
+    """``module`` saved (TorchScript or state dict) with its first tensor byte flipped."""
+    if script:
+        torch.jit.save(torch.jit.script(module), str(path))
+    else:
+        torch.save(module.state_dict(), path)
+    with zipfile.ZipFile(path) as archive:
+        member = next(i for i in archive.infolist() if i.filename.endswith("/data/0"))
+    data = bytearray(path.read_bytes())
+    name_length, extra_length = struct.unpack("<HH", data[member.header_offset + 26 :][:4])
+    data[member.header_offset + 30 + name_length + extra_length] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _values_of(db: Path, metric: str) -> int:
+    with sqlite3.connect(db) as connection:
+        sql = "SELECT COUNT(*) FROM metric_values WHERE metric = ?"
+        return connection.execute(sql, (metric,)).fetchone()[0]
+
+
+def finding_seven_cases(folder: Path) -> list[Row]:
+    """The four finding-7 cases finished in the second session: coverage with a missing
+    profile dataset, a damaged archive, a metric's +inf or negative count, a random model."""
+    from aisafety.database.architectures import build
+
+    missing = folder / "no-profile.npz"
+    profile = f"profile_dataset: {{name: npz, path: '{missing}'}}\n"
+    cnn = build("mnist-cnn")
+    torchscript = _flipped_archive(folder / "flipped.ts", cnn, script=True)
+    checkpoint = _flipped_archive(folder / "flipped.pt", cnn, script=False)
+    cases = [
+        ("coverage, missing profile dataset, no attacks", profile + "metrics: [kmncov]\n",
+         "read the adversarial examples"),
+        ("coverage, missing profile dataset", profile + "attacks: [{name: fgsm, eps: [0.1]}]\n"
+         "metrics: [kmncov, robust-accuracy]\n", "could not load the profile data"),
+        ("TorchScript archive with a flipped byte", f"model: {{source: torchscript, path: "
+         f"'{torchscript}', input_shape: [1,28,28]}}\n" + OK, "fails the zip archive's CRC"),
+        ("checkpoint with a flipped byte", f"model: {{source: checkpoint, path: '{checkpoint}',"
+         " architecture: mnist-cnn, input_shape: [1,28,28], num_classes: 10}\n" + OK,
+         "fails the zip archive's CRC"),
+    ]  # fmt: skip
+    rows = []
+    for i, (label, content, expect) in enumerate(cases):
+        plan = folder / f"seven-{i}.yaml"
+        plan.write_text(content)
+        code, line, _ = _run(["evaluate", str(plan), "--db", f"sqlite:///{folder / 's.db'}",
+                              "--limit", "8", "--device", "cpu"])  # fmt: skip
+        rows.append(("values", label, _judge(code, line, expect), line))
+    module = _plugin("buggy", aisafety_metrics=lambda: [Infinite, NegativeCount])
+    for metric, expect, label in (
+        ("infinite", "infinite = inf", "metric returning +inf"),
+        ("negative-count", "n_samples = -5", "metric returning n_samples = -5"),
+    ):
+        db = folder / f"{metric}.db"
+        plan = folder / f"{metric}.yaml"
+        plan.write_text(f"metrics: [ca, {metric}]\n")
+        with _registry(("buggy", module)):
+            code, line, _ = _run(["evaluate", str(plan), "--db", f"sqlite:///{db}",
+                                  "--limit", "8", "--device", "cpu"])  # fmt: skip
+        outcome = "silent" if _values_of(db, metric) else _judge(code, line, expect)
+        rows.append(("values", label, outcome, line))
+    noisy = folder / "noisy.ts"
+    torch.jit.save(torch.jit.script(Noisy()), str(noisy))
+    plan = folder / "noisy.yaml"
+    plan.write_text(f"model: {{name: noisy, source: torchscript, path: '{noisy}', "
+                    "input_shape: [1,28,28]}\n" + OK)  # fmt: skip
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(["evaluate", str(plan), "--db", f"sqlite:///{folder / 'n.db'}",
+                         "--limit", "8", "--device", "cpu"])  # fmt: skip
+    warned = [w for w in err.getvalue().splitlines() if "is not deterministic" in w]
+    named = code == 0 and warned and "model 'noisy'" in warned[0] and "differ by up to" in warned[0]
+    rows.append(("values", "model drawing noise in forward (a warning)",
+                 "clear" if named else "silent", (warned or [""])[0]))  # fmt: skip
+    return rows
+
+
+def ray_cases(folder: Path) -> list[Row]:
+    """The driver command of docs/scale-out.md without the cluster's token, and with another
+    one, against a real two-node cluster (skipped without Ray)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("Ray is not installed: the authentication cases are skipped", file=sys.stderr)
+        return []
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import subprocess
+
+    from ray_cluster import start_ray_cluster
+
+    cluster = start_ray_cluster(timeout=300)
+    rows = []
+    try:
+        plan = folder / "ray.yaml"
+        plan.write_text("dataset: {limit: 8}\n" + OK)
+        for label, token, expect in (
+            ("driver without RAY_AUTH_TOKEN", None, "is not set"),
+            ("driver with another token", "x" * 64, "not the cluster's"),
+        ):
+            env = {**os.environ, **cluster.env, "RAY_ADDRESS": cluster.address}
+            env.pop("RAY_AUTH_TOKEN")
+            if token:
+                env["RAY_AUTH_TOKEN"] = token
+            start = time.monotonic()
+            done = subprocess.run(
+                [sys.executable, "-m", "aisafety.cli", "evaluate", str(plan), "--executor", "ray",
+                 "--address", "auto", "--db", f"sqlite:///{folder / 'ray.db'}"],
+                capture_output=True, text=True, env=env, timeout=600, start_new_session=True,
+            )  # fmt: skip
+            line = (done.stderr.strip().splitlines() or [""])[-1]
+            judged = _judge(done.returncode, line, expect, time.monotonic() - start, 120)
+            if "Traceback" in done.stderr or "RAY_AUTH_MODE=token" not in line:
+                judged = "traceback" if "Traceback" in done.stderr else "unclear"
+            rows.append(("ray", f"ray: {label}", judged, line))
+    finally:
+        cluster.stop()
+    return rows
+
+
 def all_cases(folder: Path) -> list[Row]:
     db = f"sqlite:///{folder / 'iii.db'}"
     return (plan_cases(folder, db) + file_cases(folder, db) + plugin_cases(folder)
-            + network_cases() + postgres_cases())  # fmt: skip
+            + finding_seven_cases(folder) + network_cases() + postgres_cases()
+            + ray_cases(folder))  # fmt: skip

@@ -5,8 +5,10 @@ a hang), and a huge plan is refused before a byte is read (aisafety/files.py).""
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,56 @@ def test_a_huge_plan_is_refused_by_its_size_before_reading(tmp_path, monkeypatch
 def test_a_missing_file_still_says_so(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_plan(tmp_path / "typo.yaml")
+
+
+def _flip_first_tensor_byte(path: Path) -> None:
+    """Flip the first byte of the archive's first tensor (``*/data/0``, stored uncompressed):
+    the archive stays readable and torch loads it, with another weight."""
+    with zipfile.ZipFile(path) as archive:
+        member = next(i for i in archive.infolist() if i.filename.endswith("/data/0"))
+    data = bytearray(path.read_bytes())
+    name_length, extra_length = struct.unpack("<HH", data[member.header_offset + 26 :][:4])
+    data[member.header_offset + 30 + name_length + extra_length] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _mnist_cnn_files(tmp_path: Path) -> dict[str, Path]:
+    from aisafety.database.zoo import load_zoo_model
+
+    network = load_zoo_model("mnist-cnn").network
+    files = {"torchscript": tmp_path / "net.ts", "checkpoint": tmp_path / "net.pt"}
+    torch.jit.trace(network, torch.zeros(1, 1, 28, 28)).save(str(files["torchscript"]))
+    torch.save(network[1].state_dict(), files["checkpoint"])  # without its Normalize
+    return files
+
+
+@pytest.mark.parametrize("source", ["torchscript", "checkpoint"])
+def test_an_archive_with_flipped_bytes_is_refused_by_its_crc(source, tmp_path):
+    """torch.jit.load and torch.load read a zip member without checking its CRC-32 (both
+    load the flipped archive); the loader checks it first and names the file and the fix."""
+    path = _mnist_cnn_files(tmp_path)[source]
+    fields = {"architecture": "mnist-cnn"} if source == "checkpoint" else {}
+    spec = ModelSpec(name="m", source=source, path=path, input_shape=(1, 28, 28),
+                     num_classes=10, **fields)  # fmt: skip
+    load_model(spec, torch.device("cpu"))  # intact: loads
+    _flip_first_tensor_byte(path)
+    assert zipfile.ZipFile(path).testzip() is not None  # the reference: the zip's own check
+    with pytest.raises(ConfigError) as refused:
+        load_model(spec, torch.device("cpu"))
+    message = str(refused.value)
+    assert f"{str(path)!r} is damaged: its member " in message
+    assert "fails the zip archive's CRC-32 check" in message
+    assert "copy or download the file again, or save the model again" in message
+
+
+def test_evaluate_refuses_a_flipped_torchscript_archive_with_exit_2(tmp_path, capsys):
+    path = _mnist_cnn_files(tmp_path)["torchscript"]
+    _flip_first_tensor_byte(path)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        f"model: {{name: mine, source: torchscript, path: {path}, input_shape: [1, 28, 28]}}\n"
+        "dataset: {name: mnist-embedded, limit: 4}\nmetrics: [ca]\ndevice: cpu\n"
+    )
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert "is damaged" in err and str(path) in err and "Traceback" not in err

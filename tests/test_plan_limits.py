@@ -4,8 +4,13 @@ allocation, and a watchdog ends a forward pass that never returns (issue #35, fi
 
 from __future__ import annotations
 
+import io
+import sqlite3
+import sys
+import threading
 import time
 
+import children
 import pytest
 import torch
 from torch import nn
@@ -13,7 +18,9 @@ from torch import nn
 from aisafety.config import plan_from_dict
 from aisafety.errors import ConfigError, ModelOutputError
 from aisafety.interfaces import EvaluationPlan
+from aisafety.prediction import watch
 from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.prediction.watch import HANG_GRACE_S
 from aisafety.runner import Runner
 
 
@@ -111,3 +118,93 @@ def test_the_runner_arms_the_watchdog_from_the_plan():
     plan = _plan(metrics=["ca"], limits={"forward_seconds": 123})
     prepared = Runner(plan, store=None).prepare()
     assert prepared.context.predictor.forward_timeout == 123
+
+
+STUCK_MODULE = '''
+import ctypes
+
+import torch
+from torch import nn
+
+LIBC = ctypes.CDLL(None)
+
+
+class Stuck(nn.Module):
+    """In an attack's forward pass (gradients on), locks a held non-recursive mutex again:
+    a call into C that never returns and that no signal interrupts (the SIGALRM's Python
+    handler never runs). The clean pass (no gradients) returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(784, 10)
+        self.mutex = ctypes.create_string_buffer(64)  # zeros: PTHREAD_MUTEX_INITIALIZER
+
+    def forward(self, x):
+        if torch.is_grad_enabled() and x.requires_grad:
+            LIBC.pthread_mutex_lock(self.mutex)
+            LIBC.pthread_mutex_lock(self.mutex)
+        return self.linear(x.flatten(1))
+'''
+
+
+def _rows(path, sql: str) -> list[tuple]:
+    with sqlite3.connect(path) as connection:
+        return connection.execute(sql).fetchall()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the deadlock is glibc's pthread mutex")
+def test_a_forward_stuck_in_compiled_code_ends_the_command_naming_the_model(tmp_path):
+    """The SIGALRM at forward_seconds cannot stop it; the backstop thread records the unit
+    in unit_failures and the run failed, then ends the process forward_seconds +
+    HANG_GRACE_S later with exit 2 naming the model."""
+    (tmp_path / "stuck.py").write_text(STUCK_MODULE)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "model: {name: stuck, source: python, factory: 'stuck:Stuck', python_path: [.], "
+        "input_shape: [1, 28, 28], num_classes: 10}\n"
+        "dataset: {name: mnist-embedded, limit: 4}\nattacks: [{name: fgsm, eps: [0.1]}]\n"
+        "metrics: [ca, robust-accuracy]\nlimits: {forward_seconds: 1}\ndevice: cpu\n"
+    )
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    start = time.monotonic()
+    stuck = children.run([sys.executable, "-m", "aisafety.cli", "evaluate", str(plan), "--db", db],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         what="a run whose model is stuck in C")  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert stuck.returncode == 2, stuck.stderr[-2000:]
+    assert elapsed >= 1 + HANG_GRACE_S  # not before its deadline and grace
+    message = stuck.stderr.strip().splitlines()[-1]
+    assert message.startswith(
+        f"error: model 'stuck' has not returned from a forward pass after {1 + HANG_GRACE_S:g} s"
+    )
+    assert "its code cannot be interrupted" in message and "the run is marked failed" in message
+    assert "--resume" in message and "Traceback" not in stuck.stderr
+    path = tmp_path / "r.db"
+    assert _rows(path, "SELECT status FROM runs") == [("failed",)]
+    (description, error), *others = _rows(path, "SELECT description, error FROM unit_failures")
+    assert others == [] and description.startswith("fgsm")
+    assert error.startswith("model 'stuck' has not returned from a forward pass after 6 s")
+    assert _rows(path, "SELECT metric FROM metric_values") == [("ca",)]  # the clean unit
+
+
+def test_a_library_caller_gets_a_warning_and_keeps_its_process(monkeypatch):
+    """Outside the command line the backstop only reports: a notebook keeps its kernel. A
+    forward in a worker thread (where no SIGALRM reaches it) runs past deadline and grace."""
+    monkeypatch.setattr(watch, "HANG_GRACE_S", 0.2)
+    monkeypatch.delenv(watch.HANG_ENDS_PROCESS, raising=False)
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+
+    def slow_forward() -> None:
+        with watch.forward_deadline("slow-model", 0.1):
+            hang_guard = time.monotonic() + 60
+            while "slow-model" not in stderr.getvalue() and time.monotonic() < hang_guard:
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=slow_forward)
+    thread.start()
+    thread.join()
+    assert stderr.getvalue().startswith(
+        "\nwarning: model 'slow-model' has not returned from a forward pass after 0.3 s"
+    )
+    assert "it is left running (only the command line ends it)" in stderr.getvalue()

@@ -14,6 +14,7 @@ from torch import nn
 from aisafety.attack.fgsm import FGSM
 from aisafety.cli import main
 from aisafety.database.store import ResultStore
+from aisafety.defense.base import InputDefense
 from aisafety.errors import TamperingError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.hookspecs import hookimpl
@@ -183,4 +184,31 @@ def test_a_crashing_attack_is_named_and_its_traceback_stored(tmp_path, monkeypat
     ((error,),) = _rows(path, "SELECT error FROM unit_failures")
     assert "Traceback" in error and "1 / 0" in error
     assert {attack for (attack,) in _rows(path, "SELECT attack FROM results")} == {None, "fgsm"}
+    assert _rows(path, "SELECT status FROM runs") == [("failed",)]
+
+
+class _ZeroingDefense(InputDefense):
+    """An input defense plugin that zeroes the images it is given, in place."""
+
+    name = "zeroing"
+
+    def transform(self, x):
+        x.mul_(0)
+        return x
+
+
+def test_a_defense_plugin_writing_into_its_input_is_named_and_nothing_stored(tmp_path):
+    """Finding 6: it used to end in a traceback (or stored CA on zeroed images); the
+    defended model is named (``model+defense``) before any value is stored."""
+    module = types.ModuleType("zeroing")
+    module.aisafety_defenses = hookimpl(lambda: [_ZeroingDefense])
+    registry = build_registry(extra_plugins=[("zeroing", module)])
+    plan = EvaluationPlan.model_validate(
+        {"dataset": {"limit": 8}, "metrics": ["ca"], "defenses": ["zeroing"], "device": "cpu"}
+    )
+    path = tmp_path / "r.db"
+    runner = Runner(plan, ResultStore(f"sqlite:///{path}"), registry=registry, quiet=True)
+    with pytest.raises(TamperingError, match=r"model 'mnist-cnn\+zeroing' wrote into its input"):
+        runner.run()
+    assert not _rows(path, "SELECT 1 FROM metric_values")
     assert _rows(path, "SELECT status FROM runs") == [("failed",)]

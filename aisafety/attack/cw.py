@@ -101,7 +101,7 @@ class CWL2(Attack):
                 wa = w[active].requires_grad_(True)
                 x_adv = (torch.tanh(wa) + 1) / 2
                 l2_sq = (x_adv - x0).flatten(1).square().sum(1)
-                logits = predictor._logits(x_adv)
+                logits = predictor.watched_logits(x_adv)
                 true, other = true_and_best_other(logits, y0)
                 loss = l2_sq + const[active] * (true - other).clamp_min(-cfg.kappa)
                 # the input gradient only: no weight gradients are computed

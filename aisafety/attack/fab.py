@@ -238,7 +238,7 @@ class _FABTargeted(Attack):
             d1, d2 = d[:m].view_as(xi), d[m:].view_as(xi)
             x_new = ((xi + cfg.eta * d1) * (1 - alpha) + (x0 + cfg.eta * d2) * alpha).clamp(0, 1)
             with torch.no_grad():
-                wrong = predictor._logits(x_new).argmax(1) != y[idx]
+                wrong = predictor.watched_logits(x_new).argmax(1) != y[idx]
             moves[idx] += 1
             current = self.size(x_new - x0)
             smaller = wrong & (current < size[idx])

@@ -30,13 +30,13 @@ def cross_entropy_gradient(
     """d(sum of CE losses)/dx and the logits, in one forward and one backward pass.
 
     Summing (not averaging) keeps each sample's gradient independent of the batch size.
-    ``_logits`` skips the input check: the attack checked the clean batch once already.
+    ``watched_logits`` skips the input check: the attack checked the clean batch once already.
     With ``target``, the gradient of ``-CE(logits, target)``: ascending it moves towards the
     target class (the negation is exact, so a targeted step is the mirror of a descent step).
     """
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
-        logits = predictor._logits(x)
+        logits = predictor.watched_logits(x)
         loss = F.cross_entropy(logits, y if target is None else target, reduction="sum")
         (grad,) = torch.autograd.grad(loss, x)
     return (grad if target is None else -grad), logits.detach()
@@ -56,7 +56,7 @@ def loss_gradient(
     """
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
-        logits = predictor._logits(x)
+        logits = predictor.watched_logits(x)
         loss = loss_fn(logits, y) if target is None else loss_fn(logits, y, target)
         (grad,) = torch.autograd.grad(loss.sum(), x)
     return grad, logits.detach(), loss.detach()
@@ -93,7 +93,7 @@ def class_jacobian(
     rows = []
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
-        logits = predictor._logits(x)
+        logits = predictor.watched_logits(x)
         picked = logits.gather(1, classes)
         for j in range(classes.shape[1]):
             (grad,) = torch.autograd.grad(

@@ -112,6 +112,7 @@ class ReducedPrecision(Predictor):
         self.input_shape = inner.input_shape
         self.num_classes = inner.num_classes
         self.device = inner.device
+        self.forward_timeout = inner.forward_timeout  # the model's watchdog, through the view
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.dtype):

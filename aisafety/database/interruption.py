@@ -2,10 +2,13 @@
 
 ``kill -9`` cannot be caught: such a run is found by the next run on the same host (its
 process is gone) or, on any host, by its lease running out (``database/liveness.py``).
+Neither can a forward pass stuck in compiled code: within ``end_process_on_hang`` the
+model's watchdog (``prediction/watch.py``) ends the process, found the same way.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -32,3 +35,24 @@ def terminate_as_interrupt() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+# Read by prediction/watch.py (which cannot import this layer): "1" lets its watchdog end
+# the process when a forward pass is stuck past its deadline; unset, it only warns.
+HANG_ENDS_PROCESS = "AISAFETY_END_PROCESS_ON_HANG"
+
+
+@contextmanager
+def end_process_on_hang() -> Iterator[None]:
+    """Within the block, a forward pass stuck past ``limits.forward_seconds`` (plus a grace)
+    ends the process with exit 2: for the command line, which nothing else would end. A
+    library caller (a notebook) keeps its process and gets a warning."""
+    before = os.environ.get(HANG_ENDS_PROCESS)
+    os.environ[HANG_ENDS_PROCESS] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(HANG_ENDS_PROCESS, None)
+        else:
+            os.environ[HANG_ENDS_PROCESS] = before

@@ -194,13 +194,46 @@ def _connect(address: str | None) -> bool:
         return False
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except (ConnectionError, RuntimeError, ValueError, RayError) as exc:
+        if _refused_for_authentication(exc):
+            raise ConfigError(_authentication_advice(address)) from None
         raise ConfigError(
             f"cannot reach the Ray cluster at {address!r}: {exc}; start one with "
             "'ray start --head' (docs/scale-out.md), or leave out --address to run Ray "
             "on this machine only"
         ) from None
     return True
+
+
+def _refused_for_authentication(exc: BaseException) -> bool:
+    """Whether Ray's error, or one it was raised from, is a refused token. A wrong token
+    comes as ``ConnectionError`` from a ``RuntimeError`` whose text holds the
+    ``AuthenticationError``; a missing one as ``AuthenticationError`` itself."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = f"{type(seen).__name__}: {seen}"
+        if "AuthenticationError" in text or "InvalidAuthToken" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _authentication_advice(address: str | None) -> str:
+    """What the driver's environment lacks, named without showing the token."""
+    mode, token = os.environ.get("RAY_AUTH_MODE"), os.environ.get("RAY_AUTH_TOKEN")
+    if mode is None:
+        why = "RAY_AUTH_MODE is not set (the cluster asks for RAY_AUTH_MODE=token)"
+    elif mode != "token":
+        why = f"RAY_AUTH_MODE is {mode!r}, not 'token'"
+    elif not token and not os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        why = "RAY_AUTH_TOKEN is not set"
+    else:
+        why = "its token (RAY_AUTH_TOKEN) is not the cluster's"
+    return (
+        f"the Ray cluster at {address!r} refused this driver's authentication: {why}; "
+        "export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the token its nodes were started "
+        "with> before 'aisafety evaluate' (docs/scale-out.md, 'Starting the cluster')"
+    )
 
 
 def _slots(options: dict[str, Any]) -> int:

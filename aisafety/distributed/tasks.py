@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from aisafety.attack.result import AttackResult
+from aisafety.database.interruption import HANG_ENDS_PROCESS
 from aisafety.database.store import ResultStore
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
@@ -28,6 +29,7 @@ _PREPARED: dict[str, tuple[Runner, Prepared]] = {}
 def _prepared(plan: EvaluationPlan, url: str, cwd: str) -> tuple[Runner, Prepared]:
     """The plan's runner and context in this worker, built on its first task."""
     key = json.dumps([plan.model_dump(mode="json"), url], sort_keys=True)
+    os.environ[HANG_ENDS_PROCESS] = "1"  # a forward stuck in compiled code ends the worker
     if key not in _PREPARED:
         _PREPARED.clear()  # a new plan: free the previous one's model and data
         if os.path.isdir(cwd):  # plan paths relative to where `aisafety evaluate` ran

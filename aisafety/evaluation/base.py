@@ -8,6 +8,7 @@ outputs) once for all metrics.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -141,6 +142,8 @@ def checked_values(metric: Metric, values: Any) -> list[MetricValue]:
     """What ``metric.compute`` returned, or a PluginError naming the metric and the fix:
     ``compute`` returns a list of ``MetricValue`` always."""
     if isinstance(values, list) and all(isinstance(v, MetricValue) for v in values):
+        for value in values:
+            _check_number(metric, value)
         return values
     got = type(values).__name__
     if isinstance(values, list):
@@ -150,3 +153,20 @@ def checked_values(metric: Metric, values: Any) -> list[MetricValue]:
         f"compute returned {got}; it must return a list of MetricValue, e.g. "
         "[self.value(number, n_samples)]"
     )
+
+
+def _check_number(metric: Metric, value: MetricValue) -> None:
+    """An infinite value or a negative sample count is a bug in the metric, never a result:
+    refused before anything of its unit is stored. NaN stays allowed: it is how a metric
+    says "undefined here" (no sample to average over)."""
+    who = f"metric {metric.name!r} ({type(metric).__module__}.{type(metric).__qualname__})"
+    if math.isinf(value.value):
+        raise PluginError(
+            f"{who} returned {value.metric} = {value.value}; a value must be finite, or NaN "
+            "where it is undefined; nothing of this unit is stored (fix the metric)"
+        )
+    if value.n_samples < 0:
+        raise PluginError(
+            f"{who} returned {value.metric} with n_samples = {value.n_samples}; a count of "
+            "samples cannot be negative; nothing of this unit is stored (fix the metric)"
+        )

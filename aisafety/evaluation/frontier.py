@@ -73,7 +73,7 @@ def _evaluate(predictor: Predictor, x: torch.Tensor, y: torch.Tensor, loss: Sear
     probability margin, from one forward and one backward pass."""
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
-        logits = predictor._logits(x)
+        logits = predictor.watched_logits(x)
         prob = probability_margin(logits, y)
         objective = -(prob if loss == "prob" else logit_margin(logits, y))
         (grad,) = torch.autograd.grad(objective.sum(), x)

@@ -171,7 +171,7 @@ class NeuronArtifacts:
                 profile = self.load_profile()
             except ConfigError as exc:
                 raise ConfigError(
-                    f"could not load the profile data for the neuron bounds: {exc} Set the "
+                    f"could not load the profile data for the neuron bounds: {exc}; set the "
                     "plan's 'profile_dataset' to data the model was trained on (its train split)"
                 ) from None
             outputs, sizes = neuron_outputs(self.predictor, profile.x, layers, self.batch_size)

@@ -14,7 +14,13 @@ import torch
 
 from aisafety.errors import AISafetyError, CapabilityError, InputError, ModelOutputError
 from aisafety.interfaces import Capability
-from aisafety.prediction.watch import check_forward, forward_deadline, model_tensors, versions
+from aisafety.prediction.watch import (
+    check_forward,
+    forward_deadline,
+    hang_backstop,
+    model_tensors,
+    versions,
+)
 
 
 class Predictor(ABC):
@@ -35,6 +41,12 @@ class Predictor(ABC):
     @abstractmethod
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """Model scores for a validated batch; differentiable if GRADIENTS is declared."""
+
+    def watched_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``_logits`` (no checks: an attack's inner loop, on inputs it checked once) under
+        the hang backstop of ``forward_timeout`` (prediction/watch.py)."""
+        with hang_backstop(self.name, self.forward_timeout):
+            return self._logits(x)
 
     def logits(self, x: torch.Tensor, *, in_range: bool = False) -> torch.Tensor:
         """Scores for ``x``, every check done. ``in_range``: the caller built ``x`` by

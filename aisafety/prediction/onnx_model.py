@@ -130,7 +130,13 @@ def read_onnx(path: Path, name: str) -> bytes:
     except ImportError:
         return data
     helper = onnx.external_data_helper
-    model = onnx.load_from_string(data)
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as exc:  # protobuf's DecodeError, and whatever a newer onnx raises
+        raise ConfigError(
+            f"model {name!r}: {str(path)!r} is not an ONNX model ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); export one with torch.onnx.export(model, example, path)"
+        ) from None
     if not any(helper.uses_external_data(t) for t in helper._get_all_tensors(model)):
         return data
     try:

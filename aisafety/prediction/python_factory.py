@@ -74,6 +74,15 @@ def build_module(
         raise ConfigError(
             f"model {model!r}: {label}(**{dict(kwargs or {})}) fails: {exc}"
         ) from None
+    except RuntimeError as exc:  # torch.OutOfMemoryError included
+        reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        if "allocate" not in reason:
+            raise
+        raise ConfigError(
+            f"model {model!r}: {label}(**{dict(kwargs or {})}) ran out of memory building the "
+            f"module ({reason}); check the sizes its settings ask for (a width or a layer "
+            "count far too large), or run it where that memory is"
+        ) from None
     if not isinstance(module, nn.Module):
         raise ConfigError(
             f"model {model!r}: {label} returned a {type(module).__name__}, not a torch.nn.Module"

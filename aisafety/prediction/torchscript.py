@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from aisafety.errors import ConfigError
-from aisafety.files import MAX_MODEL_BYTES, regular_file
+from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import Normalize
@@ -30,9 +30,11 @@ def _jit_load(source: str | Path | bytes, device: torch.device) -> torch.jit.Scr
     if isinstance(source, bytes):
         target: io.BytesIO | str = io.BytesIO(source)
         label = "TorchScript archive"
+        intact_archive(source, "the TorchScript archive")
     else:
         path = regular_file(source, "TorchScript model", MAX_MODEL_BYTES)
         target, label = str(path), str(path)
+        intact_archive(path, f"TorchScript model {label!r}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
