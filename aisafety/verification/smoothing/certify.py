@@ -158,6 +158,16 @@ def certificates(est: Estimate, bound: Bound, norm: str | None = None) -> Certif
     )
 
 
+def bounds_for(noise: Noise) -> list[Bound]:
+    """Every bound defined for ``noise``, in ``Bound``'s order."""
+    return [bound for bound in Bound if noise in BOUND_NOISES[bound]]
+
+
+def certify_every_bound(est: Estimate, norm: str | None = None) -> dict[Bound, Certificates]:
+    """Each bound's certificates from the one estimate (the same draws for all)."""
+    return {bound: certificates(est, bound, norm) for bound in bounds_for(est.noise)}
+
+
 def certify(
     smoothed: RandomizedSmoothing,
     x: torch.Tensor,
