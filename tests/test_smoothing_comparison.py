@@ -33,6 +33,10 @@ def smoothing_models() -> list[tuple[str, Noise, float]]:
     ]
 
 
+def test_every_smoothing_recipe_has_a_zoo_model():
+    assert set(RECIPE_NOISE) <= {entry.recipe.defense for entry, _ in list_models().values()}
+
+
 @pytest.mark.parametrize(("name", "noise", "sigma"), smoothing_models())
 def test_proved_orderings_per_image(name, noise, sigma):
     """One estimate (n = 200 draws on 12 images), every bound defined for the noise: the same

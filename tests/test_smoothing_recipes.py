@@ -105,3 +105,19 @@ def test_recipes_train(defense):
         loss.backward()
         optimiser.step()
     assert loss.item() < 0.75 * first
+
+
+def test_shipped_recipe_entries():
+    """One MNIST zoo model per recipe; the pretrained one fine-tunes the shipped
+    Fashion-MNIST model (pinned by sha256), so ``zoo train --recipe-of`` rebuilds each."""
+    from aisafety.database.zoo import list_models
+
+    models = {name: entry for name, (entry, _) in list_models().items()}
+    smoothadv = models["mnist-cnn-smoothadv-0.25"].recipe
+    assert smoothadv.defense == "smoothadv" and smoothadv.init_from is None
+    assert models["mnist-cnn-adre-0.25"].recipe.defense == "adre"
+    pretrained = models["mnist-cnn-smoothadv-pretrained-0.25"].recipe
+    assert pretrained.defense_config == smoothadv.defense_config
+    assert pretrained.init_from == "fashion-mnist-cnn"
+    assert pretrained.init_sha256 == models["fashion-mnist-cnn"].sha256
+    assert models["fashion-mnist-cnn"].dataset == "fashion-mnist"
