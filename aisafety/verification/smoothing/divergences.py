@@ -36,7 +36,7 @@ import numpy as np
 
 from aisafety.verification.smoothing.noise import Noise
 
-# alpha - 1 over seven decades: the best alpha grows as p_B shrinks (about 1/(-log p_B)).
+# alpha - 1 over eight decades, log-spaced: the best alpha grows as p_B shrinks.
 _ALPHAS = 1.0 + np.logspace(-4, 4, 1601)
 _BISECTIONS = 60
 # Rényi's radius is scaled by 1 - this: the budget and divergence are accurate to about
