@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from aisafety.defense.training.adre import Adre
 from aisafety.defense.training.deep_defense import DeepDefense
 from aisafety.defense.training.distillation import DefensiveDistillation
 from aisafety.defense.training.ensemble_at import EnsembleAdversarialTraining
@@ -15,6 +16,7 @@ from aisafety.defense.training.noise_augmentation import LaplaceAugmentation, Un
 from aisafety.defense.training.parseval import ParsevalTraining
 from aisafety.defense.training.pgd_at import PGDAdversarialTraining
 from aisafety.defense.training.sat import StandardAdversarialTraining
+from aisafety.defense.training.smoothadv import SmoothAdv
 from aisafety.defense.training.standard import StandardTraining
 from aisafety.defense.training.thermometer import ThermometerTraining
 from aisafety.defense.training.trades import Trades
@@ -30,6 +32,8 @@ TRAINING_DEFENSES: list[type] = [
     LaplaceAugmentation,
     UniformAugmentation,
     Macer,
+    SmoothAdv,
+    Adre,
     IBPTraining,
     CrownIBPTraining,
     HypervolumeTraining,

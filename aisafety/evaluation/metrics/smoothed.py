@@ -47,7 +47,9 @@ class SmoothedCertificationConfig(PluginConfig):
     n: int = Field(default=10_000, ge=1, description="estimation draws per image (Cohen: 100,000)")
     alpha: float = Field(default=0.001, gt=0, lt=1, description="failure probability")
     norm: str | None = Field(default=None, description="l2 / l1 / linf; default: the noise's own")
-    bound: Bound = Field(default=Bound.NEYMAN_PEARSON, description="or differential-privacy")
+    bound: Bound = Field(
+        default=Bound.NEYMAN_PEARSON, description="or differential-privacy, f-divergence, renyi"
+    )
     samples: int | None = Field(default=None, ge=1, description="certify a seeded subset only")
     batch_size: int = Field(default=1000, ge=1, description="noisy images per forward pass")
 
