@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from aisafety.attack.base import Attack
-from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.database.store import ResultStore, Subject
@@ -36,7 +35,6 @@ from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.reference import missing_reference
 from aisafety.interfaces import (
-    AttackFamily,
     AttackSpec,
     CorruptionsSpec,
     DatasetSpec,
@@ -92,8 +90,6 @@ def warn_unmeasured_attacks(attacks, metrics: list[Metric]) -> None:
     table's robust-accuracy rows and the accuracy-against-budget curve (aaw reads white-box
     attacks only, aab black-box ones): a baseline such as random noise then silently vanishes."""
     for attack in attacks:
-        if attack.family is AttackFamily.CORRUPTION:
-            continue
         if not any(m.name in ACCURACY_METRICS and m.applies_to(attack.family) for m in metrics):
             warnings.warn(
                 f"attack {attack.name!r} ({attack.family.value}) has no accuracy metric among "
@@ -158,8 +154,6 @@ class Runner:
             config.setdefault("seed", self.plan.seed)
         attack = self.registry.create("attack", spec.name, config)
         check_work_limits(spec, getattr(attack, "config", None), self.plan.limits)
-        if attack.family is AttackFamily.CORRUPTION:
-            warn_corruption_as_attack(spec.name)
         return attack
 
     def _make_metric(self, spec: MetricSpec) -> Metric:
@@ -353,7 +347,6 @@ class Runner:
                 name
                 for name in self.registry.names("attack")
                 if self.registry.get("attack", name).requires in predictor.capabilities
-                and self.registry.get("attack", name).family is not AttackFamily.CORRUPTION
             ]
             try:
                 predictor.require(attack.requires, f"attack {attack.name!r}")

@@ -40,11 +40,6 @@ SEARCHED = {"aaw", "aab", "robust-accuracy", "asr", "acac", "actc", "nte", "ald"
             "adversarial-hypervolume", "zero-gradient-rate"}  # fmt: skip
 SMALL = {"steps": 5, "queries": 60, "restarts": 1, "max_steps": 20, "iterations": 5,
          "population": 20, "n_target_classes": 2, "samples": 16}  # fmt: skip
-CORRUPTION_ATTACKS = set(default_registry().names("attack")) - {
-    name
-    for name in default_registry().names("attack")
-    if not default_registry().get("attack", name).__module__.startswith("aisafety.corruption")
-}
 
 
 def small_config(name: str) -> dict:
@@ -89,7 +84,7 @@ def compare(cpu_run: tuple[dict, dict], gpu_run: tuple[dict, dict]) -> None:
 
 
 def test_every_attack_on_the_device_matches_the_cpu(tmp_path):
-    names = sorted(set(default_registry().names("attack")) - CORRUPTION_ATTACKS - {"transfer"})
+    names = sorted(set(default_registry().names("attack")) - {"transfer"})
     attacks = [{"name": name, "eps": [0.1], "config": small_config(name)} for name in names]
     plan = {"dataset": {"name": "mnist-embedded", "limit": N}, "attacks": attacks,
             "metrics": ["ca", "robust-accuracy"], "seed": 0}  # fmt: skip

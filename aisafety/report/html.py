@@ -271,8 +271,7 @@ def overlay_curves(runs: list[RunData]) -> list[Plot]:
     )
     for data in runs:
         for a in data.attack_runs:
-            if a.family != "corruption":
-                points[(a.attack, a.norm or "-")][a.model][a.eps].append(a.robust_accuracy)
+            points[(a.attack, a.norm or "-")][a.model][a.eps].append(a.robust_accuracy)
         for model in data.model_names:
             for (norm, eps), (acc, _) in worst_case_of(data, model).items():
                 points[("worst case per sample", norm)][model][eps].append(acc)

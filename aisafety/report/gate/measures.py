@@ -57,7 +57,7 @@ def load_gate_run(store: ResultStore, run_id: int) -> GateRun:
     clean: dict[int, bool] = {}
     for a in data.attack_runs:
         outcome = data.outcomes.get(a.id)
-        if outcome is None or a.family == "corruption":
+        if outcome is None:
             continue
         index = outcome["sample_index"].tolist()
         labels.update(zip(index, outcome["label"].tolist(), strict=True))
