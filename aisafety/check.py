@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from aisafety.database import DEFAULT_URL
 from aisafety.errors import ConfigError
 
-if TYPE_CHECKING:  # torch, SQLAlchemy and the plugins load inside the command (cli.py)
+if TYPE_CHECKING:  # torch, SQLAlchemy and the plugins load inside the command (cli/)
     from aisafety.database.store import ResultStore
     from aisafety.interfaces import EvaluationPlan
     from aisafety.report.gate.measures import GateRun

@@ -437,7 +437,7 @@ class Runner:
                     "give a smaller limits.memory_gib so that such settings are refused up front"
                 ) from None
             # a bug in a plugin (or the model): the run ends as before, and the command line
-            # names the call instead of printing a traceback (cli.py, docs/reliability.md)
+            # names the call instead of printing a traceback (cli/__init__.py, docs/reliability.md)
             exc.failed_in = integrity.calling or unit.description  # type: ignore[attr-defined]
             exc.failed_unit = unit  # type: ignore[attr-defined]
             raise

@@ -91,7 +91,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.report.html",  # builds pages from the registry's sections
             "aisafety.report.sanity",  # reads attack defaults from the registry
             "aisafety.check",  # the release gate: evaluates, reads sanity checks, writes pages
-            "aisafety.cli",
+            "aisafety.listing",  # what `aisafety list` shows: reads the registry and the zoo
+            "aisafety.cli",  # one module per command
         ),
     ),
 ]

@@ -168,7 +168,7 @@ def test_a_crashing_attack_is_named_and_its_traceback_stored(tmp_path, monkeypat
     module = types.ModuleType("crashing")
     module.aisafety_attacks = hookimpl(lambda: [Crashing])
     registry = build_registry(extra_plugins=[("crashing", module)])
-    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
     monkeypatch.setattr("aisafety.runner.default_registry", lambda: registry)
     path = tmp_path / "c.db"
     plan = tmp_path / "p.yaml"

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aisafety.cli import build_parser, zoo_recipe
+from aisafety.cli import build_parser
+from aisafety.cli.zoo import zoo_recipe
 from aisafety.database.architectures import build
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.datasets.embedded import EmbeddedMnist

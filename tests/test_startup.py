@@ -12,7 +12,7 @@ import sys
 import children
 import pytest
 
-from aisafety import cli, listing_cache
+from aisafety import cli, listing, listing_cache
 
 HEAVY = ("torch", "sqlalchemy", "pydantic", "scipy", "numpy", "aisafety.plugins")
 
@@ -50,7 +50,7 @@ def test_a_cached_listing_loads_no_plugin_and_equals_the_live_one(tmp_path):
     assert json.loads(second.stdout) == json.loads(first.stdout) == json.loads(live.stdout)
     assert len(list(tmp_path.glob("list-attacks-*.json"))) == 1
     # the first listing cached every plugin kind: a first `list metrics` imports nothing heavy
-    for kind in cli.LIST_KINDS:
+    for kind in listing.LIST_KINDS:
         assert len(list(tmp_path.glob(f"list-{kind}-*.json"))) == 1, kind
     metrics = _python(code.replace("'attacks'", "'metrics'"), **env)
     assert metrics.returncode == 0 and "LOADED []" in metrics.stderr, metrics.stderr
@@ -80,10 +80,10 @@ def test_only_a_listing_without_plugin_failures_is_cached(tmp_path, monkeypatch,
     monkeypatch.setenv("AISAFETY_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("AISAFETY_LIST_CACHE", "1")
     entries = [{"name": "my-attack", "config": {"steps": 10, "rho": 0.75}}]
-    monkeypatch.setattr(cli, "list_entries", lambda kind: (entries, complete))
+    monkeypatch.setattr(listing, "list_entries", lambda kind, registry: (entries, complete))
     assert cli.main(["list", "attacks"]) == 0
     assert "steps=10, rho=0.75" in capsys.readouterr().out  # settings shown in the table
-    monkeypatch.setattr(cli, "list_entries", lambda kind: ([{"name": "live"}], True))
+    monkeypatch.setattr(listing, "list_entries", lambda kind, registry: ([{"name": "live"}], True))
     assert cli.main(["list", "attacks", "--format", "json"]) == 0
     names = [e["name"] for e in json.loads(capsys.readouterr().out)]
     assert names == (["my-attack"] if complete else ["live"])

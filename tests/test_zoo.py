@@ -265,7 +265,8 @@ def test_zoo_train_reproduces_a_defended_entry_from_its_recipe(tmp_path, name):
 
 
 def test_recipe_of_takes_the_entry_recipe_and_budgets_and_options_override_them():
-    from aisafety.cli import build_parser, zoo_recipe
+    from aisafety.cli import build_parser
+    from aisafety.cli.zoo import zoo_recipe
 
     def parse(*options: str):
         return zoo_recipe(build_parser().parse_args(["zoo", "train", "--data-dir", ".", *options]))
