@@ -11,24 +11,24 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aisafety.database import DEFAULT_URL
 from aisafety.errors import ConfigError
+from aisafety.store import DEFAULT_URL
 
 if TYPE_CHECKING:  # torch, SQLAlchemy and the plugins load inside the command (cli/)
-    from aisafety.database.store import ResultStore
     from aisafety.interfaces import EvaluationPlan
     from aisafety.report.gate.measures import GateRun
     from aisafety.report.gate.spec import GateSpec
     from aisafety.report.gate.verdicts import Verdict
+    from aisafety.store.results import ResultStore
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from aisafety.config import load_plan
-    from aisafety.database.store import ResultStore
     from aisafety.report.gate.measures import load_gate_run
     from aisafety.report.gate.output import text_lines
     from aisafety.report.gate.verdicts import gate_passed, requirement_verdicts
-    from aisafety.report.sanity import sanity_checks
+    from aisafety.sanity import sanity_checks
+    from aisafety.store.results import ResultStore
 
     spec = gate_spec(args)
     plan = load_plan(args.plan)
@@ -124,7 +124,7 @@ def stored_run(store: ResultStore, keys: list[str]) -> int | None:
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from aisafety.database import schema
+    from aisafety.store import schema
 
     finished = store.finished_units()
     if not keys or not set(keys) <= finished:
@@ -144,9 +144,9 @@ def baseline_run(
     reused); and how it was found, said for the output."""
     from sqlalchemy.orm import Session
 
-    from aisafety.database import schema
     from aisafety.database.zoo import list_models
     from aisafety.interfaces import ModelSpec
+    from aisafety.store import schema
 
     if baseline.isdigit():
         with Session(store.engine) as session:
@@ -184,8 +184,8 @@ def write_outputs(args, store: ResultStore, candidate: GateRun, verdicts, header
 def gate_report(store: ResultStore, candidate: GateRun, verdicts, header: str) -> str:
     """The candidate run's HTML report with the gate's verdicts as its first section."""
     from aisafety.report.gate.output import summary
-    from aisafety.report.html import Report, page, render_sections
-    from aisafety.report.sanity import sanity_checks
+    from aisafety.report_page import Report, page, render_sections
+    from aisafety.sanity import sanity_checks
 
     data = candidate.data
     report = Report(data, sanity_checks(data))

@@ -18,8 +18,6 @@ import torch
 
 from aisafety.attack.base import Attack
 from aisafety.database.datasets.base import LoadedDataset
-from aisafety.database.interruption import terminate_as_interrupt
-from aisafety.database.store import ResultStore, Subject
 from aisafety.defense.obfuscation import warn_obfuscation
 from aisafety.errors import (
     AISafetyError,
@@ -49,6 +47,8 @@ from aisafety.memory import reuse_freed_memory
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
 from aisafety.progress import RunProgress
+from aisafety.store.interruption import terminate_as_interrupt
+from aisafety.store.results import ResultStore, Subject
 from aisafety.version import __version__
 
 log = logging.getLogger(__name__)

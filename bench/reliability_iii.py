@@ -313,7 +313,7 @@ def postgres_cases() -> list[Row]:
         return []
     from sqlalchemy import text
 
-    from aisafety.database.store import ResultStore
+    from aisafety.store.results import ResultStore
 
     server = start_postgres()
     try:

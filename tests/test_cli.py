@@ -7,7 +7,7 @@ import json
 import pytest
 
 from aisafety.cli import main
-from aisafety.database.store import ResultStore
+from aisafety.store.results import ResultStore
 
 
 def _json_after_header(text: str):

@@ -215,9 +215,9 @@ def test_the_plan_table_selects_the_severity_table(zoo_predictor, mnist_subset):
 def test_the_plan_section_drives_mce_through_the_runner(tmp_path, zoo_predictor):
     """corruptions: in a plan reaches the metric; another table is another unit of work, so
     --resume does not hand back the first table's values."""
-    from aisafety.database.store import ResultStore
     from aisafety.interfaces import DatasetSpec, EvaluationPlan, MetricSpec
     from aisafety.runner import Runner
+    from aisafety.store.results import ResultStore
 
     store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
     section = {"names": ["shot_noise"], "severities": [5], "table": "cifar10-c"}
@@ -241,9 +241,9 @@ def test_a_corruption_under_attacks_is_refused_naming_the_corruptions_key(tmp_pa
     """The deprecation has ended: a corruption under attacks: is a ConfigError that names the
     corruptions: key, and the command line exits 2 with it before any work."""
     from aisafety.cli import main
-    from aisafety.database.store import ResultStore
     from aisafety.interfaces import AttackSpec, EvaluationPlan
     from aisafety.runner import Runner
+    from aisafety.store.results import ResultStore
 
     store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
     plan = EvaluationPlan(attacks=(AttackSpec(name="fog", eps=0.0),), device="cpu")

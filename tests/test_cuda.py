@@ -169,8 +169,8 @@ def test_verifiers_and_smoothing_on_the_device_match_the_cpu(tmp_path):
 
 
 def test_the_report_renders_a_device_run(tmp_path):
-    from aisafety.database.store import ResultStore
-    from aisafety.report.html import build_report
+    from aisafety.report_page import build_report
+    from aisafety.store.results import ResultStore
 
     plan = {"dataset": {"name": "mnist-embedded", "limit": 16},
             "attacks": [{"name": "pgd-linf", "eps": [0.1, 0.3], "config": {"steps": 5}}],

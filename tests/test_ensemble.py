@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from aisafety.database.store import ResultStore
 from aisafety.database.zoo import load_zoo_model
 from aisafety.errors import ConfigError
 from aisafety.interfaces import Norm
 from aisafety.plugins import default_registry
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 # cheap members: a few iterations and queries (the defaults are AutoAttack's 100 and 5,000)
 FAST = {"steps": 5, "queries": 100}

@@ -48,19 +48,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.defense",
             # randomized smoothing certifies a defense (the smoothed classifier) and draws its
             # noise through that defense's sampler: it sits beside the defense, not below it
-            "aisafety.verification.smoothing",
+            "aisafety.defense.smoothing",
         ),
     ),
     ("evaluation", ("aisafety.evaluation",)),
     (
         "results",
         (
-            "aisafety.database.store",
-            "aisafety.database.schema",
-            "aisafety.database.migration",  # brings a stored database to this schema (Alembic)
-            "aisafety.database.migrations",  # the schema's revisions
-            "aisafety.database.liveness",  # heartbeats and stale-run detection of stored runs
-            "aisafety.database.compare",
+            "aisafety.store.results",
+            "aisafety.store.schema",
+            "aisafety.store.migration",  # brings a stored database to this schema (Alembic)
+            "aisafety.store.migrations",  # the schema's revisions
+            "aisafety.store.liveness",  # heartbeats and stale-run detection of stored runs
+            "aisafety.store.compare",
             "aisafety.report",
         ),
     ),
@@ -87,9 +87,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.progress",  # progress and ETA over a plan's units
             "aisafety.execution",  # picks the executor: local (runner) or Ray (distributed)
             "aisafety.distributed",  # units as Ray tasks
-            "aisafety.database.zoo_build",
-            "aisafety.report.html",  # builds pages from the registry's sections
-            "aisafety.report.sanity",  # reads attack defaults from the registry
+            "aisafety.zoo_build",
+            "aisafety.report_page",  # builds pages from the registry's sections
+            "aisafety.sanity",  # reads attack defaults from the registry
             "aisafety.check",  # the release gate: evaluates, reads sanity checks, writes pages
             "aisafety.listing",  # what `aisafety list` shows: reads the registry and the zoo
             "aisafety.cli",  # one module per command
@@ -231,8 +231,8 @@ def test_the_checks_catch_what_they_must():
     """The checker itself: an upward edge, a cycle and a relative import are seen."""
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    assert layer_of("aisafety.database.zoo_build") > layer_of("aisafety.plugins")
+    assert layer_of("aisafety.zoo_build") > layer_of("aisafety.plugins")
     assert layer_of("aisafety.database.zoo") < layer_of("aisafety.attack.pgd")
     graph = import_graph()
-    assert "aisafety.plugins" in graph["aisafety.database.zoo_build"]
+    assert "aisafety.plugins" in graph["aisafety.zoo_build"]
     assert "aisafety.execution" in graph["aisafety"]  # imported inside a function: an edge

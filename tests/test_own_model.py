@@ -21,13 +21,13 @@ import yaml
 import aisafety
 from aisafety.cli import main
 from aisafety.database.datasets.embedded import EmbeddedCifar10
-from aisafety.database.store import ResultStore
 from aisafety.errors import CapabilityError, ConfigError, UnknownNameError
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import Architecture, EvaluationPlan, ModelEntry, ModelSpec
 from aisafety.loading import load_model
 from aisafety.plugins import build_registry
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 from aisafety.verification import bounds
 from aisafety.verification.graph import build_graph
 

@@ -39,7 +39,7 @@ def test_non_editable_install_runs_the_default_data_and_model(tmp_path):
         "assert EmbeddedCifar10().load(None, 'test').x.shape == (100, 3, 32, 32);"
         "p = load_zoo_model('mnist-cnn'); d = EmbeddedMnist().load(None, 'test');"
         "acc = (p.predict(d.x) == d.y).float().mean().item();"
-        "from aisafety.database.store import ResultStore;"
+        "from aisafety.store.results import ResultStore;"
         "s = ResultStore('sqlite:///old.db');"
         "assert s.query('SELECT version_num FROM alembic_version')[1] == [('0001_baseline',)];"
         "n = 'SELECT COUNT(*) - COUNT(broken_by) FROM sample_outcomes';"

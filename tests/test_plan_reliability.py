@@ -14,7 +14,6 @@ import torch
 from aisafety.cli import main
 from aisafety.config import load_plan, plan_from_dict
 from aisafety.database.datasets.idx import read_idx
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError, ModelOutputError
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import AttackSpec, EvaluationPlan, ModelSpec, Norm, WorkLimits
@@ -23,6 +22,7 @@ from aisafety.loading import load_model
 from aisafety.plugins import build_registry
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 
 def _write(tmp_path, name: str, content: str | bytes):

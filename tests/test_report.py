@@ -13,13 +13,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from aisafety.cli import main
-from aisafety.database import schema
-from aisafety.database.store import EXAMPLES_PER_RUN, ResultStore
 from aisafety.plugins import build_registry
 from aisafety.report.data import load_run
-from aisafety.report.html import build_comparison, build_report
 from aisafety.report.intervals import clopper_pearson
 from aisafety.report.sections import ReportSection
+from aisafety.report_page import build_comparison, build_report
+from aisafety.store import schema
+from aisafety.store.results import EXAMPLES_PER_RUN, ResultStore
 
 
 def test_run_stores_examples_and_its_machine(report_db):
@@ -99,8 +99,8 @@ def test_comparison_ranks_models_and_marks_the_best(report_db, tmp_path):
 
 
 def test_leaderboard_marks_models_with_sanity_warnings(report_db):
-    from aisafety.report.html import leaderboard
-    from aisafety.report.sanity import Check
+    from aisafety.report_page import leaderboard
+    from aisafety.sanity import Check
 
     url, run_id = report_db
     data = load_run(ResultStore(url), run_id)
@@ -113,7 +113,7 @@ def test_leaderboard_marks_models_with_sanity_warnings(report_db):
 
 
 def test_seeds_show_mean_and_std():
-    from aisafety.report.html import _cell, _ranks
+    from aisafety.report_page import _cell, _ranks
 
     assert _cell([0.5]) == "0.5"
     assert _cell([0.5, 0.7, 0.6]) == "0.6 ± 0.1"
@@ -301,8 +301,8 @@ def test_coverage_metrics_get_no_binomial_interval(report_db):
     import dataclasses
 
     from aisafety.plugins import default_registry
-    from aisafety.report.html import Report, coverage_metrics
     from aisafety.report.sections import MetricTable
+    from aisafety.report_page import Report, coverage_metrics
 
     url, run_id = report_db
     data = load_run(ResultStore(url), run_id)

@@ -12,7 +12,7 @@ import yaml
 
 from aisafety.cli import main
 from aisafety.report.data import AttackRunRow, MetricRow, RunData
-from aisafety.report.sanity import (
+from aisafety.sanity import (
     black_box_not_stronger,
     breaks_at_large_budget,
     gradients_alive,

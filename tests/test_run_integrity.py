@@ -13,7 +13,6 @@ from torch import nn
 
 from aisafety.attack.fgsm import FGSM
 from aisafety.cli import main
-from aisafety.database.store import ResultStore
 from aisafety.errors import TamperingError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.hookspecs import hookimpl
@@ -22,6 +21,7 @@ from aisafety.plugins import build_registry
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.prediction.watch import model_tensors
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 
 class WeightScaler(FGSM):

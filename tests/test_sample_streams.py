@@ -8,7 +8,6 @@ import torch
 
 from aisafety.attack.base import Attack
 from aisafety.attack.streams import BUFFER, SampleStreams, sample_seed
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import (
     AttackFamily,
     AttackSpec,
@@ -21,6 +20,7 @@ from aisafety.interfaces import (
 )
 from aisafety.plugins import build_registry, default_registry
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 # small work settings: the point is the chunking, not the attack's strength
 SMALL = {

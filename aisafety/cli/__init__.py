@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from aisafety.check import add_parser as add_check_parser
 from aisafety.cli import compare, evaluate, plugins, query, report, serve, verify, zoo
 from aisafety.cli import list as list_command
-from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.errors import AISafetyError, AISafetyWarning
+from aisafety.store.interruption import terminate_as_interrupt
 
 
 def build_parser() -> argparse.ArgumentParser:

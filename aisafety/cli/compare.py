@@ -9,8 +9,8 @@ import sys
 
 from aisafety.cli import common
 from aisafety.cli.common import info_printer
-from aisafety.database import DEFAULT_URL
 from aisafety.errors import ConfigError
+from aisafety.store import DEFAULT_URL
 
 
 def add_parser(sub) -> None:
@@ -32,12 +32,12 @@ def add_parser(sub) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Evaluate several models with one plan; rank correlations between its metrics."""
     from aisafety.config import apply_overrides, default_plan, load_plan
-    from aisafety.database.store import ResultStore
     from aisafety.database.zoo import list_models
     from aisafety.evaluation.ranking import metric_columns, rank_correlations, rank_sum_tests
     from aisafety.execution import run_plan
     from aisafety.interfaces import ModelSpec
     from aisafety.plugins import failure_warnings
+    from aisafety.store.results import ResultStore
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from aisafety.cli import common
 from aisafety.cli.common import info_printer
-from aisafety.database import DEFAULT_URL
+from aisafety.store import DEFAULT_URL
 
 if TYPE_CHECKING:
-    from aisafety.database.store import ResultStore
     from aisafety.interfaces import EvaluationPlan
+    from aisafety.store.results import ResultStore
 
 
 def add_parser(sub) -> None:
@@ -43,10 +43,10 @@ def add_parser(sub) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from aisafety.config import apply_overrides, default_plan, load_plan
-    from aisafety.database.store import ResultStore
     from aisafety.execution import run_plan
     from aisafety.plugins import failure_warnings
     from aisafety.report.table import curve_rows, metric_rows, render
+    from aisafety.store.results import ResultStore
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(
@@ -127,9 +127,9 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
 
 
 def print_sanity_checks(store: ResultStore, run_id: int) -> None:
-    """The gradient-masking checklist of the run just stored (aisafety/report/sanity.py)."""
+    """The gradient-masking checklist of the run just stored (aisafety/sanity.py)."""
     from aisafety.report.data import load_run
-    from aisafety.report.sanity import sanity_checks, summary_line
+    from aisafety.sanity import sanity_checks, summary_line
 
     checks = sanity_checks(load_run(store, run_id))
     if checks:

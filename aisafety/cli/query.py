@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aisafety.database import DEFAULT_URL, QUERY_MAX_ROWS, QUERY_TIMEOUT_S
+from aisafety.store import DEFAULT_URL, QUERY_MAX_ROWS, QUERY_TIMEOUT_S
 
 
 def add_parser(sub) -> None:
@@ -25,13 +25,13 @@ def add_parser(sub) -> None:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from aisafety.database.read_only import (
+    from aisafety.report.streaming import write_rows
+    from aisafety.store.read_only import (
         QueryLimits,
         read_only_engine,
         read_only_rows,
         superuser_warning,
     )
-    from aisafety.report.streaming import write_rows
 
     engine = read_only_engine(args.db)
     limits = QueryLimits(timeout_s=args.timeout, max_rows=args.max_rows)

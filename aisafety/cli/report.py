@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from aisafety.database import DEFAULT_URL
 from aisafety.errors import ConfigError
+from aisafety.store import DEFAULT_URL
 
 
 def add_parser(sub) -> None:
@@ -23,9 +23,9 @@ def add_parser(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from aisafety.database.store import ResultStore
     from aisafety.report.data import latest_run_id
-    from aisafety.report.html import build_comparison, build_report, resolve_runs
+    from aisafety.report_page import build_comparison, build_report, resolve_runs
+    from aisafety.store.results import ResultStore
 
     store = ResultStore(args.db, create=False)  # a mistyped --db must not make an empty one
     if args.compare:

@@ -79,9 +79,9 @@ def add_parser(sub) -> None:
 def cmd_zoo(args: argparse.Namespace) -> int:
     if args.zoo_command == "list":
         return cmd_list(argparse.Namespace(kind="models", format=args.format))
-    from aisafety.database.zoo_build import train_zoo_entry
     from aisafety.interfaces import DatasetSpec
     from aisafety.loading import load_data
+    from aisafety.zoo_build import train_zoo_entry
 
     recipe, robust_eps, certified_eps = zoo_recipe(args)
     registry = common.default_registry()
@@ -116,7 +116,7 @@ def zoo_recipe(
     robust and certified budgets (``--robust-eps`` / ``--certified-eps``, else the entry's
     recorded ones, else None: the training defaults)."""
     from aisafety.database.zoo import TrainingRecipe
-    from aisafety.database.zoo_build import CERTIFIED, ROBUST, recorded_budgets, zoo_entry
+    from aisafety.zoo_build import CERTIFIED, ROBUST, recorded_budgets, zoo_entry
 
     base, recorded = TrainingRecipe(), {}
     if args.recipe_of is not None:
@@ -156,7 +156,7 @@ def zoo_robust_every(args: argparse.Namespace) -> int:
         return args.robust_every
     if args.recipe_of is None:
         return 1
-    from aisafety.database.zoo_build import recorded_robust_every, zoo_entry
+    from aisafety.zoo_build import recorded_robust_every, zoo_entry
 
     return recorded_robust_every(zoo_entry(args.recipe_of))
 

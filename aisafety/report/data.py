@@ -15,9 +15,9 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from aisafety.database import schema
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError
+from aisafety.store import schema
+from aisafety.store.results import ResultStore
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ NOISE = "random-noise"
 
 
 class ReportView(Protocol):
-    """What a section renders from (``aisafety.report.html.Report`` is one). A protocol, so
+    """What a section renders from (``aisafety.report_page.Report`` is one). A protocol, so
     sections, which the registry imports, need not import the page builder above it."""
 
     data: RunData

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from aisafety.database import schema
-from aisafety.database.store import ResultStore
 from aisafety.report.data import MetricRow, RunData, load_run
+from aisafety.store import schema
+from aisafety.store.results import ResultStore
 
 CERTIFIED_METRICS = ("certified-accuracy", "ibp-certified-accuracy")
 

@@ -1,7 +1,7 @@
 """SIGTERM and SIGHUP end a run like Ctrl-C does, so its row says 'interrupted'.
 
 ``kill -9`` cannot be caught: such a run is found by the next run on the same host (its
-process is gone) or, on any host, by its lease running out (``database/liveness.py``).
+process is gone) or, on any host, by its lease running out (``store/liveness.py``).
 """
 
 from __future__ import annotations
