@@ -13,8 +13,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from aisafety.check import add_parser as add_check_parser
-from aisafety.cli import compare, evaluate, plugins, query, report, serve, verify, zoo
+from aisafety.cli import check, compare, evaluate, plugins, query, report, serve, verify, zoo
 from aisafety.cli import list as list_command
 from aisafety.errors import AISafetyError, AISafetyWarning
 from aisafety.store.interruption import terminate_as_interrupt
@@ -25,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     evaluate.add_parser(sub)
     compare.add_parser(sub)
-    add_check_parser(sub)  # aisafety/check.py: the release gate (docs/release-gate.md)
+    check.add_parser(sub)  # the release gate (docs/release-gate.md)
     for command in (list_command, plugins, query, report, serve, verify, zoo):
         command.add_parser(sub)
     return parser
