@@ -34,11 +34,11 @@ def evaluate(
     objects are evaluated, stored and reported like any run (docs/own-model.md).
     """
     from aisafety.config import default_plan, load_plan, plan_from_dict
-    from aisafety.database.store import ResultStore
     from aisafety.execution import run_plan
     from aisafety.in_memory import check_resumable, in_memory_data, in_memory_model
     from aisafety.interfaces import IN_MEMORY_DATA
     from aisafety.loading import fingerprint
+    from aisafety.store.results import ResultStore
 
     if plan is None:
         plan = default_plan()

@@ -36,7 +36,6 @@ from aisafety.attack.spsa import SPSA
 from aisafety.attack.square import SquareLinf
 from aisafety.attack.square_l2 import SquareL2
 from aisafety.attack.transfer import TransferAttack
-from aisafety.corruption import CORRUPTION_ATTACKS
 from aisafety.database.architectures import builtin_architectures
 from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedCifar10, EmbeddedMnist
@@ -152,7 +151,6 @@ def aisafety_attacks() -> list[type]:
         StandardEnsembleL2,
         RandEnsemble,
         RandEnsembleL2,
-        *CORRUPTION_ATTACKS,
     ]
 
 

@@ -137,3 +137,39 @@ def _read_text(path: Path) -> str:
             f"config {str(path)!r} is not UTF-8 text (byte {data[exc.start]:#04x} at offset "
             f"{exc.start}); save it as UTF-8"
         ) from None
+
+
+def apply_overrides(
+    plan: EvaluationPlan,
+    device: str | None,
+    limit: int | None,
+    executor: str | None = None,
+    address: str | None = None,
+    model: str | None = None,
+    dataset: str | None = None,
+) -> EvaluationPlan:
+    """The plan with command-line options applied, validated like the plan file itself.
+    ``model``: a zoo model in place of the plan's model (one model of a shared plan);
+    ``dataset``: a registered dataset in place of the plan's, keeping its split, limit, seed
+    and sampling."""
+    raw = plan.model_dump(mode="json", exclude_unset=True)
+    if model is not None:
+        raw["model"] = {"name": model}
+    if dataset is not None:
+        kept = ("split", "limit", "seed", "sampling")
+        raw["dataset"] = {"name": dataset} | {
+            k: v for k, v in raw.get("dataset", {}).items() if k in kept
+        }
+    if device is not None:
+        raw["device"] = device
+    if limit is not None:
+        raw["dataset"] = {**raw.get("dataset", {}), "limit": limit}
+    if executor is not None:
+        raw["executor"] = {**raw.get("executor", {}), "name": executor}
+    if address is not None:
+        raw["executor"] = {**raw.get("executor", {}), "address": address}
+    return plan_from_dict(
+        raw,
+        "the plan with the command-line options (--model, --dataset, --device, --limit, "
+        "--executor, --address)",
+    )

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import EvaluationPlan, RunRecord
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 if TYPE_CHECKING:
     from aisafety.database.datasets.base import LoadedDataset

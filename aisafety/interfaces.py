@@ -60,7 +60,6 @@ class AttackFamily(StrEnum):
     SCORE = "score"
     DECISION = "decision"
     TRANSFER = "transfer"
-    CORRUPTION = "corruption"
 
 
 class Direction(StrEnum):

@@ -19,6 +19,7 @@ from typing import Any
 import pluggy
 
 from aisafety import hookspecs
+from aisafety.corruption.plan import corruption_under_attacks
 from aisafety.defense.training.base import TrainingDefense
 from aisafety.errors import ConfigError, PluginError, UnknownNameError
 from aisafety.interfaces import Architecture, ModelEntry
@@ -72,6 +73,8 @@ class Registry:
                     f"wrapping one; train it with 'aisafety zoo train --defense {name}' and "
                     "evaluate the zoo model it writes"
                 ) from None
+            if kind == "attack" and (error := corruption_under_attacks(name)) is not None:
+                raise error from None
             label = kind.replace("_", " ")
             raise UnknownNameError(label, name, self.classes[kind]) from None
 

@@ -17,10 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from aisafety.attack.base import Attack
-from aisafety.corruption.plan import warn_corruption_as_attack
 from aisafety.database.datasets.base import LoadedDataset
-from aisafety.database.interruption import terminate_as_interrupt
-from aisafety.database.store import ResultStore, Subject
 from aisafety.defense.obfuscation import warn_obfuscation
 from aisafety.errors import (
     AISafetyError,
@@ -37,7 +34,6 @@ from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.reference import missing_reference
 from aisafety.evaluation.repeatable import warn_if_not_repeatable
 from aisafety.interfaces import (
-    AttackFamily,
     AttackSpec,
     CorruptionsSpec,
     DatasetSpec,
@@ -53,6 +49,8 @@ from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.watch import before_exit_on_hang
 from aisafety.progress import RunProgress
+from aisafety.store.interruption import terminate_as_interrupt
+from aisafety.store.results import ResultStore, Subject
 from aisafety.version import __version__
 
 log = logging.getLogger(__name__)
@@ -94,8 +92,6 @@ def warn_unmeasured_attacks(attacks, metrics: list[Metric]) -> None:
     table's robust-accuracy rows and the accuracy-against-budget curve (aaw reads white-box
     attacks only, aab black-box ones): a baseline such as random noise then silently vanishes."""
     for attack in attacks:
-        if attack.family is AttackFamily.CORRUPTION:
-            continue
         if not any(m.name in ACCURACY_METRICS and m.applies_to(attack.family) for m in metrics):
             warnings.warn(
                 f"attack {attack.name!r} ({attack.family.value}) has no accuracy metric among "
@@ -187,8 +183,6 @@ class Runner:
             config.setdefault("seed", self.plan.seed)
         attack = self.registry.create("attack", spec.name, config)
         check_work_limits(spec, getattr(attack, "config", None), self.plan.limits)
-        if attack.family is AttackFamily.CORRUPTION:
-            warn_corruption_as_attack(spec.name)
         return attack
 
     def _make_metric(self, spec: MetricSpec) -> Metric:
@@ -393,7 +387,6 @@ class Runner:
                 name
                 for name in self.registry.names("attack")
                 if self.registry.get("attack", name).requires in predictor.capabilities
-                and self.registry.get("attack", name).family is not AttackFamily.CORRUPTION
             ]
             try:
                 predictor.require(attack.requires, f"attack {attack.name!r}")
@@ -484,7 +477,7 @@ class Runner:
                     "give a smaller limits.memory_gib so that such settings are refused up front"
                 ) from None
             # a bug in a plugin (or the model): the run ends as before, and the command line
-            # names the call instead of printing a traceback (cli.py, docs/reliability.md)
+            # names the call instead of printing a traceback (cli/__init__.py, docs/reliability.md)
             exc.failed_in = integrity.calling or unit.description  # type: ignore[attr-defined]
             exc.failed_unit = unit  # type: ignore[attr-defined]
             raise

@@ -37,7 +37,6 @@ from aisafety.attack.pgd import PGDLinf
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import list_models, load_zoo_model
-from aisafety.database.zoo_build import training_defense
 from aisafety.defense.jpeg import JpegCompression
 from aisafety.defense.resize_pad import RandomResizePad
 from aisafety.evaluation.context import EvaluationContext
@@ -49,6 +48,7 @@ from aisafety.evaluation.metrics.defense_cost import (
     ClassificationSacrificeRatio,
 )
 from aisafety.prediction.base import Predictor
+from aisafety.zoo_build import training_defense
 
 Correct = Callable[[Predictor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 

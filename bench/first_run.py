@@ -55,7 +55,7 @@ def claim() -> dict[str, float]:
 def ensemble_never_weaker(db: Path) -> list[str]:
     """Budgets where a single attack leaves fewer images robust than the default's
     ensemble (robust accuracy from each unit's stored outcome)."""
-    from aisafety.database.store import ResultStore
+    from aisafety.store.results import ResultStore
 
     store = ResultStore(f"sqlite:///{db}")
     _, rows = store.query(

@@ -17,10 +17,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from aisafety.database.store import ResultStore  # noqa: E402
 from aisafety.evaluation import integrity  # noqa: E402
 from aisafety.interfaces import EvaluationPlan  # noqa: E402
 from aisafety.runner import Runner  # noqa: E402
+from aisafety.store.results import ResultStore  # noqa: E402
 
 PLAN = EvaluationPlan.model_validate(
     {"dataset": {"limit": 200}, "device": "cpu",

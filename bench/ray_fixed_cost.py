@@ -27,8 +27,8 @@ from pathlib import Path
 from scale_out import PLAN, start_cluster  # noqa: E402 - sets the Ray environment first
 
 from aisafety.config import plan_from_dict  # noqa: E402
-from aisafety.database.store import ResultStore  # noqa: E402
 from aisafety.execution import run_plan  # noqa: E402
+from aisafety.store.results import ResultStore  # noqa: E402
 
 PER_WORKER = """
 import time; t0 = time.perf_counter()

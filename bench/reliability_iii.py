@@ -32,6 +32,7 @@ import torch
 import aisafety.cli as cli
 import aisafety.runner as runner
 from aisafety.attack.fgsm import FGSM
+from aisafety.cli import common
 from aisafety.evaluation.base import CleanMetric
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import Direction, MetricValue
@@ -106,12 +107,12 @@ def _plugin(name: str, **hooks) -> types.ModuleType:
 @contextlib.contextmanager
 def _registry(*plugins: tuple[str, types.ModuleType]):
     registry = build_registry(list(plugins))
-    saved = cli.default_registry, runner.default_registry
-    cli.default_registry = runner.default_registry = lambda: registry
+    saved = common.default_registry, runner.default_registry
+    common.default_registry = runner.default_registry = lambda: registry
     try:
         yield registry
     finally:
-        cli.default_registry, runner.default_registry = saved
+        common.default_registry, runner.default_registry = saved
 
 
 def _run(argv: list[str], limit_s: float = 120.0) -> tuple[int | None, str, float]:
@@ -316,7 +317,7 @@ def postgres_cases() -> list[Row]:
         return []
     from sqlalchemy import text
 
-    from aisafety.database.store import ResultStore
+    from aisafety.store.results import ResultStore
 
     server = start_postgres()
     try:

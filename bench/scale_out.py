@@ -38,8 +38,8 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from aisafety.config import plan_from_dict  # noqa: E402
-from aisafety.database.store import ResultStore  # noqa: E402
 from aisafety.execution import run_plan  # noqa: E402
+from aisafety.store.results import ResultStore  # noqa: E402
 
 # 4 units of PGD-40 on 1,000 MNIST images (>= 10 s each on one idle core) and the clean one
 PLAN = {

@@ -25,7 +25,7 @@ import torch
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import load_zoo_model
 from aisafety.defense.randomized_smoothing import RandomizedSmoothing
-from aisafety.verification.smoothing.certify import certify
+from aisafety.defense.smoothing.certify import certify
 
 
 def floor(predictor, batch: torch.Tensor, passes: int) -> None:

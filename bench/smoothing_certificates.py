@@ -26,8 +26,8 @@ import torch
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import load_zoo_model
 from aisafety.defense.randomized_smoothing import RandomizedSmoothing
-from aisafety.verification.smoothing.certify import Bound, certify_every_bound, estimate
-from aisafety.verification.smoothing.noise import Noise, certified_radius
+from aisafety.defense.smoothing.certify import Bound, certify_every_bound, estimate
+from aisafety.defense.smoothing.noise import Noise, certified_radius
 
 # zoo entry -> (noise, scale) it was trained with
 MODELS = {

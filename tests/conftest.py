@@ -117,8 +117,8 @@ REPORT_PLAN = {
 def report_db(tmp_path_factory) -> tuple[str, int]:
     """A small stored run with every kind of report content: (database URL, run id)."""
     from aisafety.config import plan_from_dict
-    from aisafety.database.store import ResultStore
     from aisafety.runner import Runner
+    from aisafety.store.results import ResultStore
 
     url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'results.db'}"
     record = Runner(plan_from_dict(REPORT_PLAN), ResultStore(url), quiet=True).run()

@@ -8,9 +8,9 @@ from torch import nn
 
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import TrainingRecipe, load_zoo_model
-from aisafety.database.zoo_build import train
 from aisafety.defense.adversarial_training import PGDTrainingConfig, budget_at, pgd_examples
 from aisafety.prediction.torch_module import Normalize
+from aisafety.zoo_build import train
 
 
 def test_pgd_examples_stay_in_budget_and_raise_the_loss():

@@ -40,11 +40,7 @@ FAST = {
 
 def _attacks() -> dict[str, type[Attack]]:
     registry = default_registry()
-    return {
-        name: registry.get("attack", name)
-        for name in registry.names("attack")
-        if registry.get("attack", name).family is not AttackFamily.CORRUPTION
-    }
+    return {name: registry.get("attack", name) for name in registry.names("attack")}
 
 
 TARGETED = sorted(name for name, cls in _attacks().items() if cls.targeted)

@@ -113,9 +113,3 @@ def test_an_attack_that_skips_the_base_init_is_refused_when_called(zoo_predictor
     cls.__init__ = lambda self: None
     with pytest.raises(PluginError, match="attack 'no-init'.*declares norm None"):
         cls()(zoo_predictor, x, y, 0.1)
-
-
-def test_corruption_attacks_alone_have_no_norm():
-    from aisafety.corruption.attacks import Fog
-
-    assert Fog().norm is None  # eps is not a budget for them

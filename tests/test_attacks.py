@@ -15,6 +15,7 @@ from aisafety.attack.fgsm import FGSM
 from aisafety.attack.pgd import PGDLinf
 from aisafety.attack.projection import project, project_l1
 from aisafety.attack.threat import L2Threat
+from aisafety.corruption import CORRUPTIONS
 from aisafety.errors import CapabilityError, ConfigError, InputError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
@@ -472,7 +473,6 @@ FAMILY_NEEDS = {
     AttackFamily.SCORE: {Capability.SCORES},
     AttackFamily.DECISION: {Capability.LABELS},
     AttackFamily.TRANSFER: {Capability.LABELS},
-    AttackFamily.CORRUPTION: {Capability.LABELS},
 }
 
 
@@ -491,12 +491,7 @@ def test_list_attacks_json_shows_family_norm_and_capability_of_every_attack(caps
         family, requires = AttackFamily(entry["family"]), Capability(entry["requires"])
         assert (family, requires) == (cls.family, cls.requires), name
         assert requires in FAMILY_NEEDS[family], (name, family, requires)
-        # a budget has a norm; corruptions have a severity instead
-        if family is AttackFamily.CORRUPTION:
-            assert entry["norm"] is None, name
-        else:
-            assert Norm(entry["norm"]) is cls.norm, name
+        assert Norm(entry["norm"]) is cls.norm, name  # every attack's budget has a norm
     assert {AttackFamily(e["family"]) for e in listed.values()} == set(AttackFamily)
-    corruptions = [n for n, e in listed.items() if e["family"] == "corruption"]
-    assert len(corruptions) == 19
+    assert not set(listed) & set(CORRUPTIONS)  # corruptions are not attacks (corruptions:)
     assert {"fgsm", "pgd-linf", "pgd-l2", "pgd-l1", "square-linf", "boundary"} <= set(listed)

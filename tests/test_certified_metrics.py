@@ -93,8 +93,8 @@ def test_average_certified_radius_matches_the_closed_form_on_a_linear_layer(veri
 
 def test_an_unsupported_op_fails_at_the_plan_check_before_any_work(tmp_path, capsys):
     from aisafety.config import plan_from_dict
-    from aisafety.database.store import ResultStore
     from aisafety.runner import Runner
+    from aisafety.store.results import ResultStore
 
     plan = {
         "model": {"name": "mnist-cnn"},  # max-pools: only IBP bounds it

@@ -12,7 +12,6 @@ from scipy.stats import binomtest
 
 from aisafety.check import shown
 from aisafety.cli import main
-from aisafety.database.store import ResultStore
 from aisafety.report.gate.comparable import differences
 from aisafety.report.gate.measures import Measure, load_gate_run
 from aisafety.report.gate.spec import GateSpec
@@ -24,6 +23,7 @@ from aisafety.report.paired import (
     newcombe_interval,
     paired_table,
 )
+from aisafety.store.results import ResultStore
 
 PLAN = """
 model: {{name: {model}}}

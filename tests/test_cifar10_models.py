@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from aisafety.config import load_plan
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import DatasetSpec, MetricSpec
 from aisafety.plugins import default_registry
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 from tests.eran_cifar import write_npz
 
 pytest.importorskip("onnxruntime")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from aisafety.cli import main
-from aisafety.database.store import ResultStore
+from aisafety.store.results import ResultStore
 
 
 def _json_after_header(text: str):
@@ -76,8 +76,7 @@ def test_plugins_lists_the_builtins(capsys):
 def test_model_and_dataset_options_replace_the_plans(tmp_path):
     """One model of a shared plan without copying it: --model a zoo name, --dataset a
     registered one (the plan's split, limit and seed kept)."""
-    from aisafety.cli import apply_overrides
-    from aisafety.config import plan_from_dict
+    from aisafety.config import apply_overrides, plan_from_dict
 
     plan = plan_from_dict({
         "model": {"name": "mnist-cnn", "source": "zoo"},

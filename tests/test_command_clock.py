@@ -8,9 +8,9 @@ import sys
 
 from aisafety.cli import main
 from aisafety.command_clock import command_started_at
-from aisafety.database.store import ResultStore
 from aisafety.report.data import load_run
-from aisafety.report.html import build_report
+from aisafety.report_page import build_report
+from aisafety.store.results import ResultStore
 
 PLAN = (
     "dataset: {name: mnist-embedded, limit: 8}\n"

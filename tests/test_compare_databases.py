@@ -1,4 +1,4 @@
-"""The database comparison (aisafety.database.compare) passes two runs of one plan and
+"""The database comparison (aisafety.store.compare) passes two runs of one plan and
 reports a value changed by one bit."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import sqlite3
 
 import pytest
 
-from aisafety.database.compare import compare, exact, main
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
 from aisafety.runner import Runner
+from aisafety.store.compare import compare, exact, main
+from aisafety.store.results import ResultStore
 
 PLAN = EvaluationPlan(
     dataset=DatasetSpec(limit=20),

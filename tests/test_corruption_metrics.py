@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from aisafety.config import plan_from_dict
-from aisafety.corruption.attacks import GaussianNoise
+from aisafety.corruption import corrupt
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError, UnknownNameError
 from aisafety.evaluation import context as context_module
@@ -147,16 +147,14 @@ def test_mfr_without_reference_names_the_fix(zoo_predictor, mnist_subset):
         MeanFlipRate({"sequences": ["rotate"], "n_frames": 2}).compute(ctx)[0]
 
 
-def test_corruption_error_agrees_with_the_corruption_attack(zoo_predictor, mnist_subset):
-    """E_{s,c} of the artifact = 1 - robust accuracy of the registered corruption attack."""
-    data = mnist_subset(100)  # one attack chunk: the same noise draw as the artifact's
+def test_corruption_error_agrees_with_corrupting_by_hand(zoo_predictor, mnist_subset):
+    """E_{s,c} of the artifact = the error of the model on ``corrupt(x)`` at the plan's seed."""
+    data = mnist_subset(100)  # one chunk: the same noise draw as the artifact's
     ctx = EvaluationContext(zoo_predictor, data, lambda s: None, seed=3)
     for severity in (2, 5):
         error = float((ctx.corrupted("gaussian_noise", severity) != data.y).double().mean())
-        attack = GaussianNoise({"severity": severity, "seed": 3})
-        assert error == pytest.approx(
-            1 - attack(zoo_predictor, data.x, data.y, 0.0).robust_accuracy
-        )
+        by_hand = zoo_predictor.predict(corrupt(data.x, "gaussian_noise", severity, seed=3))
+        assert error == pytest.approx(float((by_hand != data.y).double().mean()))
 
 
 def test_deprecated_metric_config_still_works_with_a_warning(hand_ctx):
@@ -217,9 +215,9 @@ def test_the_plan_table_selects_the_severity_table(zoo_predictor, mnist_subset):
 def test_the_plan_section_drives_mce_through_the_runner(tmp_path, zoo_predictor):
     """corruptions: in a plan reaches the metric; another table is another unit of work, so
     --resume does not hand back the first table's values."""
-    from aisafety.database.store import ResultStore
     from aisafety.interfaces import DatasetSpec, EvaluationPlan, MetricSpec
     from aisafety.runner import Runner
+    from aisafety.store.results import ResultStore
 
     store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
     section = {"names": ["shot_noise"], "severities": [5], "table": "cifar10-c"}
@@ -239,12 +237,24 @@ def test_the_plan_section_drives_mce_through_the_runner(tmp_path, zoo_predictor)
     assert second.resumed_units == 0 and second.values[0].details["table"] == "imagenet-c"
 
 
-def test_a_corruption_under_attacks_runs_with_a_deprecation_warning(tmp_path):
-    from aisafety.database.store import ResultStore
+def test_a_corruption_under_attacks_is_refused_naming_the_corruptions_key(tmp_path, capsys):
+    """The deprecation has ended: a corruption under attacks: is a ConfigError that names the
+    corruptions: key, and the command line exits 2 with it before any work."""
+    from aisafety.cli import main
     from aisafety.interfaces import AttackSpec, EvaluationPlan
     from aisafety.runner import Runner
+    from aisafety.store.results import ResultStore
 
     store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
     plan = EvaluationPlan(attacks=(AttackSpec(name="fog", eps=0.0),), device="cpu")
-    with pytest.warns(FutureWarning, match="corruptions: section"):
+    with pytest.raises(
+        ConfigError, match=r"'fog' is a corruption.*corruptions: \{names: \[fog\]\}"
+    ):
         Runner(plan, store, quiet=True)
+    path = tmp_path / "plan.yaml"
+    path.write_text("attacks:\n  - {name: fog, eps: [0.0]}\nmetrics: [ca]\ndevice: cpu\n")
+    assert main(["evaluate", str(path), "--db", f"sqlite:///{tmp_path / 'c.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert "corruptions:" in err and "Traceback" not in err
+    with pytest.raises(UnknownNameError):  # a name that is no corruption either: the usual error
+        Runner(EvaluationPlan(attacks=(AttackSpec(name="mist", eps=0.0),)), store, quiet=True)

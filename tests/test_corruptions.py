@@ -23,11 +23,8 @@ from skimage import color
 from skimage.filters import gaussian
 from skimage.transform import warp
 
-from aisafety.attack.base import Attack
-from aisafety.attack.result import AttackResult
 from aisafety.corruption import (
     CATEGORIES,
-    CORRUPTION_ATTACKS,
     CORRUPTIONS,
     NOISE_SEQUENCES,
     SEQUENCES,
@@ -43,7 +40,6 @@ from aisafety.corruption.digital import shift_value
 from aisafety.corruption.sequences import sweep
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.errors import ConfigError, InputError, UnknownNameError
-from aisafety.interfaces import AttackFamily, Capability
 
 NAMES = list(CORRUPTIONS)
 CIFAR = params.CIFAR10_C
@@ -534,39 +530,6 @@ def test_sequence_errors():
         sequence(torch.rand(1, 1, 28, 28), "wobble")
     with pytest.raises(ConfigError):
         sequence(torch.rand(1, 1, 28, 28), "rotate", n_frames=0)
-
-
-# --- the Attack wrappers ---------------------------------------------------------------------
-
-
-def test_one_attack_class_per_corruption():
-    assert sorted(cls.name for cls in CORRUPTION_ATTACKS) == sorted(CORRUPTIONS)
-    for cls in CORRUPTION_ATTACKS:
-        assert issubclass(cls, Attack)
-        assert cls.family is AttackFamily.CORRUPTION and cls.norm is None
-        assert cls.requires is Capability.LABELS
-        assert cls.describe()["family"] == "corruption"
-
-
-def test_attack_runs_with_the_zoo_model(mnist):
-    from aisafety.database.zoo import load_zoo_model
-
-    predictor = load_zoo_model("mnist-cnn")
-    labels = predictor.predict(mnist)
-    by_name = {cls.name: cls for cls in CORRUPTION_ATTACKS}
-    for name, severity in (("gaussian_noise", 2), ("fog", 5), ("jpeg_compression", 1)):
-        attack = by_name[name]({"severity": severity, "seed": 4})
-        result = attack(predictor, mnist, labels, eps=0.0)
-        assert isinstance(result, AttackResult)
-        assert result.norm is None and result.attack == name
-        torch.testing.assert_close(result.x_adv, corrupt(mnist, name, severity, seed=4))
-        assert torch.equal(result.steps, torch.ones(len(mnist), dtype=torch.long))
-        assert torch.equal(result.success, result.adv_pred != labels)
-        again = attack(predictor, mnist, labels, eps=0.3)  # eps is ignored
-        assert torch.equal(again.x_adv, result.x_adv)
-    with pytest.raises(ConfigError, match="severity"):
-        by_name["fog"]({"severity": 6})
-    assert by_name["fog"]().config.severity == 3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

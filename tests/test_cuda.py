@@ -40,11 +40,6 @@ SEARCHED = {"aaw", "aab", "robust-accuracy", "asr", "acac", "actc", "nte", "ald"
             "adversarial-hypervolume", "zero-gradient-rate"}  # fmt: skip
 SMALL = {"steps": 5, "queries": 60, "restarts": 1, "max_steps": 20, "iterations": 5,
          "population": 20, "n_target_classes": 2, "samples": 16}  # fmt: skip
-CORRUPTION_ATTACKS = set(default_registry().names("attack")) - {
-    name
-    for name in default_registry().names("attack")
-    if not default_registry().get("attack", name).__module__.startswith("aisafety.corruption")
-}
 
 
 def small_config(name: str) -> dict:
@@ -89,7 +84,7 @@ def compare(cpu_run: tuple[dict, dict], gpu_run: tuple[dict, dict]) -> None:
 
 
 def test_every_attack_on_the_device_matches_the_cpu(tmp_path):
-    names = sorted(set(default_registry().names("attack")) - CORRUPTION_ATTACKS - {"transfer"})
+    names = sorted(set(default_registry().names("attack")) - {"transfer"})
     attacks = [{"name": name, "eps": [0.1], "config": small_config(name)} for name in names]
     plan = {"dataset": {"name": "mnist-embedded", "limit": N}, "attacks": attacks,
             "metrics": ["ca", "robust-accuracy"], "seed": 0}  # fmt: skip
@@ -174,8 +169,8 @@ def test_verifiers_and_smoothing_on_the_device_match_the_cpu(tmp_path):
 
 
 def test_the_report_renders_a_device_run(tmp_path):
-    from aisafety.database.store import ResultStore
-    from aisafety.report.html import build_report
+    from aisafety.report_page import build_report
+    from aisafety.store.results import ResultStore
 
     plan = {"dataset": {"name": "mnist-embedded", "limit": 16},
             "attacks": [{"name": "pgd-linf", "eps": [0.1, 0.3], "config": {"steps": 5}}],

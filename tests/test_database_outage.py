@@ -11,11 +11,11 @@ import time
 import pytest
 from sqlalchemy import text
 
-from aisafety.database.compare import compare
-from aisafety.database.store import ResultStore
 from aisafety.errors import AISafetyWarning, StoreError
 from aisafety.interfaces import EvaluationPlan
 from aisafety.runner import Runner
+from aisafety.store.compare import compare
+from aisafety.store.results import ResultStore
 
 pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'psycopg[binary]'")
 

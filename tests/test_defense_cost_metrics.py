@@ -11,7 +11,6 @@ from scipy.spatial.distance import jensenshannon
 from torch import nn
 
 from aisafety.database.datasets.base import LoadedDataset
-from aisafety.database.store import ResultStore
 from aisafety.database.zoo import load_zoo_model
 from aisafety.errors import ConfigError
 from aisafety.evaluation.context import EvaluationContext
@@ -26,6 +25,7 @@ from aisafety.evaluation.metrics.defense_cost import (
 from aisafety.interfaces import EvaluationPlan
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 
 class TableModule(nn.Module):

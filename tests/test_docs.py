@@ -61,9 +61,9 @@ def sandbox(tmp_path_factory) -> Path:
     import torch
 
     from aisafety.config import plan_from_dict
-    from aisafety.database.store import ResultStore
     from aisafety.database.zoo import load_zoo_model
     from aisafety.runner import Runner
+    from aisafety.store.results import ResultStore
 
     root = tmp_path_factory.mktemp("docs")
     checkout = root / "checkout"
@@ -190,7 +190,7 @@ def _build(raw: dict, block: Block) -> None:
 
 
 def _run_sql(block: Block, sandbox: Path) -> None:
-    from aisafety.database.read_only import query_read_only, read_only_engine
+    from aisafety.store.read_only import query_read_only, read_only_engine
 
     engine = read_only_engine(f"sqlite:///{sandbox / 'aisafety.db'}")
     statements = [s for s in block.body.split(";") if re.sub(r"--[^\n]*", "", s).strip()]

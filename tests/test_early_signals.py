@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import EvaluationPlan
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 REPO = str(Path(__file__).resolve().parents[1])
 CHILD = """
@@ -77,7 +77,7 @@ def test_sigterm_before_the_first_unit_is_an_interruption(tmp_path, moment):
 VANISHING = """
 import os, sys, types
 from aisafety.attack.fgsm import FGSM
-from aisafety.database.store import ResultStore
+from aisafety.store.results import ResultStore
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import EvaluationPlan
 from aisafety.plugins import build_registry
@@ -98,7 +98,7 @@ Runner(plan, ResultStore(sys.argv[1]), registry=build_registry([("vanishing", mo
 
 def test_a_run_whose_process_vanishes_is_marked_by_the_next_run(tmp_path):
     """os._exit cannot be caught (exit 0, no handler runs); the next run on this host finds
-    the process gone and marks the run 'interrupted' (database/liveness.py)."""
+    the process gone and marks the run 'interrupted' (store/liveness.py)."""
     url = f"sqlite:///{tmp_path / 'r.db'}"
     plan = EvaluationPlan.model_validate(
         {"dataset": {"limit": 8}, "attacks": [{"name": "vanishing", "eps": [0.1]}],

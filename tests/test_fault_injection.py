@@ -20,9 +20,9 @@ import children
 import pytest
 import torch
 
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import EvaluationPlan
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 PLAN = EvaluationPlan.model_validate(
     {
@@ -40,7 +40,7 @@ UNITS = 6  # the clean unit and five (attack, eps) units
 CHILD = """
 import sys, torch
 torch.set_num_threads(1)
-from aisafety.database.store import ResultStore
+from aisafety.store.results import ResultStore
 from aisafety.interfaces import EvaluationPlan
 from aisafety.runner import Runner
 plan = EvaluationPlan.model_validate_json(sys.argv[2])

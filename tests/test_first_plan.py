@@ -15,12 +15,12 @@ import pytest
 
 from aisafety.cli import main
 from aisafety.config import load_plan, plan_from_dict
-from aisafety.database.store import ResultStore
 from aisafety.defense.obfuscation import obfuscation_warnings
 from aisafety.errors import AISafetyWarning, GradientMaskingWarning
 from aisafety.loading import apply_defenses
 from aisafety.plugins import default_registry
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "evaluate.yaml"
 

@@ -11,7 +11,7 @@ import yaml
 
 from aisafety.cli import main
 from aisafety.config import load_plan
-from aisafety.database.store import ResultStore
+from aisafety.store.results import ResultStore
 
 FULL = Path(__file__).parent.parent / "examples" / "full.yaml"
 

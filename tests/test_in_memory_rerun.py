@@ -15,10 +15,10 @@ from torch import nn
 import aisafety
 from aisafety.cli import main
 from aisafety.config import plan_from_dict
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError
 from aisafety.loading import fingerprint
 from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.store.results import ResultStore
 
 PLAN = {"metrics": ["ca", "robust-accuracy"],
         "attacks": [{"name": "fgsm", "eps": [0.05]}]}  # fmt: skip

@@ -3,7 +3,9 @@
 Every ``import``/``from ... import`` of an ``aisafety`` module anywhere in a file (top level,
 inside functions, under ``TYPE_CHECKING``) and every ``importlib.import_module("aisafety...")``
 with a literal name is an edge. A module may import its own layer and the layers below it;
-any upward edge fails, and so does any import cycle between modules. Nothing is allowed
+any upward edge fails, and so does any import cycle between modules. The same graph collapsed
+to folders (``aisafety/X/`` one node, a top-level file one node) must have each folder in one
+layer and no arrow running up. Nothing is allowed
 silently: the only exceptions are named in ``KNOWN_EXCEPTIONS`` with the issue that removes
 them.
 """
@@ -35,10 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "models and data",
         (
             "aisafety.prediction",
-            "aisafety.database",  # the package itself; its modules are placed below
-            "aisafety.database.architectures",
-            "aisafety.database.datasets",
-            "aisafety.database.zoo",
+            "aisafety.database",  # architectures, dataset sources, the model zoo
         ),
     ),
     ("threat and bounds", ("aisafety.attack", "aisafety.verification")),
@@ -46,23 +45,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "corruptions and defenses",
         (
             "aisafety.corruption",
+            # and defense.smoothing: randomized smoothing certifies a defense (the smoothed
+            # classifier) and draws its noise through that defense's sampler, so it sits with
+            # the defense, not below it in verification/
             "aisafety.defense",
-            # randomized smoothing certifies a defense (the smoothed classifier) and draws its
-            # noise through that defense's sampler: it sits beside the defense, not below it
-            "aisafety.verification.smoothing",
         ),
     ),
     ("evaluation", ("aisafety.evaluation",)),
     (
         "results",
         (
-            "aisafety.database.store",
-            "aisafety.database.schema",
-            "aisafety.database.migration",  # brings a stored database to this schema (Alembic)
-            "aisafety.database.migrations",  # the schema's revisions
-            "aisafety.database.liveness",  # heartbeats and stale-run detection of stored runs
-            "aisafety.database.compare",
-            "aisafety.report",
+            # results (writing a run), schema, migration(s) (Alembic), liveness (heartbeats,
+            # stale runs), engine, read_only (aisafety query), interruption, compare
+            "aisafety.store",
+            "aisafety.report",  # the report's data, sections, plots, tables; the gate
         ),
     ),
     (
@@ -88,11 +84,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.progress",  # progress and ETA over a plan's units
             "aisafety.execution",  # picks the executor: local (runner) or Ray (distributed)
             "aisafety.distributed",  # units as Ray tasks
-            "aisafety.database.zoo_build",
-            "aisafety.report.html",  # builds pages from the registry's sections
-            "aisafety.report.sanity",  # reads attack defaults from the registry
+            "aisafety.zoo_build",
+            "aisafety.report_page",  # builds pages from the registry's sections
+            "aisafety.sanity",  # reads attack defaults from the registry
             "aisafety.check",  # the release gate: evaluates, reads sanity checks, writes pages
-            "aisafety.cli",
+            "aisafety.listing",  # what `aisafety list` shows: reads the registry and the zoo
+            "aisafety.cli",  # one module per command
         ),
     ),
 ]
@@ -231,8 +228,72 @@ def test_the_checks_catch_what_they_must():
     """The checker itself: an upward edge, a cycle and a relative import are seen."""
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    assert layer_of("aisafety.database.zoo_build") > layer_of("aisafety.plugins")
+    assert layer_of("aisafety.zoo_build") > layer_of("aisafety.plugins")
     assert layer_of("aisafety.database.zoo") < layer_of("aisafety.attack.pgd")
     graph = import_graph()
-    assert "aisafety.plugins" in graph["aisafety.database.zoo_build"]
+    assert "aisafety.plugins" in graph["aisafety.zoo_build"]
     assert "aisafety.execution" in graph["aisafety"]  # imported inside a function: an edge
+
+
+def folder_of(module: str) -> str:
+    """The folder a module lives in, as a reader sees it: ``aisafety.X`` for anything under the
+    package directory ``aisafety/X/`` (at any depth); a file at the top (``aisafety/runner.py``)
+    is a node of its own."""
+    parts = module.split(".")
+    if len(parts) > 1 and (PACKAGE / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return module
+
+
+def folder_layers(modules, layer=layer_of) -> dict[str, set[int]]:
+    """The layers of the modules under each folder."""
+    layers: dict[str, set[int]] = {}
+    for module in modules:
+        layers.setdefault(folder_of(module), set()).add(layer(module))
+    return layers
+
+
+def upward_folder_arrows(graph: dict[str, set[str]], layer=layer_of) -> list[str]:
+    """The import graph collapsed to folders: an arrow ``F -> G`` where some module under F
+    imports one under G (F != G). One runs up when G holds a layer above F's lowest, so a
+    reader taking each folder for one floor would see a lower floor import a higher one."""
+    layers = folder_layers(graph, layer)
+    arrows = {(folder_of(m), folder_of(t)) for m, ts in graph.items() for t in ts}
+    return sorted(
+        f"{f} (layers {sorted(layers[f])}) -> {g} (layers {sorted(layers[g])})"
+        for f, g in arrows
+        if f != g and max(layers[g]) > min(layers[f])
+    )
+
+
+def test_every_folder_is_one_layer():
+    """A folder names one floor: every module under ``aisafety/X/`` is in the same layer."""
+    mixed = {f: sorted(ls) for f, ls in folder_layers(import_graph()).items() if len(ls) > 1}
+    assert not mixed, f"folders spanning layers (move the modules): {mixed}"
+
+
+def test_no_upward_arrow_between_folders():
+    """The import graph collapsed to folders (``folder_of``) has no arrow running up."""
+    upward = upward_folder_arrows(import_graph())
+    assert not upward, "upward folder arrows:\n" + "\n".join(upward)
+
+
+def test_the_folder_check_catches_an_upward_arrow():
+    """The store back in database/ (layer 6 in a layer-2 folder): the attack's import of the
+    zoo then runs up at folder level although no module imports upward."""
+    graph = {
+        "aisafety.attack.pgd": {"aisafety.database.zoo"},
+        "aisafety.database.zoo": set(),
+        "aisafety.database.results": {"aisafety.evaluation.base"},
+        "aisafety.evaluation.base": set(),
+    }
+    layers = {"aisafety.attack.pgd": 2, "aisafety.database.zoo": 1,
+              "aisafety.database.results": 5, "aisafety.evaluation.base": 4}  # fmt: skip
+    arrows = upward_folder_arrows(graph, layers.__getitem__)
+    assert arrows == [
+        "aisafety.attack (layers [2]) -> aisafety.database (layers [1, 5])",
+        "aisafety.database (layers [1, 5]) -> aisafety.evaluation (layers [4])",
+    ]
+    assert upward_folder_arrows(graph, lambda m: 1) == []
+    assert folder_of("aisafety.runner") == "aisafety.runner"
+    assert folder_of("aisafety.defense.training.loop") == "aisafety.defense"

@@ -1,4 +1,4 @@
-"""Schema versions (Alembic, aisafety/database/migration.py): databases of older layouts are
+"""Schema versions (Alembic, aisafety/store/migration.py): databases of older layouts are
 brought forward without losing a row, new ones are created at the head, a newer one is
 refused, read-only opens change nothing; on SQLite and on a real PostgreSQL server."""
 
@@ -14,13 +14,13 @@ from legacy_layouts import LAYOUTS, build, dump
 from sqlalchemy import create_engine, text
 
 from aisafety.cli import main
-from aisafety.database import schema
-from aisafety.database.migration import MIGRATIONS, migrate, stamped
-from aisafety.database.migrations import HEAD
-from aisafety.database.store import ResultStore
 from aisafety.errors import StoreError
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
 from aisafety.runner import Runner
+from aisafety.store import schema
+from aisafety.store.migration import MIGRATIONS, migrate, stamped
+from aisafety.store.migrations import HEAD
+from aisafety.store.results import ResultStore
 
 PLAN = EvaluationPlan(
     dataset=DatasetSpec(limit=20),

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from aisafety.database.store import ResultStore
 from aisafety.database.zoo import load_zoo_model
 from aisafety.errors import CapabilityError
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec, ModelSpec
 from aisafety.prediction.server import make_server
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 VNN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vnncomp2021_mnistfc"
 DATA = DatasetSpec(limit=30)

@@ -15,12 +15,12 @@ from torch import nn
 from aisafety.attack.base import Attack
 from aisafety.attack.pgd import PGDLinf
 from aisafety.database.datasets.base import LoadedDataset
-from aisafety.database.store import ResultStore
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
 from aisafety.interfaces import AttackFamily, AttackSpec, Capability, EvaluationPlan, Norm
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 
 class FixedAttack(Attack):

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from aisafety.cli import main
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import ModelSpec
 from aisafety.loading import load_model
+from aisafety.store.results import ResultStore
 from tests.eran_cifar import eran_cifar10
 
 pytest.importorskip("onnxruntime")

@@ -21,13 +21,13 @@ import yaml
 import aisafety
 from aisafety.cli import main
 from aisafety.database.datasets.embedded import EmbeddedCifar10
-from aisafety.database.store import ResultStore
 from aisafety.errors import CapabilityError, ConfigError, UnknownNameError
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import Architecture, EvaluationPlan, ModelEntry, ModelSpec
 from aisafety.loading import load_model
 from aisafety.plugins import build_registry
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 from aisafety.verification import bounds
 from aisafety.verification.graph import build_graph
 
@@ -427,9 +427,10 @@ def test_a_stored_object_model_cannot_be_loaded_from_a_plan():
 
 
 def test_list_architectures_shows_the_zoos_through_the_hook():
-    from aisafety.cli import list_entries
+    from aisafety.listing import list_entries
+    from aisafety.plugins import default_registry
 
-    entries, _ = list_entries("architectures")
+    entries, _ = list_entries("architectures", default_registry())
     cnn = next(e for e in entries if e["name"] == "mnist-cnn")
     assert cnn["input_shape"] == [1, 28, 28] and cnn["num_classes"] == 10
     assert cnn["plugin"] == "aisafety.builtin" and cnn["description"]

@@ -19,13 +19,13 @@ from aisafety.database.thermometer import (
     thermometer,
 )
 from aisafety.database.zoo import list_models, load_zoo_model
-from aisafety.database.zoo_build import training_defense
 from aisafety.defense.training.base import TrainingStep
 from aisafety.defense.training.hgd import varied_budget_pgd
 from aisafety.defense.training.sat import fgsm_examples
 from aisafety.defense.training.thermometer import ls_pga
 from aisafety.errors import ConfigError
 from aisafety.prediction.torch_module import Normalize, TorchPredictor
+from aisafety.zoo_build import training_defense
 
 
 def step(seed: int = 0) -> TrainingStep:

@@ -14,10 +14,6 @@ from torch import nn
 from aisafety.database.architectures import build
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import TrainingRecipe, list_models, load_zoo_model
-from aisafety.database.zoo_build import (
-    attack_robust_accuracy,
-    training_defense,
-)
 from aisafety.defense.training.base import TrainingStep
 from aisafety.defense.training.deep_defense import deep_defense_regulariser, deepfool_perturbation
 from aisafety.defense.training.ensemble_at import DEFAULT_STATIC, fgsm_predicted_label, load_static
@@ -33,6 +29,10 @@ from aisafety.defense.training.parseval import (
 from aisafety.errors import ConfigError, IntegrityError
 from aisafety.plugins import default_registry
 from aisafety.prediction.torch_module import Normalize
+from aisafety.zoo_build import (
+    attack_robust_accuracy,
+    training_defense,
+)
 
 
 def small_conv_net() -> nn.Sequential:

@@ -14,7 +14,6 @@ import torch
 from aisafety.cli import main
 from aisafety.config import load_plan, plan_from_dict
 from aisafety.database.datasets.idx import read_idx
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError, ModelOutputError
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import AttackSpec, EvaluationPlan, ModelSpec, Norm, WorkLimits
@@ -23,6 +22,7 @@ from aisafety.loading import load_model
 from aisafety.plugins import build_registry
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 
 def _write(tmp_path, name: str, content: str | bytes):
@@ -278,7 +278,7 @@ class _BrokenImportPlugin:
 
 def test_a_broken_plugin_is_warned_about_in_evaluate(tmp_path, capsys, monkeypatch):
     registry = build_registry(extra_plugins=[("broken-plugin", _BrokenImportPlugin)])
-    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
     plan = _write(tmp_path, "p.yaml", "metrics: [ca]\ndevice: cpu\n")
     assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}",
                  "--limit", "10", "--quiet"]) == 0  # fmt: skip
@@ -298,7 +298,7 @@ class _ClashingPlugin:
 def test_a_plugin_reusing_a_builtin_name_is_reported_not_fatal(capsys, monkeypatch):
     """It made every command exit 2, 'aisafety plugins' included."""
     registry = build_registry(extra_plugins=[("clashing-plugin", _ClashingPlugin)])
-    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
     assert main(["plugins"]) == 1  # listed, with the clash reported
     out = capsys.readouterr().out
     assert "clashing-plugin" in out and "'fgsm' is registered twice" in out

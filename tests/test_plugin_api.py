@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
+import subprocess
 import sys
 import types
 import typing
+import venv
 from pathlib import Path
 
 import pytest
@@ -194,3 +197,30 @@ def test_the_demo_plugin_written_against_the_door_registers_and_is_sound(
     elided = registry.create("verifier", "ibp").verify(graph, prop)
     assert bool((plain.margins <= elided.margins + 1e-9).all())
     assert bool((plain.margins < elided.margins).any())  # looser: it really is another method
+
+
+DEMO_NAMES = ("fgm-l2-demo", "adversarial-margin-demo", "plain-ibp-demo", "lenet-demo")
+
+
+def test_the_demo_plugin_installed_in_a_fresh_venv_passes_the_contract_tests(tmp_path):
+    """pip installs plugins/aisafety-contract-demo into a new virtual environment (on the
+    installed torch and aisafety, no download), and the registry-wide contract tests, run
+    there, find its four plugins through the entry point and pass each of them."""
+    env_dir = tmp_path / "venv"
+    # the environment's own pip and setuptools (ensurepip's setuptools predates bdist_wheel)
+    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    python = env_dir / ("Scripts" if sys.platform == "win32" else "bin") / "python"
+    demo = ROOT / "plugins" / "aisafety-contract-demo"
+    install = [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+               "--no-build-isolation", str(demo)]  # fmt: skip
+    subprocess.run(install, check=True, cwd=tmp_path, timeout=600)
+    assert list(env_dir.rglob("aisafety_contract_demo/plugin.py"))  # in the venv itself
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout, not another installed copy
+    tests = [str(python), "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+             str(ROOT / "tests" / "test_contract.py"), "-k", "demo"]  # fmt: skip
+    done = subprocess.run(tests, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    passed = re.findall(r"^PASSED (\S+)", done.stdout, re.MULTILINE)
+    for name in DEMO_NAMES:
+        assert any(f"[{name}" in test for test in passed), (name, passed)
+    assert any("test_architecture_contract[lenet-demo]" in test for test in passed)

@@ -36,7 +36,7 @@ def test_system_exit_at_import_is_contained(exiting_entry_point, monkeypatch, ca
     (failure,) = [f for f in registry.failures if f.name == "exits-at-import"]
     assert "SystemExit: 3" in failure.error
     assert "fgsm" in registry.names("attack")  # the built-ins and other plugins still load
-    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
     assert main(["plugins"]) == 1
     assert "'exits-at-import'" in capsys.readouterr().out
     assert main(["list", "attacks", "--format", "json"]) == 0
@@ -61,7 +61,7 @@ def test_a_hook_returning_junk_disables_that_plugin_only(returned, named, tmp_pa
     (failure,) = registry.failures
     assert failure.name == "junk" and named in failure.error
     assert "junk" not in {p.name for p in registry.plugins}
-    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
     plan = tmp_path / "p.yaml"
     plan.write_text("metrics: [ca]\ndevice: cpu\n")
     assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}",
@@ -80,7 +80,7 @@ def test_a_nameless_class_is_skipped_and_named_while_the_command_runs(tmp_path, 
     (failure,) = registry.failures
     assert failure.name == "junk" and "Nameless" in failure.error
     assert not [name for name, source in registry.sources["attack"].items() if source == "junk"]
-    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
     plan = tmp_path / "p.yaml"
     plan.write_text("metrics: [ca]\ndevice: cpu\n")
     assert main(["evaluate", str(plan), "--db", f"sqlite:///{tmp_path / 'r.db'}",

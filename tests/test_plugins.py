@@ -427,7 +427,7 @@ def test_installed_plugin_in_list_attacks_json(installed, tmp_path):
 def test_list_json_describes_the_example_plugin(monkeypatch, capsys, kind, expected):
     """The same listing in-process, for every kind (a subprocess each would be slow)."""
     registry = build_registry(extra_plugins=[("example", example_plugin)])
-    monkeypatch.setattr(cli, "default_registry", lambda: registry)
+    monkeypatch.setattr(cli.common, "default_registry", lambda: registry)
     assert cli.main(["list", kind, "--format", "json"]) == 0
     entries = {e["name"]: e for e in json.loads(capsys.readouterr().out)}
     entry = entries[EXAMPLE_NAMES[kind.rstrip("s")]]

@@ -8,10 +8,10 @@ import threading
 
 from sqlalchemy import text
 
-from aisafety.database.compare import compare
-from aisafety.database.store import ResultStore, Subject
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec, MetricValue
 from aisafety.runner import Runner
+from aisafety.store.compare import compare
+from aisafety.store.results import ResultStore, Subject
 
 PLAN = EvaluationPlan(
     dataset=DatasetSpec(limit=20),

@@ -13,9 +13,9 @@ import pytest
 
 from aisafety.attack.work import WorkMeter, activate, counted, deactivate
 from aisafety.config import plan_from_dict
-from aisafety.database.store import ResultStore
 from aisafety.progress import RunProgress, format_duration, unit_group
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 
 class FakeClock:

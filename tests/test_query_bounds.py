@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import text
 
 from aisafety.cli import main
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 PLAN = EvaluationPlan(
     dataset=DatasetSpec(limit=10),

@@ -13,13 +13,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from aisafety.cli import main
-from aisafety.database import schema
-from aisafety.database.store import EXAMPLES_PER_RUN, ResultStore
 from aisafety.plugins import build_registry
 from aisafety.report.data import load_run
-from aisafety.report.html import build_comparison, build_report
 from aisafety.report.intervals import clopper_pearson
 from aisafety.report.sections import ReportSection
+from aisafety.report_page import build_comparison, build_report
+from aisafety.store import schema
+from aisafety.store.results import EXAMPLES_PER_RUN, ResultStore
 
 
 def test_run_stores_examples_and_its_machine(report_db):
@@ -33,8 +33,7 @@ def test_run_stores_examples_and_its_machine(report_db):
         assert len(examples) == EXAMPLES_PER_RUN
         for e in examples:  # the stored adversarial input is the attack's, within its budget
             assert e.clean.shape == (1, 28, 28)
-            if run.family != "corruption":
-                assert np.abs(e.adversarial - e.clean).max() <= run.eps + 1e-3
+            assert np.abs(e.adversarial - e.clean).max() <= run.eps + 1e-3
         broken = ~data.correct(run.id)
         # examples are the broken samples first
         shown = [e.sample_index for e in examples]
@@ -100,8 +99,8 @@ def test_comparison_ranks_models_and_marks_the_best(report_db, tmp_path):
 
 
 def test_leaderboard_marks_models_with_sanity_warnings(report_db):
-    from aisafety.report.html import leaderboard
-    from aisafety.report.sanity import Check
+    from aisafety.report_page import leaderboard
+    from aisafety.sanity import Check
 
     url, run_id = report_db
     data = load_run(ResultStore(url), run_id)
@@ -114,7 +113,7 @@ def test_leaderboard_marks_models_with_sanity_warnings(report_db):
 
 
 def test_seeds_show_mean_and_std():
-    from aisafety.report.html import _cell, _ranks
+    from aisafety.report_page import _cell, _ranks
 
     assert _cell([0.5]) == "0.5"
     assert _cell([0.5, 0.7, 0.6]) == "0.6 ± 0.1"
@@ -174,6 +173,33 @@ def test_old_database_without_new_tables_still_reports(report_db, tmp_path):
     assert 'id="examples"' not in html
     with Session(store.engine) as session:
         assert session.scalar(select(func.count()).select_from(schema.AttackRun)) > 0
+
+
+def test_corruption_runs_stored_as_attacks_by_older_versions_are_read_around(report_db, tmp_path):
+    """Before corruptions left attacks:, a run could store a corruption as an attack run
+    (no budget); the report, the sanity checks and the gate read around such rows."""
+    url, run_id = report_db
+    copy = tmp_path / "legacy.db"
+    for suffix in ("", "-wal"):
+        source = url.removeprefix("sqlite:///") + suffix
+        if Path(source).exists():
+            shutil.copy(source, f"{copy}{suffix}")
+    store = ResultStore(f"sqlite:///{copy}")
+    before, html = load_run(store, run_id).attack_runs, build_report(store, run_id)
+    with Session(store.engine) as session, session.begin():
+        first = session.scalars(select(schema.AttackRun).where(schema.AttackRun.run_id == run_id))
+        row = next(iter(first))
+        session.add(
+            schema.AttackRun(
+                run_id=run_id, unit_key=row.unit_key, model_id=row.model_id,
+                dataset_id=row.dataset_id, attack="fog", family="corruption", norm=None,
+                eps=0.0, config={"severity": 3}, n_samples=row.n_samples, success_rate=0.5,
+                robust_accuracy=0.5, seconds=0.0,
+            )
+        )  # fmt: skip
+    after = load_run(store, run_id).attack_runs
+    assert [a.id for a in after] == [a.id for a in before]
+    assert build_report(store, run_id).count("fog") == html.count("fog")
 
 
 def test_seeds_give_one_run_each_and_mean_std(tmp_path, capsys):
@@ -239,7 +265,7 @@ def test_report_expands_every_metric_and_gives_one_verdict_per_model(report_db):
     verdicts = [VERDICT.fullmatch(re.sub(r"<[^>]+>", "", line)) for line in lines]
     assert len(verdicts) == len(data.models) == 1 and verdicts[0], html[:2000]
     v = verdicts[0]
-    runs = [a for a in data.attack_runs if a.family != "corruption" and a.eps == float(v["eps"])]
+    runs = [a for a in data.attack_runs if a.eps == float(v["eps"])]
     robust = np.logical_and.reduce([data.correct(a.id) for a in runs])
     assert int(v["attacks"]) == len(runs) and int(v["n"]) == len(robust)
     assert float(v["acc"]) == pytest.approx(100 * robust.mean(), abs=0.05)
@@ -275,8 +301,8 @@ def test_coverage_metrics_get_no_binomial_interval(report_db):
     import dataclasses
 
     from aisafety.plugins import default_registry
-    from aisafety.report.html import Report, coverage_metrics
     from aisafety.report.sections import MetricTable
+    from aisafety.report_page import Report, coverage_metrics
 
     url, run_id = report_db
     data = load_run(ResultStore(url), run_id)

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from aisafety.database.store import ResultStore
-from aisafety.report.html import build_comparison, build_report
+from aisafety.report_page import build_comparison, build_report
+from aisafety.store.results import ResultStore
 
 websocket = pytest.importorskip("websocket", reason="websocket-client is in the [test] extra")
 

@@ -20,10 +20,10 @@ import yaml
 from aisafety.cli import main
 from aisafety.config import load_plan
 from aisafety.database.datasets.embedded import EmbeddedCifar10
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError, UnknownNameError
 from aisafety.interfaces import ModelSpec
 from aisafety.loading import load_model
+from aisafety.store.results import ResultStore
 
 NAME = "Wong2020Fast"
 CPU = torch.device("cpu")

@@ -13,7 +13,6 @@ from torch import nn
 
 from aisafety.attack.fgsm import FGSM
 from aisafety.cli import main
-from aisafety.database.store import ResultStore
 from aisafety.defense.base import InputDefense
 from aisafety.errors import TamperingError
 from aisafety.evaluation.base import CleanMetric
@@ -23,6 +22,7 @@ from aisafety.plugins import build_registry
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.prediction.watch import model_tensors
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 
 class WeightScaler(FGSM):
@@ -169,7 +169,7 @@ def test_a_crashing_attack_is_named_and_its_traceback_stored(tmp_path, monkeypat
     module = types.ModuleType("crashing")
     module.aisafety_attacks = hookimpl(lambda: [Crashing])
     registry = build_registry(extra_plugins=[("crashing", module)])
-    monkeypatch.setattr("aisafety.cli.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
     monkeypatch.setattr("aisafety.runner.default_registry", lambda: registry)
     path = tmp_path / "c.db"
     plan = tmp_path / "p.yaml"

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from aisafety.database.store import ResultStore
 from aisafety.evaluation.metrics.accuracy import AdversarialAccuracyWhiteBox
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 PLAN = EvaluationPlan(
     dataset=DatasetSpec(limit=60),

@@ -19,11 +19,11 @@ import torch
 from sqlalchemy import text
 
 from aisafety.config import plan_from_dict
-from aisafety.database.compare import compare
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError
 from aisafety.execution import run_plan
 from aisafety.progress import RunProgress
+from aisafety.store.compare import compare
+from aisafety.store.results import ResultStore
 
 PLAN = {
     "dataset": {"name": "mnist-embedded", "limit": 30},

@@ -12,7 +12,6 @@ from collections import Counter
 import numpy as np
 
 from aisafety.attack.pgd import PGDLinf
-from aisafety.database.store import ResultStore
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.metrics.adversarial_confidence import (
     AverageConfidenceAdversarialClass,
@@ -33,6 +32,7 @@ from aisafety.evaluation.metrics.neuron_coverage import (
 from aisafety.evaluation.metrics.perturbation_sensitivity import PerturbationSensitivityDistance
 from aisafety.interfaces import AttackSpec, EvaluationPlan
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 PER_ATTACK = ["acac", "actc", "nte", "ald", "ass", "psd", "neuron-sensitivity"]
 NEURON = ["kmncov", "nbcov", "snacov", "tkncov", "neuron-uncertainty"]

@@ -14,13 +14,13 @@ from torch import nn
 
 from aisafety.cli import main
 from aisafety.config import plan_from_dict
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError, PluginError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import Direction
 from aisafety.plugins import build_registry, default_registry
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 
 @pytest.mark.parametrize(

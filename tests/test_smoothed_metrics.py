@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError
 from aisafety.interfaces import DatasetSpec, DefenseSpec, EvaluationPlan, MetricSpec, ModelSpec
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 SETTING = {"n0": 20, "n": 200, "sigma": 0.25}
 

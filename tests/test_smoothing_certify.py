@@ -15,11 +15,11 @@ from torch import nn
 from aisafety.attack.pgd_l2 import PGDL2
 from aisafety.database.zoo import load_zoo_model
 from aisafety.defense.randomized_smoothing import ABSTAIN, RandomizedSmoothing
+from aisafety.defense.smoothing.bounds import clopper_pearson_lower, dp_radius
+from aisafety.defense.smoothing.certify import Bound, certify
+from aisafety.defense.smoothing.noise import Noise, certified_radius
 from aisafety.errors import ConfigError
 from aisafety.prediction.torch_module import TorchPredictor
-from aisafety.verification.smoothing.bounds import clopper_pearson_lower, dp_radius
-from aisafety.verification.smoothing.certify import Bound, certify
-from aisafety.verification.smoothing.noise import Noise, certified_radius
 
 CASES = [(1, 10), (5, 10), (9, 10), (10, 10), (73, 100), (99_000, 100_000), (100_000, 100_000)]
 

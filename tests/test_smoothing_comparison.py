@@ -10,8 +10,8 @@ import torch
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import list_models, load_zoo_model
 from aisafety.defense.randomized_smoothing import RandomizedSmoothing
-from aisafety.verification.smoothing.certify import Bound, certify_every_bound, estimate
-from aisafety.verification.smoothing.noise import Noise
+from aisafety.defense.smoothing.certify import Bound, certify_every_bound, estimate
+from aisafety.defense.smoothing.noise import Noise
 
 # the noise each smoothing training recipe trains the base classifier for
 RECIPE_NOISE = {

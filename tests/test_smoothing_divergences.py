@@ -13,21 +13,21 @@ from scipy.special import lambertw
 from test_smoothing_certify import threshold_model  # the one-coordinate threshold model
 
 from aisafety.defense.randomized_smoothing import RandomizedSmoothing
-from aisafety.errors import ConfigError
-from aisafety.verification.smoothing.bounds import dp_radius
-from aisafety.verification.smoothing.certify import (
+from aisafety.defense.smoothing.bounds import dp_radius
+from aisafety.defense.smoothing.certify import (
     Bound,
     certificates,
     certify,
     estimate,
 )
-from aisafety.verification.smoothing.divergences import (
+from aisafety.defense.smoothing.divergences import (
     kl_radius,
     laplace_renyi,
     renyi_budget,
     renyi_radius,
 )
-from aisafety.verification.smoothing.noise import Noise, certified_radius
+from aisafety.defense.smoothing.noise import Noise, certified_radius
+from aisafety.errors import ConfigError
 
 # p_A from 1/2 to 1 - 1e-12, linearly and towards 1 (where the bounds differ the most).
 P_A = np.concatenate([np.linspace(0.5, 1, 201)[1:-1], 1 - np.logspace(-12, -1, 100)])

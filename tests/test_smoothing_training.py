@@ -6,10 +6,10 @@ import pytest
 import torch
 from scipy.stats import kstest, laplace, norm, uniform
 
+from aisafety.defense.smoothing.noise import Noise, sample_noise
 from aisafety.defense.training.base import TrainingStep
 from aisafety.defense.training.macer import Macer, soft_radius_hinge
 from aisafety.defense.training.noise_augmentation import LaplaceAugmentation, UniformAugmentation
-from aisafety.verification.smoothing.noise import Noise, sample_noise
 
 REFERENCE = {
     Noise.GAUSSIAN: norm(scale=0.3),

@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aisafety.cli import build_parser, zoo_recipe
+from aisafety.cli import build_parser
+from aisafety.cli.zoo import zoo_recipe
 from aisafety.database.architectures import build
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import TrainingRecipe
-from aisafety.database.zoo_build import train_selected, training_defense
 from aisafety.defense.adversarial_training import (
     PGDTrainingConfig,
     ascend_linf,
@@ -37,6 +37,7 @@ from aisafety.verification.margins import (
     ibp_margin_bounds,
     robust_cross_entropy,
 )
+from aisafety.zoo_build import train_selected, training_defense
 
 
 def mlp(architecture: str = "fcnn-a", seed: int = 0) -> nn.Module:

@@ -12,7 +12,7 @@ import sys
 import children
 import pytest
 
-from aisafety import cli, listing_cache
+from aisafety import cli, listing, listing_cache
 
 HEAVY = ("torch", "sqlalchemy", "pydantic", "scipy", "numpy", "aisafety.plugins")
 
@@ -55,7 +55,7 @@ def test_a_cached_listing_loads_no_plugin_and_equals_the_live_one(tmp_path):
     assert json.loads(second.stdout) == json.loads(first.stdout) == json.loads(live.stdout)
     assert len(list(tmp_path.glob("list-attacks-*.json"))) == 1
     # the first listing cached every plugin kind: a first `list metrics` imports nothing heavy
-    for kind in cli.LIST_KINDS:
+    for kind in listing.LIST_KINDS:
         assert len(list(tmp_path.glob(f"list-{kind}-*.json"))) == 1, kind
     metrics = _python(code.replace("'attacks'", "'metrics'"), **env)
     assert metrics.returncode == 0 and "LOADED []" in metrics.stderr, metrics.stderr
@@ -80,16 +80,18 @@ def test_a_first_listing_of_the_builtins_loads_nothing_heavy(tmp_path):
     assert json.loads(first.stdout) == json.loads(live.stdout)
 
 
-@pytest.mark.parametrize("kind", [*cli.LIST_KINDS, "models"])
+@pytest.mark.parametrize("kind", [*listing.LIST_KINDS, "models"])
 def test_the_shipped_listing_is_the_live_one(kind, monkeypatch):
     monkeypatch.setenv("AISAFETY_LIST_CACHE", "1")
     if not listing_cache.only_builtins():
         pytest.skip("a plugin or an extra zoo is installed: the shipped listing does not apply")
-    live, complete = cli.list_entries(kind)
+    from aisafety.cli.common import default_registry
+
+    live, complete = listing.list_entries(kind, default_registry())
     assert complete
     assert listing_cache.shipped(kind) == live, (
         f"aisafety/builtin_listing.json is out of date for {kind!r}: regenerate it with "
-        'python -c "from aisafety.cli import write_shipped_listing as w; w()"'
+        'python -c "from aisafety.listing import write_shipped_listing as w; w()"'
     )
 
 
@@ -118,10 +120,10 @@ def test_only_a_listing_without_plugin_failures_is_cached(tmp_path, monkeypatch,
     monkeypatch.setattr(listing_cache, "SHIPPED", tmp_path / "none.json")
     monkeypatch.setenv("AISAFETY_LIST_CACHE", "1")
     entries = [{"name": "my-attack", "config": {"steps": 10, "rho": 0.75}}]
-    monkeypatch.setattr(cli, "list_entries", lambda kind: (entries, complete))
+    monkeypatch.setattr(listing, "list_entries", lambda kind, registry: (entries, complete))
     assert cli.main(["list", "attacks"]) == 0
     assert "steps=10, rho=0.75" in capsys.readouterr().out  # settings shown in the table
-    monkeypatch.setattr(cli, "list_entries", lambda kind: ([{"name": "live"}], True))
+    monkeypatch.setattr(listing, "list_entries", lambda kind, registry: ([{"name": "live"}], True))
     assert cli.main(["list", "attacks", "--format", "json"]) == 0
     names = [e["name"] for e in json.loads(capsys.readouterr().out)]
     assert names == (["my-attack"] if complete else ["live"])

@@ -20,10 +20,6 @@ from sqlalchemy.orm import Session
 
 from aisafety.attack.fgsm import FGSM
 from aisafety.cli import main
-from aisafety.database import engine as store_engine
-from aisafety.database import liveness, schema
-from aisafety.database.read_only import query_read_only, read_only_engine
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError, StoreError
 from aisafety.interfaces import (
     AttackSpec,
@@ -35,6 +31,10 @@ from aisafety.interfaces import (
     SmoothingCertificates,
 )
 from aisafety.runner import Runner
+from aisafety.store import engine as store_engine
+from aisafety.store import liveness, schema
+from aisafety.store.read_only import query_read_only, read_only_engine
+from aisafety.store.results import ResultStore
 
 PLAN = EvaluationPlan(
     dataset=DatasetSpec(limit=20),
@@ -312,7 +312,7 @@ def _write_units(url: str, barrier, worker: int) -> None:
 
 
 def _subject():
-    from aisafety.database.store import Subject
+    from aisafety.store.results import Subject
 
     return Subject("m", "f" * 16, {}, "labels", "d", "test", 1, "g" * 16, {})
 
@@ -388,7 +388,7 @@ def test_a_killed_run_is_marked_interrupted_by_the_next_run(tmp_path):
 CHILD = """
 import sys, torch
 torch.set_num_threads(1)
-from aisafety.database.store import ResultStore
+from aisafety.store.results import ResultStore
 from aisafety.interfaces import EvaluationPlan
 from aisafety.runner import Runner
 plan = EvaluationPlan.model_validate_json(sys.argv[2])

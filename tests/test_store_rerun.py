@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import EvaluationPlan
 from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
 
 
 def test_same_plan_twice_into_one_database(tmp_path):

@@ -7,12 +7,12 @@ import types
 import pytest
 import torch.nn.functional as F
 
-from aisafety.database.zoo_build import training_defense
 from aisafety.defense.bit_depth import BitDepthReduction
 from aisafety.defense.training.base import TrainingDefense
 from aisafety.errors import ConfigError
 from aisafety.hookspecs import hookimpl
 from aisafety.plugins import build_registry
+from aisafety.zoo_build import training_defense
 
 
 class LabelSmoothingTraining(TrainingDefense):

@@ -15,7 +15,6 @@ from aisafety.cli import main
 from aisafety.database.architectures import build
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import TrainingRecipe, ZooEntry, read_manifest, write_manifest_entry
-from aisafety.database.zoo_build import training_defense
 from aisafety.defense.training.base import TrainingStep
 from aisafety.defense.training.distillation import soft_cross_entropy, soft_labels
 from aisafety.defense.training.fgsm_at import fgsm_rs_examples
@@ -37,6 +36,7 @@ from aisafety.errors import ConfigError, UnknownNameError
 from aisafety.evaluation.metrics.certified import ibp_certified_mask
 from aisafety.plugins import default_registry
 from aisafety.prediction.torch_module import Normalize
+from aisafety.zoo_build import training_defense
 
 LN3 = math.log(3)
 
@@ -122,7 +122,7 @@ def test_crown_ibp_refuses_max_pooling_with_the_fix():
 
 def test_certified_accuracy_is_below_pgd_robust_and_clean_accuracy():
     from aisafety.database.zoo import load_zoo_model
-    from aisafety.database.zoo_build import pgd_robust_accuracy
+    from aisafety.zoo_build import pgd_robust_accuracy
 
     predictor = load_zoo_model("mnist-cnn-pgd-at")
     data = EmbeddedMnist().load(None, "test")

@@ -171,8 +171,8 @@ def test_verify_prints_timeout_and_unknown(capsys):
 
 def test_certified_accuracy_with_crown_on_an_onnx_network_through_a_plan(tmp_path):
     from aisafety.config import plan_from_dict
-    from aisafety.database.store import ResultStore
     from aisafety.runner import Runner
+    from aisafety.store.results import ResultStore
 
     plan = plan_from_dict({
         "model": {"source": "onnx", "name": "mnistfc-256x2", "gradients": True,

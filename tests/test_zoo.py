@@ -91,7 +91,7 @@ def test_zoo_train_writes_checkpoint_and_manifest_that_load(tmp_path, monkeypatc
 
 
 def test_zoo_train_records_robust_and_certified_accuracy_at_the_training_eps(tmp_path, monkeypatch):
-    from aisafety.database.zoo_build import pgd_robust_accuracy
+    from aisafety.zoo_build import pgd_robust_accuracy
 
     _tiny_npz_dataset(tmp_path)
     out = tmp_path / "zoo"
@@ -178,7 +178,7 @@ def test_shipped_entry_has_its_recorded_clean_accuracy_on_the_full_test_set(name
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_entry_robust_accuracy_agrees_on_a_cheap_subset(name):
     """PGD-40 on 200 of the 1,000 images: within 0.1 of the recorded 1,000-image number."""
-    from aisafety.database.zoo_build import pgd_robust_accuracy
+    from aisafety.zoo_build import pgd_robust_accuracy
 
     entry = list_models()[name][0]
     claims = {k: v for k, v in entry.metrics.items() if k.startswith("pgd40_robust_accuracy")}
@@ -197,8 +197,8 @@ def test_shipped_entry_robust_accuracy_agrees_on_a_cheap_subset(name):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_entry_robust_and_certified_accuracy_exactly(name):
     """The full 1,000-image PGD-40 and IBP numbers, and certified <= robust <= clean."""
-    from aisafety.database.zoo_build import pgd_robust_accuracy
     from aisafety.evaluation.metrics.certified import ibp_certified_mask
+    from aisafety.zoo_build import pgd_robust_accuracy
 
     entry = list_models()[name][0]
     predictor = load_zoo_model(name)
@@ -265,7 +265,8 @@ def test_zoo_train_reproduces_a_defended_entry_from_its_recipe(tmp_path, name):
 
 
 def test_recipe_of_takes_the_entry_recipe_and_budgets_and_options_override_them():
-    from aisafety.cli import build_parser, zoo_recipe
+    from aisafety.cli import build_parser
+    from aisafety.cli.zoo import zoo_recipe
 
     def parse(*options: str):
         return zoo_recipe(build_parser().parse_args(["zoo", "train", "--data-dir", ".", *options]))

@@ -70,8 +70,7 @@ class Attack(ABC):
     stored, each checked for every registered attack by ``tests/test_contract.py``:
 
     - ``norm``: the budget's geometry; every result is projected into it (and the box).
-    - ``family``: which attack metrics read the results (``AttackMetric.attack_families``);
-      ``CORRUPTION`` has no norm and no attack metric.
+    - ``family``: which attack metrics read the results (``AttackMetric.attack_families``).
     - ``requires``: the predictor capability checked before any work.
     - ``chunk_independent``: True promises each sample's result is the same whatever the
       chunking; False makes the runner key its units by the plan's batch size, so another
@@ -134,17 +133,17 @@ class Attack(ABC):
         self._check_norm()
 
     def _check_norm(self) -> None:
-        """Every attack but a corruption declares the norm of its budget, so that the base
-        class can project what it returns into that budget (nothing escapes the check)."""
+        """Every attack declares the norm of its budget, so that the base class can project
+        what it returns into that budget (nothing escapes the check)."""
         norm = getattr(self, "norm", None)
-        if self.family is AttackFamily.CORRUPTION or norm in THREATS:
+        if norm in THREATS:
             return
         raise PluginError(
             f"attack {self.name!r} ({type(self).__module__}.{type(self).__qualname__}) declares "
             f"norm {norm!r}; every attack must declare the norm of its budget, one of "
             f"{', '.join(f'Norm.{n.name}' for n in THREATS)} (from aisafety.interfaces), e.g. "
             "'norm = Norm.LINF' in the class body, so that its results are projected into "
-            "the budget; only corruption attacks (family = AttackFamily.CORRUPTION) have none"
+            "the budget"
         )
 
     @classmethod

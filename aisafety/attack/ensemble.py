@@ -112,9 +112,9 @@ class _Ensemble(Attack):
 
     def _member(self, registry: AttackRegistry, name: str) -> Attack:
         cls = registry.get("attack", name)
-        if issubclass(cls, _Ensemble) or cls.family is AttackFamily.CORRUPTION:
+        if issubclass(cls, _Ensemble):
             raise ConfigError(
-                f"attack {self.name!r}: member {name!r} is an ensemble or a corruption; "
+                f"attack {self.name!r}: member {name!r} is an ensemble; "
                 "members are single attacks, e.g. apgd-ce, apgd-t, fab-t, square-linf"
             )
         if cls.norm is not self.norm:

@@ -84,12 +84,6 @@ class TransferAttack(Attack):
                 "plugin registry, aisafety.plugins.default_registry().create('attack', "
                 "'transfer', config)"
             )
-        inner_cls = registry.get("attack", cfg.attack)
-        if inner_cls.family is AttackFamily.CORRUPTION:
-            raise ConfigError(
-                f"attack 'transfer': inner attack {cfg.attack!r} is a corruption, which does "
-                "not use a model; run it directly instead of through a surrogate"
-            )
         self.inner: Attack = registry.create(
             "attack", cfg.attack, {"seed": cfg.seed, **cfg.attack_config}
         )

@@ -5,21 +5,16 @@
   tensors' device;
 - ``sequence(x, name, n_frames=31, seed=0)``: CIFAR-10-P-style perturbation sequences
   (``SEQUENCES``), shape (N, T, C, H, W);
-- ``CORRUPTION_ATTACKS``: the corruptions as ``Attack`` classes, one per name.
 
 Tables and every deviation from the reference code: ``docs/corruptions.md``.
 """
 
-from aisafety.corruption.attacks import CORRUPTION_ATTACKS, Corruption, CorruptionConfig
 from aisafety.corruption.base import CATEGORIES, CORRUPTIONS, SEVERITIES, corrupt
 from aisafety.corruption.sequences import NOISE_SEQUENCES, SEQUENCES, sequence
 
 __all__ = [
     "CATEGORIES",
     "CORRUPTIONS",
-    "CORRUPTION_ATTACKS",
-    "Corruption",
-    "CorruptionConfig",
     "NOISE_SEQUENCES",
     "SEQUENCES",
     "SEVERITIES",

@@ -1,9 +1,4 @@
-"""The results store, dataset loaders and model zoo.
+"""Models and data: network architectures, dataset sources and the model zoo (layer 2).
 
-Nothing heavy is imported here: the command line reads ``DEFAULT_URL`` without loading
-SQLAlchemy or torch.
+The results store is ``aisafety.store``; building a zoo entry is ``aisafety.zoo_build``.
 """
-
-DEFAULT_URL = "sqlite:///aisafety.db"  # the results database when no --db is given
-QUERY_TIMEOUT_S = 60.0  # ``aisafety query`` stops a statement after this long (--timeout)
-QUERY_MAX_ROWS = 10_000  # and prints at most this many rows (--max-rows)

@@ -3,7 +3,7 @@
 The smoothed classifier answers the class the base model most often gives under Gaussian
 noise N(0, sigma^2 I) (or, with ``noise``, Laplace or uniform noise of scale ``sigma``: the
 l1 smoothings of Teng et al. 2020 and Yang et al. 2020; certification is in
-``aisafety.verification.smoothing``). PREDICT draws ``samples`` noisy copies, counts the votes, and
+``aisafety.defense.smoothing``). PREDICT draws ``samples`` noisy copies, counts the votes, and
 abstains unless a two-sided binomial test says the top class beats the runner-up at level
 ``alpha``; then the answer is wrong with probability at most ``alpha``.
 
@@ -26,7 +26,7 @@ import torch
 from pydantic import Field
 
 from aisafety.defense.base import InputDefense, RandomDefenseConfig, is_attacker_pass
-from aisafety.verification.smoothing.noise import Noise, sample_noise
+from aisafety.defense.smoothing.noise import Noise, sample_noise
 
 ABSTAIN = -1
 

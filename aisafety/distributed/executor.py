@@ -23,14 +23,14 @@ from typing import Any
 import ray
 from ray.exceptions import RayError, RayTaskError
 
-from aisafety.database.engine import sqlite_file
-from aisafety.database.interruption import terminate_as_interrupt
 from aisafety.distributed import tasks
 from aisafety.distributed.schedule import Schedule, Task
 from aisafety.errors import AISafetyError, ConfigError
 from aisafety.interfaces import EvaluationPlan, ExecutorSpec, MetricValue, RunRecord
 from aisafety.progress import RunProgress
 from aisafety.runner import Runner, WorkUnit
+from aisafety.store.engine import sqlite_file
+from aisafety.store.interruption import terminate_as_interrupt
 from aisafety.version import __version__
 
 # A progress line at least this often while the cluster works on units of minutes or hours

@@ -17,10 +17,10 @@ from collections.abc import Callable
 import torch
 
 from aisafety.attack.result import AttackResult
-from aisafety.database.interruption import HANG_ENDS_PROCESS
-from aisafety.database.store import ResultStore
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
+from aisafety.store.interruption import HANG_ENDS_PROCESS
+from aisafety.store.results import ResultStore
 
 # One plan per worker process at a time: its runner (with the store) and prepared context.
 _PREPARED: dict[str, tuple[Runner, Prepared]] = {}

@@ -120,16 +120,13 @@ class AttackMetric(Metric):
     """A number on one attack's result at one budget: computed once per (attack, eps).
 
     ``attack_families`` restricts which attacks it applies to (AAW only makes sense for
-    white-box attacks); ``None`` means every adversarial attack. Corruptions are not
-    adversarial attacks: no attack metric reads them.
+    white-box attacks); ``None`` means every attack.
     """
 
     per_attack = True
     attack_families: ClassVar[frozenset[AttackFamily] | None] = None
 
     def applies_to(self, family: AttackFamily) -> bool:
-        if family is AttackFamily.CORRUPTION:
-            return False
         return self.attack_families is None or family in self.attack_families
 
     @abstractmethod

@@ -95,7 +95,7 @@ def check_forward(
 # where the SIGALRM's Python handler never gets to run (at least HANG_GRACE_S, else 10 %).
 HANG_GRACE_S = 5.0
 # "1": such a pass ends the process (exit 2); set by the command line and on Ray workers,
-# which nothing else can end (database/interruption.py: end_process_on_hang). Unset: a
+# which nothing else can end (store/interruption.py: end_process_on_hang). Unset: a
 # library caller (a notebook) gets a warning on stderr only.
 HANG_ENDS_PROCESS = "AISAFETY_END_PROCESS_ON_HANG"
 

@@ -15,9 +15,9 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from aisafety.database import schema
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError
+from aisafety.store import schema
+from aisafety.store.results import ResultStore
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,12 @@ def latest_run_id(store: ResultStore) -> int:
     return run_id
 
 
+# Runs stored before corruptions left ``attacks:`` hold corruption attack runs (no budget, eps
+# ignored); they are no attack results, so the report reads around them, as the schema's
+# ``robust_accuracy`` views do. Their corruption errors are in the mce/rmce metric values.
+LEGACY_CORRUPTION = "corruption"
+
+
 def load_run(store: ResultStore, run_id: int) -> RunData:
     """Read run ``run_id`` with its models, metric values, attack runs and outcomes."""
     with Session(store.engine) as session:
@@ -167,6 +173,7 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
             session.scalars(
                 select(schema.AttackRun)
                 .where(schema.AttackRun.run_id == run_id)
+                .where(schema.AttackRun.family != LEGACY_CORRUPTION)
                 .order_by(schema.AttackRun.id)
             )
         )

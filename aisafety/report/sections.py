@@ -24,7 +24,7 @@ NOISE = "random-noise"
 
 
 class ReportView(Protocol):
-    """What a section renders from (``aisafety.report.html.Report`` is one). A protocol, so
+    """What a section renders from (``aisafety.report_page.Report`` is one). A protocol, so
     sections, which the registry imports, need not import the page builder above it."""
 
     data: RunData
@@ -72,7 +72,7 @@ def worst_case(report: ReportView, model: str) -> dict[tuple[str, float], tuple[
     (a sample counts only if no attack broke it), with the number of samples."""
     groups = defaultdict(list)
     for a in report.data.attack_runs:
-        if a.model == model and a.family != "corruption" and a.id in report.data.outcomes:
+        if a.model == model and a.id in report.data.outcomes:
             groups[(a.norm or "-", a.eps)].append(report.data.correct(a.id))
     return {
         key: (float(np.logical_and.reduce(masks).mean()), len(masks[0]))
@@ -86,7 +86,7 @@ def main_budget(report: ReportView, model: str) -> tuple[str, float] | None:
     one they share), the smaller eps on a tie; None without attack runs."""
     counts: dict[tuple[str, float], int] = defaultdict(int)
     for a in report.data.attack_runs:
-        if a.model == model and a.family != "corruption":
+        if a.model == model:
             counts[(a.norm or "-", a.eps)] += 1
     if not counts:
         return None
@@ -184,9 +184,7 @@ class RobustnessCurves(ReportSection):
     def render(self, report: ReportView) -> str | None:
         plots = []
         for model in report.data.model_names:
-            runs = [
-                a for a in report.data.attack_runs if a.model == model and a.family != "corruption"
-            ]
+            runs = [a for a in report.data.attack_runs if a.model == model]
             clean = clean_accuracy(report, model)
             worst = worst_case(report, model)
             for norm in dict.fromkeys(a.norm or "-" for a in runs):
@@ -234,10 +232,6 @@ class RobustnessCurves(ReportSection):
         )
 
 
-def _severity(report: ReportView, config: dict, attack: str) -> int:
-    return int(config.get("severity", report.attack_defaults(attack).get("severity", 3)))
-
-
 class Corruptions(ReportSection):
     name, title, order = "corruptions", "Corruption error per type and severity", 40
 
@@ -245,14 +239,11 @@ class Corruptions(ReportSection):
         plots = []
         for model in report.data.model_names:
             errors: dict[str, dict[int, float]] = defaultdict(dict)
-            for a in report.data.attack_runs:
-                if a.model == model and a.family == "corruption":
-                    errors[a.name][_severity(report, a.config, a.name)] = 1.0 - a.robust_accuracy
             for m in report.data.metrics:
                 if m.model == model and m.name in ("mce", "rmce") and "errors" in m.details:
                     for corruption, row in m.details["errors"].items():
                         for s, e in zip(m.details.get("severities", []), row, strict=False):
-                            errors[corruption].setdefault(int(s), e)
+                            errors[corruption][int(s)] = e
             if not errors:
                 continue
             severities = sorted({s for row in errors.values() for s in row})
@@ -406,7 +397,7 @@ class Examples(ReportSection):
                         f"→{outcomes['adv_pred'][i]}"
                     )
                 captions.append(caption)
-            eps = "" if run.family == "corruption" else f" eps {run.eps:g}"
+            eps = f" eps {run.eps:g}"
             plots.append(
                 example_grid(
                     f"{model}: {attack}{eps}",

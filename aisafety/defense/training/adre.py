@@ -17,8 +17,8 @@ from pydantic import Field
 from torch import nn
 
 from aisafety.config_base import PluginConfig
+from aisafety.defense.smoothing.noise import Noise, sample_noise
 from aisafety.defense.training.base import TrainingDefense, TrainingStep
-from aisafety.verification.smoothing.noise import Noise, sample_noise
 
 # Added inside the log, as in the peer implementations: log 0 would give -inf and NaN grads.
 _FLOOR = 1e-10

@@ -6,7 +6,7 @@ which epoch's weights are kept; a defense only says what to minimise on each bat
 (``TrainingDefense.loss``) and, for ``keep: best-test``, how an epoch scores
 (``TrainingDefense.selection_score``), so every defense trains, seeds and records its recipe
 the same way. Which defense a recipe names is resolved by the caller
-(``aisafety.database.zoo_build``), through the registry.
+(``aisafety.zoo_build``), through the registry.
 """
 
 from __future__ import annotations

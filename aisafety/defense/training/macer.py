@@ -16,8 +16,8 @@ from pydantic import Field
 from torch import nn
 
 from aisafety.config_base import PluginConfig
+from aisafety.defense.smoothing.noise import Noise, sample_noise
 from aisafety.defense.training.base import TrainingDefense, TrainingStep
-from aisafety.verification.smoothing.noise import Noise, sample_noise
 
 
 class MacerConfig(PluginConfig):

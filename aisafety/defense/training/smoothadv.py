@@ -18,9 +18,9 @@ from torch import nn
 
 from aisafety.attack.projection import project
 from aisafety.config_base import PluginConfig
+from aisafety.defense.smoothing.noise import Noise, sample_noise
 from aisafety.defense.training.base import TrainingDefense, TrainingStep
 from aisafety.interfaces import Norm
-from aisafety.verification.smoothing.noise import Noise, sample_noise
 
 
 class SmoothAdvConfig(PluginConfig):

@@ -27,12 +27,12 @@ from pydantic import Field
 
 from aisafety.config_base import PluginConfig
 from aisafety.defense.randomized_smoothing import RandomizedSmoothing
+from aisafety.defense.smoothing.certify import Bound, Certificates, certify
+from aisafety.defense.smoothing.noise import Noise
 from aisafety.errors import ConfigError
 from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.interfaces import Capability, Direction, MetricValue, SmoothingCertificates
-from aisafety.verification.smoothing.certify import Bound, Certificates, certify
-from aisafety.verification.smoothing.noise import Noise
 
 
 class SmoothedCertificationConfig(PluginConfig):

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from aisafety.database import schema
-from aisafety.database.store import ResultStore
 from aisafety.report.data import MetricRow, RunData, load_run
+from aisafety.store import schema
+from aisafety.store.results import ResultStore
 
 CERTIFIED_METRICS = ("certified-accuracy", "ibp-certified-accuracy")
 
@@ -57,7 +57,7 @@ def load_gate_run(store: ResultStore, run_id: int) -> GateRun:
     clean: dict[int, bool] = {}
     for a in data.attack_runs:
         outcome = data.outcomes.get(a.id)
-        if outcome is None or a.family == "corruption":
+        if outcome is None:
             continue
         index = outcome["sample_index"].tolist()
         labels.update(zip(index, outcome["label"].tolist(), strict=True))

@@ -87,7 +87,7 @@ class CertifiedAccuracy(AccuracyRequirement):
 
 
 class NoSanityWarnings(StrictModel):
-    """No gradient-masking sanity check of the candidate warns (aisafety/report/sanity.py)."""
+    """No gradient-masking sanity check of the candidate warns (aisafety/sanity.py)."""
 
     kind: Literal["no-sanity-warnings"]
     name: str | None = None

@@ -48,7 +48,7 @@ class Run(Base):
     host: Mapped[str | None] = mapped_column(String(255))
     pid: Mapped[int | None] = mapped_column(Integer)
     # The run's lease (naive UTC), renewed while it runs: a 'running' run whose heartbeat is
-    # older than liveness.STALE_AFTER_S died, on whatever host (aisafety/database/liveness.py).
+    # older than liveness.STALE_AFTER_S died, on whatever host (aisafety/store/liveness.py).
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime)
     # When the command that made the run started (naive UTC; aisafety/command_clock.py):
     # finished_at less this is the wall time its user waited. NULL for runs made from Python.

@@ -33,9 +33,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from aisafety.database import QUERY_MAX_ROWS, QUERY_TIMEOUT_S
-from aisafety.database.engine import check_url, sqlite_file
 from aisafety.errors import ConfigError
+from aisafety.store import QUERY_MAX_ROWS, QUERY_TIMEOUT_S
+from aisafety.store.engine import check_url, sqlite_file
 
 
 @dataclass(frozen=True)

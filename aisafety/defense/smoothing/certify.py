@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from aisafety.defense.randomized_smoothing import ABSTAIN, RandomizedSmoothing
+from aisafety.defense.smoothing.bounds import clopper_pearson_lower, dp_radius
+from aisafety.defense.smoothing.divergences import kl_radius, renyi_radius
+from aisafety.defense.smoothing.noise import CERTIFIED_NORM, Noise, certified_radius
 from aisafety.errors import ConfigError
-from aisafety.verification.smoothing.bounds import clopper_pearson_lower, dp_radius
-from aisafety.verification.smoothing.divergences import kl_radius, renyi_radius
-from aisafety.verification.smoothing.noise import CERTIFIED_NORM, Noise, certified_radius
 
 
 class Bound(StrEnum):

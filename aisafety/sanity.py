@@ -46,10 +46,10 @@ def tolerance(n: int) -> float:
 
 
 def sanity_checks(data: RunData) -> list[Check]:
-    """Every check for every model of the run that was attacked (corruptions excluded)."""
+    """Every check for every model of the run that was attacked."""
     checks: list[Check] = []
     for model in dict.fromkeys(a.model for a in data.attack_runs):
-        runs = [a for a in data.attack_runs if a.model == model and a.family != "corruption"]
+        runs = [a for a in data.attack_runs if a.model == model]
         if not runs:
             continue
         checks += [

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aisafety.verification.smoothing.noise import Noise
+from aisafety.defense.smoothing.noise import Noise
 
 _DP_EPS = np.linspace(1e-3, 1.0, 1000)
 _DP_DELTA = np.logspace(-15, -1, 57)

@@ -20,13 +20,13 @@ from sqlalchemy.orm import Session
 
 from aisafety.attack.result import AttackResult
 from aisafety.command_clock import command_started_at
-from aisafety.database import DEFAULT_URL, schema
-from aisafety.database.engine import check_url, checkpoint, open_engine, with_retries
-from aisafety.database.liveness import Heartbeat, mark_dead_runs, utc_now
-from aisafety.database.migration import migrate
-from aisafety.database.read_only import query_read_only
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
+from aisafety.store import DEFAULT_URL, schema
+from aisafety.store.engine import check_url, checkpoint, open_engine, with_retries
+from aisafety.store.liveness import Heartbeat, mark_dead_runs, utc_now
+from aisafety.store.migration import migrate
+from aisafety.store.read_only import query_read_only
 
 # Inputs kept per attack run for the report's example panels: successful ones first.
 EXAMPLES_PER_RUN = 4

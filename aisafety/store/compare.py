@@ -1,6 +1,6 @@
 """Compare the stored results of two result databases, value for value.
 
-    python -m aisafety.database.compare sqlite:///before.db sqlite:///after.db
+    python -m aisafety.store.compare sqlite:///before.db sqlite:///after.db
 
 Rows are keyed by what they measure, not by their ids: a metric value by (model, dataset,
 metric label, attack label, eps), an attack run by (model, dataset, attack label, eps), a
@@ -133,7 +133,7 @@ def database_url(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m aisafety.database.compare", description=__doc__.split("\n\n")[0]
+        prog="python -m aisafety.store.compare", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("before", type=database_url, help="database URL or SQLite file")
     parser.add_argument("after", type=database_url, help="database URL or SQLite file")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aisafety.verification.smoothing.noise import Noise
+from aisafety.defense.smoothing.noise import Noise
 
 # alpha - 1 over eight decades, log-spaced: the best alpha grows as p_B shrinks.
 _ALPHAS = 1.0 + np.logspace(-4, 4, 1601)

@@ -24,17 +24,46 @@ from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import (
     TrainingRecipe,
     ZooEntry,
+    list_models,
     load_zoo_state,
     sha256_bytes,
     write_manifest_entry,
 )
 from aisafety.defense.training.base import TrainingDefense
 from aisafety.defense.training.loop import train_network
-from aisafety.errors import ConfigError, IntegrityError
+from aisafety.errors import ConfigError, IntegrityError, UnknownNameError
 from aisafety.evaluation.metrics.certified import ibp_certified_mask
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import Normalize, TorchPredictor
+
+# What the manifest's robustness numbers are called: ``<kind>_accuracy_eps<eps>``, one key
+# per l-inf budget (``pgd40_robust_accuracy_eps0.3``); ``zoo train --recipe-of`` reads the
+# budgets back from them to reproduce an entry.
+ROBUST, CERTIFIED = "pgd40_robust", "ibp_certified"
+
+
+def budget_key(kind: str, eps: float) -> str:
+    return f"{kind}_accuracy_eps{eps:g}"
+
+
+def recorded_budgets(entry: ZooEntry, kind: str) -> list[float]:
+    """The budgets ``kind`` (``ROBUST``, ``CERTIFIED``) was measured at for ``entry``."""
+    prefix = f"{kind}_accuracy_eps"
+    return [float(key.removeprefix(prefix)) for key in entry.metrics if key.startswith(prefix)]
+
+
+def recorded_robust_every(entry: ZooEntry) -> int:
+    """Every how many of the robustness images ``entry``'s robustness was measured on."""
+    return int(entry.metrics.get("robust_every", 1))
+
+
+def zoo_entry(name: str) -> ZooEntry:
+    """The zoo entry ``name`` (UnknownNameError naming the entries there)."""
+    entries = list_models()
+    if name not in entries:
+        raise UnknownNameError("zoo model", name, sorted(entries))
+    return entries[name][0]
 
 
 def accuracy(network: nn.Module, data: LoadedDataset, batch_size: int = 1000) -> float:
@@ -88,20 +117,20 @@ def robustness_metrics(
     metrics = {"robust_samples": float(len(data))} if robust_eps or certified_eps else {}
     for eps in robust_eps:
         survived = PGDLinf({"steps": 40})(predictor, data.x, data.y, eps).adv_pred == data.y
-        metrics[f"pgd40_robust_accuracy_eps{eps:g}"] = survived.double().mean().item()
+        metrics[budget_key(ROBUST, eps)] = survived.double().mean().item()
         adaptive = None if defense is None else defense.adaptive_correct(
             predictor, data.x, data.y, eps
         )  # fmt: skip
         if adaptive is not None:
             worst = survived & adaptive
-            metrics[f"adaptive_robust_accuracy_eps{eps:g}"] = worst.double().mean().item()
+            metrics[budget_key("adaptive_robust", eps)] = worst.double().mean().item()
         for attack, config in [] if defense is None else defense.evaluation_attacks():
-            metrics[f"{attack}_robust_accuracy_eps{eps:g}"] = attack_robust_accuracy(
+            metrics[budget_key(f"{attack}_robust", eps)] = attack_robust_accuracy(
                 predictor, data.x, data.y, eps, attack, config
             )
     for eps in certified_eps:
         mask = ibp_certified_mask(predictor.network, data.x, data.y, eps)
-        metrics[f"ibp_certified_accuracy_eps{eps:g}"] = mask.double().mean().item()
+        metrics[budget_key(CERTIFIED, eps)] = mask.double().mean().item()
     return metrics
 
 

@@ -1,7 +1,7 @@
 """SIGTERM and SIGHUP end a run like Ctrl-C does, so its row says 'interrupted'.
 
 ``kill -9`` cannot be caught: such a run is found by the next run on the same host (its
-process is gone) or, on any host, by its lease running out (``database/liveness.py``).
+process is gone) or, on any host, by its lease running out (``store/liveness.py``).
 Neither can a forward pass stuck in compiled code: within ``end_process_on_hang`` the
 model's watchdog (``prediction/watch.py``) ends the process, found the same way.
 """

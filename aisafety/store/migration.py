@@ -23,9 +23,9 @@ from pathlib import Path
 from sqlalchemy import MetaData, inspect, text
 from sqlalchemy.engine import Connection, Engine
 
-from aisafety.database.engine import with_retries
-from aisafety.database.migrations import HEAD
 from aisafety.errors import StoreError
+from aisafety.store.engine import with_retries
+from aisafety.store.migrations import HEAD
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 VERSION_TABLE = "alembic_version"

@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from aisafety.database import schema
+from aisafety.store import schema
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,13 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
-from aisafety.database.store import ResultStore
 from aisafety.errors import ConfigError
 from aisafety.plugins import Registry, default_registry
 from aisafety.report.data import RunData, load_run
 from aisafety.report.plots import Plot, Series, line_plot
-from aisafety.report.sanity import Check, _config_defaults, sanity_checks
 from aisafety.report.sections import ReportSection, worst_case
+from aisafety.sanity import Check, _config_defaults, sanity_checks
+from aisafety.store.results import ResultStore
 
 log = logging.getLogger(__name__)
 
@@ -271,8 +271,7 @@ def overlay_curves(runs: list[RunData]) -> list[Plot]:
     )
     for data in runs:
         for a in data.attack_runs:
-            if a.family != "corruption":
-                points[(a.attack, a.norm or "-")][a.model][a.eps].append(a.robust_accuracy)
+            points[(a.attack, a.norm or "-")][a.model][a.eps].append(a.robust_accuracy)
         for model in data.model_names:
             for (norm, eps), (acc, _) in worst_case_of(data, model).items():
                 points[("worst case per sample", norm)][model][eps].append(acc)
@@ -326,7 +325,7 @@ def resolve_runs(store: ResultStore, names: list[str]) -> list[int]:
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from aisafety.database import schema
+    from aisafety.store import schema
 
     run_ids: list[int] = []
     for name in names:

@@ -1,5 +1,5 @@
 """Alembic's environment: migrate the connection the store hands over (in its transaction
-and under its lock, aisafety/database/migration.py), or, from the ``alembic`` command line,
+and under its lock, aisafety/store/migration.py), or, from the ``alembic`` command line,
 the database of ``-x db=URL``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
-from aisafety.database import schema
+from aisafety.store import schema
 
 
 def run(connection: Connection) -> None:

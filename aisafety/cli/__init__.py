@@ -1,0 +1,72 @@
+"""The aisafety command line: evaluate a classifier's robustness, store it, report it.
+
+One module per command (``add_parser`` and the command function); what they compute lives
+in the library. Heavy modules (torch, SQLAlchemy, the plugins) are imported inside the
+commands that need them: `aisafety --help` and a cached `aisafety list` start in a fraction
+of a second (bench/startup.py; tests/test_startup.py keeps torch out of these imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+
+from aisafety.cli import check, compare, evaluate, plugins, query, report, serve, verify, zoo
+from aisafety.cli import list as list_command
+from aisafety.command_clock import command_clock
+from aisafety.errors import AISafetyError, AISafetyWarning
+from aisafety.store.interruption import end_process_on_hang, terminate_as_interrupt
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aisafety", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    evaluate.add_parser(sub)
+    compare.add_parser(sub)
+    check.add_parser(sub)  # the release gate (docs/release-gate.md)
+    for command in (list_command, plugins, query, report, serve, verify, zoo):
+        command.add_parser(sub)
+    return parser
+
+
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """Our own warnings as one ``warning: ...`` line; others as Python prints them."""
+    if issubclass(category, AISafetyWarning):
+        return f"warning: {message}\n"
+    return PYTHON_FORMAT_WARNING(message, category, filename, lineno, line)
+
+
+PYTHON_FORMAT_WARNING = warnings.formatwarning
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    warnings.formatwarning = format_warning
+    args = build_parser().parse_args(argv)
+    try:
+        # SIGTERM/SIGHUP from the first moment (loading a model can take a while): the
+        # command ends as Ctrl-C does, 130 and 'interrupted', not killed with 143
+        clock = command_clock(whole_process=argv is None)
+        with terminate_as_interrupt(), clock, end_process_on_hang():
+            return args.func(args)
+    except AISafetyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            "interrupted: finished units are in the database; rerun with --resume", file=sys.stderr
+        )
+        return 130
+    except Exception as exc:
+        failed_in = getattr(exc, "failed_in", None)  # set by the runner on a plugin's crash
+        if failed_in is None:
+            raise
+        print(
+            f"error: {failed_in} raised {type(exc).__name__}: {exc} (a bug in it, or in the "
+            "model; the run is marked failed, and the traceback is stored in unit_failures: "
+            'aisafety query "SELECT error FROM unit_failures"; --resume computes the unit '
+            "again)",
+            file=sys.stderr,
+        )
+        return 2

@@ -1,0 +1,7 @@
+"""``python -m aisafety.cli``: the command line."""
+
+import sys
+
+from aisafety.cli import main
+
+sys.exit(main())

@@ -1,0 +1,138 @@
+"""``aisafety evaluate``: run a plan, print its table, curve and sanity checks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from aisafety.cli import common
+from aisafety.cli.common import info_printer
+from aisafety.store import DEFAULT_URL
+
+if TYPE_CHECKING:
+    from aisafety.interfaces import EvaluationPlan
+    from aisafety.store.results import ResultStore
+
+
+def add_parser(sub) -> None:
+
+    ev = sub.add_parser("evaluate", help="run an evaluation plan (default: the embedded demo)")
+    ev.add_argument("config", nargs="?", help="YAML/TOML plan; omitted = the embedded default")
+    ev.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL (default {DEFAULT_URL})")
+    ev.add_argument("--resume", action="store_true", help="skip units already in the database")
+    ev.add_argument("--quiet", action="store_true", help="no progress bars")
+    ev.add_argument("--model", help="a zoo model in place of the plan's (aisafety list models)")
+    ev.add_argument(
+        "--dataset", help="a dataset in place of the plan's, same split and limit "
+        "(aisafety list datasets)",
+    )  # fmt: skip
+    ev.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    ev.add_argument("--limit", type=int, help="evaluate on at most N samples (as dataset.sampling)")
+    ev.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    ev.add_argument(
+        "--executor", choices=["local", "ray"],
+        help="where the units run (default: the plan's executor, else local; docs/scale-out.md)",
+    )  # fmt: skip
+    ev.add_argument(
+        "--address", help="Ray cluster: auto, host:6379 or ray://host:10001 (implies --executor "
+        "ray unless given; default: a private Ray on this machine)",
+    )  # fmt: skip
+    ev.set_defaults(func=cmd_evaluate)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from aisafety.config import apply_overrides, default_plan, load_plan
+    from aisafety.execution import run_plan
+    from aisafety.plugins import failure_warnings
+    from aisafety.report.table import curve_rows, metric_rows, render
+    from aisafety.store.results import ResultStore
+
+    plan = load_plan(args.config) if args.config else default_plan()
+    plan = apply_overrides(
+        plan,
+        device=args.device,
+        limit=args.limit,
+        address=args.address,
+        executor=args.executor or ("ray" if args.address else None),
+        model=args.model,
+        dataset=args.dataset,
+    )
+    for line in failure_warnings(common.default_registry()):
+        print(line, file=sys.stderr)
+    store = ResultStore(args.db)
+    if plan.seeds:
+        return evaluate_seeds(plan, store, args)
+    record = run_plan(plan, store, resume=args.resume, quiet=args.quiet)
+    columns, rows = metric_rows(record.values)
+    say = info_printer(args.format)
+    say(f"model {model_label(plan)} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
+    print(render(columns, rows, args.format))
+    curve = curve_rows(record.values) if args.format == "table" else None
+    if curve is not None:
+        print("\nrobust accuracy against budget (eps 0: clean accuracy):")
+        print(render(*curve))
+    if record.resumed_units:
+        say(f"({record.resumed_units} finished unit(s) taken from the database)")
+    if args.format == "table":
+        print_sanity_checks(store, record.run_id)
+    return report_failures(record)
+
+
+def report_failures(record) -> int:
+    """Units that failed for good (Ray): named on stderr, exit 1, rerun with --resume."""
+    if not record.failed_units:
+        return 0
+    print(
+        f"\n{len(record.failed_units)} unit(s) failed after their retries (stored in "
+        f"unit_failures of run {record.run_id}); rerun with --resume to compute only them:",
+        file=sys.stderr,
+    )
+    for line in record.failed_units:
+        print(f"  {line}", file=sys.stderr)
+    return 1
+
+
+def model_label(plan: EvaluationPlan) -> str:
+    """The evaluated model as stored: with its input defenses and their settings."""
+    from aisafety.interfaces import defended_name
+
+    return defended_name(plan.model.name, plan.defenses)
+
+
+def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
+    """``seeds: [0, 1, 2]``: one run per seed, then each metric's mean +- std over them."""
+    from aisafety.execution import run_plan
+    from aisafety.report.table import render, seed_rows
+
+    records = [
+        # each run is the plan at one seed (a plan giving seed beside seeds is refused)
+        run_plan(plan.model_copy(update={"seed": seed, "seeds": None}), store,
+                 resume=args.resume, quiet=args.quiet)
+        for seed in plan.seeds
+    ]  # fmt: skip
+    run_ids = [r.run_id for r in records]
+    info_printer(args.format)(
+        f"model {model_label(plan)} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
+        f"{', '.join(map(str, run_ids))}, db {args.db})"
+    )
+    per_seed = [(seed, r.values) for seed, r in zip(plan.seeds, records, strict=True)]
+    columns, rows = seed_rows(per_seed)
+    print(render(columns, rows, args.format))
+    if args.format == "table":
+        for run_id in run_ids:
+            print_sanity_checks(store, run_id)
+        print(f"\nreport over the seeds: aisafety report --compare {' '.join(map(str, run_ids))}")
+    return max(report_failures(r) for r in records)
+
+
+def print_sanity_checks(store: ResultStore, run_id: int) -> None:
+    """The gradient-masking checklist of the run just stored (aisafety/sanity.py)."""
+    from aisafety.report.data import load_run
+    from aisafety.sanity import sanity_checks, summary_line
+
+    checks = sanity_checks(load_run(store, run_id))
+    if checks:
+        warned = sum(c.status == "warn" for c in checks)
+        print(f"\nsanity checks ({warned} warning(s); details: aisafety report {run_id}):")
+        print("\n".join(summary_line(c) for c in checks))
