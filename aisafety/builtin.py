@@ -114,6 +114,7 @@ from aisafety.verification.dual_network import DualNetworkVerifier
 from aisafety.verification.incomplete import INCOMPLETE
 from aisafety.verification.lipschitz import FastLipVerifier, OpNormVerifier
 from aisafety.verification.lp_full import LPFullVerifier
+from aisafety.verification.recurjac import RecurJacVerifier
 from aisafety.verification.refine_zono import RefineZonoVerifier
 from aisafety.verification.zonotope import DeepZVerifier
 
@@ -248,6 +249,7 @@ def aisafety_verifiers() -> list[type]:
         LPFullVerifier,
         OpNormVerifier,
         FastLipVerifier,
+        RecurJacVerifier,
         CompleteVerifier,
         BabVerifier,
     ]
