@@ -112,6 +112,7 @@ from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.deeppoly import DeepPolyVerifier
 from aisafety.verification.dual_network import DualNetworkVerifier
 from aisafety.verification.incomplete import INCOMPLETE
+from aisafety.verification.krelu import KReluVerifier
 from aisafety.verification.lipschitz import FastLipVerifier, OpNormVerifier
 from aisafety.verification.lp_full import LPFullVerifier
 from aisafety.verification.recurjac import RecurJacVerifier
@@ -247,6 +248,7 @@ def aisafety_verifiers() -> list[type]:
         DeepZVerifier,
         RefineZonoVerifier,
         LPFullVerifier,
+        KReluVerifier,
         OpNormVerifier,
         FastLipVerifier,
         RecurJacVerifier,
