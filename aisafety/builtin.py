@@ -114,9 +114,11 @@ from aisafety.verification.dual_network import DualNetworkVerifier
 from aisafety.verification.incomplete import INCOMPLETE
 from aisafety.verification.krelu import KReluVerifier
 from aisafety.verification.lipschitz import FastLipVerifier, OpNormVerifier
+from aisafety.verification.lmi import LmiVerifier
 from aisafety.verification.lp_full import LPFullVerifier
 from aisafety.verification.recurjac import RecurJacVerifier
 from aisafety.verification.refine_zono import RefineZonoVerifier
+from aisafety.verification.sdp import SdpVerifier
 from aisafety.verification.zonotope import DeepZVerifier
 
 
@@ -252,6 +254,8 @@ def aisafety_verifiers() -> list[type]:
         OpNormVerifier,
         FastLipVerifier,
         RecurJacVerifier,
+        SdpVerifier,
+        LmiVerifier,
         CompleteVerifier,
         BabVerifier,
     ]

@@ -25,6 +25,7 @@ import torch
 
 from aisafety.verification import bounds as b
 from aisafety.verification.base import Verifier
+from aisafety.verification.dense import affine_segments
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.lipschitz import SEQUENTIAL_KINDS, centre_rows
 from aisafety.verification.property import Property
@@ -50,27 +51,11 @@ class RecurJacVerifier(Verifier):
         return value - (bound * radius.unsqueeze(1)).flatten(2).sum(2), None
 
 
-def segments(graph: BoundGraph) -> tuple[list[torch.Tensor], list[int]]:
-    """The dense matrices M_1..M_L of the affine segments between activations (the last
-    one ends at the output), and the activation ops' indices."""
-    cuts = [i for i, op in enumerate(graph.ops) if op.kind == "activation"]
-    ends = [graph.ops[i].inputs[0] for i in cuts] + [len(graph.ops) - 1]
-    starts = [0] + cuts
-    matrices = []
-    for start, end in zip(starts, ends, strict=True):
-        shape = graph.ops[end].out_shape
-        n = int(torch.Size(shape).numel())
-        back = torch.eye(n, dtype=graph.dtype).reshape(1, n, *shape)
-        for op in reversed(graph.ops[start + 1 : end + 1]):
-            (back,), _ = op.backward(back, None)
-        matrices.append(back.reshape(n, -1))
-    return matrices, cuts
-
-
 def recurjac_bound(graph: BoundGraph, prop: Property) -> torch.Tensor:
     """G >= |d row / d x| elementwise on the box, (B, K, *input); one sample at a time
     (the functionals of a level are (K, inputs, neurons) per sample)."""
-    matrices, cuts = segments(graph)
+    maps, cuts = affine_segments(graph)
+    matrices = [m for m, _ in maps]
     if not cuts:  # affine: the gradient is the row itself
         grad = prop.spec.to(graph.dtype).flatten(2) @ matrices[0]
         return grad.abs().reshape(*grad.shape[:2], *graph.input_shape)
