@@ -45,6 +45,13 @@ class RecurJacVerifier(Verifier):
         super().check(graph)
         graph.require_sequential(self.name)
 
+    def peak_bytes(self, graph: BoundGraph, batch: int, rows: int) -> int:
+        """One sample at a time: a level's functionals, (rows, inputs, widest layer) in
+        float64, with the four corners and the pushed-up copy beside them."""
+        widest = max(int(torch.Size(op.out_shape).numel()) for op in graph.ops)
+        inputs = int(torch.Size(graph.input_shape).numel())
+        return 8 * 8 * rows * inputs * widest + super().peak_bytes(graph, 1, rows)
+
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         value, radius = centre_rows(graph, prop)
         bound = recurjac_bound(graph, prop)
