@@ -89,3 +89,17 @@ def test_on_the_diamond_the_two_relu_hull_is_exact_and_the_triangle_lp_is_not():
     assert float(lp_full) == pytest.approx(-0.5, abs=1e-4)  # 2.5 - 3
     verdicts = make_verifier(default_registry(), "k-relu", {"k": 2}).verify(graph, prop).verdicts
     assert verdicts[0].value == "certified"
+
+
+def test_the_lp_time_limit_on_the_cpu_clock_is_only_a_backstop():
+    """HiGHS counts wall seconds: on a loaded machine a limit equal to the CPU seconds left
+    stopped LPs early and loosened LP-Full and K-ReLU silently (sok-fcnn-b-adv1, load 18:
+    K-ReLU 0.14 below LP-Full on a row). On the CPU clock the wall limit is 10x."""
+    import time
+
+    from aisafety.verification.deadline import CLOCKS, WALL_BACKSTOP, Deadline
+
+    wall = Deadline(time.perf_counter() + 5.0, CLOCKS["wall"])
+    cpu = Deadline(time.process_time() + 5.0, CLOCKS["cpu"])
+    assert wall.wall_seconds() == pytest.approx(5.0, abs=0.5)
+    assert cpu.wall_seconds() == pytest.approx(5.0 * WALL_BACKSTOP, abs=5.0)
