@@ -6,6 +6,7 @@ sample (``--check``).
     python bench/sok_verifiers.py --models sok-fcnn-b-adv1 --verifiers recurjac fastlip \\
         [--eps 0.02 0.1 0.3] [--limit 100] [--timeout 60] [--out bench/sok_verifiers.jsonl]
     python bench/sok_verifiers.py --check bench/sok_verifiers.jsonl
+    python bench/sok_verifiers.py --table bench/sok_verifiers.jsonl  # the docs' rows
 
 Each model runs in a fresh process with one thread, its verifiers in the order given (the
 peak resident size printed after a cell is the process's so far: list cheap verifiers
@@ -126,6 +127,28 @@ def check(path: Path) -> int:
     return bad
 
 
+def table(paths: list[Path]) -> None:
+    """The cells as the docs' Markdown rows: certified (falsified / unknown / timeout) per
+    eps, CPU seconds over the eps, the process's peak MiB after the last."""
+    rows: dict[tuple, dict] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            cell = json.loads(line)
+            rows.setdefault((cell["model"], cell["verifier"]), {})[cell["eps"]] = cell
+    for (model, verifier), cells in rows.items():
+        shown, cpu, peak = [], 0.0, 0.0
+        for eps in sorted(cells):
+            cell = cells[eps]
+            if "refused" in cell:
+                shown.append("refused")
+                continue
+            n = cell["n"]
+            shown.append(f"{100 * cell['certified'] / n:.0f}% ({cell['falsified']} / "
+                         f"{cell['unknown']} / {cell['timeout']})")  # fmt: skip
+            cpu, peak = cpu + cell["cpu_s"], max(peak, cell["peak_mib"])
+        print(f"| {model} | {verifier} | {' | '.join(shown)} | {cpu:.1f} | {peak:.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs="+", metavar="MODEL VERIFIER")
@@ -136,7 +159,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--out", type=Path, default=Path("bench/sok_verifiers.jsonl"))
     parser.add_argument("--check", type=Path)
+    parser.add_argument("--table", nargs="+", type=Path)
     args = parser.parse_args()
+    if args.table:
+        table(args.table)
+        return
     if args.check:
         sys.exit(1 if check(args.check) else 0)
     if args.child:
