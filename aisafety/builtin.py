@@ -111,9 +111,13 @@ from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.deeppoly import DeepPolyVerifier
 from aisafety.verification.dual_network import DualNetworkVerifier
 from aisafety.verification.incomplete import INCOMPLETE
+from aisafety.verification.krelu import KReluVerifier
 from aisafety.verification.lipschitz import FastLipVerifier, OpNormVerifier
+from aisafety.verification.lmi import LmiVerifier
 from aisafety.verification.lp_full import LPFullVerifier
+from aisafety.verification.recurjac import RecurJacVerifier
 from aisafety.verification.refine_zono import RefineZonoVerifier
+from aisafety.verification.sdp import SdpVerifier
 from aisafety.verification.zonotope import DeepZVerifier
 
 
@@ -244,8 +248,12 @@ def aisafety_verifiers() -> list[type]:
         DeepZVerifier,
         RefineZonoVerifier,
         LPFullVerifier,
+        KReluVerifier,
         OpNormVerifier,
         FastLipVerifier,
+        RecurJacVerifier,
+        SdpVerifier,
+        LmiVerifier,
         CompleteVerifier,
         BabVerifier,
     ]

@@ -1,8 +1,9 @@
 """The orderings the literature proves, row by row on small ReLU nets: CROWN <= alpha-CROWN;
-CROWN, Fast-Lin, DeepPoly, WK, CROWN-IBP <= LP-Full; Op-Norm <= FastLip; DeepZ <= RefineZono
-(by construction: it keeps DeepZ's bound where higher); every incomplete bound
-<= the exact MILP optimum. Fast-Lin <= CROWN is no theorem (both are feasible points of
-LP-Full's dual, neither dominates): it fails on a sample here, as the docs say."""
+CROWN, Fast-Lin, DeepPoly, WK, CROWN-IBP <= LP-Full <= K-ReLU; Op-Norm <= FastLip <= RecurJac;
+SDPVerify <= LMIVerify (more constraints); DeepZ <= RefineZono (by construction: it keeps
+DeepZ's bound where higher); every incomplete bound <= the exact MILP optimum. Fast-Lin <=
+CROWN is no theorem (both are feasible points of LP-Full's dual, neither dominates): it
+fails on a sample here, as the docs say."""
 
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import make_verifier
 
 INCOMPLETE = ["ibp", "crown-ibp", "fast-lin", "crown", "deeppoly", "wk", "deepz", "refinezono",
-              "alpha-crown", "lp-full", "op-norm", "fastlip"]  # fmt: skip
+              "alpha-crown", "lp-full", "op-norm", "fastlip", "recurjac", "k-relu", "sdpverify",
+              "lmiverify"]  # fmt: skip
 PROVED = [("crown", "alpha-crown"), ("ibp", "crown"), ("ibp", "crown-ibp"), ("crown", "lp-full"),
           ("fast-lin", "lp-full"), ("deeppoly", "lp-full"), ("crown-ibp", "lp-full"),
-          ("wk", "lp-full"), ("op-norm", "fastlip"), ("deepz", "refinezono")]  # fmt: skip
+          ("wk", "lp-full"), ("op-norm", "fastlip"), ("deepz", "refinezono"),
+          ("fastlip", "recurjac"), ("lp-full", "k-relu"),
+          ("sdpverify", "lmiverify")]  # fmt: skip
 SLACK = 1e-4  # LP-Full's optima are moved outwards by up to 1e-5 (1 + |v|)
 
 

@@ -27,17 +27,13 @@ from pydantic import Field
 
 from aisafety.verification import bounds as b
 from aisafety.verification.bab import BabConfig, BabVerifier
-from aisafety.verification.deadline import Deadline, OutOfTime, time_limit
+from aisafety.verification.deadline import WALL_BACKSTOP, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, replay
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.milp import decide_row, encode, minimise_row
 from aisafety.verification.property import Property
 from aisafety.verification.refine import refine_boxes
 from aisafety.verification.result import Verdict, VerificationResult
-
-# on the CPU clock, HiGHS's wall-clock limit is this many times the CPU seconds left: a
-# process at a tenth of a core still reaches its CPU deadline, which is what stops HiGHS
-WALL_BACKSTOP = 10.0
 
 
 class CompleteConfig(BabConfig):

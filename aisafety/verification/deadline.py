@@ -21,6 +21,10 @@ from dataclasses import dataclass
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
+# on the CPU clock, HiGHS's wall-clock limit is this many times the CPU seconds left: a
+# process at a tenth of a core still reaches its CPU deadline, which is what stops HiGHS
+WALL_BACKSTOP = 10.0
+
 
 class OutOfTime(Exception):
     """The instance's time limit passed during a bound, attack or search phase."""
@@ -33,6 +37,13 @@ class Deadline:
 
     def left(self) -> float:
         return self.at - self.clock()
+
+    def wall_seconds(self) -> float:
+        """A wall-clock limit for a solver that counts wall seconds (HiGHS): the seconds
+        left, times ``WALL_BACKSTOP`` on the CPU clock (under load a wall second holds less
+        than a CPU second, and a limit of the CPU seconds left would stop it early)."""
+        factor = 1.0 if self.clock is CLOCKS["wall"] else WALL_BACKSTOP
+        return max(self.left(), 0.01) * factor
 
     def passed(self) -> bool:
         return self.left() <= 0

@@ -51,7 +51,9 @@ class LinearPrograms:
         constant = float(self.enc.out_const @ output + offset)
         self.highs.changeColsCost(len(cost), self.columns, cost.astype(np.float64))
         deadline = current_deadline()
-        limit = max(deadline.left(), 0.01) if deadline is not None else highspy.kHighsInf
+        # (on the CPU clock the wall limit is a backstop: a loaded machine stopped LPs early,
+        # silently loosening bounds, measured on sok-fcnn-b-adv1 at load 18)
+        limit = deadline.wall_seconds() if deadline is not None else highspy.kHighsInf
         self.highs.setOptionValue("time_limit", float(limit))
         self.highs.run()
         check_time()

@@ -1,0 +1,99 @@
+"""SDPVerify and LMIVerify: the closed form of one unstable unit, the dual certificate's
+soundness for arbitrary multipliers, the refusal of a network too big for an SDP and of a
+missing solver; LMIVerify >= SDPVerify and both <= the exact MILP run in
+tests/test_orderings.py, below sampled values in the registry-wide contract."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from aisafety.plugins import default_registry
+from aisafety.verification import bounds as b
+from aisafety.verification.graph import VerificationError, build_graph
+from aisafety.verification.property import robustness_property
+from aisafety.verification.quadratic import build, certified_bound
+from aisafety.verification.registry import make_verifier
+
+pytest.importorskip("cvxpy")
+
+
+def one_unit(w: float, bias: float, c: float) -> nn.Module:
+    """x in [0, 1] -> a = relu(w x + bias) -> row f0 - f1 = 0.3 - c a."""
+    net = nn.Sequential(nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 2))
+    with torch.no_grad():
+        net[0].weight.fill_(w)
+        net[0].bias.fill_(bias)
+        net[2].weight.copy_(torch.tensor([[0.0], [c]]))
+        net[2].bias.copy_(torch.tensor([0.3, 0.0]))
+    return net.eval()
+
+
+@pytest.mark.parametrize("w, bias, c", [(2.0, -1.0, 1.0), (2.0, -1.0, -1.0), (-3.0, 1.0, 2.0),
+                                        (1.5, -0.5, -0.7)])  # fmt: skip
+@pytest.mark.parametrize("name", ["sdpverify", "lmiverify"])
+def test_one_unstable_unit_has_the_closed_form_optimum(name, w, bias, c):
+    """z = w x + bias on [0, 1] spans [l, u] with l < 0 < u. In the lifted set a >= 0, and
+    the 2x2 minor A >= a^2 with the bound row A <= u a gives a <= u; both ends are points
+    of the network (rank one). So the row's minimum is 0.3 - max(c * 0, c * u), exactly."""
+    net = one_unit(w, bias, c)
+    graph = build_graph(net, (1,), "one")
+    prop = robustness_property(torch.full((1, 1), 0.5), torch.tensor([0]), 0.5, 2)
+    upper = max(w * 0 + bias, w * 1 + bias)
+    closed = 0.3 - max(0.0, c * upper)
+    found = make_verifier(default_registry(), name).lower_bounds(graph, prop)[0]
+    assert float(found) == pytest.approx(closed, abs=1e-6)
+
+
+def steep(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(2.0)
+    return net.eval()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_any_multipliers_give_a_bound_below_every_sampled_value(seed):
+    """The certificate is sound for arbitrary (here random, infeasible) multipliers: its
+    eigenvalue charge makes up for them."""
+    net = steep(seed)
+    graph = build_graph(net, (4,), "steep")
+    x = torch.rand(1, 4, generator=torch.Generator().manual_seed(seed))
+    prop = robustness_property(x, net(x).argmax(1), 0.2, 3)
+    boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    for pairs in (False, True):
+        qcqp = build(graph, boxes, pairs)
+        points = prop.lower + (prop.upper - prop.lower) * torch.rand(5000, 4, dtype=torch.float64)
+        with torch.no_grad():
+            rows = prop.rows(copy.deepcopy(net).double()(points))
+        rng = np.random.default_rng(seed)
+        for k, row in enumerate(prop.spec[0].numpy()):
+            q = qcqp.objective(row)
+            for _ in range(20):
+                mu = rng.exponential(0.3, qcqp.ineq.shape[0])
+                lam = rng.normal(0, 0.3, qcqp.eq.shape[0])
+                gamma = float(rows[:, k].min()) + rng.normal(0, 1.0)
+                bound = certified_bound(qcqp, q, gamma, mu, lam)
+                assert bound <= float(rows[:, k].min()) + 1e-9
+
+
+def test_a_network_too_big_for_an_sdp_is_refused_with_its_size():
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 20), nn.ReLU(), nn.Linear(20, 10))
+    graph = build_graph(net, (1, 28, 28), "mnist-fc")
+    with pytest.raises(VerificationError, match=r"side 805 .*max_size 120.*'lp-full'"):
+        make_verifier(default_registry(), "sdpverify").check(graph)
+    make_verifier(default_registry(), "sdpverify", {"max_size": 900}).check(graph)
+
+
+def test_a_missing_solver_names_the_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cvxpy", None)  # import cvxpy raises ImportError
+    graph = build_graph(one_unit(2.0, -1.0, 1.0), (1,), "one")
+    with pytest.raises(VerificationError, match=r"'lmiverify' needs cvxpy.*aisafety\[sdp\]"):
+        make_verifier(default_registry(), "lmiverify").check(graph)
