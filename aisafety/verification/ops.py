@@ -33,7 +33,8 @@ def _row_dot(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     batched matrix-vector product for the former, with no (B, K, ...) temporary."""
     if t.dim() == a.dim():
         return _sum_tail(a * t)
-    return (a.flatten(2) @ t.flatten(1).unsqueeze(2)).squeeze(2)
+    rows, vectors = a.flatten(2), t.flatten(1)  # one gemv per sample: bmm's (n, 1) is slow
+    return torch.stack([torch.mv(rows[i], vectors[i]) for i in range(a.shape[0])])
 
 
 def split_signs(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
