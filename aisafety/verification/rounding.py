@@ -96,7 +96,7 @@ def magnitude(box: Box) -> torch.Tensor:
     return torch.maximum(box[0].abs(), box[1].abs()).double()
 
 
-CHUNK = 1 << 15  # elements of a row chunk cast to float64 at once (stays in cache)
+CHUNK = 1 << 16  # elements of a row chunk cast to float64 at once (stays in cache)
 
 
 def dots(
@@ -150,28 +150,30 @@ def exact_shift(
     lo, hi = boxes[0]
     centre = ((lo + hi) / 2).double()
     radius = torch.maximum(hi.double() - centre, centre - lo.double()) * (1 + 2.0**-50)
-    at_centre, err = dots(
-        a, _columns(wide.forward(centre)), _columns(_weighted(wide, centre, radius))
-    )
+    terms = int((a != 0).flatten(2).sum(2).max())  # zero products add nothing, exactly
+    v = _weighted(wide, centre, radius, terms)
+    at_centre, err = dots(a, _columns(wide.forward(centre)), _columns(v))
     back_centre, _ = dots(
         back[0], _columns(centre), centre.new_zeros(centre.shape[0], centre[0].numel(), 0)
     )
     return at_centre[..., 0] - back_centre[..., 0], _float64_error(err[..., 0], n)
 
 
-def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor, nonzero: int) -> torch.Tensor:
     """``v`` per sample (float64, out_shape) with ``<|a|, v>`` bounding every rounding
     error of ``exact_shift`` on an affine op: float32's ``|W| r`` times the gamma of its
-    sums, the float64 bracket's ``|W| |c| + |b|`` times three float64 gammas."""
+    sums (of at most ``nonzero`` nonzero terms, a row's nonzero coefficients), the float64
+    bracket's ``|W| |c| + |b|`` times three float64 gammas."""
     size = centre[0].numel() + int(torch.tensor(op.out_shape).prod()) + 2
     wide = 3 * gamma(size, U64)
     if op.kind == "dense":  # a @ W: sums over the n_out outputs
         w, b = op.weight.abs(), op.bias.abs()
-        return gamma(w.shape[0]) * F.linear(radius, w) + wide * F.linear(centre.abs(), w, b)
+        terms = min(w.shape[0], nonzero)
+        return gamma(terms) * F.linear(radius, w) + wide * F.linear(centre.abs(), w, b)
     if op.kind == "conv":  # conv_transpose: sums over C_out / groups * kh * kw
         w = op.weight.abs()
         b = op.bias.abs() if op.bias is not None else None
-        terms = w.shape[0] // op.groups * w.shape[2] * w.shape[3]
+        terms = min(w.shape[0] // op.groups * w.shape[2] * w.shape[3], nonzero)
         conv = lambda x, bias: F.conv2d(x, w, bias, op.stride, op.padding, op.dilation, op.groups)  # noqa: E731
         return gamma(terms) * conv(radius, None) + wide * conv(centre.abs(), b)
     if op.kind == "elementwise":  # one product per element
