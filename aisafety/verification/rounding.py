@@ -170,16 +170,25 @@ def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor, nonzero: int) 
         w, b = op.weight.abs(), op.bias.abs()
         terms = min(w.shape[0], nonzero)
         return gamma(terms) * F.linear(radius, w) + wide * F.linear(centre.abs(), w, b)
-    if op.kind == "conv":  # conv_transpose: sums over C_out / groups * kh * kw
+    if op.kind == "conv":  # conv_transpose: sums over C_out / groups * kh * kw at most
         w = op.weight.abs()
         b = op.bias.abs() if op.bias is not None else None
-        terms = min(w.shape[0] // op.groups * w.shape[2] * w.shape[3], nonzero)
+        terms = min(w.shape[0] // op.groups * _taps(op), nonzero)
         conv = lambda x, bias: F.conv2d(x, w, bias, op.stride, op.padding, op.dilation, op.groups)  # noqa: E731
         return gamma(terms) * conv(radius, None) + wide * conv(centre.abs(), b)
     if op.kind == "elementwise":  # one product per element
         scale = op.scale.abs()
         return gamma(1) * scale * radius + wide * (scale * centre.abs() + op.shift.abs())
     raise ValueError(f"no rounding bound for {op.kind} node {op.name!r}")
+
+
+def _taps(op: Op) -> int:
+    """Kernel positions that reach one input element: ceil(k / s) per axis without
+    dilation (the others fall between the strides), k with it."""
+    taps = 1
+    for k, stride, dilation in zip(op.weight.shape[2:], op.stride, op.dilation, strict=True):
+        taps *= -(-k // stride) if dilation == 1 else k
+    return taps
 
 
 def sum_error(total: torch.Tensor, box: Box) -> torch.Tensor:
