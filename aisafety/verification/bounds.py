@@ -83,7 +83,8 @@ def backward(
             slope = (slopes or {}).get(i)
             if slope is None and op.relaxation is RELU:
                 slope = relu_default_slope(*in_boxes[0], mode)
-            back, shift = op.backward(coeff, *in_boxes, lower_slope=slope)
+            # rounded: exact_shift computes the constant in float64
+            back, shift = op.backward(coeff, *in_boxes, lower_slope=slope, constant=not rounded)
         elif op.kind in LINEAR_KINDS:
             back, shift = op.backward(coeff, *in_boxes)
         else:

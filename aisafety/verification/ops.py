@@ -221,12 +221,18 @@ class Activation(Op):
         return self.fn(box[0]), self.fn(box[1])
 
     def backward(
-        self, a: torch.Tensor, box: Box, lower_slope: torch.Tensor | None = None
+        self,
+        a: torch.Tensor,
+        box: Box,
+        lower_slope: torch.Tensor | None = None,
+        constant: bool = True,
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """``lower_slope`` (alpha-CROWN) replaces the default lower line's slope."""
+        """``lower_slope`` (alpha-CROWN) replaces the default lower line's slope; without
+        ``constant`` the constant is left at zero (a caller that computes it itself)."""
         lw, lb, uw, ub = self.relaxation.lines(box[0], box[1], lower_slope)
         pos, neg = split_signs(a)
-        bias = _row_dot(pos, lb) + _row_dot(neg, ub)
+        zero = a.new_zeros(a.shape[:2])
+        bias = _row_dot(pos, lb) + _row_dot(neg, ub) if constant else zero
         lw, uw = (t if t.dim() == a.dim() else t.unsqueeze(1) for t in (lw, uw))
         return [pos * lw + neg * uw], bias
 
