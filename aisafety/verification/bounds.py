@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from aisafety.verification import budget
+from aisafety.verification import budget, rounding
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box, split_signs
@@ -64,10 +64,15 @@ def backward(
     boxes: list[Box],
     mode: str = "adaptive",
     slopes: dict[int, torch.Tensor] | None = None,
+    rounded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lower bound (B, K) of ``A node_start`` over the input box, and A's input coefficients."""
+    """Lower bound (B, K) of ``A node_start`` over the input box, and A's input coefficients.
+
+    ``rounded``: a float32 pass on float32 ``boxes`` whose bound (float64) has every
+    rounding error of the pass subtracted (``rounding.py``); callers use ``sound_backward``."""
     pending = {start: a}
-    bias = a.new_zeros(a.shape[:2])
+    bias = a.new_zeros(a.shape[:2], dtype=torch.float64 if rounded else a.dtype)
+    slack, size = bias.new_zeros(()), bias.new_zeros(())
     for i in range(start, 0, -1):
         if i not in pending:
             continue
@@ -78,18 +83,56 @@ def backward(
             slope = (slopes or {}).get(i)
             if slope is None and op.relaxation is RELU:
                 slope = relu_default_slope(*in_boxes[0], mode)
-            back, shift = op.backward(coeff, *in_boxes, lower_slope=slope)
+            # rounded: exact_shift computes the constant in float64
+            back, shift = op.backward(coeff, *in_boxes, lower_slope=slope, constant=not rounded)
         elif op.kind in LINEAR_KINDS:
             back, shift = op.backward(coeff, *in_boxes)
         else:
             raise VerificationError(
                 f"linear bounds cannot pass {op.kind} node {op.name!r} of model {graph.model!r}"
             )
+        if rounded:
+            shift, err = rounding.exact_shift(graph.wide.ops[i], coeff, back, in_boxes)
+            slack, size = slack + err, size + shift.abs()
         bias = bias + shift
         for j, c in zip(op.inputs, back, strict=True):
-            pending[j] = pending[j] + c if j in pending else c
+            if j not in pending:
+                pending[j] = c
+                continue
+            pending[j] = pending[j] + c
+            if rounded:  # the float32 addition rounds too
+                slack = slack + rounding.sum_error(pending[j], boxes[j])
     coeff = pending.get(0, a.new_zeros(*a.shape[:2], *graph.input_shape))
-    return concretize(coeff, boxes[0]) + bias, coeff
+    if not rounded:
+        return concretize(coeff, boxes[0]) + bias, coeff
+    value, err = rounding.concretise(coeff, boxes[0])
+    # the float64 sums of the bias and of the margins round too (start + 2 terms at most)
+    total = value + bias
+    sums = rounding.gamma(start + 4, rounding.U64) * (size + value.abs() + slack)
+    return total - (slack + err + sums) * (1 + 4 * rounding.U64), coeff
+
+
+def sound_backward(
+    graph: BoundGraph,
+    start: int,
+    a: torch.Tensor,
+    boxes: list[Box],
+    mode: str = "adaptive",
+    slopes: dict[int, torch.Tensor] | None = None,
+    cast: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``backward`` in float32 with its rounding margin where ``rounding.fast_graph`` allows
+    (sound, and faster), else in the graph's dtype; the bound is in the graph's dtype, the
+    coefficients too with ``cast`` (an intermediate bound does not need them)."""
+    widest = max(budget.numel(op.out_shape) for op in graph.ops[: start + 1])
+    fast = rounding.fast_graph(graph, a.shape[0] * a.shape[1] * widest)
+    if fast is None:
+        return backward(graph, start, a, boxes, mode, slopes)
+    narrow = [rounding.outward(box) for box in boxes[: start + 1]]
+    slopes32 = {i: s.float() for i, s in slopes.items()} if slopes is not None else None
+    with torch.no_grad():
+        bound, coeff = backward(fast, start, a.float(), narrow, mode, slopes32, rounded=True)
+    return bound, coeff.to(graph.dtype) if cast else coeff
 
 
 def depends_on_activation(graph: BoundGraph) -> list[bool]:
@@ -159,7 +202,7 @@ def _bound_neurons(
     del eye
     if alpha_steps > 0:
         return optimised_backward(graph, j, a, boxes, alpha_steps, 0.1)[0]
-    return backward(graph, j, a, boxes, mode)[0]
+    return sound_backward(graph, j, a, boxes, mode, cast=False)[0]
 
 
 def forward_from(graph: BoundGraph, boxes: list[Box], j: int) -> list[Box]:
@@ -192,8 +235,9 @@ def spec_lower(
     a = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
     end = len(graph.ops) - 1
     if slopes is not None:  # one slope per row: the rows go together
-        return backward(graph, end, a, boxes, mode, slopes)
-    return in_chunks(graph, end, a, False, lambda rows: backward(graph, end, rows, boxes, mode))
+        return sound_backward(graph, end, a, boxes, mode, slopes)
+    bound = lambda rows: sound_backward(graph, end, rows, boxes, mode)  # noqa: E731
+    return in_chunks(graph, end, a, False, bound)
 
 
 def optimise_slopes(
@@ -239,7 +283,7 @@ def optimised_backward(
     each row's best slopes are then bounded once more in the graph's own dtype, and that
     bound is the result: any slope in [0, 1] is sound, so the search's precision only
     decides how tight it is. CROWN's bound is kept where it is higher."""
-    best, coeff = backward(graph, start, a, boxes)
+    best, coeff = sound_backward(graph, start, a, boxes)
     best, coeff = best.detach(), coeff.detach()
     search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search.dtype
@@ -268,7 +312,7 @@ def optimised_backward(
                 alpha.clamp_(0, 1)
     slopes = {i: alpha.to(graph.dtype) for i, alpha in chosen.items()}
     with torch.no_grad():
-        bound, now = backward(graph, start, a, boxes, slopes=slopes)
+        bound, now = sound_backward(graph, start, a, boxes, slopes=slopes)
     better = bound > best
     keep = better.reshape(*better.shape, *([1] * (coeff.dim() - 2)))
     return torch.where(better, bound, best), torch.where(keep, now, coeff)

@@ -33,7 +33,8 @@ def _row_dot(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     batched matrix-vector product for the former, with no (B, K, ...) temporary."""
     if t.dim() == a.dim():
         return _sum_tail(a * t)
-    return (a.flatten(2) @ t.flatten(1).unsqueeze(2)).squeeze(2)
+    rows, vectors = a.flatten(2), t.flatten(1)  # one gemv per sample: bmm's (n, 1) is slow
+    return torch.stack([torch.mv(rows[i], vectors[i]) for i in range(a.shape[0])])
 
 
 def split_signs(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,12 +221,18 @@ class Activation(Op):
         return self.fn(box[0]), self.fn(box[1])
 
     def backward(
-        self, a: torch.Tensor, box: Box, lower_slope: torch.Tensor | None = None
+        self,
+        a: torch.Tensor,
+        box: Box,
+        lower_slope: torch.Tensor | None = None,
+        constant: bool = True,
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """``lower_slope`` (alpha-CROWN) replaces the default lower line's slope."""
+        """``lower_slope`` (alpha-CROWN) replaces the default lower line's slope; without
+        ``constant`` the constant is left at zero (a caller that computes it itself)."""
         lw, lb, uw, ub = self.relaxation.lines(box[0], box[1], lower_slope)
         pos, neg = split_signs(a)
-        bias = _row_dot(pos, lb) + _row_dot(neg, ub)
+        zero = a.new_zeros(a.shape[:2])
+        bias = _row_dot(pos, lb) + _row_dot(neg, ub) if constant else zero
         lw, uw = (t if t.dim() == a.dim() else t.unsqueeze(1) for t in (lw, uw))
         return [pos * lw + neg * uw], bias
 

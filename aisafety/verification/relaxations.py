@@ -26,6 +26,22 @@ class Relaxation:
         raise NotImplementedError
 
 
+def round_up(x: torch.Tensor) -> torch.Tensor:
+    """The smallest float32 values >= ``x`` (float64): a cast rounds to nearest."""
+    y = x.float()
+    return torch.where(y.double() < x, torch.nextafter(y, y.new_tensor(torch.inf)), y)
+
+
+def _chord_intercept(lower: torch.Tensor, upper: torch.Tensor, uw: torch.Tensor) -> torch.Tensor:
+    """A float32 intercept ``ub`` with relu(z) <= uw z + ub on [l, u] for the float32 slope
+    ``uw`` as rounded: relu - uw z is convex, so its maximum is at l or u; the products of
+    float32 numbers are exact in float64 and the one float64 subtraction is covered by
+    2^-50 relative before rounding up."""
+    lo, hi, w = lower.double(), upper.double(), uw.double()
+    need = torch.maximum(-w * lo, hi - w * hi)
+    return round_up(need + need.abs() * 2.0**-50)
+
+
 def relu_default_slope(lower: torch.Tensor, upper: torch.Tensor, mode: str) -> torch.Tensor:
     """The lower line's slope on unstable neurons: 'adaptive' (CROWN) or 'parallel' (Fast-Lin)."""
     if mode == "parallel":
@@ -41,7 +57,10 @@ class ReluRelaxation(Relaxation):
         active = (lower >= 0).to(lower.dtype)
         width = (upper - lower).clamp(min=1e-12)
         uw = torch.where(unstable, upper / width, active)
-        ub = torch.where(unstable, -uw * lower, torch.zeros_like(lower))
+        if lower.dtype == torch.float32:  # rounding could put the chord below relu
+            ub = torch.where(unstable, _chord_intercept(lower, upper, uw), 0.0)
+        else:
+            ub = torch.where(unstable, -uw * lower, torch.zeros_like(lower))
         if lower_slope is None:
             lower_slope = relu_default_slope(lower, upper, "adaptive")
         if lower_slope.dim() > lower.dim():  # one slope per output row (B, K, ...)

@@ -1,0 +1,210 @@
+"""Float32 backward passes kept sound by a rigorous bound on their rounding error.
+
+CROWN's time is its backward passes: products of the (B, K, n) coefficients with every
+layer, about twice as fast in float32 as in float64 on a CPU (and float64 convolutions take
+a slow path). A float32 pass rounds, so without care its bound could exceed the exact bound
+of the same relaxation. Each step of a pass computes sums of at most ``n`` products, and a
+computed sum differs from the exact one by at most ``gamma(n) = n u / (1 - n u)`` times the
+sum of the absolute products (Higham, *Accuracy and Stability of Numerical Algorithms*,
+2nd ed., eq. 3.5: any summation order, blocked or with FMA), u = 2^-24. So when an op maps
+the coefficients ``A`` of its output to ``A'`` on its inputs and a constant ``s``, the exact
+``A z_out`` and the computed ``A' z_in + s`` differ by at most ``gamma(n) <|A|, v>``, where
+``v = |op|(|z_in|) + |constants|`` per sample and ``|z_in|`` is bounded by the (sound) box
+of the op's input. Those margins, one dot product per op and row, are subtracted from the
+bound; docs/certification.md gives the whole argument. The pass is used only where the
+float32 copy of the graph is exact (float32 weights, the usual case) and every activation a
+ReLU, whose float32 chord is re-checked in ``relaxations.py``; the boxes stay float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+import torch.nn.functional as F
+
+from aisafety.verification.graph import BoundGraph
+from aisafety.verification.ops import Box, Op
+from aisafety.verification.relaxations import round_up
+
+U32 = 2.0**-24  # unit roundoff of float32
+U64 = 2.0**-53
+# covers every underflow (at most 2^-126 per product with flush-to-zero, 1e9 products)
+TINY = 1e-20
+FAST_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "add", "activation"}
+
+# below this many coefficient elements a pass is cheap in float64, where it is tighter
+SMALL = 1 << 16
+_MODE: ContextVar[str] = ContextVar("bound_pass_precision", default="auto")
+
+
+def gamma(n: int, u: float = U32) -> float:
+    """Higham's gamma_n: the relative error bound of a sum of ``n`` rounded products."""
+    if n * u >= 1:
+        return float("inf")
+    return n * u / (1 - n * u)
+
+
+@contextmanager
+def pass_precision(mode: str) -> Iterator[None]:
+    """Backward passes inside this block run in ``"float64"`` (the exact relaxation, for
+    comparisons and the bench), in ``"float32"`` wherever sound (tests), or ``"auto"``."""
+    token = _MODE.set(mode)
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+def fast_graph(graph: BoundGraph, elements: int) -> BoundGraph | None:
+    """The float32 copy of a float64 ``graph`` when a pass of ``elements`` coefficients is
+    worth running there (``SMALL``) and can soundly: ReLU activations, ops this module
+    bounds, and weights that float32 holds exactly."""
+    mode = _MODE.get()
+    if mode == "float64" or (mode == "auto" and elements < SMALL):
+        return None
+    if graph.dtype != torch.float64 or not graph.relu_only:
+        return None
+    if any(op.kind not in FAST_KINDS for op in graph.ops):
+        return None
+    copy = graph.in_dtype(torch.float32)
+    if not hasattr(copy, "exact"):
+        copy.exact = all(_same(a, b) for a, b in zip(graph.ops, copy.ops, strict=True))
+        copy.wide = graph
+    return copy if copy.exact else None
+
+
+def _same(wide: Op, narrow: Op) -> bool:
+    for key, value in vars(wide).items():
+        floating = isinstance(value, torch.Tensor) and value.is_floating_point()
+        if floating and not torch.equal(getattr(narrow, key).double(), value):
+            return False
+    return True
+
+
+def outward(box: Box) -> Box:
+    """A float32 box containing the float64 ``box``."""
+    lo, hi = box
+    down = -round_up(-lo)
+    return down, round_up(hi)
+
+
+def magnitude(box: Box) -> torch.Tensor:
+    """max |z| over the box, float64."""
+    return torch.maximum(box[0].abs(), box[1].abs()).double()
+
+
+CHUNK = 1 << 16  # elements of a row chunk cast to float64 at once (stays in cache)
+
+
+def dots(
+    a: torch.Tensor, signed: torch.Tensor, absolute: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``<a, signed[..., m]>`` and ``<|a|, absolute[..., m]>`` per row (B, K, m), in float64
+    (float32 products are exact there) with ``signed`` and ``absolute`` per sample (B, n, m)
+    float64; the rows go through in cache-sized chunks so the float64 copy stays small."""
+    b, k = a.shape[:2]
+    rows = a.reshape(b, k, -1)
+    step = max(1, CHUNK // rows.shape[2])
+    out_s = rows.new_empty(b, k, signed.shape[2], dtype=torch.float64)
+    out_a = rows.new_empty(b, k, absolute.shape[2], dtype=torch.float64)
+    for i in range(b):
+        for first in range(0, k, step):
+            part = rows[i, first : first + step].double()
+            out_s[i, first : first + step] = part @ signed[i]
+            if absolute.shape[2]:
+                out_a[i, first : first + step] = part.abs_() @ absolute[i]
+    return out_s, out_a
+
+
+def _columns(*vectors: torch.Tensor) -> torch.Tensor:
+    """Per-sample vectors (B, ...) as the columns (B, n, m) ``dots`` takes."""
+    return torch.stack([v.flatten(1) for v in vectors], 2)
+
+
+def _float64_error(absolute: torch.Tensor, n: int) -> torch.Tensor:
+    """Upper bound of a float64 dot's exact value from its computed one (terms >= 0)."""
+    return absolute * (1 + 2 * gamma(n, U64)) + TINY
+
+
+def exact_shift(
+    wide: Op, a: torch.Tensor, back: list[torch.Tensor], boxes: list[Box]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The constant (B, K, float64) of ``op.backward(a, *boxes)`` that makes its computed
+    float32 coefficients ``back`` valid, and its rounding margin; ``wide`` is the op with
+    its float64 weights. For an affine op with input ``h = c + d`` (``c`` the box centre,
+    ``|d| <= r``): ``a op(h) = back h + [a op(c) - back c] + (a W - back) d``, the bracket
+    computed in float64, the last term at most ``gamma(n) <|a|, |W| r>``."""
+    n = a[0, 0].numel()
+    if wide.kind in {"reshape", "add", "input"}:  # copies: exact
+        return a.new_zeros(a.shape[:2], dtype=torch.float64), a.new_zeros((), dtype=torch.float64)
+    if wide.kind == "activation":  # ReLU: lower line through 0, so only the upper's constant
+        _, _, _, ub = wide.relaxation.lines(*boxes[0])
+        ub = ub.double()
+        v = gamma(1) * magnitude(boxes[0]) + 3 * gamma(n, U64) * ub.abs()
+        signed, absolute = dots(a, _columns(ub), _columns(ub, v))
+        shift = (signed[..., 0] - absolute[..., 0]) / 2  # <min(a, 0), ub>
+        return shift, _float64_error(absolute[..., 1], n)
+    lo, hi = boxes[0]
+    centre = ((lo + hi) / 2).double()
+    radius = torch.maximum(hi.double() - centre, centre - lo.double()) * (1 + 2.0**-50)
+    terms = int((a != 0).flatten(2).sum(2).max())  # zero products add nothing, exactly
+    v = _weighted(wide, centre, radius, terms)
+    at_centre, err = dots(a, _columns(wide.forward(centre)), _columns(v))
+    back_centre, _ = dots(
+        back[0], _columns(centre), centre.new_zeros(centre.shape[0], centre[0].numel(), 0)
+    )
+    return at_centre[..., 0] - back_centre[..., 0], _float64_error(err[..., 0], n)
+
+
+def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor, nonzero: int) -> torch.Tensor:
+    """``v`` per sample (float64, out_shape) with ``<|a|, v>`` bounding every rounding
+    error of ``exact_shift`` on an affine op: float32's ``|W| r`` times the gamma of its
+    sums (of at most ``nonzero`` nonzero terms, a row's nonzero coefficients), the float64
+    bracket's ``|W| |c| + |b|`` times three float64 gammas."""
+    size = centre[0].numel() + int(torch.tensor(op.out_shape).prod()) + 2
+    wide = 3 * gamma(size, U64)
+    if op.kind == "dense":  # a @ W: sums over the n_out outputs
+        w, b = op.weight.abs(), op.bias.abs()
+        terms = min(w.shape[0], nonzero)
+        return gamma(terms) * F.linear(radius, w) + wide * F.linear(centre.abs(), w, b)
+    if op.kind == "conv":  # conv_transpose: sums over C_out / groups * kh * kw at most
+        w = op.weight.abs()
+        b = op.bias.abs() if op.bias is not None else None
+        terms = min(w.shape[0] // op.groups * _taps(op), nonzero)
+        conv = lambda x, bias: F.conv2d(x, w, bias, op.stride, op.padding, op.dilation, op.groups)  # noqa: E731
+        return gamma(terms) * conv(radius, None) + wide * conv(centre.abs(), b)
+    if op.kind == "elementwise":  # one product per element
+        scale = op.scale.abs()
+        return gamma(1) * scale * radius + wide * (scale * centre.abs() + op.shift.abs())
+    raise ValueError(f"no rounding bound for {op.kind} node {op.name!r}")
+
+
+def _taps(op: Op) -> int:
+    """Kernel positions that reach one input element: ceil(k / s) per axis without
+    dilation (the others fall between the strides), k with it."""
+    taps = 1
+    for k, stride, dilation in zip(op.weight.shape[2:], op.stride, op.dilation, strict=True):
+        taps *= -(-k // stride) if dilation == 1 else k
+    return taps
+
+
+def sum_error(total: torch.Tensor, box: Box) -> torch.Tensor:
+    """The rounding of one float32 addition of coefficients (a node read twice)."""
+    empty = box[0].new_zeros(box[0].shape[0], box[0][0].numel(), 0, dtype=torch.float64)
+    _, absolute = dots(total, empty, _columns(gamma(1) * magnitude(box)))
+    return _float64_error(absolute[..., 0], total[0, 0].numel())
+
+
+def concretise(coeff: torch.Tensor, box: Box) -> tuple[torch.Tensor, torch.Tensor]:
+    """min of ``coeff z`` over the float32 ``box``: ``coeff c - |coeff| r`` for its centre
+    ``c`` and radius ``r``, in float64, and the float64 rounding bound."""
+    lo, hi = box[0].double(), box[1].double()
+    centre = (lo + hi) / 2
+    radius = torch.maximum(hi - centre, centre - lo) * (1 + 2.0**-50)
+    signed, absolute = dots(coeff, _columns(centre), _columns(radius, centre.abs()))
+    n = coeff[0, 0].numel()
+    value = signed[..., 0] - _float64_error(absolute[..., 0], n)
+    return value, 2 * gamma(n + 2, U64) * (absolute[..., 0] + absolute[..., 1]) + TINY

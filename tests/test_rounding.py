@@ -1,0 +1,139 @@
+"""Float32 backward passes with a rounding margin (verification/rounding.py) stay sound:
+below the float64 bound of the same relaxation on cases built to round badly, below sampled
+values, and close to the float64 bound; the float32 ReLU chord stays above ReLU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from aisafety.verification import bounds as b
+from aisafety.verification import rounding
+from aisafety.verification.graph import build_graph
+from aisafety.verification.property import robustness_property
+from aisafety.verification.relaxations import RELU
+
+
+class Residual(nn.Module):
+    """conv -> relu -> conv, plus the skip: the Add node and its summed coefficients."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 3, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+
+def badly_scaled_mlp(seed: int) -> nn.Module:
+    """Large weights of both signs and a large offset: the float32 sums cancel a lot."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 64),
+                        nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))  # fmt: skip
+    with torch.no_grad():
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                layer.weight.mul_(300)
+                layer.bias.add_(1e4)
+    return net.eval()
+
+
+def conv_net(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(3, 3, 3, padding=1), Residual(), nn.ReLU(), nn.Conv2d(3, 6, 4, stride=2),
+        nn.ReLU(), nn.Flatten(), nn.Linear(6 * 1 * 1, 5),
+    ).eval()  # fmt: skip
+
+
+def case(net: nn.Module, eps: float, n: int = 6):
+    graph = build_graph(net, (3, 4, 4), "rounding-case")
+    x = torch.rand(n, 3, 4, 4, generator=torch.Generator().manual_seed(0)) * 50
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    return graph, robustness_property(x, y, eps, 5).to(torch.float64)
+
+
+def spec_bounds(graph, prop, precision: str) -> torch.Tensor:
+    with rounding.pass_precision("float64"):  # the same boxes for both passes
+        boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    with rounding.pass_precision(precision), torch.no_grad():
+        return b.spec_lower(graph, boxes, prop.spec)[0]
+
+
+def naive_float32(graph, prop) -> torch.Tensor:
+    """The same pass in float32 without margins (what float32 bound propagation does)."""
+    with rounding.pass_precision("float64"):
+        boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    narrow = graph.in_dtype(torch.float32)
+    boxes32 = [(lo.float(), hi.float()) for lo, hi in boxes]
+    spec = prop.spec.float().reshape(*prop.spec.shape[:2], *graph.ops[-1].out_shape)
+    with torch.no_grad():
+        return b.backward(narrow, len(graph.ops) - 1, spec, boxes32)[0].double()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float32_bound_is_below_the_float64_bound_of_the_same_relaxation(seed):
+    graph, prop = case(badly_scaled_mlp(seed), eps=0.5)
+    exact = spec_bounds(graph, prop, "float64")
+    rounded = spec_bounds(graph, prop, "float32")
+    assert rounding.fast_graph(graph, 1 << 20) is not None  # the float32 path really ran
+    assert (rounded <= exact).all(), float((rounded - exact).max())
+    # the case rounds badly: float32 without margins is above the float64 bound somewhere
+    assert (naive_float32(graph, prop) > exact).any()
+    # and the margin costs little: a few float32 ulps of the terms, not of the bound
+    assert (exact - rounded).max() <= 1e-3 * (1 + exact.abs().max())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_float32_passes_through_convolutions_and_residual_additions(seed):
+    graph, prop = case(conv_net(seed), eps=2.0)
+    exact = spec_bounds(graph, prop, "float64")
+    rounded = spec_bounds(graph, prop, "float32")
+    assert (rounded <= exact).all(), float((rounded - exact).max())
+    assert (exact - rounded).max() <= 1e-4 * (1 + exact.abs().max())
+
+
+@pytest.mark.parametrize("make", [badly_scaled_mlp, conv_net])
+def test_crown_in_float32_is_below_sampled_values(make):
+    net = make(3)
+    graph, prop = case(net, eps=0.5 if make is badly_scaled_mlp else 2.0)
+    with rounding.pass_precision("float32"), torch.no_grad():
+        bound = b.spec_lower(graph, b.linear_boxes(graph, prop.lower, prop.upper), prop.spec)[0]
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        u = torch.rand(prop.lower.shape, generator=gen, dtype=torch.float64)
+        corner = torch.rand(prop.lower.shape, generator=gen) < 0.5  # corners are extreme
+        point = torch.where(corner, prop.upper, prop.lower + u * (prop.upper - prop.lower))
+        with torch.no_grad():
+            values = torch.einsum("bko,bo->bk", prop.spec, graph.forward(point))
+        assert (bound <= values).all()
+
+
+def test_float32_relu_chord_stays_above_relu():
+    gen = torch.Generator().manual_seed(0)
+    scale = 10 ** torch.randint(-6, 6, (2, 100_000), generator=gen).float()
+    lower = -torch.rand(100_000, generator=gen) * scale[0] - 1e-30
+    upper = torch.rand(100_000, generator=gen) * scale[1] + 1e-30
+    _, _, uw, ub = RELU.lines(lower, upper)
+    lo, hi, w, c = lower.double(), upper.double(), uw.double(), ub.double()
+    assert (w * lo + c >= 0).all()  # float32 products are exact in float64
+    assert (w * hi + c >= hi).all()
+    naive = (-uw * lower).double()  # the chord's intercept rounded to nearest
+    assert ((w * hi + naive < hi) | (w * lo + naive < 0)).any()
+
+
+def test_fast_path_only_where_float32_is_exact_and_sound():
+    relu = build_graph(badly_scaled_mlp(0), (3, 4, 4), "relu")
+    assert rounding.fast_graph(relu, 1 << 20) is not None
+    assert rounding.fast_graph(relu, 10) is None  # small: float64 is as cheap
+    sigmoid = build_graph(nn.Sequential(nn.Flatten(), nn.Linear(48, 4), nn.Sigmoid(),
+                                        nn.Linear(4, 2)), (3, 4, 4), "sigmoid")  # fmt: skip
+    assert rounding.fast_graph(sigmoid, 1 << 20) is None
+    wide = build_graph(badly_scaled_mlp(0), (3, 4, 4), "float64 weights")
+    dense = next(op for op in wide.ops if op.kind == "dense")
+    dense.weight = dense.weight + 1e-12  # no longer float32 numbers
+    assert rounding.fast_graph(wide, 1 << 20) is None
+    with rounding.pass_precision("float64"):
+        assert rounding.fast_graph(relu, 1 << 20) is None
