@@ -25,6 +25,7 @@ from aisafety.verification.milp import minimise_row, with_splits
 from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import make_verifier
 from aisafety.verification.result import Verdict
+from aisafety.verification.split_bounds import domain_boxes, relu_nodes
 
 
 def mlp(inputs: int, seed: int, scale: float = 1.0) -> nn.Module:
@@ -80,14 +81,62 @@ def check_against_milp(graph, domains, most: int = 12) -> int:
     return checked
 
 
-def test_every_pruned_relu_split_domain_is_below_the_exact_milp_minimum():
+BRANCHING = {
+    "babsr, root boxes": {"branching": "babsr", "intermediate_bounds": False},
+    "fsb, per-domain boxes": {"branching": "fsb", "intermediate_bounds": True},
+    "babsr, per-domain boxes": {"branching": "babsr", "intermediate_bounds": True},
+}
+
+
+@pytest.mark.parametrize("options", BRANCHING.values(), ids=BRANCHING.keys())
+def test_every_pruned_relu_split_domain_is_below_the_exact_milp_minimum(options):
     net = mlp(16, 0)
     graph, prop = instances(net, (1, 4, 4), 4, 0.2)
-    domains = pruned_domains(graph, prop, {"domain_batch": 4})
+    domains = pruned_domains(graph, prop, {"domain_batch": 4, **options})
     split = [(p, b, leaves) for p, b, leaves in domains
              if any((t != 0).any() for t in leaves.splits.values())]  # fmt: skip
     assert split, "no domain needed a split: the test would check nothing"
     assert check_against_milp(graph, split) >= 8
+
+
+def test_per_domain_intermediate_boxes_hold_every_point_of_the_domain_and_are_tighter():
+    """The boxes a split domain is bounded on, re-bounded by CROWN after its splits, hold
+    the pre-activations of every sampled input that satisfies the splits, and are
+    tighter than the root's boxes with only the split neurons cut on some domain."""
+    net = mlp(16, 0)
+    graph, prop = instances(net, (1, 4, 4), 4, 0.2)
+    found = pruned_domains(graph, prop, {"domain_batch": 4})
+    relus = relu_nodes(graph)
+    points = torch.rand(20_000, 1, 4, 4, generator=torch.Generator().manual_seed(5))
+    tighter, checked = False, 0
+    for one, boxes, leaves in found:
+        split = torch.stack([(leaves.splits[i] != 0).any(1) for i in relus]).any(0)
+        d = leaves.take(torch.nonzero(split).flatten())
+        if not len(d):
+            continue
+        own = domain_boxes(graph, boxes, d, intermediate=True)
+        cut = domain_boxes(graph, boxes, d, intermediate=False)
+        x = one.lower + points.double() * (one.upper - one.lower)
+        values = [x]  # every node's value at the sampled points
+        for op in graph.ops[1:]:
+            values.append(op.forward(*(values[j] for j in op.inputs)))
+        values = [v.flatten(1) for v in values]
+        for k in range(len(d)):
+            holds = torch.ones(len(x), dtype=torch.bool)
+            for i in relus:
+                z, s = values[graph.ops[i].inputs[0]], d.splits[i][k]
+                holds &= ((z * s) >= 0).all(1)
+            for n, ((lo, hi), (clo, chi)) in enumerate(zip(own, cut, strict=True)):
+                v, lo, hi, clo, chi = (
+                    values[n][holds],
+                    *(t[k].flatten() for t in (lo, hi, clo, chi)),
+                )
+                assert (v >= lo - 1e-9).all() and (v <= hi + 1e-9).all(), (k, n)
+                assert (lo >= clo - 1e-12).all() and (hi <= chi + 1e-12).all()
+                tighter |= bool((lo > clo + 1e-9).any() or (hi < chi - 1e-9).any())
+            checked += int(holds.sum() > 0)
+    assert checked >= 4, "too few domains with sampled points: the test would check nothing"
+    assert tighter, "the per-domain boxes were never tighter than the root's"
 
 
 def test_every_pruned_input_split_domain_is_below_the_exact_milp_minimum():
