@@ -10,6 +10,9 @@ verifier that bounded first would end ``timeout``)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -238,3 +241,64 @@ def test_complete_picks_milp_for_small_mlps_and_bab_for_the_rest():
     assert verifier.engine(build_graph(wide.eval(), (1, 4, 4), "wide")) == "bab"
     forced = make_verifier(default_registry(), "complete", {"engine": "bab"})
     assert forced.engine(build_graph(tiny.eval(), (1, 4, 4), "tiny")) == "bab"
+
+
+def test_into_box_keeps_points_of_boxes_outside_minus_one_to_two_inside():
+    """Normalised inputs (a CIFAR net's box ends near -1.5 and 2.5): a float64 end that
+    float32 cannot hold is stepped over inwards, whatever its sign (it was stepped towards
+    -1 and 2, outwards past them, so every counterexample there failed to replay)."""
+    from aisafety.verification.falsify import into_box
+    from aisafety.verification.property import Property
+
+    ends = torch.tensor([[-1.4967000000000001, -1.3062, 2.5000000001, 0.3]], dtype=torch.float64)
+    lower, upper = ends - 0.25, ends
+    prop = Property(lower, upper, torch.ones(1, 1, 1), torch.zeros(1, 1))
+    for x in (upper, lower, upper + 1e-3, lower - 1e-3):
+        assert prop.inside(into_box(x, prop)).all()
+
+
+RESNET = Path(__file__).resolve().parents[2] / "shared/data/cifar10-models"
+RESNET = RESNET if RESNET.is_dir() else Path("/work/shared/data/cifar10-models")
+RESNET = RESNET / "vnncomp2021_cifar10_resnet"
+
+
+def widened_spec(spec: Path, factor: float, out: Path) -> Path:
+    """``spec`` with its input box's radius times ``factor`` (the instances are filtered so
+    that PGD breaks none; a wider box of the same real net is one it breaks)."""
+    from aisafety.verification.vnnlib import read_disjuncts
+
+    (lower, upper), _ = read_disjuncts(spec, 3 * 32 * 32, 10)
+    mid, half = (upper + lower) / 2, (upper - lower) / 2 * factor
+    head = [f"(declare-const X_{i} Real)" for i in range(len(mid))]
+    ends = zip((mid - half).tolist(), (mid + half).tolist(), strict=True)
+    head += [f"(assert (>= X_{i} {lo!r}))\n(assert (<= X_{i} {hi!r}))"
+             for i, (lo, hi) in enumerate(ends)]  # fmt: skip
+    text = spec.read_text()
+    outputs = text[text.index("; Output constraints:") :]
+    out.write_text("\n".join(head) + "\n" + re.sub(r"\(declare-const X_\d+ Real\)", "", outputs))
+    return out
+
+
+@pytest.mark.skipif(not RESNET.is_dir(), reason="needs ../shared/data/cifar10-models")
+def test_what_pgd_breaks_on_resnet_2b_is_sat_from_the_attack_first_step(tmp_path, monkeypatch):
+    """The real VNN-COMP 2021 resnet_2b, prop 1 with its box 4x as wide: ``pgd-linf``
+    breaks it (``bench/resnet_attack_first.py``), and ``verify_instance`` (what ``aisafety
+    verify`` runs) answers ``sat`` with every bound pass disabled, so the answer came from
+    the attack-first step. Before ``into_box`` stepped inwards on negative box ends, every
+    verifier's counterexample here failed to replay and ``complete`` ended ``timeout``."""
+    from aisafety.verification import base
+    from aisafety.verification.vnncomp import verify_instance
+
+    name = "resnet2b_pgd_filtered__prop_1_eps_0.008.vnnlib"
+    spec = widened_spec(RESNET / "vnnlib" / name, 4.0, tmp_path / name)
+
+    def no_bounds(*args, **kwargs):
+        raise AssertionError("a bound pass ran: the attack did not answer first")
+
+    monkeypatch.setattr(base.Verifier, "lower_bounds", no_bounds)
+    monkeypatch.setattr(AlphaCrownVerifier, "lower_bounds", no_bounds)
+    for name in ("complete", "bab", "alpha-crown"):
+        monkeypatch.setattr(type(make_verifier(default_registry(), name)), "lower_bounds",
+                            no_bounds)  # fmt: skip
+        result = verify_instance(default_registry(), RESNET / "resnet_2b.onnx", spec, name, 300)
+        assert result.status == "sat", (name, result)

@@ -23,8 +23,9 @@ def into_box(x: torch.Tensor, prop: Property) -> torch.Tensor:
     lower, upper = prop.lower.to(torch.float64), prop.upper.to(torch.float64)
     x32 = x.to(torch.float64).clamp(lower, upper).float()
     wide = x32.double()
-    x32 = torch.where(wide < lower, torch.nextafter(x32, torch.full_like(x32, 2.0)), x32)
-    x32 = torch.where(wide > upper, torch.nextafter(x32, torch.full_like(x32, -1.0)), x32)
+    # one float step up or down (towards +-inf: a box end outside [-1, 2] is no exception)
+    x32 = torch.where(wide < lower, torch.nextafter(x32, torch.full_like(x32, torch.inf)), x32)
+    x32 = torch.where(wide > upper, torch.nextafter(x32, torch.full_like(x32, -torch.inf)), x32)
     return x32
 
 
