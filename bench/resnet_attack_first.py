@@ -7,7 +7,8 @@ For every instance of ``../shared/data/cifar10-models/vnncomp2021_cifar10_resnet
 network is in ``--nets``: ``pgd-linf`` (``--steps``, the platform's attack) on the instance's
 box, then, for each instance it breaks (the point replayed through onnxruntime violates the
 property), ``aisafety verify NET SPEC --verifier V --timeout T`` in a fresh process, with
-its status, engine, wall seconds of the command and the seconds it reports itself.
+its status, engine, the command's wall and CPU seconds (Python and torch's import
+included) and the seconds it reports itself (loading the network and verifying).
 
 The box is given in the network's normalised input space, so ``pgd-linf`` runs on the map
 ``u -> net(lower + u (upper - lower))`` from the unit cube, at the cube's centre with eps 0.5:
@@ -26,6 +27,7 @@ import argparse
 import csv
 import os
 import re
+import resource
 import subprocess
 import tempfile
 import time
@@ -101,11 +103,16 @@ def verify(onnx: Path, spec: Path, verifier: str, timeout: float) -> tuple[str, 
     """``aisafety verify`` in a fresh process: status, its wall seconds, its comment line."""
     command = ["aisafety", "verify", str(onnx), str(spec), "--verifier", verifier,
                "--timeout", str(timeout)]  # fmt: skip
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), _children_cpu()
     out = subprocess.run(command, capture_output=True, text=True, timeout=timeout * 3 + 120)
-    wall = time.perf_counter() - began
+    wall, cpu = time.perf_counter() - began, _children_cpu() - cpu
     lines = out.stdout.strip().splitlines() or [f"exit {out.returncode}: {out.stderr[-200:]}"]
-    return lines[0], wall, lines[-1]
+    return lines[0], wall, f"{cpu:.1f} cpu s for the command; {lines[-1]}"
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
