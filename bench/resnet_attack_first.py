@@ -1,7 +1,7 @@
 """Attack first on the VNN-COMP 2021 CIFAR ResNets: what ``pgd-linf`` breaks, ``verify`` says sat.
 
     python bench/resnet_attack_first.py [--nets resnet_2b] [--steps 100] [--timeout 300]
-                                        [--verifier complete] [--limit 0] [--widen 1]
+                                        [--verifier complete] [--limit 0] [--widen 1] [--skip 0]
 
 For every instance of ``../shared/data/cifar10-models/vnncomp2021_cifar10_resnet`` whose
 network is in ``--nets``: ``pgd-linf`` (``--steps``, the platform's attack) on the instance's
@@ -123,11 +123,13 @@ def main() -> None:
     parser.add_argument("--verifier", default="complete")
     parser.add_argument("--limit", type=int, default=0, help="instances per net (0: all)")
     parser.add_argument("--widen", type=float, default=1.0, help="box radius factor")
+    parser.add_argument("--skip", type=int, default=0, help="start after this many instances")
     args = parser.parse_args()
     with (DATA / "instances.csv").open() as f:
         rows = [r for r in csv.reader(f) if r and any(n in r[0] for n in args.nets)]
     if args.limit:
         rows = [r for n in args.nets for r in [r for r in rows if n in r[0]][: args.limit]]
+    rows = rows[args.skip :]
     print(f"{len(rows)} instances (box radius x{args.widen:g}), pgd-linf {args.steps} steps, "
           f"{args.verifier} {args.timeout:g} s; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     folder = Path(tempfile.mkdtemp(prefix="widened-"))
