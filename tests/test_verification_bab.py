@@ -281,16 +281,21 @@ def widened_spec(spec: Path, factor: float, out: Path) -> Path:
 
 
 @pytest.mark.skipif(not RESNET.is_dir(), reason="needs ../shared/data/cifar10-models")
-def test_what_pgd_breaks_on_resnet_2b_is_sat_from_the_attack_first_step(tmp_path, monkeypatch):
-    """The real VNN-COMP 2021 resnet_2b, prop 1 with its box 4x as wide: ``pgd-linf``
+@pytest.mark.parametrize("number", [1, 26])
+def test_what_pgd_breaks_on_resnet_2b_is_sat_from_the_attack_first_step(
+    number, tmp_path, monkeypatch
+):
+    """The real VNN-COMP 2021 resnet_2b, props 1 and 26 with boxes 4x as wide: ``pgd-linf``
     breaks it (``bench/resnet_attack_first.py``), and ``verify_instance`` (what ``aisafety
     verify`` runs) answers ``sat`` with every bound pass disabled, so the answer came from
     the attack-first step. Before ``into_box`` stepped inwards on negative box ends, every
-    verifier's counterexample here failed to replay and ``complete`` ended ``timeout``."""
+    verifier's counterexample here failed to replay and ``complete`` ended ``timeout``;
+    before box-PGD's random restarts took pgd-linf's small steps and a soft minimum of the
+    rows, it missed prop 26."""
     from aisafety.verification import base
     from aisafety.verification.vnncomp import verify_instance
 
-    name = "resnet2b_pgd_filtered__prop_1_eps_0.008.vnnlib"
+    name = f"resnet2b_pgd_filtered__prop_{number}_eps_0.008.vnnlib"
     spec = widened_spec(RESNET / "vnnlib" / name, 4.0, tmp_path / name)
 
     def no_bounds(*args, **kwargs):
