@@ -11,8 +11,8 @@
    ``mnist-cnn-strided-crown-ibp`` at ``--eps``: seconds, certified fraction, and the ratio
    to one forward pass of the same images (median of interleaved pairs).
 2. ``--verifiers`` (default: complete; e.g. ``complete/milp bab``: ``/`` forces an
-   engine) side by side on every instance of ``vnncomp2021_mnistfc`` (or ``--suite eran``)
-   for ``--nets``
+   engine, ``bab:branching=babsr,intermediate_bounds=false`` sets options) side by side
+   on every instance of ``vnncomp2021_mnistfc`` (or ``--suite eran``) for ``--nets``
    (``../shared/data``; ``--per-net`` caps the instances per net), each with ``--timeout``
    seconds on ``--clock``: status (sat / unsat / timeout / unknown, with the engine
    ``complete`` picked), wall and CPU seconds. The settled count (sat + unsat) per net and
@@ -90,6 +90,20 @@ def crown_part(images: int, eps: float) -> None:
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 
+def parse_verifier(name: str) -> tuple[str, dict]:
+    """``complete/milp`` forces an engine; ``bab:branching=babsr,intermediate_bounds=0``
+    sets config fields (numbers and booleans as YAML reads them)."""
+    import yaml
+
+    name, _, options = name.partition(":")
+    verifier, _, engine = name.partition("/")
+    config = {"engine": engine} if engine else {}
+    for pair in filter(None, options.split(",")):
+        key, _, value = pair.partition("=")
+        config[key] = yaml.safe_load(value)
+    return verifier, config
+
+
 def complete_part(
     nets: list[str],
     timeout: float,
@@ -120,8 +134,8 @@ def complete_part(
     for onnx_name, spec, _ in instances:
         cells = []
         for name in verifiers:
-            verifier, _, engine = name.partition("/")  # complete/milp: that engine forced
-            config = {"clock": clock, **({"engine": engine} if engine else {})}
+            verifier, config = parse_verifier(name)
+            config = {"clock": clock, **config}
             wall, cpu = time.perf_counter(), time.process_time()
             result = verify_instance(default_registry(), folder / onnx_name, folder / spec,
                                      verifier, timeout, config)  # fmt: skip

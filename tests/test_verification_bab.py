@@ -10,6 +10,9 @@ verifier that bounded first would end ``timeout``)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -25,6 +28,7 @@ from aisafety.verification.milp import minimise_row, with_splits
 from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import make_verifier
 from aisafety.verification.result import Verdict
+from aisafety.verification.split_bounds import domain_boxes, relu_nodes
 
 
 def mlp(inputs: int, seed: int, scale: float = 1.0) -> nn.Module:
@@ -80,14 +84,63 @@ def check_against_milp(graph, domains, most: int = 12) -> int:
     return checked
 
 
-def test_every_pruned_relu_split_domain_is_below_the_exact_milp_minimum():
+BRANCHING = [  # the default, both options together, and (slow) the intermediate one alone
+    pytest.param({"branching": "babsr", "intermediate_bounds": False}, id="babsr, root boxes"),
+    pytest.param({"branching": "fsb", "intermediate_bounds": True}, id="fsb, per-domain boxes"),
+    pytest.param({"branching": "babsr", "intermediate_bounds": True},
+                 id="babsr, per-domain boxes", marks=pytest.mark.slow),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("options", BRANCHING)
+def test_every_pruned_relu_split_domain_is_below_the_exact_milp_minimum(options):
     net = mlp(16, 0)
     graph, prop = instances(net, (1, 4, 4), 4, 0.2)
-    domains = pruned_domains(graph, prop, {"domain_batch": 4})
+    domains = pruned_domains(graph, prop, {"domain_batch": 4, **options})
     split = [(p, b, leaves) for p, b, leaves in domains
              if any((t != 0).any() for t in leaves.splits.values())]  # fmt: skip
     assert split, "no domain needed a split: the test would check nothing"
     assert check_against_milp(graph, split) >= 8
+
+
+def test_per_domain_intermediate_boxes_hold_every_point_of_the_domain_and_are_tighter():
+    """The boxes a split domain is bounded on, re-bounded by CROWN after its splits, hold
+    the pre-activations of every sampled input that satisfies the splits, and are
+    tighter than the root's boxes with only the split neurons cut on some domain."""
+    net = mlp(16, 0)
+    graph, prop = instances(net, (1, 4, 4), 4, 0.2)
+    found = pruned_domains(graph, prop, {"domain_batch": 4})
+    relus = relu_nodes(graph)
+    points = torch.rand(20_000, 1, 4, 4, generator=torch.Generator().manual_seed(5))
+    tighter, checked = False, 0
+    for one, boxes, leaves in found:
+        split = torch.stack([(leaves.splits[i] != 0).any(1) for i in relus]).any(0)
+        d = leaves.take(torch.nonzero(split).flatten())
+        if not len(d):
+            continue
+        own = domain_boxes(graph, boxes, d, intermediate=True)
+        cut = domain_boxes(graph, boxes, d, intermediate=False)
+        x = one.lower + points.double() * (one.upper - one.lower)
+        values = [x]  # every node's value at the sampled points
+        for op in graph.ops[1:]:
+            values.append(op.forward(*(values[j] for j in op.inputs)))
+        values = [v.flatten(1) for v in values]
+        for k in range(len(d)):
+            holds = torch.ones(len(x), dtype=torch.bool)
+            for i in relus:
+                z, s = values[graph.ops[i].inputs[0]], d.splits[i][k]
+                holds &= ((z * s) >= 0).all(1)
+            for n, ((lo, hi), (clo, chi)) in enumerate(zip(own, cut, strict=True)):
+                v, lo, hi, clo, chi = (
+                    values[n][holds],
+                    *(t[k].flatten() for t in (lo, hi, clo, chi)),
+                )
+                assert (v >= lo - 1e-9).all() and (v <= hi + 1e-9).all(), (k, n)
+                assert (lo >= clo - 1e-12).all() and (hi <= chi + 1e-12).all()
+                tighter |= bool((lo > clo + 1e-9).any() or (hi < chi - 1e-9).any())
+            checked += int(holds.sum() > 0)
+    assert checked >= 4, "too few domains with sampled points: the test would check nothing"
+    assert tighter, "the per-domain boxes were never tighter than the root's"
 
 
 def test_every_pruned_input_split_domain_is_below_the_exact_milp_minimum():
@@ -189,3 +242,69 @@ def test_complete_picks_milp_for_small_mlps_and_bab_for_the_rest():
     assert verifier.engine(build_graph(wide.eval(), (1, 4, 4), "wide")) == "bab"
     forced = make_verifier(default_registry(), "complete", {"engine": "bab"})
     assert forced.engine(build_graph(tiny.eval(), (1, 4, 4), "tiny")) == "bab"
+
+
+def test_into_box_keeps_points_of_boxes_outside_minus_one_to_two_inside():
+    """Normalised inputs (a CIFAR net's box ends near -1.5 and 2.5): a float64 end that
+    float32 cannot hold is stepped over inwards, whatever its sign (it was stepped towards
+    -1 and 2, outwards past them, so every counterexample there failed to replay)."""
+    from aisafety.verification.falsify import into_box
+    from aisafety.verification.property import Property
+
+    ends = torch.tensor([[-1.4967000000000001, -1.3062, 2.5000000001, 0.3]], dtype=torch.float64)
+    lower, upper = ends - 0.25, ends
+    prop = Property(lower, upper, torch.ones(1, 1, 1), torch.zeros(1, 1))
+    for x in (upper, lower, upper + 1e-3, lower - 1e-3):
+        assert prop.inside(into_box(x, prop)).all()
+
+
+RESNET = Path(__file__).resolve().parents[2] / "shared/data/cifar10-models"
+RESNET = RESNET if RESNET.is_dir() else Path("/work/shared/data/cifar10-models")
+RESNET = RESNET / "vnncomp2021_cifar10_resnet"
+
+
+def widened_spec(spec: Path, factor: float, out: Path) -> Path:
+    """``spec`` with its input box's radius times ``factor`` (the instances are filtered so
+    that PGD breaks none; a wider box of the same real net is one it breaks)."""
+    from aisafety.verification.vnnlib import read_disjuncts
+
+    (lower, upper), _ = read_disjuncts(spec, 3 * 32 * 32, 10)
+    mid, half = (upper + lower) / 2, (upper - lower) / 2 * factor
+    head = [f"(declare-const X_{i} Real)" for i in range(len(mid))]
+    ends = zip((mid - half).tolist(), (mid + half).tolist(), strict=True)
+    head += [f"(assert (>= X_{i} {lo!r}))\n(assert (<= X_{i} {hi!r}))"
+             for i, (lo, hi) in enumerate(ends)]  # fmt: skip
+    text = spec.read_text()
+    outputs = text[text.index("; Output constraints:") :]
+    out.write_text("\n".join(head) + "\n" + re.sub(r"\(declare-const X_\d+ Real\)", "", outputs))
+    return out
+
+
+@pytest.mark.skipif(not RESNET.is_dir(), reason="needs ../shared/data/cifar10-models")
+@pytest.mark.parametrize("number", [1, 26])
+def test_what_pgd_breaks_on_resnet_2b_is_sat_from_the_attack_first_step(
+    number, tmp_path, monkeypatch
+):
+    """The real VNN-COMP 2021 resnet_2b, props 1 and 26 with boxes 4x as wide: ``pgd-linf``
+    breaks it (``bench/resnet_attack_first.py``), and ``verify_instance`` (what ``aisafety
+    verify`` runs) answers ``sat`` with every bound pass disabled, so the answer came from
+    the attack-first step. Before ``into_box`` stepped inwards on negative box ends, every
+    verifier's counterexample here failed to replay and ``complete`` ended ``timeout``;
+    before box-PGD's random restarts took pgd-linf's small steps and a soft minimum of the
+    rows, it missed prop 26."""
+    from aisafety.verification import base
+    from aisafety.verification.vnncomp import verify_instance
+
+    name = f"resnet2b_pgd_filtered__prop_{number}_eps_0.008.vnnlib"
+    spec = widened_spec(RESNET / "vnnlib" / name, 4.0, tmp_path / name)
+
+    def no_bounds(*args, **kwargs):
+        raise AssertionError("a bound pass ran: the attack did not answer first")
+
+    monkeypatch.setattr(base.Verifier, "lower_bounds", no_bounds)
+    monkeypatch.setattr(AlphaCrownVerifier, "lower_bounds", no_bounds)
+    for name in ("complete", "bab", "alpha-crown"):
+        monkeypatch.setattr(type(make_verifier(default_registry(), name)), "lower_bounds",
+                            no_bounds)  # fmt: skip
+        result = verify_instance(default_registry(), RESNET / "resnet_2b.onnx", spec, name, 300)
+        assert result.status == "sat", (name, result)

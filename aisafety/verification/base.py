@@ -88,7 +88,12 @@ class Verifier(ABC):
         """Box-PGD on every sample: (broken (B,), the lowest points (B, *in))."""
         steps, restarts = self.config.attack_steps, self.config.attack_restarts
         point = pgd_on_rows(
-            lambda x: graph.forward(x.to(graph.dtype)), prop, steps, restarts, corners=True
+            lambda x: graph.forward(x.to(graph.dtype)),
+            prop,
+            steps,
+            restarts,
+            corners=True,
+            fine=True,
         )
         return replay(model, prop, point), point
 

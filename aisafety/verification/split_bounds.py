@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from aisafety.verification.bounds import SEARCH_DTYPE, concretize, forward_from, linear_boxes
+from aisafety.verification.bounds import _tighten as tighten  # CROWN on one node's box
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.ops import Box
@@ -80,11 +81,18 @@ def relu_nodes(graph: BoundGraph) -> list[int]:
 
 
 def domain_boxes(
-    graph: BoundGraph, root: list[Box], domains: Domains, input_split: bool = False
+    graph: BoundGraph,
+    root: list[Box],
+    domains: Domains,
+    input_split: bool = False,
+    intermediate: bool = False,
 ) -> list[Box]:
-    """The root boxes (batch of one) per domain, split neurons cut to their half, IBP
-    re-run after each cut and intersected. With ``input_split`` each domain's own input
-    box gets its own CROWN boxes, intersected with the root's."""
+    """The root boxes (a batch of one, or one per domain) per domain, split neurons cut to
+    their half, IBP re-run after each cut and intersected. With ``input_split`` each
+    domain's own input box gets its own CROWN boxes, intersected with the root's. With
+    ``intermediate`` the input box of every ReLU layer after the first split one is
+    bounded again by CROWN per domain, on the cut boxes before it (beta-CROWN's
+    per-domain intermediate bounds): a split makes the layers after it tighter."""
     d = len(domains)
     boxes = [(lo.expand(d, *lo.shape[1:]), hi.expand(d, *hi.shape[1:])) for lo, hi in root]
     if input_split:
@@ -92,10 +100,14 @@ def domain_boxes(
         boxes = [(torch.maximum(a, c), torch.minimum(b, e))
                  for (a, b), (c, e) in zip(boxes, own, strict=True)]  # fmt: skip
         boxes[0] = (domains.lower, domains.upper)
+    split_before = False
     for i in relu_nodes(graph):
         j = graph.ops[i].inputs[0]
+        if intermediate and split_before:
+            boxes[j] = tighten(graph, j, boxes, "adaptive", True)
         lo, hi = boxes[j]
         s = domains.splits[i].reshape(lo.shape)
+        split_before = split_before or bool((s != 0).any())
         lo = torch.where(s > 0, lo.clamp(min=0), lo)
         boxes[j] = (lo, torch.where(s < 0, hi.clamp(max=0), hi))
         boxes = forward_from(graph, boxes, j)
@@ -152,10 +164,11 @@ def bound_domains(
     steps: int,
     lr: float,
     input_split: bool = False,
+    intermediate: bool = False,
 ) -> tuple[Domains, torch.Tensor, dict[int, torch.Tensor], list[Box]]:
     """``domains`` with their bound (and best alpha, beta) after ``steps`` of Adam; their
     input coefficients, the coefficients at the ReLU outputs and their boxes."""
-    boxes = domain_boxes(graph, root, domains, input_split)
+    boxes = domain_boxes(graph, root, domains, input_split, intermediate)
     search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search.dtype
     s_boxes = [(lo.to(cast), hi.to(cast)) for lo, hi in boxes]
@@ -191,6 +204,22 @@ def bound_domains(
     done = Domains(domains.spec, domains.offset, domains.row, domains.lower, domains.upper,
                    domains.splits, chosen_a, chosen_b, bound)  # fmt: skip
     return done, coeff, at_relu, boxes
+
+
+def cheap_bounds(graph: BoundGraph, boxes: list[Box], domains: Domains) -> torch.Tensor:
+    """One beta-CROWN pass (D,) in the search dtype with the domains' own alpha and beta,
+    on ``boxes`` (one per domain) cut to their splits: FSB's estimate of a split, used
+    to choose a branch, never to prune."""
+    search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
+    cast = search.dtype
+    cut = domain_boxes(graph, boxes, domains)
+    cut = [(lo.to(cast), hi.to(cast)) for lo, hi in cut]
+    mine = Domains(domains.spec.to(cast), domains.offset.to(cast), domains.row, *cut[0],
+                   domains.splits, {}, {}, domains.bound)  # fmt: skip
+    alpha = {i: t.to(cast) for i, t in domains.alpha.items()}
+    beta = {i: t.to(cast) for i, t in domains.beta.items()}
+    with torch.no_grad():
+        return split_backward(search, mine, cut, alpha, beta)[0]
 
 
 def root_domains(
