@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.config_base",
             "aisafety.version",
             "aisafety.memory",
+            "aisafety.memory_budget",  # the memory budget every capability chunks under
             "aisafety.randomness",
             "aisafety.files",  # files from outside, checked by stat before they are read
         ),
