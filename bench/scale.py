@@ -174,27 +174,38 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--linear", type=int, nargs=2, default=(64, 1024))
     parser.add_argument("--quick", action="store_true", help="8 images, 1 round, 8 vs 32")
+    parser.add_argument("--only", choices=("ratios", "linearity"), help="one of the two parts")
     args = parser.parse_args()
     if args.quick:
         args.images, args.rounds, args.linear = 8, 1, (8, 32)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(f"CPU: {cpu_model()}; threads {torch.get_num_threads()}; "
           f"load before: {os.getloadavg()[0]:.1f}")  # fmt: skip
+    if args.only != "linearity":
+        print_ratios(args.images, args.rounds)
+    if args.only != "ratios":
+        print_linearity(*args.linear, args.rounds)
+    print(f"\nload after: {os.getloadavg()[0]:.1f}")
+
+
+def print_ratios(images: int, rounds: int) -> None:
     columns = [f"{name} {side}" for name, side in SHAPES]
     results = []
     for name, side in SHAPES:
-        results.append(ratios(name, side, args.images, args.rounds))
+        results.append(ratios(name, side, images, rounds))
         print(f"{name} {side}:", {k: f"{t:.2f}x/{m:.2f}x" for k, (t, m) in results[-1].items()},
               flush=True)  # fmt: skip
     keys = list(results[0])
-    print(f"\n{args.images} images, {args.rounds} rounds; time / memory as ratios to fwd+bwd")
+    print(f"\n{images} images, {rounds} rounds; time / memory as ratios to fwd+bwd")
     print("| capability | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
     for key in keys:
         cells = [f"{r[key][0]:.2f}x / {r[key][1]:.2f}x" if key in r else "not run" for r in results]
         print(f"| {key} | " + " | ".join(cells) + " |")
-    small, large = args.linear
-    lin = linearity(small, large, args.rounds)
+
+
+def print_linearity(small: int, large: int, rounds: int) -> None:
+    lin = linearity(small, large, rounds)
     print(
         f"\nlinearity at 1x28x28: seconds per image on {large} images / on {small} (target 0.9-1.1)"
     )
@@ -202,7 +213,6 @@ def main() -> None:
     print("|---|---|---|")
     for key, value in lin.items():
         print(f"| {key} | {value:.2f} | {'yes' if 0.9 <= value <= 1.1 else 'no'} |")
-    print(f"\nload after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
