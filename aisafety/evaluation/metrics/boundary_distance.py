@@ -218,6 +218,7 @@ class EmpiricalBoundaryDistance2(CleanMetric):
         parts = [
             steps_to_boundary(ctx.predictor, ctx.x[part], ctx.y[part], cfg.step_size, cfg.max_steps)
             for part in index.split(CHUNK)
+            if len(part)  # an empty index splits into one empty part
         ]
         if not parts:
             return [self.value(math.nan, 0)]
