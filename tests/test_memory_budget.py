@@ -189,3 +189,16 @@ def test_a_corruption_at_224_is_refused_with_the_chunk_that_fits_which_then_answ
     done = _run(prelude + CORRUPTION.format(chunk=fits) + FINITE)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "finite True (96, 10)" in done.stdout
+
+
+def test_the_plans_memory_gib_is_the_budget_of_every_unit(tmp_path):
+    """``limits.memory_gib`` sets the budget inside the runner's units: a budget of 1 KiB
+    refuses the attack before any work, naming it, instead of running. (The clean logits
+    are computed before the units, under the default budget.)"""
+    import aisafety
+
+    plan = {"dataset": {"name": "mnist-embedded", "limit": 4}, "metrics": ["robust-accuracy"],
+            "attacks": [{"name": "fgsm", "eps": [0.1]}],
+            "limits": {"memory_gib": 1 / (1 << 20)}}  # fmt: skip
+    with pytest.raises(MemoryBudgetError, match="attack 'fgsm' on model .* budget of 0.000977 MiB"):
+        aisafety.evaluate(plan, db=f"sqlite:///{tmp_path / 'budget.db'}")
