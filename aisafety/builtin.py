@@ -41,6 +41,7 @@ from aisafety.database.datasets.cifar10 import Cifar10Dataset
 from aisafety.database.datasets.embedded import EmbeddedCifar10, EmbeddedMnist
 from aisafety.database.datasets.idx import FashionMnistDataset, MnistDataset
 from aisafety.database.datasets.image_folder import ImageFolderDataset
+from aisafety.database.datasets.labelled_files import LabelledFilesDataset
 from aisafety.database.datasets.npz import NpzDataset
 from aisafety.database.datasets.svhn import SvhnDataset
 from aisafety.defense.bit_depth import BitDepthReduction
@@ -230,6 +231,7 @@ def aisafety_datasets() -> list[type]:
         Cifar10Dataset,
         SvhnDataset,
         ImageFolderDataset,
+        LabelledFilesDataset,
         NpzDataset,
     ]
 

@@ -436,8 +436,11 @@ class WorkLimits(StrictModel):
     population: int = Field(default=100_000, gt=0, strict=True)
     # target classes of a targeted attack (also never more than the model's classes - 1)
     targets: int = Field(default=1_000, gt=0, strict=True)
-    # the largest tensor a setting implies (batch x copies x image), in GiB; None: the
-    # machine's memory. Refused before it is allocated, naming the setting.
+    # the memory budget in GiB: every capability chunks its work under it (attacks,
+    # smoothing, neuron outputs, bound passes) or refuses before any work, and a setting
+    # whose largest tensor (batch x copies x image) is above it is refused up front; None:
+    # half of the available memory for the budget, the machine's memory for the settings
+    # (aisafety/memory_budget.py, docs/memory.md)
     memory_gib: float | None = Field(default=None, gt=0)
     # a local model's forward pass that has not returned after this long ends its unit
     forward_seconds: float = Field(default=3600.0, gt=0)

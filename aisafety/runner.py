@@ -45,6 +45,7 @@ from aisafety.interfaces import (
 from aisafety.limits import check_budgets, check_memory, check_targets, check_work_limits
 from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
 from aisafety.memory import reuse_freed_memory
+from aisafety.memory_budget import GIB, memory_limit
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.watch import before_exit_on_hang
@@ -461,8 +462,11 @@ class Runner:
         """Compute one unit and store it in one transaction: the same code on every executor
         (on Ray, the attack's shards may have been handed to the context already)."""
         integrity = self._integrity(prepared)
+        gib = self.plan.limits.memory_gib
         try:
-            return self._compute(prepared, unit, run_id, integrity)
+            # every capability chunks under the plan's memory budget (``memory_budget.py``)
+            with memory_limit(None if gib is None else int(gib * GIB)):
+                return self._compute(prepared, unit, run_id, integrity)
         except TamperingError:
             integrity.restore()  # the next unit computes on what a run without it would
             raise

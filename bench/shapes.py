@@ -87,15 +87,55 @@ def resnet50(num_classes: int = 1000) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+class SmallBlock(nn.Module):
+    """conv3x3-BN-ReLU-conv3x3-BN plus a (1x1-projected) shortcut, then ReLU."""
+
+    def __init__(self, fan_in: int, fan_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(fan_in, fan_out, 3, stride, 1, bias=False)
+        self.bn1, self.bn2 = nn.BatchNorm2d(fan_out), nn.BatchNorm2d(fan_out)
+        self.conv2 = nn.Conv2d(fan_out, fan_out, 3, 1, 1, bias=False)
+        same = fan_in == fan_out and stride == 1
+        self.shortcut = nn.Identity() if same else nn.Conv2d(fan_in, fan_out, 1, stride, bias=False)
+        self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
+        return self.relu2(out + self.shortcut(x))
+
+
+def small_resnet(num_classes: int = 10) -> nn.Module:
+    """Two residual blocks of width 8 and 16 on any 3-channel input size (bench/scale.py)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, 1, 1), nn.ReLU(), SmallBlock(8, 8, 1), SmallBlock(8, 16, 2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes),
+    )  # fmt: skip
+
+
+def small_cnn(num_classes: int = 10) -> nn.Module:
+    """The SoK's Conv-Small layout for 1x28x28 (two strided convolutions, one hidden layer)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 4, 2, 1), nn.ReLU(), nn.Conv2d(16, 32, 4, 2, 1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 100), nn.ReLU(), nn.Linear(100, num_classes),
+    )  # fmt: skip
+
+
 SHAPES = {
     "wrn-28-10": (wide_resnet, (3, 32, 32), 10),
     "resnet-50": (resnet50, (3, 224, 224), 1000),
+    "small-cnn": (small_cnn, (1, 28, 28), 10),
+    "small-resnet": (small_resnet, (3, 32, 32), 10),
 }
 
 
-def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[int, int, int], int]:
+def build(
+    name: str, seed: int = 0, side: int | None = None
+) -> tuple[nn.Module, tuple[int, int, int], int]:
     """The network ``name`` with seeded random weights (BatchNorm in eval mode, running
-    statistics at their initial 0/1), its input shape and class count."""
+    statistics at their initial 0/1), its input shape (``side``: another height and width,
+    for the nets that pool globally) and class count."""
     factory, shape, classes = SHAPES[name]
     torch.manual_seed(seed)
+    if side is not None:
+        shape = (shape[0], side, side)
     return factory().eval(), shape, classes

@@ -5,6 +5,7 @@ is refused before any work while one that fits answers under an address-space li
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from aisafety import memory_budget
 from aisafety.errors import MemoryBudgetError
 from aisafety.verification import bounds as b
 from aisafety.verification import budget
@@ -131,6 +133,7 @@ RESNET18 = """
 import resource, sys, torch
 sys.path.insert(0, {tests!r})
 from cifar_resnets import random_resnet
+from aisafety import memory_budget
 from aisafety.verification import budget
 from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import CrownVerifier
@@ -138,7 +141,7 @@ from aisafety.verification.property import robustness_property
 torch.set_num_threads(1)
 graph = build_graph(random_resnet(), (3, 32, 32), "resnet18")
 prop = robustness_property(torch.rand(2, 3, 32, 32), torch.tensor([3, 5]), 1 / 255, 10)
-limit = budget._vm_size() + {extra}
+limit = memory_budget._vm_size() + {extra}
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 verifier = CrownVerifier(timeout=3, clock="cpu", **{config!r})
 print("budget", verifier.memory_budget(), "estimate", verifier.peak_bytes(graph, 2, 9))
@@ -165,10 +168,11 @@ def test_crown_on_a_cifar_resnet18_answers_or_refuses_under_an_address_space_lim
 
 
 def test_the_default_budget_is_a_fraction_of_available_memory_capped_by_the_rlimit(monkeypatch):
-    monkeypatch.setattr(budget, "_meminfo", lambda key: 8 * budget.GIB)
-    monkeypatch.setattr(budget, "_vm_size", lambda: 3 * budget.GIB)
-    limits = {"now": (budget.resource.RLIM_INFINITY, budget.resource.RLIM_INFINITY)}
-    monkeypatch.setattr(budget.resource, "getrlimit", lambda kind: limits["now"])
+    # the functions live in aisafety/memory_budget.py, shared with attacks and metrics
+    monkeypatch.setattr(memory_budget, "_meminfo", lambda key: 8 * budget.GIB)
+    monkeypatch.setattr(memory_budget, "_vm_size", lambda: 3 * budget.GIB)
+    limits = {"now": (resource.RLIM_INFINITY, resource.RLIM_INFINITY)}
+    monkeypatch.setattr(memory_budget.resource, "getrlimit", lambda kind: limits["now"])
     assert budget.default_budget() == 4 * budget.GIB
     limits["now"] = (5 * budget.GIB, 5 * budget.GIB)  # 2 GiB of address space left
     assert budget.default_budget() == budget.GIB

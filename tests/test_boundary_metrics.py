@@ -129,6 +129,18 @@ def test_ebd2_counts_targeted_bim_steps_by_hand():
     assert value.details["censored"] == 1
 
 
+def test_ebd_and_ebd2_of_a_model_that_gets_every_sample_wrong_are_nan_on_0_samples():
+    """Found by tests/test_at_size.py: random weights on 2 images classify none right, and
+    ebd2 handed BIM an empty batch (an empty index splits into one empty part)."""
+    model = predictor(PixelThreshold(0.5))
+    data = LoadedDataset("wrong", torch.full((2, 1, 2, 2), 0.3), torch.ones(2, dtype=torch.long),
+                         ("a", "b"))  # fmt: skip
+    ctx = EvaluationContext(model, data, lambda s: None)
+    for metric in (EmpiricalBoundaryDistance2(), EmpiricalBoundaryDistance()):
+        value = metric.compute(ctx)[0]
+        assert math.isnan(value.value) and value.n_samples == 0
+
+
 def test_ebd2_ranks_the_adversarially_trained_model_higher(zoo_predictor, mnist_subset):
     """AISafety Table V: PGD-AT needs more BIM steps to leave the true class (15 images).
     (EBD along random directions does not rank them so on MNIST; see docs/metrics.md.)"""

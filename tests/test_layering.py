@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.config_base",
             "aisafety.version",
             "aisafety.memory",
+            "aisafety.memory_budget",  # the memory budget every capability chunks under
             "aisafety.randomness",
             "aisafety.files",  # files from outside, checked by stat before they are read
             "aisafety.command_clock",  # when the command began, for the wall time a user waits

@@ -37,14 +37,21 @@ from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import THREATS, ThreatModel, threat_model
 from aisafety.attack.work import counted
 from aisafety.config_base import PluginConfig, build_config
-from aisafety.errors import InputError, PluginError
+from aisafety.errors import InputError, MemoryBudgetError, PluginError
 from aisafety.interfaces import AttackFamily, Capability, Norm, Precision, Seed
 from aisafety.memory import reuse_freed_memory
+from aisafety.memory_budget import current_budget, fitting
+from aisafety.memory_budget import size as size_text
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.footprint import image_bytes
 
 # On CPU, chunks of 128 were the fastest or within 10 % of it in bench/attacks.py on 2 cores
 # (up to 1.2x per image over a batch of 512); on a GPU the whole batch is fastest.
 CPU_CHUNK = 128
+_ADVICE = (
+    "raise 'limits: {memory_gib: ...}' in the plan if the machine has the memory, or run "
+    "a smaller model or input size"
+)
 
 
 class AttackConfig(PluginConfig):
@@ -213,6 +220,7 @@ class Attack(ABC):
         size = chunk_size or self.config.chunk_size
         if size is None:
             size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
+        size = self._budget_chunk(predictor, min(size, max(1, len(x))))
         generator = randomness.generator(self.random_seed())
         if samples is None:
             samples = torch.arange(len(x))
@@ -246,6 +254,35 @@ class Attack(ABC):
                 )
             ]  # fmt: skip
         return parts[0] if len(parts) == 1 else AttackResult.concat(parts)
+
+    def passes_per_image(self) -> tuple[int, int]:
+        """(forward-and-backward, forward-only) model passes of one image each input holds at
+        once: the memory of one input (a query attack's population counts here)."""
+        return (1, 0) if self.requires is Capability.GRADIENTS else (0, 1)
+
+    def image_memory(self, predictor: Predictor) -> int:
+        """Estimated bytes one input of a chunk holds at the attack's peak."""
+        grad, forward = self.passes_per_image()
+        return grad * image_bytes(predictor, True) + forward * image_bytes(predictor, False)
+
+    def _budget_chunk(self, predictor: Predictor, size: int) -> int:
+        """``size``, or fewer images per chunk where that many would not fit the memory
+        budget (``memory_budget.py``); refused before any work where one image does not fit,
+        or where a smaller chunk would change the results (not ``chunk_independent``)."""
+        one = self.image_memory(predictor)
+        what = (
+            f"attack {self.name!r} on model {predictor.name!r} (one image of shape "
+            f"{tuple(predictor.input_shape)})"
+        )
+        fits = fitting(what, one, size, _ADVICE, predictor.device)
+        if fits < size and not self.chunk_independent:
+            budget = size_text(current_budget(predictor.device))
+            raise MemoryBudgetError(
+                f"{what}: a chunk of {size} images needs about {size_text(one * size)}, over "
+                f"the memory budget of {budget}, and this attack's results depend on its "
+                f"chunking; set its chunk_size: {fits} (fits), or {_ADVICE}"
+            )
+        return fits
 
     def search_predictor(self, predictor: Predictor) -> Predictor:
         """The predictor ``perturb`` searches with: ``predictor`` itself, or a view of it
@@ -304,7 +341,9 @@ class Attack(ABC):
         device = predictor.device
         x, y = x.to(device), y.to(device, torch.long)
         with torch.no_grad():
-            clean_logits = predictor.logits(x) if clean_logits is None else clean_logits.to(device)
+            if clean_logits is None:
+                clean_logits = forward(predictor, x)
+            clean_logits = clean_logits.to(device)
         return x, y, clean_logits
 
     def _final_check(
@@ -315,7 +354,7 @@ class Attack(ABC):
         misclassifies it too."""
         x_adv = project(candidate, x, eps, self.norm)
         with torch.inference_mode():
-            return x_adv, predictor.logits(x_adv)
+            return x_adv, forward(predictor, x_adv)
 
     def perturb_todo(
         self,
@@ -470,3 +509,20 @@ class Attack(ABC):
             )
         if not eps >= 0:
             raise InputError(f"attack {self.name!r}: budget eps={eps} must be >= 0")
+
+
+def forward(predictor: Predictor, x: torch.Tensor) -> torch.Tensor:
+    """Logits of a chunk, in as many passes as the memory budget needs (one, unless the
+    chunk's forward passes would not fit: an attack whose own memory is small, such as a
+    corruption, takes larger chunks than its model pass could)."""
+    per_pass = fitting(
+        f"a forward pass of model {predictor.name!r} (one image of shape "
+        f"{tuple(predictor.input_shape)})",
+        image_bytes(predictor, grad=False),
+        max(1, len(x)),
+        _ADVICE,
+        predictor.device,
+    )
+    if per_pass >= len(x):
+        return predictor.logits(x)
+    return torch.cat([predictor.logits(part) for part in x.split(per_pass)])

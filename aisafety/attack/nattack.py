@@ -82,6 +82,9 @@ class NAttack(Attack):
     Config = NAttackConfig
     skips_misclassified = True
 
+    def passes_per_image(self) -> tuple[int, int]:
+        return 0, self.config.population  # one sample's draws are evaluated together
+
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:

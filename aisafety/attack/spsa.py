@@ -72,6 +72,9 @@ class SPSA(Attack):
     Config = SPSAConfig
     skips_misclassified = True
 
+    def passes_per_image(self) -> tuple[int, int]:
+        return 0, 2 * self.config.nb_samples_per_step  # the pairs of one forward pass
+
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:

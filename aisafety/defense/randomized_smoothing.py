@@ -27,6 +27,8 @@ from pydantic import Field
 
 from aisafety.defense.base import InputDefense, RandomDefenseConfig, is_attacker_pass
 from aisafety.defense.smoothing.noise import Noise, sample_noise
+from aisafety.memory_budget import fitting
+from aisafety.prediction.footprint import image_bytes
 
 ABSTAIN = -1
 
@@ -41,7 +43,12 @@ class RandomizedSmoothingConfig(RandomDefenseConfig):
     )
     samples: int = Field(default=100, ge=1, description="noisy copies per prediction (n)")
     alpha: float = Field(default=0.001, gt=0, lt=1, description="abstention test level")
-    batch_size: int = Field(default=1024, ge=1, description="noisy images per forward pass")
+    batch_size: int = Field(
+        default=1024,
+        ge=1,
+        description="noisy images drawn at once, one forward pass (fewer per pass where the "
+        "memory budget says so; the draws stay the same)",
+    )
 
 
 @dataclass(frozen=True)
@@ -81,13 +88,31 @@ class RandomizedSmoothing(InputDefense):
         samples = self.config.samples if samples is None else samples
         counts = torch.zeros(len(x), self.num_classes, dtype=torch.long, device=self.device)
         per_pass = max(1, self.config.batch_size // len(x))
+        forward = self.forward_chunk(per_pass * len(x))
         with torch.no_grad():
             for start in range(0, samples, per_pass):
                 draws = min(per_pass, samples - start)
                 noisy = self.noisy_copies(x.detach(), draws)
-                answers = self.inner._logits(noisy).argmax(1).view(draws, len(x))
+                answers = [self.inner._logits(part).argmax(1) for part in noisy.split(forward)]
+                answers = torch.cat(answers).view(draws, len(x))
                 counts.scatter_add_(1, answers.T, torch.ones_like(answers.T))
         return counts
+
+    def forward_chunk(self, noisy: int) -> int:
+        """Noisy images per forward pass: all ``noisy`` drawn at once, or fewer where their
+        activations would not fit the memory budget (the draws, and so the votes, stay
+        those of ``batch_size``); refused before any work where one does not fit."""
+        image = 4 * math.prod(self.input_shape)
+        return fitting(
+            f"randomized smoothing of model {self.inner.name!r} ({noisy} noisy images of shape "
+            f"{tuple(self.input_shape)} drawn at once)",
+            image_bytes(self.inner, grad=False),
+            noisy,
+            "lower the defense's batch_size, or raise 'limits: {memory_gib: ...}' in the plan "
+            "if the machine has the memory",
+            self.device,
+            fixed=noisy * image,
+        )
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         counts = self.votes(x).to(torch.float32)

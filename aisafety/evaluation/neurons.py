@@ -20,7 +20,9 @@ from torch import nn
 
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError
+from aisafety.memory_budget import fitting
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.footprint import activations_bytes, image_bytes
 from aisafety.prediction.torch_module import layer_type
 
 # Outputs of these modules are what DeepGauge calls neuron outputs: after the non-linearity.
@@ -92,11 +94,28 @@ def _batches(n: int, batch_size: int) -> list[slice]:
     return [slice(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
 
 
+def _fitting_batch(predictor: Predictor, batch_size: int, copies: int) -> int:
+    """``batch_size``, or fewer images per pass where their forward passes and the layer
+    outputs the hooks hold (``copies`` inputs per image) would not fit the memory budget;
+    the values do not depend on it. Refused before any work where one image does not fit."""
+    one = copies * (image_bytes(predictor, grad=False) + activations_bytes(predictor))
+    return fitting(
+        f"the neuron outputs of model {predictor.name!r} (one image of shape "
+        f"{tuple(predictor.input_shape)}, every layer's output kept)",
+        one,
+        batch_size,
+        "watch fewer layers (the metric's 'layers'), or raise 'limits: {memory_gib: ...}' "
+        "in the plan if the machine has the memory",
+        predictor.device,
+    )
+
+
 def neuron_outputs(
     predictor: Predictor, x: torch.Tensor, layers: Sequence[str], batch_size: int
 ) -> tuple[torch.Tensor, tuple[int, ...]]:
     """(n, N) neuron values of ``layers`` for ``x`` (one forward pass) and neurons per layer."""
     parts: list[torch.Tensor] = []
+    batch_size = _fitting_batch(predictor, batch_size, copies=1)
     with torch.inference_mode():
         for b in _batches(len(x), batch_size):
             features = predictor.features(x[b].to(predictor.device), layers)
@@ -118,6 +137,7 @@ def neuron_deviation(
     Both inputs go through one forward pass per batch; the full maps are never stored.
     """
     parts: list[list[torch.Tensor]] = [[] for _ in layers]
+    batch_size = _fitting_batch(predictor, batch_size, copies=2)
     with torch.inference_mode():
         for b in _batches(len(x), batch_size):
             pair = torch.cat([x[b], x_other[b]]).to(predictor.device)

@@ -26,7 +26,7 @@ from pydantic import Field
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.memory import reuse_freed_memory
 from aisafety.verification.bounds import LINEAR_KINDS
-from aisafety.verification.budget import GIB, box_bytes, default_budget, memory_limit, refuse
+from aisafety.verification.budget import GIB, box_bytes, current_budget, memory_limit, refuse
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph
@@ -133,9 +133,10 @@ class Verifier(ABC):
         return VerificationResult.concat(parts)
 
     def memory_budget(self) -> int:
-        """Bytes the bound passes may take: ``memory_gib``, else the default fraction."""
+        """Bytes the bound passes may take: ``memory_gib``, else the enclosing budget (the
+        plan's ``limits.memory_gib``) or the default fraction of the available memory."""
         gib = self.config.memory_gib
-        return default_budget() if gib is None else int(gib * GIB)
+        return current_budget() if gib is None else int(gib * GIB)
 
     def peak_bytes(self, graph: BoundGraph, batch: int, rows: int) -> int:
         """Estimated peak of ``batch`` samples with ``rows`` spec rows at the smallest chunk

@@ -22,9 +22,30 @@ from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.inference import batched_predictions
 from aisafety.interfaces import Capability, Direction, MetricValue
+from aisafety.memory_budget import fitting
 from aisafety.prediction.base import Predictor
 
 CHUNK = 64  # samples per search chunk: 64 x m directions x one grid level per forward batch
+DIRECTION_BYTES = 3 * 8  # per direction element: the Gaussian, Q and QR's workspace, float64
+COPY_BYTES = 6 * 4  # float32 copies: directions, repeated inputs, moved, clipped, bisection
+
+
+def search_chunk(predictor: Predictor, m: int) -> int:
+    """Samples per search chunk: ``CHUNK``, or fewer where their directions (float64, with
+    QR's workspace) and moved copies would not fit the memory budget. A smaller chunk draws
+    the later samples' directions in other blocks, so where the budget binds the distance
+    is measured along other (equally random) directions."""
+    dim = math.prod(predictor.input_shape)
+    per_sample = m * dim * (DIRECTION_BYTES + COPY_BYTES)
+    return fitting(
+        f"metric 'ebd' on model {predictor.name!r} ({m} directions of one image of shape "
+        f"{tuple(predictor.input_shape)})",
+        per_sample,
+        CHUNK,
+        "lower its n_directions, or raise 'limits: {memory_gib: ...}' in the plan if the "
+        "machine has the memory",
+        predictor.device,
+    )
 
 
 def evaluated_samples(ctx: EvaluationContext, limit: int | None, seed: int) -> torch.Tensor:
@@ -131,8 +152,9 @@ class EmpiricalBoundaryDistance(CleanMetric):
         index = evaluated_samples(ctx, cfg.samples, cfg.seed)
         generator = torch.Generator().manual_seed(cfg.seed)
         distances, found = [], []
-        for start in range(0, len(index), CHUNK):
-            part = index[start : start + CHUNK]
+        chunk = search_chunk(ctx.predictor, cfg.n_directions)
+        for start in range(0, len(index), chunk):
+            part = index[start : start + chunk]
             x = ctx.x[part]
             u = random_orthonormal_directions(len(part), x[0].numel(), cfg.n_directions, generator)
             d, f = boundary_distances(
@@ -196,6 +218,7 @@ class EmpiricalBoundaryDistance2(CleanMetric):
         parts = [
             steps_to_boundary(ctx.predictor, ctx.x[part], ctx.y[part], cfg.step_size, cfg.max_steps)
             for part in index.split(CHUNK)
+            if len(part)  # an empty index splits into one empty part
         ]
         if not parts:
             return [self.value(math.nan, 0)]

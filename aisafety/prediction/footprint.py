@@ -1,0 +1,94 @@
+"""How much memory one image takes in a model pass, measured once per predictor.
+
+Attacks, noisy batches and activation statistics hold one model pass per image at a time;
+their chunk size under the memory budget (``aisafety/memory_budget.py``) comes from the
+bytes one image costs. A forward pass of one image with autograd on records every tensor
+the backward pass would keep (``saved_tensors_hooks``, whatever the model is made of):
+their sum is what a backward pass holds at its start, and the largest of them bounds each
+single activation. A forward-and-backward pass then peaks at the saved tensors (and a margin)
+plus ``GRAD_LIVE`` activation-sized gradients in flight; a forward pass without autograd at
+``FORWARD_LIVE`` activations alive at once (a residual block's input, branch and output,
+and a convolution's workspace). Both were checked against the peak resident size of real
+chunks (``tests/test_memory_budget.py``).
+
+The probe goes to the innermost model, through input-defense wrappers: a random defense's
+draws stay untouched, and its own copies are counted by the defense (randomized smoothing's
+noisy batch, ``defense/randomized_smoothing.py``). A model that is not a PyTorch
+network here (a remote model, onnxruntime) is not probed, which would spend a query: it
+costs its input's copies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from aisafety.interfaces import Capability
+from aisafety.prediction.base import Predictor
+
+GRAD_LIVE = 8  # activation-sized gradients and temporaries alive in one backward rule
+FORWARD_LIVE = 10  # activations alive at once without autograd (convolution workspace too)
+SAVED_MARGIN = 1.25  # a WRN's backward held the saved tensors and 0.25 of them again
+INPUT_COPIES = 4  # an attack's own per-image tensors: the input, its copy, gradient, step
+
+
+def innermost(predictor: Predictor) -> Predictor:
+    """The model behind input-defense wrappers (their ``inner``)."""
+    while hasattr(predictor, "inner"):
+        predictor = predictor.inner  # type: ignore[attr-defined]
+    return predictor
+
+
+def image_bytes(predictor: Predictor, grad: bool) -> int:
+    """Estimated peak bytes one image adds to a forward pass of ``predictor``, with its
+    backward pass where ``grad``; measured once per predictor (one forward pass)."""
+    model = innermost(predictor)
+    saved, largest = _probe(model)
+    input_bytes = 4 * math.prod(predictor.input_shape)
+    if grad:
+        return int(SAVED_MARGIN * saved + GRAD_LIVE * largest + INPUT_COPIES * input_bytes)
+    return FORWARD_LIVE * largest + INPUT_COPIES * input_bytes
+
+
+def activations_bytes(predictor: Predictor) -> int:
+    """Bytes of one image's activations kept at once: what autograd saves of a forward pass,
+    an upper estimate of every hidden layer's output (a ReLU saves its output)."""
+    return _probe(innermost(predictor))[0] + 4 * math.prod(predictor.input_shape)
+
+
+def _probe(model: Predictor) -> tuple[int, int]:
+    """(bytes of the tensors autograd saves, bytes of the largest one) for one image."""
+    cache = model.__dict__.setdefault("_footprint", {})
+    if "probe" not in cache:
+        cache["probe"] = _measure(model)
+    return cache["probe"]
+
+
+def _measure(model: Predictor) -> tuple[int, int]:
+    if not isinstance(getattr(model, "network", None), torch.nn.Module):
+        return 0, 0  # evaluated elsewhere (a server, onnxruntime): no query spent on it
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not isinstance(tensor, torch.nn.Parameter) and tensor.layout == torch.strided:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    grad = Capability.GRADIENTS in model.capabilities  # others may refuse a graph input
+    x = torch.full((1, *model.input_shape), 0.5, device=model.device, requires_grad=grad)
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.logits(x)
+    weights = {p.untyped_storage().data_ptr() for p in _parameters(model)}
+    sizes = [n for ptr, n in storages.items() if ptr not in weights]
+    return sum(sizes), max(sizes, default=0)
+
+
+def _parameters(model: Predictor) -> list[torch.Tensor]:
+    """The model's weights and buffers, which autograd saves but which do not grow with the
+    batch."""
+    module = getattr(model, "module", None)
+    if isinstance(module, torch.nn.Module):
+        return [*module.parameters(), *module.buffers()]
+    return []

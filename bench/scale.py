@@ -1,0 +1,219 @@
+"""Time and peak memory per capability at 28x28x1, 32x32x3 and 224x224x3, as ratios to one
+forward and backward pass of the bare model, and how time grows with the number of images.
+
+    OMP_NUM_THREADS=1 nice -n 15 python bench/scale.py [--images 64] [--rounds 3]
+                                                        [--linear 64 1024] [--quick]
+
+Small random-weight nets (``bench/shapes.py``: ``small-cnn`` at 1x28x28, ``small-resnet``
+at 3x32x32 and 3x224x224), so the whole bench runs in minutes on one CPU thread; the ratios
+say what a capability costs in model passes, which carries over to a larger net of the same
+input size. For each shape, round after round (the capabilities in turn, then again: what
+else the machine does falls on all alike), each capability runs on the same ``--images``
+random images and is timed against the forward-and-backward pass of the same batch in the
+same round, after one uncounted warm-up call; the time ratio is the paired median over
+rounds. Its peak memory is the growth
+of the peak resident size over the resident size before it (the peak is reset through
+``/proc/self/clear_refs`` first), as a ratio to the pass's own growth.
+
+Linearity (issue 32: the ratio from 64 to 1,024 images stays within 10%): at 1x28x28, each
+capability's seconds per image on 1,024 images over its seconds per image on 64, paired
+median over rounds.
+
+Capabilities: the forward pass every metric makes, FGSM, PGD-10, Square (100 queries), the
+Gaussian-noise corruption, smoothing certification (n = 20 noisy images per image), neuron
+outputs (coverage's pass), IBP, and CROWN (not at 224x224: its first intermediate bound
+has 400,000 neurons there, docs/certification.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from shapes import build  # noqa: E402
+
+from aisafety.attack.fgsm import FGSM  # noqa: E402
+from aisafety.attack.pgd import PGDLinf  # noqa: E402
+from aisafety.attack.square import SquareLinf  # noqa: E402
+from aisafety.defense.randomized_smoothing import RandomizedSmoothing  # noqa: E402
+from aisafety.defense.smoothing.certify import certify  # noqa: E402
+from aisafety.evaluation.corrupted import corrupted_predictions  # noqa: E402
+from aisafety.evaluation.inference import batched_logits  # noqa: E402
+from aisafety.evaluation.neurons import default_layers, neuron_outputs  # noqa: E402
+from aisafety.memory import reuse_freed_memory  # noqa: E402
+from aisafety.prediction.torch_module import TorchPredictor  # noqa: E402
+from aisafety.verification.graph import build_graph  # noqa: E402
+from aisafety.verification.incomplete import CrownVerifier, IBPVerifier  # noqa: E402
+from aisafety.verification.property import robustness_property  # noqa: E402
+
+EPS = 2 / 255
+SHAPES = (("small-cnn", 28), ("small-resnet", 32), ("small-resnet", 224))
+Job = Callable[[torch.Tensor, torch.Tensor], object]
+
+
+def jobs(name: str, side: int) -> dict[str, Job]:
+    """Each capability as a call on (images, labels), on one model of this shape."""
+    net, shape, classes = build(name, side=side)
+    model = TorchPredictor(net, shape, classes, name=f"{name}-{side}")
+    layers = default_layers(model)
+    graph = build_graph(net, shape, model.name, dtype=torch.float32)
+
+    def verify(verifier):
+        return lambda x, y: verifier.verify(graph, robustness_property(x, y, EPS, classes))
+
+    out: dict[str, Job] = {
+        "fwd+bwd": lambda x, y: floor(net, x, y),
+        "forward": lambda x, y: batched_logits(model, x, 128),
+        "fgsm": lambda x, y: FGSM()(model, x, y, EPS),
+        "pgd-10": lambda x, y: PGDLinf(steps=10)(model, x, y, EPS),
+        "square-100": lambda x, y: SquareLinf(queries=100)(model, x, y, EPS),
+        "gaussian_noise": lambda x, y: corrupted_predictions(model, x, "gaussian_noise", 3, 0, 128),
+        "smoothing n=20": lambda x, y: certify(
+            RandomizedSmoothing(model, batch_size=256), x, n0=10, n=20, alpha=0.001
+        ),
+        "neuron outputs": lambda x, y: neuron_outputs(model, x, layers, 128),
+        "ibp": verify(IBPVerifier()),
+    }
+    if side < 224:
+        out["crown"] = verify(CrownVerifier())
+    return out
+
+
+def floor(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One forward and backward pass with an input gradient, in chunks of 128 as the attacks."""
+    for xc, yc in zip(x.split(128), y.split(128), strict=True):
+        xg = xc.detach().requires_grad_(True)
+        torch.autograd.grad(F.cross_entropy(net(xg), yc, reduction="sum"), xg)
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def measure(job: Job, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
+    """Wall seconds and peak resident growth of one call."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak resident size (VmHWM) to the current one
+    before = _status("VmRSS")
+    started = time.perf_counter()
+    with reuse_freed_memory():
+        job(x, y)
+    return time.perf_counter() - started, max(1, _status("VmHWM") - before)
+
+
+def data(n: int, side: int, channels: int, classes: int = 10) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    return torch.rand(n, channels, side, side, generator=g), torch.randint(
+        classes, (n,), generator=g
+    )
+
+
+def ratios(name: str, side: int, n: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """Per capability: (time / fwd+bwd, peak memory / fwd+bwd's), paired over rounds."""
+    table = jobs(name, side)
+    x, y = data(n, side, 1 if side == 28 else 3)
+    times: dict[str, list[float]] = {k: [] for k in table}
+    peaks: dict[str, list[int]] = {k: [] for k in table}
+    for job in table.values():  # warm-up, not counted: first-call costs, the memory probe
+        measure(job, x[:2], y[:2])
+    for _ in range(rounds):
+        for key, job in table.items():
+            seconds, peak = measure(job, x, y)
+            times[key].append(seconds)
+            peaks[key].append(peak)
+    base_t, base_m = times["fwd+bwd"], statistics.median(peaks["fwd+bwd"])
+    return {
+        k: (
+            statistics.median(t / b for t, b in zip(times[k], base_t, strict=True)),
+            statistics.median(peaks[k]) / base_m,
+        )
+        for k in table
+    }
+
+
+def linearity(small: int, large: int, rounds: int) -> dict[str, float]:
+    """Per capability at 1x28x28: seconds per image on ``large`` over on ``small`` images."""
+    table = jobs("small-cnn", 28)
+    (xs, ys), (xl, yl) = data(small, 28, 1), data(large, 28, 1)
+    out: dict[str, list[float]] = {k: [] for k in table}
+    for job in table.values():
+        measure(job, xs[:2], ys[:2])
+    for _ in range(rounds):
+        for key, job in table.items():
+            t_small = measure(job, xs, ys)[0] / small
+            t_large = measure(job, xl, yl)[0] / large
+            out[key].append(t_large / t_small)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--linear", type=int, nargs=2, default=(64, 1024))
+    parser.add_argument("--quick", action="store_true", help="8 images, 1 round, 8 vs 32")
+    parser.add_argument("--only", choices=("ratios", "linearity"), help="one of the two parts")
+    args = parser.parse_args()
+    if args.quick:
+        args.images, args.rounds, args.linear = 8, 1, (8, 32)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    print(f"CPU: {cpu_model()}; threads {torch.get_num_threads()}; "
+          f"load before: {os.getloadavg()[0]:.1f}")  # fmt: skip
+    if args.only != "linearity":
+        print_ratios(args.images, args.rounds)
+    if args.only != "ratios":
+        print_linearity(*args.linear, args.rounds)
+    print(f"\nload after: {os.getloadavg()[0]:.1f}")
+
+
+def print_ratios(images: int, rounds: int) -> None:
+    columns = [f"{name} {side}" for name, side in SHAPES]
+    results = []
+    for name, side in SHAPES:
+        results.append(ratios(name, side, images, rounds))
+        print(f"{name} {side}:", {k: f"{t:.2f}x/{m:.2f}x" for k, (t, m) in results[-1].items()},
+              flush=True)  # fmt: skip
+    keys = list(results[0])
+    print(f"\n{images} images, {rounds} rounds; time / memory as ratios to fwd+bwd")
+    print("| capability | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for key in keys:
+        cells = [f"{r[key][0]:.2f}x / {r[key][1]:.2f}x" if key in r else "not run" for r in results]
+        print(f"| {key} | " + " | ".join(cells) + " |")
+
+
+def print_linearity(small: int, large: int, rounds: int) -> None:
+    lin = linearity(small, large, rounds)
+    print(
+        f"\nlinearity at 1x28x28: seconds per image on {large} images / on {small} (target 0.9-1.1)"
+    )
+    print("| capability | ratio | within 10% |")
+    print("|---|---|---|")
+    for key, value in lin.items():
+        print(f"| {key} | {value:.2f} | {'yes' if 0.9 <= value <= 1.1 else 'no'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The memory budget beyond the verifiers (``aisafety/memory_budget.py``): attacks,
+randomized smoothing, neuron outputs, the boundary distance and corruptions estimate their
+peak before they start, chunk under the budget with the same results, refuse with the
+estimate when one image does not fit, and answer under an address-space limit set here
+(RLIMIT_AS in a subprocess) where a raw allocator error came before."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aisafety import memory_budget
+from aisafety.attack.fgsm import FGSM
+from aisafety.attack.pgd import PGDLinf as PGD
+from aisafety.defense.randomized_smoothing import RandomizedSmoothing
+from aisafety.errors import MemoryBudgetError
+from aisafety.evaluation.metrics.boundary_distance import CHUNK, search_chunk
+from aisafety.evaluation.neurons import default_layers, neuron_outputs
+from aisafety.prediction import footprint
+from aisafety.prediction.torch_module import TorchPredictor
+
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))
+from cifar_resnets import random_resnet  # noqa: E402
+
+
+def small_model(side: int = 32) -> TorchPredictor:
+    """A small 3-channel residual net (two blocks, width 8); any input side."""
+    return TorchPredictor(random_resnet(blocks=(1, 1), width=8), (3, side, side), 10, name="res")
+
+
+def images(n: int, side: int = 32) -> torch.Tensor:
+    return torch.rand(n, 3, side, side, generator=torch.Generator().manual_seed(0))
+
+
+def test_an_attack_chunked_under_the_budget_returns_the_same_examples():
+    model, x = small_model(), images(8)
+    y = model.predict(x)
+    whole = PGD(steps=3)(model, x, y, 8 / 255, chunk_size=8)
+    per_image = PGD().image_memory(model)
+    with memory_budget.memory_limit(3 * per_image):  # three images per chunk
+        assert PGD()._budget_chunk(model, 8) == 3
+        chunked = PGD(steps=3)(model, x, y, 8 / 255, chunk_size=8)
+    assert torch.equal(whole.x_adv, chunked.x_adv) and torch.equal(whole.steps, chunked.steps)
+
+
+def test_an_attack_over_the_budget_is_refused_before_any_work_with_the_estimate():
+    model, x = small_model(), images(2)
+    estimate = memory_budget.size(PGD().image_memory(model))
+    with memory_budget.memory_limit(1000), pytest.raises(MemoryBudgetError) as info:
+        PGD()(model, x, torch.zeros(2, dtype=torch.long), 8 / 255)
+    message = str(info.value)
+    assert "attack 'pgd-linf' on model 'res'" in message and f"about {estimate}" in message
+    assert "budget of 0.000954 MiB" in message and "memory_gib" in message
+
+
+class ChunkDependentFGSM(FGSM):
+    """An attack whose results would change with its chunking (a plugin's may)."""
+
+    name = "chunk-dependent-fgsm"
+    chunk_independent = False
+
+
+def test_an_attack_whose_results_depend_on_its_chunks_names_the_chunk_that_fits():
+    model, x = small_model(), images(4)
+    one = ChunkDependentFGSM().image_memory(model)
+    with memory_budget.memory_limit(2 * one), pytest.raises(MemoryBudgetError) as info:
+        ChunkDependentFGSM()(model, x, torch.zeros(4, dtype=torch.long), 0.1)
+    assert "chunk_size: 2 (fits)" in str(info.value)
+
+
+def test_smoothing_votes_are_the_same_whatever_the_budget():
+    model, x = small_model(), images(3)
+    config = {"samples": 40, "batch_size": 60, "sigma": 0.25}
+    free = RandomizedSmoothing(model, config).votes(x)
+    one = footprint.image_bytes(model, grad=False) + 4 * 3 * 32 * 32
+    with memory_budget.memory_limit(60 * 4 * 3 * 32 * 32 + 7 * one):
+        smoothed = RandomizedSmoothing(model, config)
+        assert smoothed.forward_chunk(60) == 7
+        tight = smoothed.votes(x)
+    assert torch.equal(free, tight)
+
+
+def test_neuron_outputs_are_the_same_whatever_the_budget():
+    model, x = small_model(), images(6)
+    layers = default_layers(model)
+    free, sizes = neuron_outputs(model, x, layers, batch_size=6)
+    one = footprint.image_bytes(model, False) + footprint.activations_bytes(model)
+    with memory_budget.memory_limit(2 * one):
+        tight, tight_sizes = neuron_outputs(model, x, layers, batch_size=6)
+    assert sizes == tight_sizes and torch.allclose(free, tight, atol=1e-6)
+
+
+def test_the_boundary_search_takes_fewer_samples_per_chunk_under_a_small_budget():
+    model = small_model(224)
+    with memory_budget.memory_limit(64 << 30):
+        assert search_chunk(model, 20) == CHUNK
+    with memory_budget.memory_limit(1 << 30):
+        assert 1 <= search_chunk(model, 20) < CHUNK
+    with memory_budget.memory_limit(1 << 20), pytest.raises(MemoryBudgetError) as info:
+        search_chunk(model, 20)
+    assert "metric 'ebd'" in str(info.value) and "n_directions" in str(info.value)
+
+
+def test_the_estimate_of_one_image_covers_the_measured_pass():
+    """Peak resident growth of a forward-backward pass of 16 images at 224x224, in a fresh
+    process, against 16 times the estimate of one image."""
+    script = PRELUDE.format(tests=str(TESTS), n=16, extra=None) + (
+        "from aisafety.prediction import footprint\n"
+        "est = 16 * footprint.image_bytes(model, True)\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "x.requires_grad_(True)\n"
+        "torch.autograd.grad(model.logits(x).sum(), x)\n"
+        "grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before\n"
+        "print(grown, est)\n"
+    )
+    grown, estimate = map(int, _run(script).stdout.split())
+    assert 100 << 20 < grown <= estimate, (grown, estimate)
+
+
+PRELUDE = """
+import resource, sys, torch
+sys.path.insert(0, {tests!r})
+from cifar_resnets import random_resnet
+from aisafety import memory_budget
+from aisafety.attack.fgsm import FGSM
+from aisafety.prediction.torch_module import TorchPredictor
+torch.set_num_threads(1)
+model = TorchPredictor(random_resnet(blocks=(1, 1), width=8), (3, 224, 224), 10, name="res")
+x = torch.rand({n}, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+y = torch.zeros({n}, dtype=torch.long)
+extra = {extra}
+if extra:
+    limit = memory_budget._vm_size() + extra
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+"""
+
+WORK = {
+    "attack": "from aisafety.attack.pgd import PGDLinf as PGD\n"
+    "out = PGD(steps=1)(model, x, y, 8 / 255, chunk_size=len(x)).adv_logits\n",
+    "smoothing": "from aisafety.defense.randomized_smoothing import RandomizedSmoothing\n"
+    "from aisafety.defense.smoothing.certify import certify\n"
+    "s = RandomizedSmoothing(model, samples=8, batch_size=len(x))\n"
+    "out = torch.tensor(certify(s, x[:1], n0=8, n=len(x), alpha=0.01).p_a_lower)\n",
+    "neurons": "from aisafety.evaluation.neurons import default_layers, neuron_outputs\n"
+    "out = neuron_outputs(model, x, default_layers(model), len(x))[0]\n",
+}
+FAMILIES = {"attack": 48, "smoothing": 128, "neurons": 64}
+HEADROOM = 640 << 20  # address space left to the work: the default budget is half of it
+CORRUPTION = "from aisafety.evaluation.corrupted import corrupted_predictions\n" + (
+    "out = corrupted_predictions(model, x[:{chunk}], 'elastic_transform', 5, 0, 8).float()\n"
+)
+FINITE = "print('finite', bool(torch.isfinite(out).all()), tuple(out.shape))\n"
+
+
+def _run(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(f, marks=() if f == "attack" else pytest.mark.slow) for f in sorted(FAMILIES)],
+)
+def test_each_family_answers_under_an_address_space_limit(family):
+    """With 640 MiB of address space left, the default budget (half of it) chunks the work
+    and it answers; with the budget set above what the limit allows the same work stops on
+    the raw allocator error the budget prevents (the limit binds)."""
+    n = FAMILIES[family]
+    done = _run(PRELUDE.format(tests=str(TESTS), n=n, extra=HEADROOM) + WORK[family] + FINITE)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "finite True" in done.stdout
+    unbounded = "with memory_budget.memory_limit(1 << 40):\n" + "".join(
+        "    " + line + "\n" for line in WORK[family].splitlines()
+    )
+    done = _run(PRELUDE.format(tests=str(TESTS), n=n, extra=HEADROOM) + unbounded)
+    assert done.returncode != 0
+    assert "can't allocate memory" in done.stderr or "MemoryError" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_corruption_at_224_is_refused_with_the_chunk_that_fits_which_then_answers():
+    """Corruptions draw for their whole batch, so the budget cannot re-chunk them: 96 images
+    at 224x224 are refused before any work under the limit, naming how many fit, and that
+    many then answer under the same limit."""
+    prelude = PRELUDE.format(tests=str(TESTS), n=96, extra=HEADROOM)
+    done = _run(prelude + CORRUPTION.format(chunk=96))
+    assert done.returncode != 0 and "MemoryBudgetError" in done.stderr
+    assert "can't allocate" not in done.stderr
+    fits = int(re.search(r"(\d+) images fit; set corruptions.samples", done.stderr).group(1))
+    assert 1 <= fits < 96
+    done = _run(prelude + CORRUPTION.format(chunk=fits) + FINITE)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"finite True ({fits},)" in done.stdout
+
+
+def test_the_plans_memory_gib_is_the_budget_of_every_unit(tmp_path):
+    """``limits.memory_gib`` sets the budget inside the runner's units: a budget of 1 KiB
+    refuses the attack before any work, naming it, instead of running. (The clean logits
+    are computed before the units, under the default budget.)"""
+    import aisafety
+
+    plan = {"dataset": {"name": "mnist-embedded", "limit": 4}, "metrics": ["robust-accuracy"],
+            "attacks": [{"name": "fgsm", "eps": [0.1]}],
+            "limits": {"memory_gib": 1 / (1 << 20)}}  # fmt: skip
+    with pytest.raises(MemoryBudgetError, match="attack 'fgsm' on model .* budget of 0.000977 MiB"):
+        aisafety.evaluate(plan, db=f"sqlite:///{tmp_path / 'budget.db'}")
