@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import aisafety
+from aisafety.corruption import CORRUPTIONS
 from aisafety.database.datasets.labelled_files import LabelledFilesDataset
 from aisafety.plugins import default_registry
 from aisafety.prediction.torch_module import TorchPredictor
@@ -92,10 +93,18 @@ ATTACKS = [a for a in REGISTRY.names("attack") if a not in NOT_HERE]
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("attack", ATTACKS)
-def test_every_attack_and_corruption(shape, attack, tmp_path):
+def test_every_attack(shape, attack, tmp_path):
     spec = {"name": attack, "eps": [2 / 255], "config": small_config("attack", attack)}
     evaluate(shape, {"label": f"attack {attack}", "attacks": [spec],
                      "metrics": ["ca", "robust-accuracy"]}, tmp_path)  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_every_corruption(shape, corruption, tmp_path):
+    evaluate(shape, {"label": f"corruption {corruption}", "metrics": ["ca", "mce"],
+                     "corruptions": {"names": [corruption], "severities": [3]}},
+             tmp_path)  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", SHAPES)
