@@ -80,6 +80,9 @@ class UnitProgress:
     shown: str | None = None  # the position its last heartbeat line named
     shown_at: float = 0.0  # when a heartbeat line last named it
     moved_at: float = 0.0  # when that position was first named
+    # its total time as last projected from a position; kept while a new inner pass has
+    # opened its counters but not yet moved (0%: no rate to measure yet)
+    projected_total: float | None = None
 
     def position(self) -> Position | None:
         return None if self.meter is None else self.meter.position()
@@ -234,7 +237,10 @@ class RunProgress:
     ) -> float | None:
         total = _projected(unit, now, position)
         if total is not None:
+            unit.projected_total = total
             return total - (now - unit.started)
+        if position is not None and unit.projected_total is not None:  # a pass at 0%
+            return max(0.0, unit.projected_total - (now - unit.started))
         if expected is None or expected <= now - unit.started:
             return None  # no position and past the estimate: unknown, not "0:00"
         return expected - (now - unit.started)

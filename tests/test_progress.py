@@ -209,3 +209,28 @@ def test_the_estimate_of_a_running_unit_is_its_measured_rate():
         assert progress.eta() is None  # no position, 10 s past the 1 s the clean unit took
     finally:
         progress.finish("k1")
+
+
+def test_a_new_inner_pass_at_zero_keeps_the_last_measured_estimate():
+    """An attack that opens another pass inside its unit (a member's own batch counter) is
+    at 0% of it for a moment: no rate yet, so the unit's last projection holds, not
+    "unknown" (a heartbeat there said "ETA unknown" right after 88% of the unit)."""
+    now = [0.0]
+    progress = RunProgress(UNITS, stream=io.StringIO(), heartbeat=0, clock=lambda: now[0])
+    progress.finish("k0", seconds=1.0)
+    progress.start("k1")
+    try:
+        steps = counted("iteration", 4)
+        next(steps)
+        next(steps)  # a quarter done at 10 s: 40 s in all
+        now[0] = 10.0
+        assert progress.eta() == pytest.approx(30.0 + 2 * 1.0)
+        steps.close()
+        again = counted("batch", 1)
+        next(again)  # a new pass, nothing of it done
+        now[0] = 12.0
+        assert progress.units["k1"].position().fraction == 0
+        assert progress.eta() == pytest.approx(28.0 + 2 * 1.0)
+        again.close()
+    finally:
+        progress.finish("k1")
