@@ -100,6 +100,21 @@ def pass_seconds(network: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
     return mean(forward_backward), mean(forward)
 
 
+def timed(member: torch.nn.Module, seconds: dict[str, float]) -> Callable:
+    """``member.forward``, adding its wall seconds (device work included) to ``seconds``."""
+    forward, name = member.forward, type(member).__name__
+
+    def run(*args: torch.Tensor) -> torch.Tensor:
+        wall = clock(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+        started = wall()
+        try:
+            return forward(*args)
+        finally:
+            seconds[name] = seconds.get(name, 0.0) + wall() - started
+
+    return run
+
+
 def profile(result: AttackResult) -> None:
     """Where our time went: per member, its samples, breaks, seconds and steps split by the
     samples' final outcome."""
@@ -145,6 +160,8 @@ def main() -> None:
         last["ours"] = ours(predictor, x, y, eps)
         return ~last["ours"].success
 
+    theirs_seconds: dict[str, float] = {}
+
     def run_theirs() -> torch.Tensor:
         attack = torchattacks.AutoAttack(net, norm="Linf", eps=eps, version="standard",
                                          n_classes=10, seed=0)  # fmt: skip
@@ -153,6 +170,7 @@ def main() -> None:
                 member.n_queries = args.queries
             else:
                 member.steps = args.steps
+            member.forward = timed(member, theirs_seconds)
         x_adv = project(attack(x, y), x, eps, Norm.LINF)
         with torch.no_grad():
             return net(x_adv).argmax(1) == y
@@ -196,6 +214,9 @@ def main() -> None:
         )
     print("ours, last round, per member (wall seconds):")
     profile(last["ours"])
+    rounds = max(args.rounds, 1)
+    print("torchattacks, per member, mean over rounds (wall s on a GPU, CPU s on a CPU): "
+          + ", ".join(f"{k} {v / rounds:.1f}" for k, v in theirs_seconds.items()))  # fmt: skip
     median = {k: statistics.median(v) for k, v in ratios.items()}
     print(f"median over rounds ({unit} time): ours/torchattacks "
           f"{median['ours/theirs']:.3f} (wall time {statistics.median(wall_ratios):.3f}), "

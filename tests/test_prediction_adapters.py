@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from aisafety.attack.pgd import PGDLinf
-from aisafety.attack.square import SquareLinf, margin_loss, p_selection
+from aisafety.attack.score_search import margin_loss
+from aisafety.attack.square import SquareLinf, p_selection
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import load_zoo_model

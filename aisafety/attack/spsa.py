@@ -32,7 +32,7 @@ from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
-from aisafety.attack.square import margin_loss
+from aisafety.attack.score_search import margin_loss
 from aisafety.attack.streams import SampleStreams
 from aisafety.attack.threat import LinfThreat
 from aisafety.interfaces import AttackFamily, Capability, Norm

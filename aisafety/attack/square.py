@@ -26,6 +26,7 @@ from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
+from aisafety.attack.score_search import ScoreSearch
 from aisafety.attack.streams import SampleStreams, scaled
 from aisafety.attack.work import counted
 from aisafety.interfaces import AttackFamily, Capability, Norm
@@ -35,6 +36,9 @@ from aisafety.prediction.base import Predictor
 # Redraws read ahead in each sample's stream (the same numbers as one by one; tests compare):
 # on a GPU, where each round of the loop costs synchronisations; None: on any device but the CPU
 BATCHED_REDRAWS: bool | None = None
+# Draws read ahead per row in the first round of redraws (over every row; later rounds, over
+# the rows still unchanged, read as far as each may go)
+LOOKAHEAD = 16
 
 _SCHEDULE = ((50, 2), (200, 4), (500, 8), (1000, 16), (2000, 32), (4000, 64), (6000, 128),
              (8000, 256), (10000, 512))  # fmt: skip
@@ -49,14 +53,6 @@ def p_selection(p_init: float, iteration: int, total: int) -> float:
         if it <= bound:
             return p_init / divisor
     return p_init
-
-
-def margin_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``logit[y] - max_{j != y} logit[j]``: positive while the sample is classified as y."""
-    true = logits.gather(1, y[:, None]).squeeze(1)
-    others = logits.clone()
-    others.scatter_(1, y[:, None], float("-inf"))
-    return true - others.amax(1)
 
 
 class SquareConfig(AttackConfig):
@@ -91,26 +87,19 @@ class SquareLinf(Attack):
         cfg = self.config
         n, c, h, w = x.shape
         with torch.inference_mode():
-            x0, y0 = x, y
             stripes = call.streams.signs((n, c, 1, w)) * eps
-            best = (x0 + stripes).clamp(0, 1)
-            margin = margin_loss(predictor.logits(best), y0)
-            used = torch.ones(n, dtype=torch.long, device=x.device)
+            search = ScoreSearch(predictor, y, (x + stripes).clamp(0, 1))
             side_max = max(min(h, w) - 1, 1)
             for iteration in counted("query", cfg.queries - 1):
-                active = torch.nonzero(margin > 0).squeeze(1)
-                if not len(active):
+                rows, active = search.active()
+                if not len(rows):
                     break
                 p = p_selection(cfg.p_init, iteration, cfg.queries)
                 side = min(max(round(math.sqrt(p * h * w)), 1), side_max)
-                x_cur, best_cur = x0[active], best[active]
-                proposal = self._propose(x_cur, best_cur, side, eps, call.streams[active])
-                new_margin = margin_loss(predictor.logits(proposal, in_range=True), y0[active])
-                improved = new_margin < margin[active]
-                margin[active] = torch.where(improved, new_margin, margin[active])
-                best[active] = torch.where(improved[:, None, None, None], proposal, best_cur)
-                used[active] += 1
-        return best, used
+                current = search.best[active]
+                proposal = self._propose(x[active], current, side, eps, call.streams[rows])
+                search.update(rows, active, proposal, current, search.query(proposal, active))
+        return search.finish()
 
     def _propose(
         self, x: torch.Tensor, best: torch.Tensor, side: int, eps: float, streams: SampleStreams
@@ -120,39 +109,45 @@ class SquareLinf(Attack):
         As in the reference, a window whose new signs leave the image unchanged (it already
         had them, or clipping undoes them) is redrawn, for all such samples at once (only
         they draw again: a sample's draws do not depend on its neighbours). The work is on
-        the windows (side x side patches gathered per sample), not on whole images: whether
-        a sign leaves a channel's window unchanged is worked out once per sign, so a redraw
-        costs a draw and a lookup.
+        the windows (side x side patches gathered per sample), not on whole images: both
+        signs' windows are made once, so a redraw costs a draw and a lookup.
         """
         m, c, h, w = x.shape
         u = streams.rand((m, 2 + c))  # one draw per iteration: the corner and the signs
-        top, left = scaled(u[:, 0], max(h - side, 1)), scaled(u[:, 1], max(w - side, 1))
-        span = torch.arange(side, device=x.device)
-        where = (
-            torch.arange(m, device=x.device)[:, None, None, None],
-            torch.arange(c, device=x.device)[None, :, None, None],
+        where = self._window(u[:, :2], m, c, h, w, side)
+        x_window, best_window = x[where], best[where]  # (m, c, side, side)
+        steps = torch.tensor([eps, -eps], device=x.device).view(2, 1, 1, 1, 1)
+        signed = (x_window + steps).clamp(0, 1)  # (2, m, c, side, side): +eps, -eps
+        same = ((signed - best_window).abs() < 1e-7).flatten(3).all(3)  # (2, m, c)
+        keeps = {True: same[0], False: same[1]}  # by sign > 0: the window stays as it is
+        positive = u[:, 2:] < 0.5  # (m, c): the sign of each channel
+        batched = BATCHED_REDRAWS if BATCHED_REDRAWS is not None else x.device.type != "cpu"
+        if batched:
+            self._redraw_ahead(positive, keeps, streams)
+        else:
+            redraw = self._unchanged(positive, keeps).nonzero().squeeze(1)
+            self._redraw_one_by_one(positive, keeps, redraw, streams)
+        proposal = best.clone()
+        proposal[where] = torch.where(positive[:, :, None, None], signed[0], signed[1])
+        return proposal
+
+    @staticmethod
+    def _window(
+        corner: torch.Tensor, m: int, c: int, h: int, w: int, side: int
+    ) -> tuple[torch.Tensor, ...]:
+        """The advanced index of each sample's window from its two corner uniforms."""
+        rows, cols = max(h - side, 1), max(w - side, 1)
+        if rows == cols:  # square images: one scaling for both corners
+            top, left = scaled(corner, rows).unbind(1)
+        else:
+            top, left = scaled(corner[:, 0], rows), scaled(corner[:, 1], cols)
+        span = torch.arange(side, device=corner.device)
+        return (
+            torch.arange(m, device=corner.device)[:, None, None, None],
+            torch.arange(c, device=corner.device)[None, :, None, None],
             (top[:, None] + span)[:, None, :, None],
             (left[:, None] + span)[:, None, None, :],
         )
-        x_window, best_window = x[where], best[where]  # (m, c, side, side)
-
-        def unchanged(sign: float) -> torch.Tensor:
-            """(m, c): whether this sign leaves the channel's window as it is in ``best``."""
-            same = ((x_window + sign).clamp(0, 1) - best_window).abs() < 1e-7
-            return same.flatten(2).all(2)
-
-        keeps = {True: unchanged(eps), False: unchanged(-eps)}  # by sign > 0
-        positive = u[:, 2:] < 0.5  # (m, c): the sign of each channel
-        redraw = self._unchanged(positive, keeps).nonzero().squeeze(1)
-        batched = BATCHED_REDRAWS if BATCHED_REDRAWS is not None else x.device.type != "cpu"
-        if batched:
-            self._redraw_ahead(positive, keeps, redraw, streams)
-        else:
-            self._redraw_one_by_one(positive, keeps, redraw, streams)
-        signs = torch.where(positive, eps, -eps).view(m, c, 1, 1)
-        proposal = best.clone()
-        proposal[where] = (x_window + signs).clamp(0, 1)
-        return proposal
 
     def _redraw_one_by_one(
         self,
@@ -173,45 +168,56 @@ class SquareLinf(Attack):
             redraw = redraw[self._unchanged(drawn, part)]
 
     def _redraw_ahead(
-        self,
-        positive: torch.Tensor,
-        keeps: dict[bool, torch.Tensor],
-        redraw: torch.Tensor,
-        streams: SampleStreams,
+        self, positive: torch.Tensor, keeps: dict[bool, torch.Tensor], streams: SampleStreams
     ) -> None:
-        """``_redraw_one_by_one``'s result, bit for bit, in a round or two: each sample's
-        next draws are read ahead from its stream's buffer (``peek_uniforms``), the first
-        that changes the window is taken and only the draws used are counted as drawn. A
-        sample at its buffer's end draws one by one (that draw refills it, as before).
-        On MNIST a query needs about six redraw rounds: on a GPU, each was a few device
-        synchronisations (docs/gpu.md)."""
-        c = positive.shape[1]
-        budget = np.full(len(redraw), self.config.max_resamples - 1, dtype=np.int64)
-        while len(redraw) and budget.max() > 0:
-            part = {sign: flags[redraw] for sign, flags in keeps.items()}
-            rows = streams[redraw]
+        """``_redraw_one_by_one``'s result, bit for bit, in one round for most queries: each
+        sample's next draws are read ahead from its stream's buffer (``peek_uniforms``), the
+        first that changes the window is taken and only the draws used are counted as drawn.
+        The first round covers every row (those that need no redraw use none), so which rows
+        redraw is never asked of the device; the host learns the draws used in one copy. A
+        sample at its buffer's end draws one by one (that draw refills it, as before). On a
+        GPU each round is a device synchronisation (docs/gpu.md)."""
+        m, c = positive.shape
+        budget = np.full(m, self.config.max_resamples - 1, dtype=np.int64)
+        redraw: torch.Tensor | None = None  # every row, masked by ``need``
+        need: torch.Tensor | None = self._unchanged(positive, keeps)
+        rows = streams
+        while budget.size and budget.max() > 0:
+            part = keeps if redraw is None else {s: f[redraw] for s, f in keeps.items()}
             ahead = np.minimum(rows.available_uniforms(c), budget)
+            if redraw is None:  # the first round: every row, most need few draws
+                ahead = np.minimum(ahead, LOOKAHEAD)
             if ahead.max() == 0:  # every sample left is at its buffer's end
+                if redraw is None:
+                    redraw = self._unchanged(positive, keeps).nonzero().squeeze(1)
+                    keep = np.zeros(m, dtype=bool)
+                    keep[redraw.cpu().numpy()] = True
+                    rows, budget, need = streams[redraw], budget[keep], None
+                    continue
                 drawn = rows.signs((len(redraw), c)) > 0
                 positive[redraw] = drawn
                 used, done = np.ones_like(budget), ~self._unchanged(drawn, part).cpu().numpy()
             else:
-                used, done = self._take_first_change(positive, part, redraw, rows, ahead, c)
+                used, done = self._take_first_change(positive, part, redraw, rows, ahead, need)
             budget -= used
             keep = ~done & (budget > 0)
-            redraw, budget = redraw[torch.from_numpy(keep).to(redraw.device)], budget[keep]
+            kept = torch.from_numpy(np.flatnonzero(keep)).to(positive.device)
+            redraw = kept if redraw is None else redraw[kept]
+            rows, budget, need = streams[redraw], budget[keep], None
 
     def _take_first_change(
         self,
         positive: torch.Tensor,
         part: dict[bool, torch.Tensor],
-        redraw: torch.Tensor,
+        redraw: torch.Tensor | None,
         rows: SampleStreams,
         ahead: np.ndarray,
-        c: int,
+        need: torch.Tensor | None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """One read-ahead round: per sample, the draws used and whether its window changed."""
-        device = positive.device
+        """One read-ahead round over the rows ``redraw`` of ``positive`` (``None``: all of
+        them, where only the rows in ``need`` redraw): per row, the draws used and whether its
+        window changed (or needed no change)."""
+        device, c = positive.device, positive.shape[1]
         n_ahead = torch.from_numpy(ahead).to(device)
         candidates = rows.peek_uniforms(c, int(ahead.max())) < 0.5  # (r, ahead, c)
         valid = torch.arange(candidates.shape[1], device=device)[None, :] < n_ahead[:, None]
@@ -221,13 +227,18 @@ class SquareLinf(Attack):
         first = changes.to(torch.int8).argmax(1)
         # the sample ends on its first change, or on its last valid draw (as one by one)
         used = torch.where(found, first + 1, n_ahead)
+        if need is not None:
+            used, found = torch.where(need, used, 0), found | ~need
         taken = (used - 1).clamp_min(0)
-        chosen = candidates[torch.arange(len(redraw), device=device), taken]
-        moved = used > 0
-        positive[redraw[moved]] = chosen[moved]
-        used_host, found_host = used.cpu().numpy(), found.cpu().numpy()
-        rows.consume_uniforms(c, used_host)
-        return used_host, found_host
+        chosen = candidates[torch.arange(len(candidates), device=device), taken]
+        moved = (used > 0)[:, None]
+        if redraw is None:
+            positive.copy_(torch.where(moved, chosen, positive))
+        else:
+            positive[redraw] = torch.where(moved, chosen, positive[redraw])
+        host = torch.stack((used, found.long())).cpu().numpy()  # one copy, one synchronisation
+        rows.consume_uniforms(c, host[0])
+        return host[0], host[1].astype(bool)
 
     @staticmethod
     def _unchanged(positive: torch.Tensor, keeps: dict[bool, torch.Tensor]) -> torch.Tensor:

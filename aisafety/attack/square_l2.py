@@ -35,7 +35,8 @@ from pydantic import Field
 
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
-from aisafety.attack.square import margin_loss, p_selection
+from aisafety.attack.score_search import ScoreSearch
+from aisafety.attack.square import p_selection
 from aisafety.attack.streams import SampleStreams, scaled
 from aisafety.attack.work import counted
 from aisafety.errors import InputError
@@ -154,34 +155,28 @@ class SquareL2(Attack):
         cfg = self.config
         n, c, h, w = x.shape
         with torch.inference_mode():
-            x0, y0 = x, y
-            best = to_sphere(x0, self._initial(x0, call.streams), eps)
-            margin = margin_loss(predictor.logits(best), y0)
-            used = torch.ones(n, dtype=torch.long, device=x.device)
+            search = ScoreSearch(predictor, y, to_sphere(x, self._initial(x, call.streams), eps))
             side_max = max(min(h, w) - 1, 1)
             for iteration in counted("query", cfg.queries - 1):
-                active = torch.nonzero(margin > 0).squeeze(1)
-                if not len(active):
+                rows, active = search.active()
+                if not len(rows):
                     break
                 p = p_selection(cfg.p_init, iteration, cfg.queries)
                 side = max(round(math.sqrt(p * h * w)), 3)
                 side = min(side + 1 - side % 2, side_max)  # odd, as in the reference
-                x_cur, best_cur = x0[active], best[active]
-                m = len(active)
+                x_cur, best_cur = x[active], search.best[active]
+                m = len(rows)
                 # one draw per iteration: two (top, left) corners, orientation, signs
-                u = call.streams[active].rand((m, 5 + c))
-                rows, cols = max(h - side, 1), max(w - side, 1)
-                first = scaled(u[:, 0], rows), scaled(u[:, 1], cols)
-                second = scaled(u[:, 2], rows), scaled(u[:, 3], cols)
+                u = call.streams[rows].rand((m, 5 + c))
+                rows_range, cols_range = max(h - side, 1), max(w - side, 1)
+                first = scaled(u[:, 0], rows_range), scaled(u[:, 1], cols_range)
+                second = scaled(u[:, 2], rows_range), scaled(u[:, 3], cols_range)
                 pattern = self._patterns(u[:, 4:], side)
                 delta = square_pair_update(best_cur - x_cur, first, second, side, pattern, eps)
                 proposal = to_sphere(x_cur, delta, eps)
-                new_margin = margin_loss(predictor.logits(proposal, in_range=True), y0[active])
-                improved = new_margin < margin[active]
-                margin[active] = torch.where(improved, new_margin, margin[active])
-                best[active] = torch.where(improved[:, None, None, None], proposal, best_cur)
-                used[active] += 1
-        return best, used
+                margin = search.query(proposal, active)
+                search.update(rows, active, proposal, best_cur, margin)
+        return search.finish()
 
     @staticmethod
     def _patterns(uniform: torch.Tensor, side: int) -> torch.Tensor:

@@ -1,0 +1,78 @@
+"""The bookkeeping of a score-based random search (Square l-inf and l2), kept off the device.
+
+Every query of such a search does the same around the model call: find the samples still
+classified correctly, query their proposals, keep each improvement. On a GPU with a small
+model a query costs little device time and the search is bound by the host: kernel launches
+and synchronisations. So which samples are active and how many queries each spent live on
+the host (numpy; one device-to-host copy of the ``margin > 0`` flags per query, where a
+``nonzero`` and a copy of its indices were two synchronisations), and the scores' finiteness
+is accumulated on the device and checked once at the end (``Predictor.check_output`` on
+every query was one more synchronisation). A NaN score is still refused, naming the model:
+after the search instead of at the query that produced it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from aisafety.errors import ModelOutputError
+from aisafety.prediction.base import Predictor
+
+
+def margin_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``logit[y] - max_{j != y} logit[j]``: positive while the sample is classified as y."""
+    true = logits.gather(1, y[:, None]).squeeze(1)
+    others = logits.scatter(1, y[:, None], float("-inf"))
+    return true - others.amax(1)
+
+
+class ScoreSearch:
+    """The margins, best points and query counts of one search over a batch.
+
+    ``best`` and ``margin`` start from the initial proposal (its query counted, its scores
+    checked); ``active`` gives the rows still to attack, ``update`` keeps what improved.
+    """
+
+    def __init__(self, predictor: Predictor, y: torch.Tensor, start: torch.Tensor) -> None:
+        self.predictor, self.y, self.best = predictor, y, start
+        self.margin = margin_loss(predictor.logits(start), y)
+        self.used = np.ones(len(y), dtype=np.int64)
+        self.finite = torch.ones((), dtype=torch.bool, device=y.device)
+
+    def active(self) -> tuple[np.ndarray, torch.Tensor]:
+        """The rows whose margin is still positive, on the host and on the device."""
+        rows = np.flatnonzero((self.margin > 0).cpu().numpy())
+        on_device = torch.from_numpy(rows)
+        if self.y.device.type != "cpu":
+            on_device = on_device.to(self.y.device, non_blocking=True)
+        return rows, on_device
+
+    def query(self, proposal: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The margins of the proposals of ``rows`` (scores checked for layout now and for
+        finiteness in ``finish``)."""
+        self.predictor.check_input_layout(proposal)
+        scores = self.predictor.watched_logits(proposal)
+        self.finite &= torch.isfinite(scores).all()
+        return margin_loss(scores, self.y[rows])
+
+    def update(
+        self, rows: np.ndarray, on_device: torch.Tensor, proposal: torch.Tensor,
+        current: torch.Tensor, new_margin: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Keep each row's proposal where its margin went down; count the query."""
+        old = self.margin[on_device]
+        improved = new_margin < old
+        self.margin[on_device] = torch.where(improved, new_margin, old)
+        self.best[on_device] = torch.where(improved[:, None, None, None], proposal, current)
+        self.used[rows] += 1
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The best points and query counts, once every score was seen to be finite."""
+        if not bool(self.finite):
+            raise ModelOutputError(
+                f"model {self.predictor.name!r} returned NaN or infinite scores for a query "
+                "of a score-based attack; nothing was stored. Check the weights (NaN after "
+                "training?) and the normalisation (a std of 0 divides by zero)"
+            )
+        return self.best, torch.from_numpy(self.used).to(self.y.device)
