@@ -32,14 +32,11 @@ from aisafety.attack.work import counted
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
-# (upper end of the iteration range in 1/10000 of the budget, divisor of p_init)
-# Redraws read ahead in each sample's stream (the same numbers as one by one; tests compare):
-# on a GPU, where each round of the loop costs synchronisations; None: on any device but the CPU
+# Redraws decided on the host, reading ahead in each sample's stream (the same numbers as the
+# reference's one-by-one loop on the device, which False selects; tests compare the two)
 BATCHED_REDRAWS: bool | None = None
-# Draws read ahead per row in the first round of redraws (over every row; later rounds, over
-# the rows still unchanged, read as far as each may go)
-LOOKAHEAD = 16
 
+# (upper end of the iteration range in 1/10000 of the budget, divisor of p_init)
 _SCHEDULE = ((50, 2), (200, 4), (500, 8), (1000, 16), (2000, 32), (4000, 64), (6000, 128),
              (8000, 256), (10000, 512))  # fmt: skip
 
@@ -110,25 +107,30 @@ class SquareLinf(Attack):
         had them, or clipping undoes them) is redrawn, for all such samples at once (only
         they draw again: a sample's draws do not depend on its neighbours). The work is on
         the windows (side x side patches gathered per sample), not on whole images: both
-        signs' windows are made once, so a redraw costs a draw and a lookup.
+        signs' windows are made once, so a redraw costs a draw and a lookup, on the host.
         """
         m, c, h, w = x.shape
-        u = streams.rand((m, 2 + c))  # one draw per iteration: the corner and the signs
-        where = self._window(u[:, :2], m, c, h, w, side)
+        on_host = BATCHED_REDRAWS is not False
+        # one draw per iteration: the corner and the signs
+        u = streams.uniforms_on_host(2 + c) if on_host else streams.rand((m, 2 + c))
+        corner = torch.from_numpy(u[:, :2]).to(x.device) if on_host else u[:, :2]
+        where = self._window(corner, m, c, h, w, side)
         x_window, best_window = x[where], best[where]  # (m, c, side, side)
         steps = torch.tensor([eps, -eps], device=x.device).view(2, 1, 1, 1, 1)
         signed = (x_window + steps).clamp(0, 1)  # (2, m, c, side, side): +eps, -eps
-        same = ((signed - best_window).abs() < 1e-7).flatten(3).all(3)  # (2, m, c)
-        keeps = {True: same[0], False: same[1]}  # by sign > 0: the window stays as it is
-        positive = u[:, 2:] < 0.5  # (m, c): the sign of each channel
-        batched = BATCHED_REDRAWS if BATCHED_REDRAWS is not None else x.device.type != "cpu"
-        if batched:
-            self._redraw_ahead(positive, keeps, streams)
+        # (2, m, c): whether sign +eps (0) or -eps (1) leaves the channel's window as it is
+        same = ((signed - best_window).abs() < 1e-7).flatten(3).all(3)
+        if on_host:
+            positive = u[:, 2:] < 0.5  # (m, c): the sign of each channel
+            self._redraw_on_host(positive, same.cpu().numpy(), streams)
+            chosen = torch.from_numpy(positive).to(x.device)
         else:
-            redraw = self._unchanged(positive, keeps).nonzero().squeeze(1)
-            self._redraw_one_by_one(positive, keeps, redraw, streams)
+            chosen = u[:, 2:] < 0.5
+            keeps = {True: same[0], False: same[1]}
+            redraw = self._unchanged(chosen, keeps).nonzero().squeeze(1)
+            self._redraw_one_by_one(chosen, keeps, redraw, streams)
         proposal = best.clone()
-        proposal[where] = torch.where(positive[:, :, None, None], signed[0], signed[1])
+        proposal[where] = torch.where(chosen[:, :, None, None], signed[0], signed[1])
         return proposal
 
     @staticmethod
@@ -167,78 +169,43 @@ class SquareLinf(Attack):
             part = {sign: flags[redraw] for sign, flags in keeps.items()}
             redraw = redraw[self._unchanged(drawn, part)]
 
-    def _redraw_ahead(
-        self, positive: torch.Tensor, keeps: dict[bool, torch.Tensor], streams: SampleStreams
+    def _redraw_on_host(
+        self, positive: np.ndarray, same: np.ndarray, streams: SampleStreams
     ) -> None:
-        """``_redraw_one_by_one``'s result, bit for bit, in one round for most queries: each
-        sample's next draws are read ahead from its stream's buffer (``peek_uniforms``), the
-        first that changes the window is taken and only the draws used are counted as drawn.
-        The first round covers every row (those that need no redraw use none), so which rows
-        redraw is never asked of the device; the host learns the draws used in one copy. A
-        sample at its buffer's end draws one by one (that draw refills it, as before). On a
-        GPU each round is a device synchronisation (docs/gpu.md)."""
-        m, c = positive.shape
-        budget = np.full(m, self.config.max_resamples - 1, dtype=np.int64)
-        redraw: torch.Tensor | None = None  # every row, masked by ``need``
-        need: torch.Tensor | None = self._unchanged(positive, keeps)
-        rows = streams
-        while budget.size and budget.max() > 0:
-            part = keeps if redraw is None else {s: f[redraw] for s, f in keeps.items()}
-            ahead = np.minimum(rows.available_uniforms(c), budget)
-            if redraw is None:  # the first round: every row, most need few draws
-                ahead = np.minimum(ahead, LOOKAHEAD)
+        """``_redraw_one_by_one``'s result, bit for bit, decided on the host from the
+        windows' flags ``same`` (2, m, c) in one copy: each sample's next draws are read
+        ahead in its stream's buffer (``peek_uniforms``), the first that changes its window
+        is taken and only the draws used are counted as drawn. A sample at its buffer's end
+        draws one by one (that draw refills it, as before). On a GPU the device is asked
+        nothing per redraw (docs/gpu.md)."""
+        c = positive.shape[1]
+
+        def unchanged(signs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+            return np.where(signs, same[0][rows], same[1][rows]).all(-1)
+
+        rows = np.flatnonzero(unchanged(positive, slice(None)))
+        budget = np.full(len(rows), self.config.max_resamples - 1, dtype=np.int64)
+        while len(rows) and budget.max() > 0:
+            view = streams[rows]
+            ahead = np.minimum(view.available_uniforms(c), budget)
             if ahead.max() == 0:  # every sample left is at its buffer's end
-                if redraw is None:
-                    redraw = self._unchanged(positive, keeps).nonzero().squeeze(1)
-                    keep = np.zeros(m, dtype=bool)
-                    keep[redraw.cpu().numpy()] = True
-                    rows, budget, need = streams[redraw], budget[keep], None
-                    continue
-                drawn = rows.signs((len(redraw), c)) > 0
-                positive[redraw] = drawn
-                used, done = np.ones_like(budget), ~self._unchanged(drawn, part).cpu().numpy()
+                drawn = view.uniforms_on_host(c) < 0.5
+                positive[rows] = drawn
+                used, done = np.ones_like(budget), ~unchanged(drawn, rows)
             else:
-                used, done = self._take_first_change(positive, part, redraw, rows, ahead, need)
+                candidates = view.peek_uniforms(c, int(ahead.max())) < 0.5  # (r, ahead, c)
+                valid = np.arange(candidates.shape[1])[None, :] < ahead[:, None]
+                changes = ~unchanged(candidates, rows[:, None]) & valid
+                done = changes.any(1)
+                # a sample ends on its first change, or on its last valid draw (one by one)
+                used = np.where(done, changes.argmax(1) + 1, ahead)
+                taken = candidates[np.arange(len(rows)), np.maximum(used - 1, 0)]
+                moved = used > 0
+                positive[rows[moved]] = taken[moved]
+                view.consume_uniforms(c, used)
             budget -= used
             keep = ~done & (budget > 0)
-            kept = torch.from_numpy(np.flatnonzero(keep)).to(positive.device)
-            redraw = kept if redraw is None else redraw[kept]
-            rows, budget, need = streams[redraw], budget[keep], None
-
-    def _take_first_change(
-        self,
-        positive: torch.Tensor,
-        part: dict[bool, torch.Tensor],
-        redraw: torch.Tensor | None,
-        rows: SampleStreams,
-        ahead: np.ndarray,
-        need: torch.Tensor | None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """One read-ahead round over the rows ``redraw`` of ``positive`` (``None``: all of
-        them, where only the rows in ``need`` redraw): per row, the draws used and whether its
-        window changed (or needed no change)."""
-        device, c = positive.device, positive.shape[1]
-        n_ahead = torch.from_numpy(ahead).to(device)
-        candidates = rows.peek_uniforms(c, int(ahead.max())) < 0.5  # (r, ahead, c)
-        valid = torch.arange(candidates.shape[1], device=device)[None, :] < n_ahead[:, None]
-        same = torch.where(candidates, part[True][:, None], part[False][:, None]).all(2)
-        changes = ~same & valid
-        found = changes.any(1)
-        first = changes.to(torch.int8).argmax(1)
-        # the sample ends on its first change, or on its last valid draw (as one by one)
-        used = torch.where(found, first + 1, n_ahead)
-        if need is not None:
-            used, found = torch.where(need, used, 0), found | ~need
-        taken = (used - 1).clamp_min(0)
-        chosen = candidates[torch.arange(len(candidates), device=device), taken]
-        moved = (used > 0)[:, None]
-        if redraw is None:
-            positive.copy_(torch.where(moved, chosen, positive))
-        else:
-            positive[redraw] = torch.where(moved, chosen, positive[redraw])
-        host = torch.stack((used, found.long())).cpu().numpy()  # one copy, one synchronisation
-        rows.consume_uniforms(c, host[0])
-        return host[0], host[1].astype(bool)
+            rows, budget = rows[keep], budget[keep]
 
     @staticmethod
     def _unchanged(positive: torch.Tensor, keeps: dict[bool, torch.Tensor]) -> torch.Tensor:

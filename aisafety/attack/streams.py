@@ -45,15 +45,18 @@ def sample_seed(seed: int, index: int) -> int:
 class _Pool:
     """The generators and buffers of one call's samples (shared by every view of them).
 
-    Rows and buffer positions are numpy arrays on the host: the bookkeeping of a draw costs
-    microseconds and no device synchronisation; only the gather runs on the device.
+    Buffers, rows and buffer positions are on the host: the bookkeeping of a draw costs
+    microseconds and no device synchronisation, a refill is one generator call per sample
+    and no copy, and an attack may decide on buffered numbers without asking the device
+    (Square's redraws); a draw's numbers are gathered on the host and copied to the device
+    in one transfer.
     """
 
     def __init__(self, seed: int, samples: Sequence[int], device: torch.device):
         self.seed, self.samples, self.device = seed, list(samples), device
         self.generators: list[torch.Generator | None] = [None] * len(self.samples)
         n = len(self.samples)
-        self.buffers = {kind: torch.empty((n, BUFFER), device=device) for kind in ("rand", "randn")}
+        self.buffers = {kind: np.empty((n, BUFFER), dtype=np.float32) for kind in ("rand", "randn")}
         # where each sample's next buffered number is (BUFFER: empty)
         self.positions = {kind: np.full(n, BUFFER, dtype=np.int64) for kind in self.buffers}
 
@@ -89,35 +92,31 @@ class _Pool:
                 fill(i)
         return out.to(self.device, non_blocking=pinned)
 
-    def buffered(self, kind: str, rows: np.ndarray, k: int) -> torch.Tensor:
+    def buffered(self, kind: str, rows: np.ndarray, k: int) -> np.ndarray:
+        """Each row's next ``k`` buffered numbers, (rows, k), on the host; a row whose buffer
+        holds fewer than ``k`` draws a full buffer first (the rest of the old one is unused)."""
         buffer, positions = self.buffers[kind], self.positions[kind]
         start = positions[rows]
         empty = start + k > BUFFER
         if empty.any():
             draw = torch.rand if kind == "rand" else torch.randn
             for r in rows[empty].tolist():
-                buffer[r] = draw(BUFFER, generator=self.generator(r))
+                draw(BUFFER, generator=self.generator(r), out=torch.from_numpy(buffer[r]))
             positions[rows[empty]] = 0
             start = positions[rows]
         positions[rows] = start + k
-        index = torch.from_numpy((rows * BUFFER + start)[:, None] + np.arange(k))
-        if self.device.type != "cpu":
-            index = index.to(self.device, non_blocking=True)
-        return torch.take(buffer, index)
+        return buffer[rows[:, None], start[:, None] + np.arange(k)]
 
     def available(self, kind: str, rows: np.ndarray, k: int) -> np.ndarray:
         """Per row, how many draws of ``k`` numbers its buffer serves before a refill."""
         return (BUFFER - self.positions[kind][rows]) // k
 
-    def peek(self, kind: str, rows: np.ndarray, k: int, draws: int) -> torch.Tensor:
+    def peek(self, kind: str, rows: np.ndarray, k: int, draws: int) -> np.ndarray:
         """The next ``draws`` draws of ``k`` numbers per row, (rows, draws, k), left in the
         buffer; only a row's first ``available`` draws are its numbers (the rest: filler)."""
         start = self.positions[kind][rows]
         offsets = start[:, None, None] + (np.arange(draws) * k)[None, :, None] + np.arange(k)
-        index = torch.from_numpy(rows[:, None, None] * BUFFER + np.minimum(offsets, BUFFER - 1))
-        if self.device.type != "cpu":
-            index = index.to(self.device, non_blocking=True)
-        return torch.take(self.buffers[kind], index)
+        return self.buffers[kind][rows[:, None, None], np.minimum(offsets, BUFFER - 1)]
 
     def consume(self, kind: str, rows: np.ndarray, k: int, draws: np.ndarray) -> None:
         """Take ``draws`` (per row, at most ``available``) draws of ``k`` numbers as drawn."""
@@ -177,7 +176,7 @@ class SampleStreams:
         if k > BUFFER // 2:
             out = self._pool.direct(kind, self._rows, k)
         else:
-            out = self._pool.buffered(kind, self._rows, k)
+            out = torch.from_numpy(self._pool.buffered(kind, self._rows, k)).to(self.device)
         return out.view(shape)
 
     def rand(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -196,14 +195,21 @@ class SampleStreams:
         drawn = scaled(self._draw("rand", shape), high - low)
         return drawn.add_(low) if low else drawn
 
+    def uniforms_on_host(self, k: int) -> np.ndarray:
+        """``rand((n, k))``'s numbers (k <= BUFFER / 2) as a host array (n, k), not copied to
+        the device: for decisions the host makes on them (Square's signs and redraws)."""
+        if k > BUFFER // 2:
+            raise ValueError(f"a host draw takes at most {BUFFER // 2} numbers per sample, not {k}")
+        return self._pool.buffered("rand", self._rows, k)
+
     def available_uniforms(self, k: int) -> np.ndarray:
         """Per sample, how many ``rand((n, k))`` draws its buffer serves before a refill (a
         caller may then ``peek_uniforms`` that far ahead without changing any number)."""
         return self._pool.available("rand", self._rows, k)
 
-    def peek_uniforms(self, k: int, draws: int) -> torch.Tensor:
-        """(n, draws, k): what the next ``draws`` calls of ``rand((n, k))`` would return, for
-        each sample's first ``available_uniforms(k)`` of them; nothing is drawn."""
+    def peek_uniforms(self, k: int, draws: int) -> np.ndarray:
+        """(n, draws, k), on the host: what the next ``draws`` calls of ``rand((n, k))`` would
+        return, for each sample's first ``available_uniforms(k)`` of them; nothing is drawn."""
         return self._pool.peek("rand", self._rows, k, draws)
 
     def consume_uniforms(self, k: int, draws: np.ndarray) -> None:
