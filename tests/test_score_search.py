@@ -58,5 +58,6 @@ def test_a_nan_score_in_the_search_is_refused_naming_the_model(attack):
     x = torch.rand((6, 3, 8, 8), generator=torch.Generator().manual_seed(1))
     labels = _predictor(10**6).predict(x)
     predictor = _predictor(3)  # the clean pass, the first query, one more: then NaN
-    with pytest.raises(ModelOutputError, match="nan-later.*NaN or infinite scores for a query of a score-based"):
+    refused = "nan-later.*NaN or infinite scores for a query of a score-based"
+    with pytest.raises(ModelOutputError, match=refused):
         attack(queries=20, seed=0)(predictor, x, labels, 0.05 if attack is SquareLinf else 0.5)
