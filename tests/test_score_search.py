@@ -61,3 +61,23 @@ def test_a_nan_score_in_the_search_is_refused_naming_the_model(attack):
     refused = "nan-later.*NaN or infinite scores for a query of a score-based"
     with pytest.raises(ModelOutputError, match=refused):
         attack(queries=20, seed=0)(predictor, x, labels, 0.05 if attack is SquareLinf else 0.5)
+
+
+def test_a_row_fooled_already_is_left_as_it_is_and_its_query_not_counted():
+    """On a GPU the host learns a query late which rows were fooled, so it may propose for
+    one of them again: that proposal must change nothing (the result equals the CPU's)."""
+    predictor = _predictor(10**6)
+    x = torch.rand((3, 3, 8, 8), generator=torch.Generator().manual_seed(2))
+    y = predictor.predict(x)
+    search = ScoreSearch(predictor, y, x)
+    search.margin[1] = -0.25  # fooled by an earlier query
+    search.flags.push(search.margin > 0)
+    rows, active = search.active()
+    assert list(rows) == [0, 2]  # on the CPU the flags are exact...
+    stale_rows, stale = torch.arange(3).numpy(), torch.arange(3)  # ...a GPU may see all three
+    proposal = x + 0.25
+    new = torch.full((3,), -10.0)  # every proposal would be an improvement
+    search.update(stale_rows, stale, proposal, x, new)
+    assert float(search.margin[1]) == -0.25 and torch.equal(search.best[1], x[1])
+    assert torch.equal(search.best[0], proposal[0]) and torch.equal(search.best[2], proposal[2])
+    assert search.finish()[1].tolist() == [2, 1, 2]

@@ -3,15 +3,17 @@
 Every query of such a search does the same around the model call: find the samples still
 classified correctly, query their proposals, keep each improvement. On a GPU with a small
 model a query costs little device time and the search is bound by the host: kernel launches
-and synchronisations. So which samples are active and how many queries each spent live on
-the host (numpy; one device-to-host copy of the ``margin > 0`` flags per query, where a
-``nonzero`` and a copy of its indices were two synchronisations), and the scores' finiteness
+and synchronisations. So which samples are active live on the host, read from a copy of the
+``margin > 0`` flags that the host does not wait for (``_LaggedFlags``; a ``nonzero`` and a
+copy of its indices were two synchronisations a query), and the scores' finiteness
 is accumulated on the device and checked once at the end (``Predictor.check_output`` on
 every query was one more synchronisation). A NaN score is still refused, naming the model:
 after the search instead of at the query that produced it.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 import torch
@@ -27,22 +29,56 @@ def margin_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return true - others.amax(1)
 
 
+class _LaggedFlags:
+    """Which rows are still to attack, as the host last saw it without waiting for the device.
+
+    On a GPU each query's ``margin > 0`` is copied into pinned host memory without waiting;
+    ``latest`` returns the newest copy that has arrived (``torch.cuda.Event``), which may be
+    a query old: a superset of the rows still to attack, never a subset (a margin only goes
+    down). On the CPU the flags are read at once.
+    """
+
+    def __init__(self, flags: torch.Tensor) -> None:
+        self.host = flags.cpu().numpy().copy()
+        self.pending: deque[tuple[torch.Tensor, torch.cuda.Event]] = deque()
+
+    def push(self, flags: torch.Tensor) -> None:
+        if flags.device.type != "cuda":
+            self.host = flags.numpy().copy()
+            return
+        copy = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+        copy.copy_(flags, non_blocking=True)
+        arrived = torch.cuda.Event()
+        arrived.record()
+        self.pending.append((copy, arrived))
+
+    def latest(self) -> np.ndarray:
+        while self.pending and self.pending[0][1].query():
+            self.host = self.pending.popleft()[0].numpy()
+        return self.host
+
+
 class ScoreSearch:
     """The margins, best points and query counts of one search over a batch.
 
     ``best`` and ``margin`` start from the initial proposal (its query counted, its scores
     checked); ``active`` gives the rows still to attack, ``update`` keeps what improved.
+    ``active`` may name a row fooled by the query before (a GPU's flags arrive a query
+    late, so the host never waits for the model): ``update`` leaves such a row as it is and
+    does not count its query, so the result is the same as with the exact rows, the CPU's.
     """
 
     def __init__(self, predictor: Predictor, y: torch.Tensor, start: torch.Tensor) -> None:
         self.predictor, self.y, self.best = predictor, y, start
         self.margin = margin_loss(predictor.logits(start), y)
-        self.used = np.ones(len(y), dtype=np.int64)
+        self.used = torch.ones(len(y), dtype=torch.long, device=y.device)
         self.finite = torch.ones((), dtype=torch.bool, device=y.device)
+        self.flags = _LaggedFlags(self.margin > 0)
 
     def active(self) -> tuple[np.ndarray, torch.Tensor]:
-        """The rows whose margin is still positive, on the host and on the device."""
-        rows = np.flatnonzero((self.margin > 0).cpu().numpy())
+        """The rows whose margin is still positive (or was a query ago), on the host and on
+        the device."""
+        rows = np.flatnonzero(self.flags.latest())
         on_device = torch.from_numpy(rows)
         if self.y.device.type != "cpu":
             on_device = on_device.to(self.y.device, non_blocking=True)
@@ -60,12 +96,15 @@ class ScoreSearch:
         self, rows: np.ndarray, on_device: torch.Tensor, proposal: torch.Tensor,
         current: torch.Tensor, new_margin: torch.Tensor,
     ) -> None:  # fmt: skip
-        """Keep each row's proposal where its margin went down; count the query."""
+        """Keep each row's proposal where its margin went down; count the query (rows
+        fooled already are left as they are)."""
         old = self.margin[on_device]
-        improved = new_margin < old
+        open_ = old > 0
+        improved = (new_margin < old) & open_
         self.margin[on_device] = torch.where(improved, new_margin, old)
         self.best[on_device] = torch.where(improved[:, None, None, None], proposal, current)
-        self.used[rows] += 1
+        self.used.index_add_(0, on_device, open_.long())
+        self.flags.push(self.margin > 0)
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The best points and query counts, once every score was seen to be finite."""
@@ -75,4 +114,4 @@ class ScoreSearch:
                 "of a score-based attack; nothing was stored. Check the weights (NaN after "
                 "training?) and the normalisation (a std of 0 divides by zero)"
             )
-        return self.best, torch.from_numpy(self.used).to(self.y.device)
+        return self.best, self.used
