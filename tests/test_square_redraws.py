@@ -29,10 +29,12 @@ def test_peeked_draws_are_the_draws_and_consuming_them_keeps_the_stream():
         assert torch.equal(peeked.rand((4, 3)), drawn.rand((4, 3)))
 
 
-def _cifar_net() -> TorchPredictor:
+def _cifar_net(h: int = 32, w: int = 32) -> TorchPredictor:
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 30 * 30, 10))
-    return TorchPredictor(net, (3, 32, 32), 10)
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * (h - 2) * (w - 2), 10)
+    )
+    return TorchPredictor(net, (3, h, w), 10)
 
 
 @pytest.mark.parametrize("eps", [0.03, 0.3])
@@ -43,8 +45,11 @@ def test_read_ahead_redraws_equal_the_one_by_one_loop(
     cifar = _cifar_net()
     x = torch.rand((12, 3, 32, 32), generator=torch.Generator().manual_seed(1))
     x[:, :, :16] = 0.0  # a black half: windows there often stay unchanged, so many redraws
+    wide = _cifar_net(16, 24)  # not square: the two corners scale apart
+    x_wide = torch.rand((8, 3, 16, 24), generator=torch.Generator().manual_seed(2))
     for predictor, images, labels in [
-        (zoo_predictor, mnist.x, mnist.y), (cifar, x, cifar.predict(x))
+        (zoo_predictor, mnist.x, mnist.y), (cifar, x, cifar.predict(x)),
+        (wide, x_wide, wide.predict(x_wide)),
     ]:  # fmt: skip
         results = []
         for batched in (False, True):

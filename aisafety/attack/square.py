@@ -87,6 +87,7 @@ class SquareLinf(Attack):
             stripes = call.streams.signs((n, c, 1, w)) * eps
             search = ScoreSearch(predictor, y, (x + stripes).clamp(0, 1))
             side_max = max(min(h, w) - 1, 1)
+            steps = torch.tensor([eps, -eps], device=x.device).view(2, 1, 1, 1, 1)
             for iteration in counted("query", cfg.queries - 1):
                 rows, active = search.active()
                 if not len(rows):
@@ -94,12 +95,17 @@ class SquareLinf(Attack):
                 p = p_selection(cfg.p_init, iteration, cfg.queries)
                 side = min(max(round(math.sqrt(p * h * w)), 1), side_max)
                 current = search.best[active]
-                proposal = self._propose(x[active], current, side, eps, call.streams[rows])
+                proposal = self._propose(x[active], current, side, steps, call.streams[rows])
                 search.update(rows, active, proposal, current, search.query(proposal, active))
         return search.finish()
 
     def _propose(
-        self, x: torch.Tensor, best: torch.Tensor, side: int, eps: float, streams: SampleStreams
+        self,
+        x: torch.Tensor,
+        best: torch.Tensor,
+        side: int,
+        steps: torch.Tensor,
+        streams: SampleStreams,
     ) -> torch.Tensor:
         """Each sample's best point with one random window set to a fresh sign per channel.
 
@@ -112,11 +118,13 @@ class SquareLinf(Attack):
         m, c, h, w = x.shape
         on_host = BATCHED_REDRAWS is not False
         # one draw per iteration: the corner and the signs
-        u = streams.uniforms_on_host(2 + c) if on_host else streams.rand((m, 2 + c))
-        corner = torch.from_numpy(u[:, :2]).to(x.device) if on_host else u[:, :2]
-        where = self._window(corner, m, c, h, w, side)
+        if on_host:
+            u = streams.uniforms_on_host(2 + c)
+            where = self._window_from_host(u[:, :2], c, h, w, side, x.device)
+        else:
+            u = streams.rand((m, 2 + c))
+            where = self._window(u[:, :2], m, c, h, w, side)
         x_window, best_window = x[where], best[where]  # (m, c, side, side)
-        steps = torch.tensor([eps, -eps], device=x.device).view(2, 1, 1, 1, 1)
         signed = (x_window + steps).clamp(0, 1)  # (2, m, c, side, side): +eps, -eps
         # (2, m, c): whether sign +eps (0) or -eps (1) leaves the channel's window as it is
         same = ((signed - best_window).abs() < 1e-7).flatten(3).all(3)
@@ -149,6 +157,35 @@ class SquareLinf(Attack):
             torch.arange(c, device=corner.device)[None, :, None, None],
             (top[:, None] + span)[:, None, :, None],
             (left[:, None] + span)[:, None, None, :],
+        )
+
+    @staticmethod
+    def _window_from_host(
+        corner: np.ndarray, c: int, h: int, w: int, side: int, device: torch.device
+    ) -> tuple[torch.Tensor, ...]:
+        """``_window``'s index, worked out on the host and sent in one copy (the same
+        integers: float32 products truncated as ``scaled`` does)."""
+        m = len(corner)
+        rows, cols = max(h - side, 1), max(w - side, 1)
+        top = np.minimum((corner[:, 0] * np.float32(rows)).astype(np.int64), rows - 1)
+        left = np.minimum((corner[:, 1] * np.float32(cols)).astype(np.int64), cols - 1)
+        span = np.arange(side)
+        packed = np.concatenate(
+            [
+                np.arange(m),
+                np.arange(c),
+                (top[:, None] + span).ravel(),
+                (left[:, None] + span).ravel(),
+            ]
+        )
+        index = torch.from_numpy(packed).to(device)
+        at_rows = index[m + c : m + c + m * side].view(m, side)
+        at_cols = index[m + c + m * side :].view(m, side)
+        return (
+            index[:m].view(m, 1, 1, 1),
+            index[m : m + c].view(1, c, 1, 1),
+            at_rows.view(m, 1, side, 1),
+            at_cols.view(m, 1, 1, side),
         )
 
     def _redraw_one_by_one(
