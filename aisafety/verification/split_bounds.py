@@ -269,6 +269,8 @@ def bound_domains(
             for mine, chosen in ((alpha, chosen_a), (beta, chosen_b)):
                 for i, t in mine.items():
                     chosen[i] = torch.where(better.reshape(-1, 1, 1), t.detach(), chosen[i])
+            if bool((top > 0).all()):  # every domain proved: more steps change nothing
+                break
             optimiser.step()
             with torch.no_grad():
                 for t in alpha.values():
