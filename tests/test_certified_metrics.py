@@ -183,12 +183,14 @@ def test_a_timed_out_sample_is_stored_as_timeout_never_certified():
     torch.manual_seed(5)
     net = nn.Sequential(nn.Flatten(), nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
     ctx = context(TorchPredictor(net, (1, 2, 3), 3, name="relu"))  # slopes to optimise
-    # out of time in the verifier's first phase, its box-PGD, before any bound completed
-    # (out of time later, alpha-CROWN answers what its CROWN bound proved: anytime, #33)
+    # out of time in the verifier's first phase, its box-PGD given all of the limit
+    # (``attack_share`` 1), before any bound completed (out of time later, alpha-CROWN
+    # answers what its CROWN bound proved: anytime, #33)
     metric = default_registry().create(
         "metric", "certified-accuracy",
         {"verifier": "alpha-crown", "eps": 0.01,
-         "verifier_config": {"attack_steps": 1_000_000, "timeout": 0.05}},
+         "verifier_config": {"attack_steps": 1_000_000, "timeout": 0.05,
+                             "attack_share": 1.0}},
     )  # fmt: skip
     value = metric.compute(ctx)[0]
     samples = value.verdicts

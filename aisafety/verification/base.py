@@ -8,10 +8,11 @@ falsified if one violates the property, unknown if not. A batch of B samples has
 the per-instance ``timeout`` (its seconds are shared equally, ``deadline.py``).
 
 A verifier that can falsify (``attack_first``) runs box-PGD with restarts on the margin,
-from the box's centre, corners and random points, before any bound work, and bounds only
-the samples it did not break. Anytime: a bound pass that completes is ``record``-ed, so a
-batch out of time returns the strongest verdict reached (certified where a completed bound
-is > 0, else ``timeout`` with that bound as margin); ``timeout`` with margin -inf only
+from the box's centre, corners and random points, before any bound work (within
+``attack_share`` of the limit), and bounds only the samples it did not break. Anytime: a
+bound pass that completes is ``record``-ed, so a batch out of time returns the strongest
+verdict reached (certified where a completed bound is > 0, else ``timeout`` with that
+bound as margin); ``timeout`` with margin -inf only
 when no bound completed.
 """
 
@@ -57,6 +58,13 @@ class AttackFirstConfig(VerifierConfig):
     attack_restarts: int = Field(
         default=4, ge=0, description="box-PGD runs from random points, besides centre and corners"
     )
+    attack_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="share of the time limit box-PGD may take before the bounds; cut short, "
+        "it breaks nothing and the bounds get the rest (1: all of it)",
+    )
 
 
 class Verifier(ABC):
@@ -97,6 +105,21 @@ class Verifier(ABC):
         )
         return replay(model, prop, point), point
 
+    def attack_within(self, graph: BoundGraph, prop: Property, model: Model, deadline: Deadline):
+        """``attack`` within ``attack_share`` of the time ``deadline`` leaves. Cut short it
+        breaks nothing and the bounds get the rest, so at a limit too tight for both the
+        bound pass still runs: a verifier that attacks first then settles what ``crown``
+        settles with the rest of the limit (#33, docs/certification.md "Time limit")."""
+        clock = deadline.clock
+        share = Deadline(clock() + self.config.attack_share * deadline.left(), clock)
+        try:
+            with time_limit(share):
+                return self.attack(graph, prop, model)
+        except OutOfTime:
+            if deadline.passed():
+                raise
+            return torch.zeros(len(prop), dtype=torch.bool), prop.lower
+
     @classmethod
     def describe(cls) -> dict[str, Any]:
         return {
@@ -110,6 +133,10 @@ class Verifier(ABC):
         """Raise, before any work, if ``graph`` has an op this verifier cannot bound."""
         graph.require(self.kinds, f"verifier {self.name!r}")
 
+    def prepare(self) -> None:
+        """One-time process setup, before any sample's clock starts (none by default)."""
+        return None
+
     @abstractmethod
     def lower_bounds(
         self, graph: BoundGraph, prop: Property
@@ -121,6 +148,7 @@ class Verifier(ABC):
     ) -> VerificationResult:
         """Verdicts for every sample; ``model`` (the predictor) replays counterexamples."""
         self.check(graph)
+        self.prepare()
         model = model or (lambda x: graph.forward(x.to(graph.dtype)))
         limit = self.memory_budget()
         size = self.fitting_batch(graph, prop, limit)
@@ -177,7 +205,7 @@ class Verifier(ABC):
         try:
             with time_limit(deadline):
                 if self.attack_first:
-                    broken, point = self.attack(graph, prop, model)
+                    broken, point = self.attack_within(graph, prop, model, deadline)
                     todo = torch.nonzero(~broken).flatten()
                 if len(todo):
                     with torch.no_grad():

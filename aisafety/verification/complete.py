@@ -103,7 +103,7 @@ class CompleteVerifier(BabVerifier):
         bound, boxes, self._progress = None, None, None
         try:
             with time_limit(batch):
-                attacked, attack = self.attack(graph, prop, model)  # attack first
+                attacked, attack = self.attack_within(graph, prop, model, batch)  # first
                 with torch.no_grad():  # alpha-CROWN: fewer unstable ReLUs, tighter big-M
                     bound, _, boxes = self.bounds_and_boxes(graph, prop)
         except OutOfTime:  # what completed stands (``record``); no time left for a MILP

@@ -12,8 +12,9 @@ relaxation is exact), with
   duality; any beta >= 0 is sound, the optimised one is tight).
 
 Both are optimised by Adam on the bound in float32; the result is the bound of the best
-multipliers recomputed in the graph's own dtype (float64), so the search's precision
-decides only tightness. The root boxes are valid on every domain (they hold on the whole
+multipliers recomputed by a rounding-safe pass (``sound_split_bound``: float32 with every
+rounding error subtracted, as CROWN's ``bounds.sound_backward``), so the search's
+precision decides only tightness. The root boxes are valid on every domain (they hold on the whole
 box), and cutting a split neuron's box to its half is valid where its split holds; IBP is
 re-run after the cuts and intersected, which is sound for the same reason.
 """
@@ -24,8 +25,15 @@ from dataclasses import dataclass
 
 import torch
 
-from aisafety.verification.bounds import SEARCH_DTYPE, concretize, forward_from, linear_boxes
-from aisafety.verification.bounds import _tighten as tighten  # CROWN on one node's box
+from aisafety.verification import budget, rounding
+from aisafety.verification.bounds import (
+    SEARCH_DTYPE,
+    concretize,
+    forward_from,
+    in_chunks,
+    linear_boxes,
+    sound_backward,
+)
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.ops import Box
@@ -104,7 +112,7 @@ def domain_boxes(
     for i in relu_nodes(graph):
         j = graph.ops[i].inputs[0]
         if intermediate and split_before:
-            boxes[j] = tighten(graph, j, boxes, "adaptive", True)
+            boxes[j] = tighten(graph, j, boxes)
         lo, hi = boxes[j]
         s = domains.splits[i].reshape(lo.shape)
         split_before = split_before or bool((s != 0).any())
@@ -114,19 +122,47 @@ def domain_boxes(
     return boxes
 
 
+def tighten(graph: BoundGraph, j: int, boxes: list[Box]) -> Box:
+    """Node ``j``'s per-domain box intersected with CROWN's bounds of its neurons that are
+    unstable in some domain (``bounds.sound_backward``: rounding-safe, in row chunks sized
+    to the memory budget)."""
+    lo, hi = boxes[j]
+    d = lo.shape[0]
+    flat_lo, flat_hi = lo.reshape(d, -1), hi.reshape(d, -1)
+    wanted = torch.nonzero(((flat_lo < 0) & (flat_hi > 0)).any(0)).flatten()
+    m = len(wanted)
+    if m == 0:
+        return lo, hi
+    eye = lo.new_zeros(d, m, flat_lo.shape[1])
+    eye[:, torch.arange(m), wanted] = 1.0
+    a = torch.cat([eye, -eye], 1).reshape(d, 2 * m, *lo.shape[1:])
+    pass_ = lambda rows: sound_backward(graph, j, rows, boxes, cast=False)  # noqa: E731
+    bound = in_chunks(graph, j, a, False, pass_)[0].to(lo.dtype)
+    new_lo, new_hi = flat_lo.clone(), flat_hi.clone()
+    new_lo[:, wanted] = flat_lo[:, wanted].maximum(bound[:, :m])
+    new_hi[:, wanted] = flat_hi[:, wanted].minimum(-bound[:, m:])
+    return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
+
+
 def split_backward(
     graph: BoundGraph,
     domains: Domains,
     boxes: list[Box],
     alpha: dict[int, torch.Tensor],
     beta: dict[int, torch.Tensor],
+    rounded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
     """Lower bound (D,) of each domain's row minus sum beta s z, its input coefficients
-    (D, 1, *in), and the coefficient reaching each ReLU's output (for branching)."""
+    (D, 1, *in), and the coefficient reaching each ReLU's output (for branching).
+
+    ``rounded``: a float32 pass (``rounding.fast_graph``, outward-rounded boxes) whose
+    bound, float64, has every rounding error subtracted, as ``bounds.backward`` does; the
+    subtraction of ``beta s`` is one more float32 addition (``rounding.sum_error``)."""
     last = len(graph.ops) - 1
     a = domains.spec.reshape(len(domains), 1, *graph.ops[-1].out_shape)
     pending = {last: a}
-    bias = a.new_zeros(a.shape[:2])
+    bias = a.new_zeros(a.shape[:2], dtype=torch.float64 if rounded else a.dtype)
+    slack, size = bias.new_zeros(()), bias.new_zeros(())
     at_relu: dict[int, torch.Tensor] = {}
     cut = {graph.ops[i].inputs[0]: i for i in relu_nodes(graph)}
     for i in range(last, 0, -1):
@@ -138,6 +174,8 @@ def split_backward(
             k = cut[i]
             shift = beta[k] * domains.splits[k].unsqueeze(1).to(beta[k].dtype)
             coeff = coeff - shift.reshape(coeff.shape)
+            if rounded:
+                slack = slack + rounding.sum_error(coeff, boxes[i])
         in_boxes = [boxes[j] for j in op.inputs]
         if op.kind == "activation":
             at_relu[i] = coeff
@@ -146,15 +184,55 @@ def split_backward(
                 slope = relu_default_slope(*in_boxes[0], "adaptive")
             elif slope is not None:
                 slope = slope.reshape(coeff.shape)
-            back, shift = op.backward(coeff, *in_boxes, lower_slope=slope)
+            back, shift = op.backward(coeff, *in_boxes, lower_slope=slope, constant=not rounded)
         else:
             back, shift = op.backward(coeff, *in_boxes)
+        if rounded:
+            shift, err = rounding.exact_shift(graph.wide.ops[i], coeff, back, in_boxes)
+            slack, size = slack + err, size + shift.abs()
         bias = bias + shift
         for j, c in zip(op.inputs, back, strict=True):
-            pending[j] = pending[j] + c if j in pending else c
+            if j not in pending:
+                pending[j] = c
+                continue
+            pending[j] = pending[j] + c
+            if rounded:
+                slack = slack + rounding.sum_error(pending[j], boxes[j])
     coeff = pending.get(0, a.new_zeros(*a.shape[:2], *graph.input_shape))
-    bound = concretize(coeff, boxes[0]) + bias
-    return bound[:, 0] + domains.offset, coeff, at_relu
+    if not rounded:
+        bound = concretize(coeff, boxes[0]) + bias
+        return bound[:, 0] + domains.offset, coeff, at_relu
+    value, err = rounding.concretise(coeff, boxes[0])
+    terms = 2 * last + 4  # float64 sums: a constant and a margin per op, the splits' terms
+    sums = rounding.gamma(terms, rounding.U64) * (size + value.abs() + slack)
+    bound = value + bias - (slack + err + sums) * (1 + 4 * rounding.U64)
+    total = bound[:, 0] + domains.offset
+    return total - 2 * rounding.U64 * total.abs(), coeff, at_relu
+
+
+def sound_split_bound(
+    graph: BoundGraph,
+    domains: Domains,
+    boxes: list[Box],
+    alpha: dict[int, torch.Tensor],
+    beta: dict[int, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """``split_backward``'s bound that prunes: float32 with its rounding margin where
+    ``rounding.fast_graph`` allows (a float32-exact ReLU graph, a large enough pass, a spec
+    float32 holds exactly), else in the graph's dtype (float64), as ``bounds.sound_backward``
+    decides for CROWN. Coefficients come back in the graph's dtype."""
+    widest = max(budget.numel(op.out_shape) for op in graph.ops)
+    fast = rounding.fast_graph(graph, len(domains) * widest)
+    exact_spec = torch.equal(domains.spec.float().double(), domains.spec.double())
+    if fast is None or not exact_spec:
+        cast = lambda d: {i: t.to(graph.dtype) for i, t in d.items()}  # noqa: E731
+        return split_backward(graph, domains, boxes, cast(alpha), cast(beta))
+    narrow = [rounding.outward(box) for box in boxes]
+    mine = Domains(domains.spec.float(), domains.offset, domains.row, *narrow[0],
+                   domains.splits, {}, {}, domains.bound)  # fmt: skip
+    f32 = lambda d: {i: t.float() for i, t in d.items()}  # noqa: E731
+    bound, coeff, at_relu = split_backward(fast, mine, narrow, f32(alpha), f32(beta), True)
+    return bound, coeff.to(graph.dtype), at_relu
 
 
 def bound_domains(
@@ -191,16 +269,16 @@ def bound_domains(
             for mine, chosen in ((alpha, chosen_a), (beta, chosen_b)):
                 for i, t in mine.items():
                     chosen[i] = torch.where(better.reshape(-1, 1, 1), t.detach(), chosen[i])
+            if bool((top > 0).all()):  # every domain proved: more steps change nothing
+                break
             optimiser.step()
             with torch.no_grad():
                 for t in alpha.values():
                     t.clamp_(0, 1)
                 for t in beta.values():
                     t.clamp_(min=0)
-    final_a = {i: t.to(graph.dtype) for i, t in chosen_a.items()}
-    final_b = {i: t.to(graph.dtype) for i, t in chosen_b.items()}
     with torch.no_grad():
-        bound, coeff, at_relu = split_backward(graph, domains, boxes, final_a, final_b)
+        bound, coeff, at_relu = sound_split_bound(graph, domains, boxes, chosen_a, chosen_b)
     done = Domains(domains.spec, domains.offset, domains.row, domains.lower, domains.upper,
                    domains.splits, chosen_a, chosen_b, bound)  # fmt: skip
     return done, coeff, at_relu, boxes
