@@ -1,7 +1,7 @@
 """CROWN on the VNN-COMP 2021 CIFAR ResNets, ours beside auto_LiRPA's, image by image.
 
     /work/venv-lirpa/bin/python bench/resnet_crown_lirpa.py resnet_4b --eps 1 [--images 100]
-                                [--first 0] [--no-ours]
+                                [--first 0] [--only I ...] [--no-ours] [--precision float64]
 
 Both bound the same 100 shipped CIFAR-10 test images (``eran_test_subsets``, x/255) on the
 same box, ``[x - eps, x + eps]`` clipped to [0, 1] in pixel space and then normalised with
@@ -84,8 +84,8 @@ class OnnxResNet(nn.Module):
         return env[self.output]
 
 
-def cifar_images(n: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    data = np.loadtxt(IMAGES, delimiter=",")[first : first + n]
+def cifar_images(index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    data = np.loadtxt(IMAGES, delimiter=",")[index]
     x = torch.tensor(data[:, 1:] / 255.0, dtype=torch.float32).reshape(-1, 32, 32, 3)
     return x.permute(0, 3, 1, 2).contiguous(), torch.tensor(data[:, 0], dtype=torch.long)
 
@@ -110,8 +110,9 @@ def lirpa_bounds(module: nn.Module, prop, batch: int) -> tuple[float, torch.Tens
     return time.process_time() - start, torch.cat(rows)
 
 
-def our_bounds(name: str, prop, batch: int) -> tuple[float, torch.Tensor]:
+def our_bounds(name: str, prop, batch: int, precision: str) -> tuple[float, torch.Tensor]:
     from aisafety.prediction.onnx_model import load_onnx
+    from aisafety.verification import rounding
     from aisafety.verification.graph import build_graph
     from aisafety.verification.incomplete import CrownVerifier
 
@@ -119,7 +120,7 @@ def our_bounds(name: str, prop, batch: int) -> tuple[float, torch.Tensor]:
     graph = build_graph(predictor.network, predictor.input_shape, name)
     verifier, rows = CrownVerifier(), []
     start = time.process_time()
-    with torch.no_grad():
+    with torch.no_grad(), rounding.pass_precision(precision):
         for i in range(0, prop.lower.shape[0], batch):
             bound, _ = verifier.lower_bounds(graph, prop[i : i + batch].to(graph.dtype))
             rows.append(bound.double())
@@ -134,11 +135,19 @@ def main() -> None:
     parser.add_argument("--eps", type=float, default=1.0, help="in 1/255 pixel units")
     parser.add_argument("--images", type=int, default=100)
     parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--only", type=int, nargs="*", help="these image indices instead")
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--no-ours", action="store_true", help="auto_LiRPA only")
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        help="ours: auto (float32 passes and their rounding "
+        "margin, as shipped) or float64 (every pass in float64)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    x, y = cifar_images(args.images, args.first)
+    index = args.only or list(range(args.first, args.first + args.images))
+    x, y = cifar_images(index)
     module = OnnxResNet(NETS / f"{args.net}.onnx").eval()
     check_against_onnxruntime(module, x, args.net)
     clean = module((x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1))
@@ -146,25 +155,27 @@ def main() -> None:
     prop = robustness_property(x, y, args.eps / 255, 10)
     theirs_s, theirs = lirpa_bounds(module, prop, args.batch)
     theirs = theirs.double().amin(1)
-    ours_s, ours = (0.0, None) if args.no_ours else our_bounds(args.net, prop, args.batch)
+    ours_s, ours = (
+        (0.0, None) if args.no_ours else our_bounds(args.net, prop, args.batch, args.precision)
+    )
     ours = None if ours is None else ours.amin(1)
     for i in range(len(y)):
         mine = "" if ours is None else f" ours {float(ours[i]):9.4f}"
         print(
-            f"image {args.first + i:3d} correct {int(correct[i])} auto_LiRPA "
+            f"image {index[i]:3d} correct {int(correct[i])} auto_LiRPA "
             f"{float(theirs[i]):9.4f}{mine}"
         )
     lirpa_ok = (theirs > 0) & correct
     print(
-        f"{args.net} eps {args.eps:g}/255, images {args.first}-{args.first + len(y) - 1}: "
+        f"{args.net} eps {args.eps:g}/255, images {index[0]}-{index[-1]} ({len(index)}): "
         f"clean {int(correct.sum())}, auto_LiRPA CROWN certified {int(lirpa_ok.sum())} "
-        f"({theirs_s:.0f} CPU s): {(lirpa_ok.nonzero().flatten() + args.first).tolist()}"
+        f"({theirs_s:.0f} CPU s): {[index[i] for i in lirpa_ok.nonzero().flatten()]}"
     )
     if ours is not None:
         ours_ok = (ours > 0) & correct
         print(
             f"ours certified {int(ours_ok.sum())} ({ours_s:.0f} CPU s): "
-            f"{(ours_ok.nonzero().flatten() + args.first).tolist()}; auto_LiRPA's bound "
+            f"{[index[i] for i in ours_ok.nonzero().flatten()]}; auto_LiRPA's bound "
             f"above ours by at most {float((theirs - ours).max()):.3g}, below by at most "
             f"{float((ours - theirs).max()):.3g}"
         )
