@@ -38,7 +38,7 @@ def capabilities(metrics: list) -> list[tuple[str, list]]:
     return rows
 
 
-def run_net(net: str, limit: int, db: str, skip: list[str]) -> None:
+def run_net(net: str, limit: int, db: str, skip: list[str], gib: float | None) -> None:
     """Every capability of the plan on ``net``, each a run of its own; prints one line each."""
     import aisafety
     from aisafety.config import resolve_paths
@@ -58,6 +58,8 @@ def run_net(net: str, limit: int, db: str, skip: list[str]) -> None:
             "metrics": metrics,
             "dataset": {**plan["dataset"], "limit": limit},
         }
+        if gib is not None:  # the budget every capability chunks under (docs/memory.md)
+            one["limits"] = {**one.get("limits", {}), "memory_gib": gib}
         if name != "robust-accuracy":
             one.pop("attacks", None)
         if name not in ("mce", "rmce"):
@@ -104,15 +106,17 @@ def main() -> None:
     parser.add_argument("--db", default="sqlite:///cifar10.db")
     parser.add_argument("--nets", nargs="*", default=list(NETS), choices=NETS)
     parser.add_argument("--skip", nargs="*", default=[], help="metric names to leave out")
+    parser.add_argument("--memory-gib", type=float, help="the plans' limits.memory_gib")
     parser.add_argument("--net", choices=NETS, help=argparse.SUPPRESS)  # one net, this process
     args = parser.parse_args()
     if args.net:
-        run_net(args.net, args.limit, args.db, args.skip)
+        run_net(args.net, args.limit, args.db, args.skip, args.memory_gib)
         return
     print("| net | capability | value | wall s | CPU s | peak RSS MiB |\n|---|---|---|---|---|---|")
     for net in args.nets:
         command = [sys.executable, __file__, "--net", net, "--limit", str(args.limit)]
         command += ["--db", args.db, "--skip", *args.skip]
+        command += [] if args.memory_gib is None else ["--memory-gib", str(args.memory_gib)]
         subprocess.run(command, check=False)
 
 
