@@ -52,6 +52,7 @@ from aisafety.prediction.watch import before_exit_on_hang
 from aisafety.progress import RunProgress
 from aisafety.store.interruption import terminate_as_interrupt
 from aisafety.store.results import ResultStore, Subject
+from aisafety.unit_cost import CostMeter
 from aisafety.version import __version__
 
 log = logging.getLogger(__name__)
@@ -493,7 +494,7 @@ class Runner:
     ) -> list[MetricValue]:
         """One unit, each plugin call followed by the integrity check naming it."""
         ctx, subject = prepared.context, prepared.subject
-        checked = integrity.checked
+        checked, meter = integrity.checked, CostMeter()
         if unit.attack is None:
             values = []
             with reuse_freed_memory():  # the unit's large temporaries (``memory.py``)
@@ -501,7 +502,9 @@ class Runner:
                     values += checked_values(
                         m, checked(f"metric {m.label()!r}", lambda m=m: m.compute(ctx))
                     )
-            self.store.record_unit(run_id, unit.key, unit.description, subject, values, __version__)
+            self.store.record_unit(
+                run_id, unit.key, unit.description, subject, values, __version__, None, meter.read()
+            )
             return values
         spec, eps = unit.attack, unit.eps
         values = []
@@ -515,6 +518,7 @@ class Runner:
                 values += checked_values(m, checked(who, lambda m=m: m.compute(ctx, spec, eps)))
         family = self.attacks[spec.key()].family.value
         self.store.record_unit(
-            run_id, unit.key, unit.description, subject, values, __version__, (spec, family, result)
-        )
+            run_id, unit.key, unit.description, subject, values, __version__,
+            (spec, family, result), meter.read(),
+        )  # fmt: skip
         return values

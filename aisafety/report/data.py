@@ -62,6 +62,18 @@ class AttackRunRow:
 
 
 @dataclass(frozen=True)
+class UnitRow:
+    """One unit of the run and what it cost (NULL costs: stored before they were kept)."""
+
+    description: str
+    finished_at: datetime
+    seconds: float | None
+    cpu_seconds: float | None
+    peak_rss_mib: float | None
+    peak_gpu_mib: float | None
+
+
+@dataclass(frozen=True)
 class Example:
     attack_run_id: int
     sample_index: int
@@ -91,6 +103,7 @@ class RunData:
     radii: dict[int, np.ndarray] = field(default_factory=dict)
     # when the command that made it started (None: made from Python, or before it was kept)
     command_started_at: datetime | None = None
+    units: list[UnitRow] = field(default_factory=list)  # in the order they finished
 
     @property
     def wall_seconds(self) -> float | None:
@@ -232,8 +245,21 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
             outcomes=_outcomes(session, ids),
             examples=_examples(session, ids),
             radii=_radii(session, [m.id for m in metrics]),
+            units=_units(session, run_id),
         )
     return data
+
+
+def _units(session: Session, run_id: int) -> list[UnitRow]:
+    """The units this run stored (a unit a later run computed again is that run's)."""
+    rows = session.scalars(
+        select(schema.Unit).where(schema.Unit.run_id == run_id).order_by(schema.Unit.finished_at)
+    )
+    return [
+        UnitRow(u.description, u.finished_at, u.seconds, u.cpu_seconds, u.peak_rss_mib,
+                u.peak_gpu_mib)
+        for u in rows
+    ]  # fmt: skip
 
 
 def _names(session: Session) -> dict[str, dict[int, dict[str, Any]]]:

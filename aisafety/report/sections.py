@@ -415,8 +415,20 @@ class Examples(ReportSection):
         )
 
 
+class UnitCosts(ReportSection):
+    """What each unit cost: where a run's time and memory went, to size a larger one."""
+
+    name, title, order = "unit-costs", "Time and peak memory per unit", 88
+
+    def render(self, report: ReportView) -> str | None:
+        if not report.data.units:
+            return None
+        return report.template("units.html.j2", units=report.data.units)
+
+
 BUILTIN_SECTIONS = [
     Provenance,
+    UnitCosts,
     ModelCards,
     SanityChecks,
     MetricTable,

@@ -7,6 +7,7 @@ everything it finished, and ``--resume`` recognises finished units by their key.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from aisafety.store.engine import check_url, checkpoint, open_engine, with_retri
 from aisafety.store.liveness import Heartbeat, mark_dead_runs, utc_now
 from aisafety.store.migration import migrate
 from aisafety.store.read_only import query_read_only
+from aisafety.unit_cost import UnitCost
 
 # Inputs kept per attack run for the report's example panels: successful ones first.
 EXAMPLES_PER_RUN = 4
@@ -140,14 +142,17 @@ class ResultStore:
         values: list[MetricValue],
         version: str,
         attack: tuple[AttackSpec, str, AttackResult] | None = None,
+        cost: UnitCost | None = None,
     ) -> bool:
         """Write a unit, its attack run, outcomes and values in one transaction (retried
         while another process holds the write lock). Idempotent per (run, unit key): a unit
         this run already stored (a retried task whose first attempt committed) is left as it
-        is and False is returned."""
+        is and False is returned. ``cost``: what computing it took (``unit_cost.py``)."""
         written = with_retries(
             f"store unit {description!r} in {self.url}",
-            lambda: self._write_unit(run_id, key, description, subject, values, version, attack),
+            lambda: self._write_unit(
+                run_id, key, description, subject, values, version, attack, cost
+            ),
         )
         checkpoint(self.engine)
         return written
@@ -185,6 +190,7 @@ class ResultStore:
         values: list[MetricValue],
         version: str,
         attack: tuple[AttackSpec, str, AttackResult] | None,
+        cost: UnitCost | None = None,
     ) -> bool:
         with Session(self.engine) as session, session.begin():
             # Locked until commit (PostgreSQL), so two attempts of one task cannot both write;
@@ -201,6 +207,7 @@ class ResultStore:
                 "finished_at": schema.utcnow(),
                 "n_values": len(values),
                 "n_outcomes": 0 if attack is None else len(attack[2].y),
+                **cost_columns(cost),
             }
             if stored is None:  # an INSERT: a concurrent first write of this key collides
                 unit = schema.Unit(key=key, **fields)
@@ -466,3 +473,10 @@ def _interval(v: MetricValue) -> dict[str, float | None]:
         return {"ci_low": None, "ci_high": None}
     low, high = rate_interval(v.value, v.n_samples)
     return {"ci_low": low, "ci_high": high}
+
+
+def cost_columns(cost: UnitCost | None) -> dict[str, float | None]:
+    """The ``units`` columns of a unit's cost; all NULL when it was not measured."""
+    if cost is None:
+        return {f.name: None for f in dataclasses.fields(UnitCost)}
+    return dataclasses.asdict(cost)

@@ -91,6 +91,13 @@ class Unit(Base):
     n_examples: Mapped[int | None] = mapped_column(Integer)
     n_verdicts: Mapped[int | None] = mapped_column(Integer)
     n_certificates: Mapped[int | None] = mapped_column(Integer)
+    # What the unit cost (aisafety/unit_cost.py): wall and CPU seconds, the process's peak
+    # resident size while it ran and the CUDA allocator's peak; NULL where not measured
+    # (units stored before revision 0003, a peak the platform cannot reset, no CUDA).
+    seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cpu_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_rss_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_gpu_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class UnitFailure(Base):

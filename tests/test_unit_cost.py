@@ -1,0 +1,58 @@
+"""Each unit's cost (``aisafety/unit_cost.py``) is stored with it and shown by the report."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from aisafety.cli import main
+from aisafety.report_page import build_report
+from aisafety.store.results import ResultStore
+from aisafety.unit_cost import CostMeter
+
+PLAN = """
+model: {name: mnist-cnn}
+dataset: {name: mnist-embedded, limit: 8}
+attacks: [{name: fgsm, eps: [0.1]}]
+metrics: [ca, robust-accuracy]
+"""
+
+
+def test_the_meter_sees_an_allocation_and_the_time_it_took():
+    meter = CostMeter()
+    before = meter.read()
+    block = np.ones(64 << 20 >> 3)  # 64 MiB, touched
+    after = meter.read()
+    assert after.seconds >= before.seconds >= 0 and after.cpu_seconds >= 0
+    assert after.peak_gpu_mib is None or after.peak_gpu_mib >= 0
+    if sys.platform == "linux":  # VmHWM and clear_refs
+        assert after.peak_rss_mib - before.peak_rss_mib >= 60
+    del block
+
+
+def test_every_unit_stores_its_cost_and_the_report_shows_it(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    assert main(["evaluate", str(plan), "--db", db, "--quiet"]) == 0
+    store = ResultStore(db)
+    _, rows = store.query(
+        "SELECT description, seconds, cpu_seconds, peak_rss_mib, peak_gpu_mib FROM units"
+    )
+    assert {r[0] for r in rows} == {"clean metrics on mnist-embedded", "fgsm eps=0.1"}
+    for _, seconds, cpu, peak, gpu in rows:
+        assert seconds >= 0 and cpu >= 0 and gpu is None
+        if sys.platform == "linux":
+            assert peak > 10  # MiB: at least the interpreter and the model are resident
+    html = build_report(store, 1)
+    assert "Time and peak memory per unit" in html and "fgsm eps=0.1" in html
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/clear_refs is Linux's")
+def test_a_peak_that_cannot_be_reset_is_unknown_not_the_lifetime_peak(monkeypatch, tmp_path):
+    import aisafety.unit_cost as unit_cost
+
+    monkeypatch.setattr(unit_cost, "CLEAR_REFS", tmp_path / "absent" / "clear_refs")
+    assert CostMeter().read().peak_rss_mib is None
