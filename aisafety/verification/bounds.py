@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from aisafety.verification import budget, rounding
+from aisafety.verification import budget, receptive, rounding
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box, split_signs
@@ -166,7 +166,43 @@ def _tighten(
     graph: BoundGraph, j: int, boxes: list[Box], mode: str, relu: bool, alpha_steps: int = 0
 ) -> Box:
     """Node ``j``'s box tightened by backward passes from its unstable neurons (a ReLU's
-    stable ones are exact already), in chunks of neurons sized to the memory budget."""
+    stable ones are exact already), in chunks of neurons sized to the memory budget; a
+    convolution's neurons on their receptive fields where ``receptive.py`` can crop them."""
+    crops = receptive.crops_for(graph, j) if relu else None
+    if crops is not None:
+        return _tighten_cropped(crops, j, boxes, mode, alpha_steps)
+    return _tighten_dense(graph, j, boxes, mode, relu, alpha_steps)
+
+
+def _tighten_cropped(
+    crops: receptive.Crops, j: int, boxes: list[Box], mode: str, alpha_steps: int
+) -> Box:
+    """``_tighten`` with one sample per (sample, output position) that has an unstable
+    neuron, on that position's crop of the chain (``receptive.py``)."""
+    lo, hi = boxes[j]
+    b, c, h, w = lo.shape
+    unstable = ((lo < 0) & (hi > 0)).any(1).reshape(b, h * w)
+    columns = unstable.any(0).nonzero().squeeze(1)  # positions with work in some sample
+    if columns.numel() == 0:
+        return lo, hi
+    positions = torch.stack([columns // w, columns % w], 1)
+    keep = unstable[:, columns].reshape(-1).nonzero().squeeze(1)  # (sample, position) pairs
+    cropped = [(lo_[keep], hi_[keep]) for lo_, hi_ in receptive.crop_boxes(crops, boxes, positions)]
+    end = j - crops.first  # node j in the cropped chain
+    new_lo, new_hi = _tighten_dense(crops.graph, end, cropped, mode, True, alpha_steps)
+    sample, where = keep // columns.numel(), columns[keep % columns.numel()]
+    out = []
+    for old, new in ((lo, new_lo), (hi, new_hi)):
+        flat = old.reshape(b, c, h * w).transpose(1, 2).clone()  # (B, positions, C)
+        flat[sample, where] = new.reshape(-1, c)
+        out.append(flat.transpose(1, 2).reshape(lo.shape))
+    return out[0], out[1]
+
+
+def _tighten_dense(
+    graph: BoundGraph, j: int, boxes: list[Box], mode: str, relu: bool, alpha_steps: int = 0
+) -> Box:
+    """``_tighten`` with one backward pass per neuron over the whole graph."""
     lo, hi = boxes[j]
     b = lo.shape[0]
     flat_lo, flat_hi = lo.reshape(b, -1), hi.reshape(b, -1)
