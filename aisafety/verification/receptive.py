@@ -24,12 +24,14 @@ different order (tests/test_receptive.py).
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from aisafety.verification import ops
 from aisafety.verification.graph import BoundGraph
@@ -39,6 +41,7 @@ from aisafety.verification.relaxations import RELU
 TINY = 1e-30  # a padded ReLU input: stably inactive, and float32 holds it
 # crop only where a neuron's receptive field is at most this share of the input
 SHARE = 0.5
+LARGEST = 1 << 22  # elements of a cropped convolution's dense matrix
 _ENABLED: ContextVar[bool] = ContextVar("receptive_crops", default=True)
 
 
@@ -60,6 +63,7 @@ class Crops:
     graph: BoundGraph
     first: int
     leading: list[ops.Op]  # the input normalisation before node ``first``: on the box
+    shapes: list[tuple[int, int, int]]  # each node's window (the crop graph's are flat)
     stride: list[tuple[int, int]]  # window start = position * stride + offset
     offset: list[tuple[int, int]]
     zero_fill: list[bool]  # out-of-range positions are 0 (else -TINY)
@@ -122,27 +126,35 @@ def _build(graph: BoundGraph, j: int) -> Crops | None:
     if size[0][0] * size[0][1] > SHARE * whole:
         return None
     chain = graph.ops[first : j + 1]
-    cropped = [ops.Input("crop", [], (chain[0].out_shape[0], *size[0]))]
+    shapes = [(op.out_shape[0], *size[i]) for i, op in enumerate(chain)]
+    cropped = [ops.Input("crop", [], (math.prod(shapes[0]),))]
     for i, op in enumerate(chain[1:], 1):
-        cropped.append(_cropped_op(op, size[i], i - 1))
+        cropped.append(_flat_op(op, shapes[i - 1], shapes[i], i - 1))
+    if any(op.kind == "dense" and op.weight.numel() > LARGEST for op in cropped):
+        return None
     zero_fill = [True] + [op.kind != "activation" for op in chain[1:]]
     for i, op in enumerate(chain[1:], 1):
         if op.kind == "activation":  # its input pads as a stably inactive ReLU
             zero_fill[i - 1] = False
     crop = BoundGraph(cropped, graph.model, graph.dtype)
-    return Crops(crop, first, graph.ops[1 : first + 1], stride, offset, zero_fill)
+    return Crops(crop, first, graph.ops[1 : first + 1], shapes, stride, offset, zero_fill)
 
 
-def _cropped_op(op: ops.Op, size: tuple[int, int], reads: int) -> ops.Op:
-    new = copy.copy(op)
-    new.inputs = [reads]
-    new.out_shape = (op.out_shape[0], *size)
+def _flat_op(op: ops.Op, in_shape: tuple[int, ...], shape: tuple[int, ...], reads: int) -> ops.Op:
+    """``op`` on the crop, on flat vectors: a convolution as the dense matrix of its
+    unpadded map (every entry a weight or zero, so exact in any dtype that holds them)."""
+    n = math.prod(shape)
     if op.kind == "conv":
-        new.padding = (0, 0)
-        new.in_shape = (op.in_shape[0], *_in_size(op, size))
+        basis = torch.eye(math.prod(in_shape), dtype=op.weight.dtype).reshape(-1, *in_shape)
+        columns = F.conv2d(basis, op.weight.detach(), None, op.stride, 0, op.dilation, op.groups)
+        bias = op.bias.detach().repeat_interleave(n // shape[0])
+        return ops.Dense(op.name, [reads], (n,), weight=columns.reshape(-1, n).T.contiguous(),
+                         bias=bias)  # fmt: skip
+    new = copy.copy(op)
+    new.inputs, new.out_shape = [reads], (n,)
     if op.kind == "elementwise":
-        new.scale = op.scale[:, :1, :1].expand(new.out_shape).contiguous()
-        new.shift = op.shift[:, :1, :1].expand(new.out_shape).contiguous()
+        new.scale = op.scale[:, :1, :1].expand(shape).reshape(-1)
+        new.shift = op.shift[:, :1, :1].expand(shape).reshape(-1)
     return new
 
 
@@ -159,9 +171,8 @@ def crop_boxes(crops: Crops, boxes: list[Box], positions: torch.Tensor) -> list[
     chain = [_normalised(crops, boxes)] + boxes[crops.first + 1 : crops.first + len(crops.stride)]
     for i, (lo, hi) in enumerate(chain):
         fill = 0.0 if crops.zero_fill[i] else -TINY
-        window = crops.graph.ops[i].out_shape[1:]
-        args = (positions, crops.stride[i], crops.offset[i], window, fill)
-        out.append((_windows(lo, *args), _windows(hi, *args)))
+        args = (positions, crops.stride[i], crops.offset[i], crops.shapes[i][1:], fill)
+        out.append((_windows(lo, *args).flatten(1), _windows(hi, *args).flatten(1)))
     return out
 
 

@@ -166,9 +166,9 @@ def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor, nonzero: int) 
     bracket's ``|W| |c| + |b|`` times three float64 gammas."""
     size = centre[0].numel() + int(torch.tensor(op.out_shape).prod()) + 2
     wide = 3 * gamma(size, U64)
-    if op.kind == "dense":  # a @ W: sums over the n_out outputs
+    if op.kind == "dense":  # a @ W: sums over a column's nonzero weights at most
         w, b = op.weight.abs(), op.bias.abs()
-        terms = min(w.shape[0], nonzero)
+        terms = min(_column_terms(op), nonzero)
         return gamma(terms) * F.linear(radius, w) + wide * F.linear(centre.abs(), w, b)
     if op.kind == "conv":  # conv_transpose: sums over C_out / groups * kh * kw at most
         w = op.weight.abs()
@@ -180,6 +180,18 @@ def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor, nonzero: int) 
         scale = op.scale.abs()
         return gamma(1) * scale * radius + wide * (scale * centre.abs() + op.shift.abs())
     raise ValueError(f"no rounding bound for {op.kind} node {op.name!r}")
+
+
+def _column_terms(op: Op) -> int:
+    """The most nonzero weights in a column of a dense op's matrix: a product with a zero
+    weight adds an exact zero (a convolution's matrix is mostly zeros). Cached per weight
+    tensor and version, so an update in place is counted afresh."""
+    key = (id(op.weight), op.weight._version)
+    cached = op.__dict__.get("_column_terms")
+    if cached is None or cached[0] != key:
+        cached = (key, int((op.weight != 0).sum(0).max()))
+        op.__dict__["_column_terms"] = cached
+    return cached[1]
 
 
 def _taps(op: Op) -> int:
