@@ -185,26 +185,24 @@ def _tighten(
 def _tighten_cropped(
     crops: receptive.Crops, j: int, boxes: list[Box], mode: str, alpha_steps: int
 ) -> Box:
-    """``_tighten`` with one sample per (sample, output position) that has an unstable
-    neuron, on that position's crop of the chain (``receptive.py``)."""
+    """``_tighten`` with one sample per (sample, output position) pair that has an unstable
+    neuron, on that position's crop of the chain (``receptive.py``); the pairs go in chunks
+    sized to the memory budget (one pair, two rows and its crop's boxes at the least)."""
     lo, hi = boxes[j]
     b, c, h, w = lo.shape
-    unstable = ((lo < 0) & (hi > 0)).any(1).reshape(b, h * w)
-    columns = unstable.any(0).nonzero().squeeze(1)  # positions with work in some sample
-    if columns.numel() == 0:
-        return lo, hi
-    positions = torch.stack([columns // w, columns % w], 1)
-    keep = unstable[:, columns].reshape(-1).nonzero().squeeze(1)  # (sample, position) pairs
-    cropped = [(lo_[keep], hi_[keep]) for lo_, hi_ in receptive.crop_boxes(crops, boxes, positions)]
+    pairs = ((lo < 0) & (hi > 0)).any(1).reshape(b, h * w).nonzero()  # (N, 2): sample, place
     end = j - crops.first  # node j in the cropped chain
-    new_lo, new_hi = _tighten_dense(crops.graph, end, cropped, mode, True, alpha_steps)
-    sample, where = keep // columns.numel(), columns[keep % columns.numel()]
-    out = []
-    for old, new in ((lo, new_lo), (hi, new_hi)):
-        flat = old.reshape(b, c, h * w).transpose(1, 2).clone()  # (B, positions, C)
-        flat[sample, where] = new.reshape(-1, c)
-        out.append(flat.transpose(1, 2).reshape(lo.shape))
-    return out[0], out[1]
+    per_pair = budget.crop_pair_bytes(crops.graph, end, alpha_steps > 0)
+    step = budget.rows_per_chunk(per_pair, max(1, pairs.shape[0]), budget.box_bytes(crops.graph, 0))
+    out = [t.reshape(b, c, h * w).transpose(1, 2).clone() for t in (lo, hi)]  # (B, places, C)
+    for first in range(0, pairs.shape[0], step):
+        sample, place = pairs[first : first + step].unbind(1)
+        positions = torch.stack([place // w, place % w], 1)
+        cropped = receptive.crop_boxes(crops, boxes, sample, positions)
+        new = _tighten_dense(crops.graph, end, cropped, mode, True, alpha_steps)
+        for flat, bound in zip(out, new, strict=True):
+            flat[sample, place] = bound.reshape(-1, c)
+    return out[0].transpose(1, 2).reshape(lo.shape), out[1].transpose(1, 2).reshape(lo.shape)
 
 
 def _tighten_dense(

@@ -163,15 +163,18 @@ def _in_size(op: ops.Conv, size: tuple[int, int]) -> tuple[int, int]:
     return tuple((size[d] - 1) * op.stride[d] + op.dilation[d] * (k[d] - 1) + 1 for d in (0, 1))
 
 
-def crop_boxes(crops: Crops, boxes: list[Box], positions: torch.Tensor) -> list[Box]:
-    """The boxes of the chain's nodes on the windows of ``positions`` (P, 2) of node ``j``:
-    samples ordered (batch, position), out-of-range positions filled as the module docstring
-    says; the first is the input box through the normalisation, widened by its rounding."""
+def crop_boxes(
+    crops: Crops, boxes: list[Box], samples: torch.Tensor, positions: torch.Tensor
+) -> list[Box]:
+    """The boxes of the chain's nodes, flat, on the windows of the (sample, position of node
+    ``j``) pairs ``samples`` (N,) and ``positions`` (N, 2); out-of-range positions filled as
+    the module docstring says; the first is the input box through the normalisation,
+    widened by its rounding."""
     out = []
     chain = [_normalised(crops, boxes)] + boxes[crops.first + 1 : crops.first + len(crops.stride)]
     for i, (lo, hi) in enumerate(chain):
         fill = 0.0 if crops.zero_fill[i] else -TINY
-        args = (positions, crops.stride[i], crops.offset[i], crops.shapes[i][1:], fill)
+        args = (samples, positions, crops.stride[i], crops.offset[i], crops.shapes[i][1:], fill)
         out.append((_windows(lo, *args).flatten(1), _windows(hi, *args).flatten(1)))
     return out
 
@@ -189,13 +192,14 @@ def _normalised(crops: Crops, boxes: list[Box]) -> Box:
 
 def _windows(
     t: torch.Tensor,
+    samples: torch.Tensor,
     positions: torch.Tensor,
     stride: tuple[int, int],
     offset: tuple[int, int],
     window: tuple[int, int],
     fill: float,
 ) -> torch.Tensor:
-    """``t`` (B, C, H, W) cut into the windows (B * P, C, h, w) starting at
+    """The windows (N, C, h, w) of ``t`` (B, C, H, W) at ``samples`` starting at
     ``positions * stride + offset``; positions outside ``t`` hold ``fill``."""
     b, c, height, width = t.shape
     starts = [positions[:, d] * stride[d] + offset[d] for d in (0, 1)]
@@ -203,7 +207,7 @@ def _windows(
            for d in (0, 1)]  # fmt: skip
     padded = t.new_full((b, c, height + 2 * pad[0], width + 2 * pad[1]), fill)
     padded[:, :, pad[0] : pad[0] + height, pad[1] : pad[1] + width] = t
-    rows = (starts[0] + pad[0]).unsqueeze(1) + torch.arange(window[0])  # (P, h)
-    cols = (starts[1] + pad[1]).unsqueeze(1) + torch.arange(window[1])  # (P, w)
-    cut = padded[:, :, rows.unsqueeze(2), cols.unsqueeze(1)]  # (B, C, P, h, w)
-    return cut.transpose(1, 2).reshape(b * positions.shape[0], c, *window)
+    rows = (starts[0] + pad[0]).unsqueeze(1) + torch.arange(window[0])  # (N, h)
+    cols = (starts[1] + pad[1]).unsqueeze(1) + torch.arange(window[1])  # (N, w)
+    cut = padded[samples[:, None, None], :, rows[:, :, None], cols[:, None, :]]  # (N, h, w, C)
+    return cut.permute(0, 3, 1, 2)
