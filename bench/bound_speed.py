@@ -21,7 +21,8 @@ CPU, the load (before and after) and auto_LiRPA's commit are printed. One thread
 
 ``--alpha N``: alpha-CROWN instead, ours and auto_LiRPA's, on the first N images of
 Conv-Small in chunks of 10, both with 20 Adam steps at lr 0.1 on the slopes: cumulative CPU
-time, certified images per chunk, and the images where a row of ours is below our CROWN's.
+time, certified images per chunk, and the images where a row of ours is below our CROWN's;
+``--skip K`` starts at image K (a run cut by a time limit goes on from there).
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def alpha_rows(args, data) -> None:
     bounded.set_bound_opts({"optimize_bound_args": {"iteration": 20, "lr_alpha": 0.1}})
     mine = theirs = 0.0
     looser = 0
-    for first in range(0, args.alpha, 10):
+    for first in range(args.skip, args.alpha, 10):
         x, y = data.x[first : first + 10], data.y[first : first + 10]
         prop = robustness_property(x.reshape(-1, *shape), y, eps, 10)
         prop = normalised(prop, network, shape, name).to(torch.float64)
@@ -228,6 +229,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--alpha", type=int, default=0, help="alpha-CROWN on N images")
+    parser.add_argument("--skip", type=int, default=0, help="with --alpha: start at image K")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from aisafety.database.datasets.embedded import EmbeddedMnist
