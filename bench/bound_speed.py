@@ -15,11 +15,14 @@ alternating), for CROWN as shipped (float32 backward passes with their rounding 
 verification/rounding.py) and with every pass in float64 (``pass_precision("float64")``),
 and the largest amount by which auto_LiRPA's float32 lower bound exceeds our shipped one
 (<= 0: ours at least as tight everywhere; a few 1e-5 is float32 rounding, which auto_LiRPA
-does not bound and ours subtracts). Run it one thread per process; say the load beside it.
+does not bound and ours subtracts), and the same against our float32 passes with every
+op's rounding margin left out (unsound; the part of the gap that is not the margins). The
+CPU, the load (before and after) and auto_LiRPA's commit are printed. One thread each.
 
 ``--alpha N``: alpha-CROWN instead, ours and auto_LiRPA's, on the first N images of
 Conv-Small in chunks of 10, both with 20 Adam steps at lr 0.1 on the slopes: cumulative CPU
-time, certified images per chunk, and the images where a row of ours is below our CROWN's.
+time, certified images per chunk, and the images where a row of ours is below our CROWN's;
+``--skip K`` starts at image K (a run cut by a time limit goes on from there).
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def alpha_rows(args, data) -> None:
     bounded.set_bound_opts({"optimize_bound_args": {"iteration": 20, "lr_alpha": 0.1}})
     mine = theirs = 0.0
     looser = 0
-    for first in range(0, args.alpha, 10):
+    for first in range(args.skip, args.alpha, 10):
         x, y = data.x[first : first + 10], data.y[first : first + 10]
         prop = robustness_property(x.reshape(-1, *shape), y, eps, 10)
         prop = normalised(prop, network, shape, name).to(torch.float64)
@@ -183,21 +186,64 @@ def alpha_rows(args, data) -> None:
               flush=True)  # fmt: skip
 
 
+def setting() -> str:
+    """The CPU, the load and the auto_LiRPA commit, printed beside the numbers."""
+    import os
+    import platform
+    import subprocess
+
+    import auto_LiRPA
+
+    cpu = platform.processor() or "?"
+    for line in (
+        Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    ):
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    source = Path(auto_LiRPA.__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "?"  # fmt: skip
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    return f"CPU {cpu}; load {load}; torch {torch.__version__}; auto_LiRPA {commit}"
+
+
+def unmargined(graph, prop) -> torch.Tensor:
+    """Our float32 CROWN with every op's rounding margin left out (unsound, for this
+    comparison only): what is left of the gap to auto_LiRPA is not the margins."""
+    exact_shift = rounding.exact_shift
+
+    def no_margin(*args):
+        shift, error = exact_shift(*args)
+        return shift, error * 0
+
+    rounding.exact_shift = no_margin
+    try:
+        return ours(graph, prop)[1]
+    finally:
+        rounding.exact_shift = exact_shift
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--alpha", type=int, default=0, help="alpha-CROWN on N images")
+    parser.add_argument("--skip", type=int, default=0, help="with --alpha: start at image K")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from aisafety.database.datasets.embedded import EmbeddedMnist
 
     data = EmbeddedMnist().load(None, "test")
     if args.alpha:
-        return alpha_rows(args, data)
+        print(setting())
+        alpha_rows(args, data)
+        return print(setting())
     x, y = data.x[: args.images], data.y[: args.images]
+    print(setting())
     print(f"{'network':<16} {'ours/lirpa':>11} {'f64 passes/lirpa':>17} {'lirpa s':>8} "
-          f"{'lirpa tighter by':>17} {'f64 tighter by':>15}")  # fmt: skip
+          f"{'lirpa tighter by':>17} {'f64 tighter by':>15} "
+          f"{'lirpa over no-margin':>21}")  # fmt: skip
     for name, network, shape, eps in networks():
         prop = robustness_property(x.reshape(-1, *shape), y, eps, 10)
         prop, module = normalised(prop, network, shape, name), plain_module(network, shape, name)
@@ -226,8 +272,10 @@ def main() -> None:
                 else:
                     loss = max(loss, float((bound - shipped).max()))
         fast, wide = (statistics.median(ratios[p]) for p in ("auto", "float64"))
+        bare = float((their_bound.double() - unmargined(graph, prop)).max())
         print(f"{name:<16} {fast:>10.2f}x {wide:>16.2f}x {statistics.median(theirs):>8.3f} "
-              f"{gap:>17.2e} {loss:>15.2e}", flush=True)  # fmt: skip
+              f"{gap:>17.2e} {loss:>15.2e} {bare:>21.2e}", flush=True)  # fmt: skip
+    print(setting())
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from aisafety.verification import budget, rounding
+from aisafety.verification import budget, receptive, rounding
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box, split_signs
@@ -85,6 +85,8 @@ def backward(
                 slope = relu_default_slope(*in_boxes[0], mode)
             # rounded: exact_shift computes the constant in float64
             back, shift = op.backward(coeff, *in_boxes, lower_slope=slope, constant=not rounded)
+        elif rounded and op.kind in {"dense", "conv"}:  # exact_shift computes the constant
+            back, shift = op.backward(coeff, *in_boxes, constant=False)
         elif op.kind in LINEAR_KINDS:
             back, shift = op.backward(coeff, *in_boxes)
         else:
@@ -102,7 +104,7 @@ def backward(
             pending[j] = pending[j] + c
             if rounded:  # the float32 addition rounds too
                 slack = slack + rounding.sum_error(pending[j], boxes[j])
-    coeff = pending.get(0, a.new_zeros(*a.shape[:2], *graph.input_shape))
+    coeff = pending[0] if 0 in pending else a.new_zeros(*a.shape[:2], *graph.input_shape)
     if not rounded:
         return concretize(coeff, boxes[0]) + bias, coeff
     value, err = rounding.concretise(coeff, boxes[0])
@@ -124,15 +126,21 @@ def sound_backward(
     """``backward`` in float32 with its rounding margin where ``rounding.fast_graph`` allows
     (sound, and faster), else in the graph's dtype; the bound is in the graph's dtype, the
     coefficients too with ``cast`` (an intermediate bound does not need them)."""
-    widest = max(budget.numel(op.out_shape) for op in graph.ops[: start + 1])
-    fast = rounding.fast_graph(graph, a.shape[0] * a.shape[1] * widest)
+    fast = pass_graph(graph, start, a.shape[0] * a.shape[1])
     if fast is None:
-        return backward(graph, start, a, boxes, mode, slopes)
+        return backward(graph, start, a.to(graph.dtype), boxes, mode, slopes)
     narrow = [rounding.outward(box) for box in boxes[: start + 1]]
     slopes32 = {i: s.float() for i, s in slopes.items()} if slopes is not None else None
     with torch.no_grad():
         bound, coeff = backward(fast, start, a.float(), narrow, mode, slopes32, rounded=True)
     return bound, coeff.to(graph.dtype) if cast else coeff
+
+
+def pass_graph(graph: BoundGraph, start: int, rows: int) -> BoundGraph | None:
+    """The float32 graph ``sound_backward`` runs ``rows`` rows (batch included) from node
+    ``start`` on, or None for the graph's own dtype (``rounding.fast_graph``)."""
+    widest = max(budget.numel(op.out_shape) for op in graph.ops[: start + 1])
+    return rounding.fast_graph(graph, rows * widest)
 
 
 def depends_on_activation(graph: BoundGraph) -> list[bool]:
@@ -166,7 +174,41 @@ def _tighten(
     graph: BoundGraph, j: int, boxes: list[Box], mode: str, relu: bool, alpha_steps: int = 0
 ) -> Box:
     """Node ``j``'s box tightened by backward passes from its unstable neurons (a ReLU's
-    stable ones are exact already), in chunks of neurons sized to the memory budget."""
+    stable ones are exact already), in chunks of neurons sized to the memory budget; a
+    convolution's neurons on their receptive fields where ``receptive.py`` can crop them."""
+    crops = receptive.crops_for(graph, j) if relu else None
+    if crops is not None:
+        return _tighten_cropped(crops, j, boxes, mode, alpha_steps)
+    return _tighten_dense(graph, j, boxes, mode, relu, alpha_steps)
+
+
+def _tighten_cropped(
+    crops: receptive.Crops, j: int, boxes: list[Box], mode: str, alpha_steps: int
+) -> Box:
+    """``_tighten`` with one sample per (sample, output position) pair that has an unstable
+    neuron, on that position's crop of the chain (``receptive.py``); the pairs go in chunks
+    sized to the memory budget (one pair, two rows and its crop's boxes at the least)."""
+    lo, hi = boxes[j]
+    b, c, h, w = lo.shape
+    pairs = ((lo < 0) & (hi > 0)).any(1).reshape(b, h * w).nonzero()  # (N, 2): sample, place
+    end = j - crops.first  # node j in the cropped chain
+    per_pair = budget.crop_pair_bytes(crops.graph, end, alpha_steps > 0)
+    step = budget.rows_per_chunk(per_pair, max(1, pairs.shape[0]), budget.box_bytes(crops.graph, 0))
+    out = [t.reshape(b, c, h * w).transpose(1, 2).clone() for t in (lo, hi)]  # (B, places, C)
+    for first in range(0, pairs.shape[0], step):
+        sample, place = pairs[first : first + step].unbind(1)
+        positions = torch.stack([place // w, place % w], 1)
+        cropped = receptive.crop_boxes(crops, boxes, sample, positions)
+        new = _tighten_dense(crops.graph, end, cropped, mode, True, alpha_steps)
+        for flat, bound in zip(out, new, strict=True):
+            flat[sample, place] = bound.reshape(-1, c)
+    return out[0].transpose(1, 2).reshape(lo.shape), out[1].transpose(1, 2).reshape(lo.shape)
+
+
+def _tighten_dense(
+    graph: BoundGraph, j: int, boxes: list[Box], mode: str, relu: bool, alpha_steps: int = 0
+) -> Box:
+    """``_tighten`` with one backward pass per neuron over the whole graph."""
     lo, hi = boxes[j]
     b = lo.shape[0]
     flat_lo, flat_hi = lo.reshape(b, -1), hi.reshape(b, -1)
@@ -195,6 +237,8 @@ def _bound_neurons(
 ) -> torch.Tensor:
     """Lower bounds (B, 2c) of the neurons ``chunk`` (B, c) of node ``j``, then of their
     negations."""
+    if alpha_steps == 0 and graph.ops[j].kind == "dense":
+        return _dense_neurons(graph, j, chunk, boxes, mode)
     lo = boxes[j][0]
     b, c = chunk.shape
     eye = lo.new_zeros(b, c, lo[0].numel()).scatter_(2, chunk.unsqueeze(2), 1.0)
@@ -203,6 +247,22 @@ def _bound_neurons(
     if alpha_steps > 0:
         return optimised_backward(graph, j, a, boxes, alpha_steps, 0.1)[0]
     return sound_backward(graph, j, a, boxes, mode, cast=False)[0]
+
+
+def _dense_neurons(
+    graph: BoundGraph, j: int, chunk: torch.Tensor, boxes: list[Box], mode: str
+) -> torch.Tensor:
+    """``_bound_neurons`` of a dense layer: a one-hot row through ``W`` is a row of ``W``
+    (exactly, in either dtype), so the pass starts at the layer's input with those rows and
+    the biases are added after, one matrix product fewer. The float64 sum of bound and bias
+    rounds by at most 2^-53 of its size: 2^-52 is subtracted."""
+    i = graph.ops[j].inputs[0]
+    op = (pass_graph(graph, i, 2 * chunk.numel()) or graph).ops[j]  # no cast of the rows
+    rows, bias = op.weight.detach()[chunk], op.bias.detach()[chunk]
+    a = torch.cat([rows, -rows], 1).reshape(*chunk.shape[:1], -1, *graph.ops[i].out_shape)
+    bound = sound_backward(graph, i, a, boxes, mode, cast=False)[0]
+    total = bound + torch.cat([bias, -bias], 1).to(bound.dtype)
+    return total - total.abs() * 2.0**-52
 
 
 def forward_from(graph: BoundGraph, boxes: list[Box], j: int) -> list[Box]:

@@ -79,6 +79,13 @@ def _grad_elements(graph: BoundGraph, start: int) -> int:
     return saved + slopes + _live_elements(graph, start)
 
 
+def crop_pair_bytes(crop: BoundGraph, end: int, grad: bool = False) -> int:
+    """Peak bytes of one (sample, position) pair of a receptive-field crop (``receptive.py``):
+    its boxes and a pass of every channel of the position, two rows each."""
+    channels = numel(crop.ops[end].out_shape)
+    return box_bytes(crop, 1) + 2 * channels * row_bytes(crop, end, 1, grad)
+
+
 def rows_per_chunk(per_row: int, rows: int, fixed: int = 0) -> int:
     """How many of ``rows`` rows fit the current budget at once (at least one)."""
     room = current_budget() - fixed

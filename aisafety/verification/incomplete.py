@@ -10,10 +10,17 @@ import torch
 from pydantic import Field
 
 from aisafety.verification import bounds as b
-from aisafety.verification import budget
+from aisafety.verification import budget, receptive
 from aisafety.verification.base import AttackFirstConfig, Verifier
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
+from aisafety.verification.relaxations import RELU
+
+
+def op_is_relu_input(graph: BoundGraph, j: int) -> bool:
+    """Whether node ``j`` feeds a ReLU (its bounds are then cropped where they can be)."""
+    return any(op.kind == "activation" and op.relaxation is RELU and op.inputs[0] == j
+               for op in graph.ops)  # fmt: skip
 
 
 class IBPVerifier(Verifier):
@@ -49,8 +56,18 @@ class CrownVerifier(Verifier):
         deep = b.depends_on_activation(graph)
         for op in graph.ops:
             if op.kind == "activation" and deep[op.inputs[0]]:
-                passes.append(2 * budget.row_bytes(graph, op.inputs[0], batch, grad))
+                passes.append(self._neuron_bytes(graph, op.inputs[0], batch, grad))
         return max(passes)
+
+    def _neuron_bytes(self, graph: BoundGraph, j: int, batch: int, grad: bool) -> int:
+        """One neuron (two rows) of node ``j`` per sample: on its receptive-field crop
+        (with the crop's boxes) where ``receptive.py`` crops it, else a dense pass."""
+        crops = receptive.crops_for(graph, j) if op_is_relu_input(graph, j) else None
+        if crops is None:
+            return 2 * budget.row_bytes(graph, j, batch, grad)
+        end = j - crops.first
+        one = budget.box_bytes(crops.graph, 1) + 2 * budget.row_bytes(crops.graph, end, 1, grad)
+        return batch * one
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         boxes = self.boxes(graph, prop)

@@ -88,8 +88,12 @@ class Dense(Op):
         mid, spread = self.forward(centre), F.linear(radius, self.weight.abs())
         return mid - spread, mid + spread
 
-    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
-        return [a @ self.weight], a @ self.bias
+    def backward(
+        self, a: torch.Tensor, box: Box, constant: bool = True
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Without ``constant`` the constant is left at zero (a caller that computes it)."""
+        bias = a @ self.bias if constant else a.new_zeros(a.shape[:2])
+        return [a @ self.weight], bias
 
 
 @dataclass
@@ -116,7 +120,10 @@ class Conv(Op):
         mid, spread = self.forward(centre), self._conv(radius, self.weight.abs(), None)
         return mid - spread, mid + spread
 
-    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def backward(
+        self, a: torch.Tensor, box: Box, constant: bool = True
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Without ``constant`` the constant is left at zero (a caller that computes it)."""
         b, k = a.shape[:2]
         flat = a.reshape(b * k, *self.out_shape)
         size = [
@@ -128,7 +135,9 @@ class Conv(Op):
         back = F.conv_transpose2d(
             flat, self.weight, None, self.stride, self.padding, extra, self.groups, self.dilation
         )
-        bias = (a.sum((3, 4)) * self.bias).sum(2) if self.bias is not None else a.new_zeros(b, k)
+        bias = a.new_zeros(b, k)
+        if constant and self.bias is not None:
+            bias = (a.sum((3, 4)) * self.bias).sum(2)
         return [back.reshape(b, k, *self.in_shape)], bias
 
 
@@ -230,11 +239,13 @@ class Activation(Op):
         """``lower_slope`` (alpha-CROWN) replaces the default lower line's slope; without
         ``constant`` the constant is left at zero (a caller that computes it itself)."""
         lw, lb, uw, ub = self.relaxation.lines(box[0], box[1], lower_slope)
-        pos, neg = split_signs(a)
+        pos = torch.relu(a)
+        neg = a - pos  # exact: one of the two is zero
         zero = a.new_zeros(a.shape[:2])
         bias = _row_dot(pos, lb) + _row_dot(neg, ub) if constant else zero
         lw, uw = (t if t.dim() == a.dim() else t.unsqueeze(1) for t in (lw, uw))
-        return [pos * lw + neg * uw], bias
+        # pos * lw + neg * uw: one term is zero, so this is the one rounded product
+        return [torch.addcmul(neg * uw, pos, lw)], bias
 
 
 @dataclass
