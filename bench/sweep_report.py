@@ -21,9 +21,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from abcrown.run import SHARED, instances
-from verify_cifar10 import broken_by_pgd
-
 
 def read_rows(paths: list[str]) -> list[dict]:
     rows = []
@@ -71,6 +68,9 @@ def contradictions(rows: list[dict]) -> tuple[list[str], list[str]]:
 
 def attack_unsat(rows: list[dict]) -> list[dict]:
     """Our box-PGD on every instance some tool answered unsat, as rows of tool ``box-pgd``."""
+    from abcrown.run import SHARED, instances
+    from verify_cifar10 import broken_by_pgd
+
     paths = {(net, spec.name): (onnx_path, spec) for suite in ("mnistfc", "eran", "cifar")
              for net, onnx_path, spec in instances(suite, SHARED)}  # fmt: skip
     keys = sorted({(r["net"], r["property"]) for r in rows if r["status"] == "unsat"})

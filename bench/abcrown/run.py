@@ -2,14 +2,15 @@
 
     <venv>/bin/python bench/abcrown/run.py --suite mnistfc --nets 256x4 [--per-net 0]
         [--timeout 60] [--clock cpu|wall] [--out abcrown.jsonl] [--abcrown DIR]
-        [--only PROPERTY ...]
+        [--only PROPERTY ...] [--suite sok --csv OUT_DIR/instances.csv]
 
 Measurement only, beside our verifiers (``bench/verification.py``): alpha-beta-CROWN
 (github.com/Verified-Intelligence/alpha-beta-CROWN, commit 8250d5f, its auto_LiRPA
 submodule 9d100ec; ``--abcrown`` or ``$ABCROWN_DIR`` names the checkout, its
 ``complete_verifier`` folder holding ``auto_LiRPA``) runs each instance in a fresh process
 (one torch thread) with the suite's config of this folder (``mnistfc.yaml``,
-``eran.yaml``, ``cifar.yaml``: each lists what had to change from its competition config)
+``eran.yaml``, ``cifar.yaml``: each lists what had to change from its competition config;
+``sok.yaml`` for ``--csv`` instances of ``sok_export.py``)
 in its ``single_vnnlib`` mode, and its verdict file is read: ``sat``, ``unsat`` or
 ``timeout``; a crash is ``error``. Settings this harness changes, besides the configs:
 
@@ -47,11 +48,17 @@ HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[2] / "shared" / "data"
 if not SHARED.is_dir():
     SHARED = Path("/work/shared/data")
-CONFIG = {"mnistfc": "mnistfc.yaml", "eran": "eran.yaml", "cifar": "cifar.yaml"}
+CONFIG = {"mnistfc": "mnistfc.yaml", "eran": "eran.yaml", "cifar": "cifar.yaml", "sok": "sok.yaml"}
 
 
-def instances(suite: str, data: Path = SHARED) -> list[tuple[str, Path, Path]]:
-    """(net name, network, property) of every row of the suite's CSV(s), in CSV order."""
+def instances(suite: str, data: Path = SHARED, table: str = "") -> list[tuple[str, Path, Path]]:
+    """(net name, network, property) of every row of the suite's CSV(s), in CSV order;
+    ``table``: a CSV of (network, property) relative to its folder, named by that folder."""
+    if table:
+        folder = Path(table).resolve().parent
+        with open(table) as f:
+            rows = [r for r in csv.reader(f) if r]
+        return [(folder.name, folder / r[0].strip(), folder / r[1].strip()) for r in rows]
     if suite == "cifar":
         sys.path.insert(0, str(HERE.parent))
         from verify_cifar10 import instances as cifar_instances
@@ -181,6 +188,7 @@ def main() -> None:
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--out", default="", help="append JSON lines here too")
     parser.add_argument("--data", default=str(SHARED))
+    parser.add_argument("--csv", default="", help="instances of this CSV (sok_export.py)")
     parser.add_argument(
         "--abcrown", type=Path, default=Path(os.environ.get("ABCROWN_DIR", "/work/abcrown-8250d5f"))
     )
@@ -192,7 +200,8 @@ def main() -> None:
         run_one(args.abcrown.resolve(), HERE / CONFIG[args.suite], onnx_path, spec,
                 args.timeout, result, args.clock)  # fmt: skip
         return
-    rows = select(instances(args.suite, Path(args.data)), args.nets, args.per_net, args.only)
+    found = instances(args.suite, Path(args.data), args.csv)
+    rows = select(found, args.nets, args.per_net, args.only)
     if args.list:
         print("\n".join(f"{net} {spec.name}" for net, _, spec in rows))
         return
