@@ -45,9 +45,14 @@ import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SHARED = HERE.parents[2] / "shared" / "data"
-if not SHARED.is_dir():
-    SHARED = Path("/work/shared/data")
+SHARED = next(
+    (
+        p
+        for p in (HERE.parents[2] / "shared" / "data", HERE.parents[1] / "shared" / "data")
+        if p.is_dir()
+    ),
+    Path("/work/shared/data"),
+)  # beside the repository, or inside it on a machine that carries it
 CONFIG = {"mnistfc": "mnistfc.yaml", "eran": "eran.yaml", "cifar": "cifar.yaml", "sok": "sok.yaml"}
 
 

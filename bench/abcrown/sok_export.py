@@ -4,8 +4,10 @@
                                        [--samples 0-100] [--count 4]
 
 The cell of ``bench/sok_conv_small.py`` (the 100 images of ``examples/sok-mnist.yaml``,
-PGD-100 with step eps / 50, true labels): the zoo model as ``OUT_DIR/model.onnx`` (the
-TorchScript exporter; onnxruntime checked against the model), and for the first ``--count``
+PGD-100 with step eps / 50, true labels): the zoo model's layers after its input
+normalisation as ``OUT_DIR/model.onnx`` (the TorchScript exporter; onnxruntime on the
+normalised image checked against the whole model; alpha-beta-CROWN's branching fails on a
+Sub/Div in front of the first convolution), and for the first ``--count``
 samples of ``--samples`` that PGD-100 did not break (the ones the cell sends to the
 complete verifier) the L-inf box (clipped to [0, 1]) and the property "the label's logit
 stays above every other" as ``sample_N.vnnlib``, listed in ``OUT_DIR/instances.csv``. Then
@@ -24,10 +26,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
-def vnnlib_text(x: torch.Tensor, label: int, eps: float, classes: int) -> str:
-    """VNN-COMP's robustness property: the box, and a violation is any logit >= the label's."""
+def vnnlib_text(
+    x: torch.Tensor, label: int, eps: float, classes: int, mean: float, std: float
+) -> str:
+    """VNN-COMP's robustness property: the box, and a violation is any logit >= the label's.
+    The box is written after the model's input normalisation ((x - mean) / std, exact: the
+    map is monotone and one to one), which the exported network leaves out."""
     flat = x.reshape(-1).double()
     lower, upper = (flat - eps).clamp(0, 1), (flat + eps).clamp(0, 1)
+    lower, upper = (lower - mean) / std, (upper - mean) / std
     lines = [f"(declare-const X_{i} Real)" for i in range(len(flat))]
     lines += [f"(declare-const Y_{j} Real)" for j in range(classes)]
     for i, (lo, hi) in enumerate(zip(lower.tolist(), upper.tolist(), strict=True)):
@@ -59,12 +66,16 @@ def main() -> None:
         robust = model.logits(adv).argmax(1) == y
     args.out.mkdir(parents=True, exist_ok=True)
     onnx_path = args.out / "model.onnx"
-    net = model.network.eval()
+    normalize, net = model.network.eval()  # Normalize, then the layers
+    mean, std = float(normalize.mean), float(normalize.std)
     torch.onnx.export(net, x[:1], onnx_path, dynamo=False, input_names=["x"])
     session = ort.InferenceSession(str(onnx_path))
     with torch.no_grad():
         error = max(
-            abs(session.run(None, {"x": x[i : i + 1].numpy()})[0] - net(x[i : i + 1]).numpy()).max()
+            abs(
+                session.run(None, {"x": ((x[i : i + 1] - mean) / std).numpy()})[0]
+                - model.network(x[i : i + 1]).numpy()
+            ).max()
             for i in range(8)
         )
     assert error < 1e-4, f"the exported model differs from the zoo's by {error}"
@@ -73,7 +84,7 @@ def main() -> None:
     rows = []
     for s in chosen:
         spec = args.out / f"sample_{s}.vnnlib"
-        spec.write_text(vnnlib_text(x[s], int(y[s]), args.eps, model.num_classes))
+        spec.write_text(vnnlib_text(x[s], int(y[s]), args.eps, model.num_classes, mean, std))
         rows.append(f"model.onnx,{spec.name}")
     (args.out / "instances.csv").write_text("\n".join(rows) + "\n")
     print(f"{args.model} at {args.eps}: PGD-100 robust {int(robust.sum())}/{len(y)}; "
