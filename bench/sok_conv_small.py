@@ -36,6 +36,13 @@ from aisafety.verification.result import Verdict
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 
 
+def cell_data() -> tuple[torch.Tensor, torch.Tensor]:
+    """The cell's 100 images and labels (``examples/sok-mnist.yaml``'s uniform sample)."""
+    spec = DatasetSpec(name="mnist", path=str(DATA), limit=100, sampling="uniform", seed=0)
+    data = load_data(spec, default_registry())
+    return data.x, data.y
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="sok-cnn-a-adv3")
@@ -50,10 +57,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    spec = DatasetSpec(name="mnist", path=str(DATA), limit=100, sampling="uniform", seed=0)
-    data = load_data(spec, default_registry())
+    x, y = cell_data()
     model = load_zoo_model(args.model)
-    x, y = data.x, data.y
     attack = PGDLinf({"steps": 100, "step_size": args.eps / 50})
     adv = attack(model, x, y, args.eps).x_adv
     with torch.no_grad():

@@ -5,14 +5,16 @@
                                  [--timeout 60] [--threads 2] [--cpu-limit 60]
                                  [--cnn-images 100] [--alpha-steps 20]
                                  [--verifiers complete bab] [--per-net 0] [--clock wall]
-                                 [--suite mnistfc|eran]
+                                 [--suite mnistfc|eran|cifar] [--only prop_1_ ...]
+                                 [--out results.jsonl]
 
 1. CROWN (and IBP, CROWN-IBP) on ``--images`` embedded MNIST test images for the zoo's
    ``mnist-cnn-strided-crown-ibp`` at ``--eps``: seconds, certified fraction, and the ratio
    to one forward pass of the same images (median of interleaved pairs).
 2. ``--verifiers`` (default: complete; e.g. ``complete/milp bab``: ``/`` forces an
    engine, ``bab:branching=babsr,intermediate_bounds=false`` sets options) side by side
-   on every instance of ``vnncomp2021_mnistfc`` (or ``--suite eran``) for ``--nets``
+   on every instance of ``vnncomp2021_mnistfc`` (or ``--suite eran``, or ``cifar``: the
+   ResNets and Marabou nets of ``cifar10-models``) for ``--nets``
    (``../shared/data``; ``--per-net`` caps the instances per net), each with ``--timeout``
    seconds on ``--clock``: status (sat / unsat / timeout / unknown, with the engine
    ``complete`` picked), wall and CPU seconds. The settled count (sat + unsat) per net and
@@ -31,9 +33,10 @@
 from __future__ import annotations
 
 import argparse
-import csv
+import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -43,6 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "vnncomp2021_mnistfc"
 if not DATA.is_dir():
     DATA = Path("/work/shared/data/vnncomp2021_mnistfc")
+sys.path.insert(0, str(ROOT / "bench"))
+from abcrown.run import instances as suite_instances  # noqa: E402  (the same sets)
+from abcrown.run import select  # noqa: E402
 
 
 def forward_seconds(fn, x: torch.Tensor, repeats: int = 5) -> float:
@@ -112,42 +118,47 @@ def complete_part(
     per_net: int = 0,
     clock: str = "wall",
     suite: str = "mnistfc",
+    only: list[str] = (),
+    out: str = "",
 ) -> None:
-    """Each of ``verifiers`` on every instance of ``suite`` (``mnistfc`` or ``eran``) for
-    ``nets`` (the first ``per_net`` of each net, 0: all), side by side: status, engine
-    (``complete``: milp or bab), wall and CPU seconds; settled counts per net and verifier."""
+    """Each of ``verifiers`` on every instance of ``suite`` (``mnistfc``, ``eran`` or
+    ``cifar``) for ``nets`` (the first ``per_net`` of each net, 0: all; properties named
+    with one of ``only``), side by side: status, engine (``complete``: milp or bab), wall
+    and CPU seconds; settled counts per net and verifier; each result also as a JSON line
+    appended to ``out`` (the format of ``bench/abcrown/run.py``)."""
     from aisafety.plugins import default_registry
     from aisafety.verification.vnncomp import verify_instance
 
-    folder = DATA if suite == "mnistfc" else DATA.parent / "vnncomp2021_eran"
-    with (folder / f"{suite}_instances.csv").open() as f:
-        instances = [row for row in csv.reader(f) if row and any(n in row[0] for n in nets)]
-    if per_net:
-        seen: dict[str, int] = {}
-        instances = [r for r in instances if seen.setdefault(r[0], 0) < per_net
-                     and not seen.__setitem__(r[0], seen[r[0]] + 1)]  # fmt: skip
+    instances = select(suite_instances(suite), nets, per_net, only)
     settled: dict[tuple[str, str], list[int]] = {}
     print(f"{suite}, timeout {timeout:g} s ({clock} clock), {torch.get_num_threads()} thread(s); "
           f"load average at start {os.getloadavg()[0]:.1f}")  # fmt: skip
     head = " ".join(f"{v + ' status':>18} {'wall s':>7} {'cpu s':>7}" for v in verifiers)
     print(f"{'network':<34} {'property':<38} {head}")
-    for onnx_name, spec, _ in instances:
+    for net, onnx_path, spec in instances:
         cells = []
         for name in verifiers:
             verifier, config = parse_verifier(name)
             config = {"clock": clock, **config}
             wall, cpu = time.perf_counter(), time.process_time()
-            result = verify_instance(default_registry(), folder / onnx_name, folder / spec,
-                                     verifier, timeout, config)  # fmt: skip
+            result = verify_instance(default_registry(), onnx_path, spec, verifier, timeout,
+                                     config)  # fmt: skip
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             done = result.status in ("sat", "unsat")
-            counts = settled.setdefault((onnx_name, name), [0, 0, 0])
+            counts = settled.setdefault((net, name), [0, 0, 0])
             counts[0] += done
             counts[1] += done and cpu <= cpu_limit
             counts[2] += 1
             status = f"{result.status}({result.how})" if result.how != verifier else result.status
             cells.append(f"{status:>18} {wall:>7.1f} {cpu:>7.1f}")
-        print(f"{onnx_name:<34} {spec:<38} {' '.join(cells)}", flush=True)
+            row = {"suite": suite, "net": net, "property": spec.name, "tool": name,
+                   "engine": result.how, "status": result.status, "cpu_s": round(cpu, 2),
+                   "wall_s": round(wall, 2), "timeout": timeout, "clock": clock,
+                   "margin": result.margin}  # fmt: skip
+            if out:
+                with open(out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+        print(f"{net:<34} {spec.name:<38} {' '.join(cells)}", flush=True)
     for (net, name), (done, within, n) in settled.items():
         print(f"{net:<34} {name:<10} settled {done}/{n}; within {cpu_limit:g} s of CPU: "
               f"{within}/{n}")  # fmt: skip
@@ -250,7 +261,9 @@ def main() -> None:
     parser.add_argument("--verifiers", nargs="*", default=["complete"], help="for complete")
     parser.add_argument("--per-net", type=int, default=0, help="instances per net (0: all)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
-    parser.add_argument("--suite", choices=["mnistfc", "eran"], default="mnistfc")
+    parser.add_argument("--suite", choices=["mnistfc", "eran", "cifar"], default="mnistfc")
+    parser.add_argument("--only", nargs="*", default=[], help="properties naming one of these")
+    parser.add_argument("--out", default="", help="append one JSON line per result here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.part in ("crown", "all"):
@@ -261,7 +274,7 @@ def main() -> None:
         cnn_tightness_part(args.cnn_images, args.eps, args.alpha_steps, args.timeout)
     if args.part in ("complete", "all"):
         complete_part(args.nets, args.timeout, args.cpu_limit, args.verifiers, args.per_net,
-                      args.clock, args.suite)  # fmt: skip
+                      args.clock, args.suite, args.only, args.out)  # fmt: skip
 
 
 if __name__ == "__main__":

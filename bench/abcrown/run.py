@@ -1,0 +1,226 @@
+"""alpha-beta-CROWN's CPU branch and bound on the VNN-COMP 2021 sets, one instance per process.
+
+    <venv>/bin/python bench/abcrown/run.py --suite mnistfc --nets 256x4 [--per-net 0]
+        [--timeout 60] [--clock cpu|wall] [--out abcrown.jsonl] [--abcrown DIR]
+        [--only PROPERTY ...] [--suite sok --csv OUT_DIR/instances.csv]
+
+Measurement only, beside our verifiers (``bench/verification.py``): alpha-beta-CROWN
+(github.com/Verified-Intelligence/alpha-beta-CROWN, commit 8250d5f, its auto_LiRPA
+submodule 9d100ec; ``--abcrown`` or ``$ABCROWN_DIR`` names the checkout, its
+``complete_verifier`` folder holding ``auto_LiRPA``) runs each instance in a fresh process
+(one torch thread) with the suite's config of this folder (``mnistfc.yaml``,
+``eran.yaml``, ``cifar.yaml``: each lists what had to change from its competition config;
+``sok.yaml`` for ``--csv`` instances of ``sok_export.py``)
+in its ``single_vnnlib`` mode, and its verdict file is read: ``sat``, ``unsat`` or
+``timeout``; a crash is ``error``. Settings this harness changes, besides the configs:
+
+- ``torchvision`` is replaced in ``sys.modules`` by a module whose every name raises when
+  called:
+  alpha-beta-CROWN imports it at the top of ``data_utils.py`` and (through onnx2pytorch)
+  ``load_model.py``, for datasets and detection operators none of these nets use; only
+  CUDA builds of torchvision are reachable here. Any use would raise, not pass silently.
+- ``--clock cpu`` (default): ``time.time`` inside that process reads process CPU time, so
+  its ``bab.timeout`` (and every other limit it derives from ``time.time``) is CPU time, as
+  our ``--clock cpu``; a ``RLIMIT_CPU`` of 2x the limit + 30 s backstops it.
+
+Each result is a JSON line: suite, net, property, tool ``abcrown``, status, CPU seconds of
+the child process after its imports (``startup_cpu_s``: Python, torch and alpha-beta-CROWN's
+modules, about 3.5 s here; the network's loading is counted, as ours counts it), its wall
+seconds, and for ``sat`` whether its counterexample replays under onnxruntime
+(``cex_replays``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHARED = next(
+    (
+        p
+        for p in (HERE.parents[2] / "shared" / "data", HERE.parents[1] / "shared" / "data")
+        if p.is_dir()
+    ),
+    Path("/work/shared/data"),
+)  # beside the repository, or inside it on a machine that carries it
+CONFIG = {"mnistfc": "mnistfc.yaml", "eran": "eran.yaml", "cifar": "cifar.yaml", "sok": "sok.yaml"}
+
+
+def instances(suite: str, data: Path = SHARED, table: str = "") -> list[tuple[str, Path, Path]]:
+    """(net name, network, property) of every row of the suite's CSV(s), in CSV order;
+    ``table``: a CSV of (network, property) relative to its folder, named by that folder."""
+    if table:
+        folder = Path(table).resolve().parent
+        with open(table) as f:
+            rows = [r for r in csv.reader(f) if r]
+        return [(folder.name, folder / r[0].strip(), folder / r[1].strip()) for r in rows]
+    if suite == "cifar":
+        sys.path.insert(0, str(HERE.parent))
+        from verify_cifar10 import instances as cifar_instances
+
+        return [(n.stem, n, s) for n, s, _ in cifar_instances(data / "cifar10-models")]
+    folder = data / f"vnncomp2021_{suite}"
+    with (folder / f"{suite}_instances.csv").open() as f:
+        rows = [r for r in csv.reader(f) if r]
+    return [(Path(r[0]).stem, folder / r[0].strip(), folder / r[1].strip()) for r in rows]
+
+
+def select(rows: list, nets: list[str], per_net: int, only: list[str]) -> list:
+    """The rows whose net contains one of ``nets`` (and property one of ``only``), the
+    first ``per_net`` of each net (0: all)."""
+    seen: dict[str, int] = {}
+    chosen = []
+    for net, onnx_path, spec in rows:
+        if nets and not any(n in net for n in nets):
+            continue
+        if only and not any(o in spec.name for o in only):
+            continue
+        seen[net] = seen.get(net, 0) + 1
+        if not per_net or seen[net] <= per_net:
+            chosen.append((net, onnx_path, spec))
+    return chosen
+
+
+class _Unavailable(types.ModuleType):
+    """A stand-in module: importable, every name of it raises when called."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def unavailable(*args, **kwargs):
+            raise RuntimeError(f"{self.__name__}.{name} called: not available here")
+
+        return unavailable
+
+
+STAND_INS = ("torchvision", "torchvision.ops", "torchvision.io", "torchvision.datasets",
+             "torchvision.transforms", "onnx2pytorch")  # fmt: skip
+
+
+def _install_stand_ins() -> None:
+    for name in STAND_INS:
+        module = _Unavailable(name)
+        module.__path__ = []  # a package, so ``from torchvision.ops import x`` reaches it
+        sys.modules[name] = module
+
+
+def run_one(abcrown: Path, config: Path, onnx_path: Path, spec: Path, timeout: float,
+            result: Path, clock: str) -> None:  # fmt: skip
+    """In this process: alpha-beta-CROWN on one instance, its verdict written to ``result``."""
+    import torch
+
+    torch.set_num_threads(1)
+    _install_stand_ins()
+    if clock == "cpu":
+        origin = time.time() - time.process_time()
+        time.time = lambda: origin + time.process_time()
+    folder = abcrown / "complete_verifier"
+    sys.path.insert(0, str(folder))
+    os.chdir(folder)
+    from abcrown import ABCROWN
+
+    Path(f"{result}.startup").write_text(str(time.process_time()))  # imports, not verifying
+    args = ["--config", str(config), "--onnx_path", str(onnx_path), "--vnnlib_path", str(spec),
+            "--timeout", str(timeout), "--results_file", str(result),
+            "--cex_path", str(result) + ".cex"]  # fmt: skip
+    ABCROWN(args=args).main()
+
+
+def cex_replays(onnx_path: Path, spec: Path, cex_file: Path) -> bool | None:
+    """Whether the counterexample alpha-beta-CROWN wrote lies in the box and breaks the
+    property under onnxruntime (our reader of the property; None: no counterexample)."""
+    if not cex_file.is_file():
+        return None
+    sys.path.insert(0, str(HERE.parent))
+    from verify_cifar10 import replays
+
+    return bool(replays(onnx_path, spec, cex_file.read_text()))
+
+
+def run_instance(args, net: str, onnx_path: Path, spec: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.txt"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(onnx_path),
+               str(spec), str(result), "--suite", args.suite, "--timeout", str(args.timeout),
+               "--clock", args.clock, "--abcrown", str(args.abcrown)]  # fmt: skip
+        limit = int(2 * args.timeout + 30)
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        start = time.perf_counter()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+        def backstop() -> None:
+            resource.setrlimit(resource.RLIMIT_CPU, (limit, limit + 5))
+
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, preexec_fn=backstop)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall = time.perf_counter() - start
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        startup = Path(f"{result}.startup")
+        startup = float(startup.read_text()) if startup.is_file() else 0.0
+        cpu -= startup
+        text = result.read_text().split("\n", 1) if result.is_file() else []
+        status = text[0].strip() if text else ("timeout" if proc.returncode < 0 else "error")
+        row = {"suite": args.suite, "net": net, "property": spec.name, "tool": "abcrown",
+               "status": status, "cpu_s": round(cpu, 2), "startup_cpu_s": round(startup, 2),
+               "wall_s": round(wall, 2),
+               "timeout": args.timeout, "clock": args.clock}  # fmt: skip
+        if status == "sat":
+            Path(str(result) + ".cex").write_text(text[1] if len(text) > 1 else "")
+            row["cex_replays"] = cex_replays(onnx_path, spec, Path(str(result) + ".cex"))
+        if status == "error":
+            row["error"] = proc.stdout[-2000:] + proc.stderr[-2000:]
+        return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--suite", choices=sorted(CONFIG), default="mnistfc")
+    parser.add_argument("--nets", nargs="*", default=[])
+    parser.add_argument("--per-net", type=int, default=0)
+    parser.add_argument("--only", nargs="*", default=[], help="property names containing these")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
+    parser.add_argument("--out", default="", help="append JSON lines here too")
+    parser.add_argument("--data", default=str(SHARED))
+    parser.add_argument("--csv", default="", help="instances of this CSV (sok_export.py)")
+    parser.add_argument(
+        "--abcrown", type=Path, default=Path(os.environ.get("ABCROWN_DIR", "/work/abcrown-8250d5f"))
+    )
+    parser.add_argument("--one", nargs=3, metavar=("ONNX", "VNNLIB", "RESULT"))
+    parser.add_argument("--list", action="store_true", help="print 'net property' and stop")
+    args = parser.parse_args()
+    if args.one:
+        onnx_path, spec, result = (Path(p) for p in args.one)
+        run_one(args.abcrown.resolve(), HERE / CONFIG[args.suite], onnx_path, spec,
+                args.timeout, result, args.clock)  # fmt: skip
+        return
+    found = instances(args.suite, Path(args.data), args.csv)
+    rows = select(found, args.nets, args.per_net, args.only)
+    if args.list:
+        print("\n".join(f"{net} {spec.name}" for net, _, spec in rows))
+        return
+    print(f"alpha-beta-CROWN ({args.abcrown}) on {len(rows)} {args.suite} instances, "
+          f"{args.timeout:g} s ({args.clock}); load average {os.getloadavg()[0]:.1f}",
+          file=sys.stderr)  # fmt: skip
+    for net, onnx_path, spec in rows:
+        row = run_instance(args, net, onnx_path, spec)
+        line = json.dumps(row)
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
