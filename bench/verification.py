@@ -43,9 +43,14 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "vnncomp2021_mnistfc"
-if not DATA.is_dir():
-    DATA = Path("/work/shared/data/vnncomp2021_mnistfc")
+DATA = next(
+    (
+        folder / "vnncomp2021_mnistfc"
+        for folder in (ROOT.parent / "shared" / "data", ROOT / "shared" / "data")
+        if (folder / "vnncomp2021_mnistfc").is_dir()
+    ),
+    Path("/work/shared/data/vnncomp2021_mnistfc"),
+)  # beside the repository, or inside it on a machine that carries it
 sys.path.insert(0, str(ROOT / "bench"))
 from abcrown.run import instances as suite_instances  # noqa: E402  (the same sets)
 from abcrown.run import select  # noqa: E402

@@ -53,7 +53,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 rm -rf "$out"; mkdir -p "$out/rows" "$out/logs"
-export PYTHONPATH=$PWD OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
 export SWEEP_OUT=$out SWEEP_ABCROWN=${ABCROWN_DIR:-$out/abcrown} SWEEP_PY=python3
 echo "$(lscpu | grep 'Model name' | sed 's/  */ /g'); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null); $jobs jobs; budget $budget s"
