@@ -2,7 +2,8 @@
 
     python3 bench/cpu_speed.py [--threads N] [--nets wrn-28-10 resnet-50 mnist-cnn]
                                [--batch wrn-28-10=8 resnet-50=2 mnist-cnn=128] [--steps 40]
-                               [--rounds 3] [--compile] [--smoke]
+                               [--rounds 3] [--accuracy-images 1000] [--compile]
+                               [--only ROW ...] [--smoke]
 
 The CPU counterpart of ``bench/gpu_speed.py``. It prints the CPU (model, torch's and the
 kernel's AVX512-BF16 / AMX flags, what ``precision: auto`` picks), the threads and the load,
@@ -28,7 +29,8 @@ rounds. Then the robust accuracy of our PGD on the zoo's ``mnist-cnn-pgd-at`` (t
 
 Targets (issue 32): ours fp32 <= 1.05x the fp32 floor and faster than torchattacks; with
 ``precision: auto`` on a CPU with AMX >= 2x faster than fp32 within 0.5 points.
-``--smoke`` (batch 1, 2 steps, 1 round, 32 images) checks the script in under a minute.
+``--smoke`` (batch 1, 2 steps, 1 round, 32 images) checks the script: 8 CPU s (under a
+minute of wall time unless the machine is loaded).
 """
 
 from __future__ import annotations
