@@ -74,7 +74,7 @@ def search_layout(device: torch.device, dtype: torch.dtype | None) -> torch.memo
     default layout, one thread, AMD EPYC with AVX512-BF16, no AMX): bf16 alone 0.46-0.78x,
     bf16 channels-last 0.36-0.49x on ``mnist-cnn``, WRN-28-10 and ResNet-50; the issue's CPU
     with AMX: 0.48x alone, 0.28x channels-last (``mnist-cnn``). fp32 channels-last was
-    0.78-0.79x too, but its logits move by rounding (oneDNN sums in another order), and fp32
+    0.78-0.95x, but its logits move by rounding (oneDNN sums in another order), and fp32
     results stay bit for bit what they were. On a GPU channels-last lowered the bf16 floor
     of the WRN (0.95x) and raised ResNet-50's (1.16x, NVIDIA H200, docs/gpu.md): no rule
     there. The view that applies it is ``aisafety.attack.layout``.
