@@ -22,6 +22,7 @@ from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.plugins import default_registry
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.footprint import image_bytes
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.runner import with_plan_precision
 
@@ -108,17 +109,27 @@ def test_pgd_stopping_on_a_bf16_success_does_not_count_it(fast_bf16):
 
 
 def test_the_search_runs_in_bf16_and_the_check_in_fp32(fast_bf16, zoo_predictor, mnist_subset):
-    calls: list[bool] = []
-    hook = zoo_predictor.network.register_forward_pre_hook(
-        lambda module, inputs: calls.append(torch.is_autocast_enabled("cpu"))
+    calls: list[tuple[bool, bool]] = []  # (under autocast, input in channels-last)
+    image_bytes(zoo_predictor, grad=True)  # the memory estimate's own pass, cached, first
+    second_conv = zoo_predictor.network[1][3]  # 16 input channels: the layouts differ
+    hook = second_conv.register_forward_pre_hook(
+        lambda module, inputs: calls.append(
+            (
+                torch.is_autocast_enabled("cpu"),
+                not inputs[0].is_contiguous()
+                and inputs[0].is_contiguous(memory_format=torch.channels_last),
+            )
+        )
     )
     data = mnist_subset(8)
     try:
         PGDLinf(steps=2, precision="bf16")(zoo_predictor, data.x, data.y, 0.1)
     finally:
         hook.remove()
-    # the clean logits and the final check in fp32, the two steps under autocast
-    assert calls == [False, True, True, False]
+    # the clean logits and the final check in fp32 and NCHW; the channels-last copy (its
+    # hooks copied with it) checked once in fp32, then the two steps under autocast
+    assert calls == [(False, False), (False, True), (True, True), (True, True), (False, False)]
+    assert second_conv.weight.is_contiguous()  # the user's network keeps its layout
 
 
 def test_reduced_precision_logits_are_fp32_tensors_of_bf16_values(zoo_predictor, mnist_subset):

@@ -30,7 +30,8 @@ from tqdm import tqdm
 
 from aisafety import randomness
 from aisafety.attack.call import AttackCall
-from aisafety.attack.precision import ReducedPrecision, compute_dtype
+from aisafety.attack.layout import channels_last_view
+from aisafety.attack.precision import ReducedPrecision, compute_dtype, search_layout
 from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
 from aisafety.attack.streams import SampleStreams
@@ -284,13 +285,21 @@ class Attack(ABC):
             )
         return fits
 
-    def search_predictor(self, predictor: Predictor) -> Predictor:
+    def search_predictor(
+        self, predictor: Predictor, probe: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> Predictor:
         """The predictor ``perturb`` searches with: ``predictor`` itself, or a view of it
         under autocast when the ``precision`` option asks for a reduced precision (a
-        ConfigError where the device has no fast unit for it)."""
+        ConfigError where the device has no fast unit for it). With ``probe`` (an image and
+        its fp32 logits), a convolutional network runs channels-last where
+        ``search_layout`` says so and a copy in that layout reproduces the probe."""
         precision = getattr(self.config, "precision", "fp32")
         dtype = compute_dtype(precision, predictor.device, f"attack {self.name!r}")
-        return predictor if dtype is None else ReducedPrecision(predictor, dtype)
+        if dtype is None:
+            return predictor
+        if probe is not None and search_layout(predictor.device, dtype) is torch.channels_last:
+            predictor = channels_last_view(predictor, *probe)
+        return ReducedPrecision(predictor, dtype)
 
     def _attack_chunk(
         self,
@@ -313,7 +322,7 @@ class Attack(ABC):
         streams = SampleStreams(self.random_seed(), samples, device)
         call = AttackCall(generator, samples.to(device), clean_logits.clone(), target, streams)
         todo = None if todo is None else todo.to(device)
-        searcher = self.search_predictor(predictor)
+        searcher = self.search_predictor(predictor, probe=(x[:1], clean_logits[:1]))
         candidate, steps = self.perturb_todo(searcher, x.clone(), y.clone(), eps, call, todo)
         candidate, steps = self._checked_output(candidate, steps, x)
         x_adv, adv_logits = self._final_check(predictor, candidate.detach(), x, eps)

@@ -66,6 +66,24 @@ def fast_precisions(device: torch.device) -> tuple[str, ...]:
     return ()
 
 
+def search_layout(device: torch.device, dtype: torch.dtype | None) -> torch.memory_format:
+    """The memory layout of the network in a search at ``dtype`` on ``device`` (None: fp32).
+
+    Channels-last for bf16 on the CPU, the default layout everywhere else. Measured
+    (``bench/cpu_speed.py``, docs/scale.md; forward + backward passes against fp32 in the
+    default layout, one thread, AMD EPYC with AVX512-BF16, no AMX): bf16 alone 0.46-0.78x,
+    bf16 channels-last 0.36-0.49x on ``mnist-cnn``, WRN-28-10 and ResNet-50; the issue's CPU
+    with AMX: 0.48x alone, 0.28x channels-last (``mnist-cnn``). fp32 channels-last was
+    0.78-0.95x, but its logits move by rounding (oneDNN sums in another order), and fp32
+    results stay bit for bit what they were. On a GPU channels-last lowered the bf16 floor
+    of the WRN (0.95x) and raised ResNet-50's (1.16x, NVIDIA H200, docs/gpu.md): no rule
+    there. The view that applies it is ``aisafety.attack.layout``.
+    """
+    if device.type == "cpu" and dtype is torch.bfloat16:
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def _device_words(device: torch.device) -> str:
     if device.type == "cpu":
         name = _cpu_flags().get("cpu_name") or "CPU"
