@@ -61,7 +61,7 @@ if [ -z "${ABCROWN_DIR:-}" ]; then
     tar -xzf "$wheels/abcrown-8250d5f-src.tar.gz" -C "$out" || { echo "no $wheels/abcrown-8250d5f-src.tar.gz (bench/abcrown/pack.sh)"; exit 2; }
 fi
 needs=$(grep -v '^#' bench/abcrown/requirements.txt | tr '\n' ' ')
-if ! python3 -c "import gurobipy, onnxoptimizer, skl2onnx, sklearn, appdirs, psutil, pandas, dateutil, graphviz, sortedcontainers" 2>/dev/null; then
+if ! python3 -c "import onnxoptimizer, skl2onnx, sklearn, appdirs, psutil, pandas, dateutil, graphviz, sortedcontainers" 2>/dev/null; then
     python3 -m venv --system-site-packages "$out/venv"
     "$out/venv/bin/pip" install -q --no-index --find-links "$wheels" --no-deps $needs || exit 2
     SWEEP_PY=$out/venv/bin/python

@@ -109,7 +109,12 @@ STAND_INS = ("torchvision", "torchvision.ops", "torchvision.io", "torchvision.da
 
 
 def _install_stand_ins() -> None:
-    for name in STAND_INS:
+    names = list(STAND_INS)
+    try:  # imported at the top of its MIP modules even when no MIP runs (bab: none does)
+        import gurobipy  # noqa: F401
+    except ImportError:
+        names.append("gurobipy")
+    for name in names:
         module = _Unavailable(name)
         module.__path__ = []  # a package, so ``from torchvision.ops import x`` reaches it
         sys.modules[name] = module
