@@ -70,6 +70,7 @@ list() {  # list SUITE LIMIT PER_NET NETS...: one line per instance and tool
     local suite=$1 limit=$2 per=$3; shift 3
     python3 bench/abcrown/run.py --suite "$suite" --nets "$@" --per-net "$per" --list |
         while read -r net prop; do
+            [ -n "$prop" ] || continue  # a suite whose data is absent lists nothing
             for tool in complete abcrown; do echo "$tool $suite $net $prop $limit"; done
         done
 }
