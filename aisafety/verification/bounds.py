@@ -39,7 +39,9 @@ SEARCH_DTYPE = torch.float32
 
 LINEAR_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "positive-linear", "add",
                 "activation"}  # fmt: skip
-IBP_KINDS = LINEAR_KINDS | {"maxpool"}
+# max-pooling's relaxation (ops.MaxPool) is not linear in the LP/MILP verifiers' sense
+CROWN_KINDS = LINEAR_KINDS | {"maxpool"}
+IBP_KINDS = CROWN_KINDS
 
 
 def interval_boxes(graph: BoundGraph, lower: torch.Tensor, upper: torch.Tensor) -> list[Box]:
@@ -85,7 +87,7 @@ def backward(
                 slope = relu_default_slope(*in_boxes[0], mode)
             # rounded: exact_shift computes the constant in float64
             back, shift = op.backward(coeff, *in_boxes, lower_slope=slope, constant=not rounded)
-        elif op.kind in LINEAR_KINDS:
+        elif op.kind in CROWN_KINDS:
             back, shift = op.backward(coeff, *in_boxes)
         else:
             raise VerificationError(
