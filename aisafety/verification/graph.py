@@ -85,9 +85,9 @@ class BoundGraph:
             if op.kind not in kinds:
                 raise VerificationError(
                     f"{method} cannot bound {op.kind} node {op.name!r} of model {self.model!r}; "
-                    f"it supports {SUPPORTED}; use the 'ibp' verifier, or strided "
-                    "convolutions instead of max-pooling (e.g. the 'mnist-cnn-strided' "
-                    "architecture)"
+                    f"it supports {SUPPORTED}; use the 'ibp', 'crown' or 'alpha-crown' "
+                    "verifier (they bound max-pooling), or strided convolutions instead of "
+                    "max-pooling (e.g. the 'mnist-cnn-strided' architecture)"
                 )
 
     @property
