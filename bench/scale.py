@@ -250,7 +250,7 @@ def print_ratios(shapes: list[str], images: int, rounds: int, skip: tuple[str, .
 
 def print_linearity(shape: str, small: int, large: int, rounds: int, skip: tuple[str, ...]) -> None:
     lin = linearity(*SHAPES[shape], small, large, rounds, skip)
-    print(f"\nlinearity, {shape}: per-image CPU time on {large} images / on {small}, "
+    print(f"\nlinearity, {shape}: per-image user CPU time on {large} images / on {small}, "
           f"{rounds} rounds (target 0.9-1.1)")  # fmt: skip
     print("| capability | raw ratio | fixed cost per call | ratio, fixed cost discounted | ok "
           "| discounted ratio / fwd+bwd's |")  # fmt: skip
