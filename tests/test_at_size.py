@@ -8,8 +8,9 @@ Each run must end without a failed unit and store finite values (a verifier's
 printed (``PEAK`` lines; docs/memory.md records them). A capability that cannot apply to a
 shape is named with its reason, never skipped silently: ``transfer`` (its surrogate is a
 1x28x28 zoo net); a verifier outside ``MUST_ANSWER`` may refuse the architecture before any
-work, naming what it cannot bound (ResNet-50's max-pooling, a residual net for the
-chain-only verifiers), and the refusal is printed."""
+work, naming what it cannot bound (ResNet-50's max-pooling for the LP / MILP verifiers, a
+residual net for the chain-only verifiers), or refuse by its memory budget before any
+allocation, naming the estimate and the budget; the refusal is printed."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 import aisafety
 from aisafety.corruption import CORRUPTIONS
 from aisafety.database.datasets.labelled_files import LabelledFilesDataset
+from aisafety.errors import MemoryBudgetError
 from aisafety.plugins import default_registry
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.verification.graph import VerificationError
@@ -40,7 +42,9 @@ SMALL = {"steps": 2, "queries": 10, "restarts": 1, "max_steps": 2, "iterations":
 NOT_HERE = {"transfer": "its surrogate is a 1x28x28 zoo net; the shapes take 3-channel images"}
 REGISTRY = default_registry()
 # verifiers that must answer on each shape (the others answer or refuse with the reason)
-MUST_ANSWER = {"wrn-28-10": {"ibp", "crown", "crown-ibp", "alpha-crown"}, "resnet-50": {"ibp"}}
+# (ResNet-50's stem max-pools: the CROWN family bounds it, ops.MaxPool)
+CROWN_FAMILY = {"ibp", "crown", "fast-lin", "crown-ibp", "alpha-crown", "deeppoly"}
+MUST_ANSWER = {"wrn-28-10": CROWN_FAMILY, "resnet-50": CROWN_FAMILY}
 
 
 def small_config(kind: str, name: str) -> dict:
@@ -167,14 +171,18 @@ def test_every_verifier(shape, verifier, tmp_path):
     if verifier in MUST_ANSWER[shape]:
         evaluate(shape, plan, tmp_path)
         return
-    # a verifier may not take the architecture (ResNet-50's stem max-pools: interval bounds
-    # only; the chain-only verifiers refuse residual nets): then it refuses before any work,
-    # naming the node or the shape it cannot bound
+    # a verifier may not take the architecture (the LP / MILP ones refuse ResNet-50's
+    # max-pooling; the chain-only verifiers refuse residual nets): then it refuses before
+    # any work, naming the node or the shape it cannot bound
     try:
         evaluate(shape, plan, tmp_path)
     except VerificationError as refusal:
         print(f"REFUSED {shape} verifier {verifier}: {str(refusal)[:160]}")
-        assert "cannot" in str(refusal) and shape in str(refusal)
+        chain_only = "needs a sequential ReLU network" in str(refusal)  # sdpverify's form
+        assert ("cannot" in str(refusal) or chain_only) and shape in str(refusal)
+    except MemoryBudgetError as refusal:  # before any allocation: the estimate and budget
+        print(f"REFUSED {shape} verifier {verifier}: {str(refusal)[:240]}")
+        assert "needs about" in str(refusal) and "memory budget" in str(refusal)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -97,20 +97,20 @@ def test_an_unsupported_op_fails_at_the_plan_check_before_any_work(tmp_path, cap
     from aisafety.store.results import ResultStore
 
     plan = {
-        "model": {"name": "mnist-cnn"},  # max-pools: only IBP bounds it
+        "model": {"name": "mnist-cnn"},  # max-pools: the LP / MILP verifiers cannot bound it
         "dataset": {"name": "mnist-embedded", "limit": 4},
-        "metrics": ["ca", {"name": "certified-accuracy", "config": {"verifier": "crown"}}],
+        "metrics": ["ca", {"name": "certified-accuracy", "config": {"verifier": "lp-full"}}],
     }
     store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
     runner = Runner(plan_from_dict(plan), store, quiet=True)
-    with pytest.raises(VerificationError, match=r"crown.*maxpool.*'mnist-cnn'"):
+    with pytest.raises(VerificationError, match=r"lp-full.*maxpool.*'mnist-cnn'"):
         runner.prepare()
     with pytest.raises(VerificationError):
         runner.run()
     assert store.query("select count(*) from runs")[1] == [(0,)]  # nothing started
     radius = {**plan, "metrics": [{"name": "average-certified-radius",
-                                   "config": {"verifier": "alpha-crown"}}]}  # fmt: skip
-    with pytest.raises(VerificationError, match=r"alpha-crown.*maxpool.*'mnist-cnn'"):
+                                   "config": {"verifier": "complete"}}]}  # fmt: skip
+    with pytest.raises(VerificationError, match=r"complete.*maxpool.*'mnist-cnn'"):
         Runner(plan_from_dict(radius), store, quiet=True).prepare()
     config = tmp_path / "plan.yaml"
     config.write_text(json.dumps(plan))

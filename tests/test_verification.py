@@ -185,9 +185,11 @@ def test_an_unsupported_op_is_named_with_the_model_before_any_work():
     pooled = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                            nn.Flatten(), nn.Linear(8, 2))  # fmt: skip
     graph = build_graph(pooled, (1, 4, 4), "pooled")
-    with pytest.raises(VerificationError, match="crown.*maxpool.*'pooled'"):
-        make_verifier(default_registry(), "crown").check(graph)
-    make_verifier(default_registry(), "ibp").check(graph)  # IBP bounds max-pooling
+    for name in ("complete", "bab", "lp-full"):  # LP / MILP: no max-pooling relaxation
+        with pytest.raises(VerificationError, match=f"{name}.*maxpool.*'pooled'"):
+            make_verifier(default_registry(), name).check(graph)
+    for name in ("ibp", "crown", "fast-lin", "crown-ibp", "alpha-crown", "deeppoly"):
+        make_verifier(default_registry(), name).check(graph)  # they bound max-pooling
     with pytest.raises(VerificationError, match="complete.*sigmoid"):
         make_verifier(default_registry(), "complete").check(
             build_graph(sigmoid_net(), (1, 4, 4), "sig")

@@ -39,7 +39,9 @@ SEARCH_DTYPE = torch.float32
 
 LINEAR_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "positive-linear", "add",
                 "activation"}  # fmt: skip
-IBP_KINDS = LINEAR_KINDS | {"maxpool"}
+# max-pooling's relaxation (ops.MaxPool) is not linear in the LP/MILP verifiers' sense
+CROWN_KINDS = LINEAR_KINDS | {"maxpool"}
+IBP_KINDS = CROWN_KINDS
 
 
 def interval_boxes(graph: BoundGraph, lower: torch.Tensor, upper: torch.Tensor) -> list[Box]:
@@ -87,7 +89,7 @@ def backward(
             back, shift = op.backward(coeff, *in_boxes, lower_slope=slope, constant=not rounded)
         elif rounded and op.kind in {"dense", "conv"}:  # exact_shift computes the constant
             back, shift = op.backward(coeff, *in_boxes, constant=False)
-        elif op.kind in LINEAR_KINDS:
+        elif op.kind in CROWN_KINDS:
             back, shift = op.backward(coeff, *in_boxes)
         else:
             raise VerificationError(

@@ -26,10 +26,11 @@ from aisafety.verification.attention import attention_message, product_of_inputs
 from aisafety.verification.relaxations import RELU, SIGMOID, TANH
 
 SUPPORTED = (
-    "Linear/Gemm, Conv2d, ReLU, Sigmoid, Tanh, Flatten/Reshape/View, the predictor's "
+    "Linear/Gemm, Conv2d, ReLU, Sigmoid, Tanh, MaxPool2d (the bound-propagation verifiers), "
+    "Flatten/Reshape/View, the predictor's "
     "normalisation, BatchNorm (eval), AvgPool2d, AdaptiveAvgPool2d, GlobalAveragePool, "
     "Transpose of the per-sample axes, Add/Sub/Mul/Div by a constant, Add of two branches (as "
-    "modules, torch functions or torch.export's ATen ops); MaxPool2d for IBP only"
+    "modules, torch functions or torch.export's ATen ops)"
 )
 
 
@@ -84,9 +85,9 @@ class BoundGraph:
             if op.kind not in kinds:
                 raise VerificationError(
                     f"{method} cannot bound {op.kind} node {op.name!r} of model {self.model!r}; "
-                    f"it supports {SUPPORTED}; use the 'ibp' verifier, or strided "
-                    "convolutions instead of max-pooling (e.g. the 'mnist-cnn-strided' "
-                    "architecture)"
+                    f"it supports {SUPPORTED}; use the 'ibp', 'crown' or 'alpha-crown' "
+                    "verifier (they bound max-pooling), or strided convolutions instead of "
+                    "max-pooling (e.g. the 'mnist-cnn-strided' architecture)"
                 )
 
     @property
@@ -260,7 +261,8 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
         return ops.Activation(name, inputs, out_shape, fn=fn, relaxation=relaxation)
     if isinstance(target, nn.MaxPool2d) or target in (F.max_pool2d, aten.max_pool2d.default):
         fn = target if isinstance(target, nn.Module) else _bind(target, args, kwargs=node.kwargs)
-        return ops.MaxPool(name, inputs, out_shape, fn=fn)
+        return ops.MaxPool(name, inputs, out_shape, fn=fn, in_shape=in_shape,
+                           **_pool_settings(target, args, node.kwargs))  # fmt: skip
     if (
         isinstance(target, nn.AvgPool2d | nn.AdaptiveAvgPool2d)
         or target
@@ -354,6 +356,33 @@ def _activation(target: Any):
     if isinstance(target, nn.Tanh) or target in (torch.tanh, F.tanh):
         return torch.tanh, TANH
     return None
+
+
+def _pool_settings(target: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Kernel, stride, padding, dilation and ceil_mode of a max-pooling module or call
+    (``F.max_pool2d`` and ATen's take them in that order; no stride means the kernel's)."""
+    if isinstance(target, nn.MaxPool2d):
+        given = [target.kernel_size, target.stride, target.padding, target.dilation]
+        ceil = target.ceil_mode
+    else:
+        keys = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+        values = dict(zip(keys, args[1:], strict=False)) | dict(kwargs)
+        given = [values.get(key) for key in keys[:4]]
+        ceil = bool(values.get("ceil_mode", False))
+    if given[1] is None or given[1] == []:
+        given[1] = given[0]
+    defaults = (None, None, 0, 1)
+    pairs = [_pair(v if v is not None else d) for v, d in zip(given, defaults, strict=True)]
+    return dict(zip(("kernel", "stride", "padding", "dilation"), pairs, strict=True)) | {
+        "ceil_mode": ceil
+    }
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    items = tuple(int(v) for v in value)
+    return items * 2 if len(items) == 1 else items  # type: ignore[return-value]
 
 
 def _bind(fn, args, kwargs):

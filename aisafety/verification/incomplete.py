@@ -41,6 +41,7 @@ class CrownVerifier(Verifier):
         "CROWN backward linear relaxation with CROWN intermediate bounds (Zhang et al. 2018)"
     )
     mode = "adaptive"
+    kinds = b.CROWN_KINDS
     tighter_than = ("ibp",)  # its boxes are IBP's intersected, its bound the larger of both
 
     def boxes(self, graph: BoundGraph, prop: Property):

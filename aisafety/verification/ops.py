@@ -250,9 +250,20 @@ class Activation(Op):
 
 @dataclass
 class MaxPool(Op):
-    """Max-pooling: monotone, so IBP bounds it; no linear relaxation here."""
+    """Max-pooling (nn.MaxPool2d, F.max_pool2d): monotone for IBP, and a linear relaxation
+    for the backward passes (DeepPoly; auto_LiRPA's ``BoundMaxPool``). In each window, the
+    element ``i`` of largest lower bound gives ``y >= x_i`` (a max is at least any element).
+    Above: ``y = x_i`` exactly when ``l_i`` is at least every other element's upper bound
+    (``i`` always wins), else the window's largest upper bound, a constant (never looser on
+    the box than a plane through ``x_i``). Padding is -inf, as PyTorch pads."""
 
     fn: Callable[[torch.Tensor], torch.Tensor] = None  # type: ignore[assignment]
+    kernel: tuple[int, int] = (1, 1)
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    ceil_mode: bool = False
+    in_shape: tuple[int, ...] = ()
     kind: str = field(default="maxpool", init=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -260,3 +271,44 @@ class MaxPool(Op):
 
     def interval(self, box: Box) -> Box:
         return self.fn(box[0]), self.fn(box[1])
+
+    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+        b, k = a.shape[:2]
+        index, exact, top = self.relaxation(box)
+        pos, neg = split_signs(a)
+        coeff = (pos + neg * exact.unsqueeze(1)).flatten(3)  # (B, K, C, out windows)
+        bias = _row_dot(neg, torch.where(exact, torch.zeros_like(top), top))
+        channels, windows = coeff.shape[2:]
+        back = a.new_zeros(b, k, channels, self.in_shape[1] * self.in_shape[2])
+        where = index.reshape(b, 1, channels, windows).expand(b, k, channels, windows)
+        back.scatter_add_(3, where, coeff)
+        return [back.reshape(b, k, *self.in_shape)], bias
+
+    def relaxation(self, box: Box) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per output (B, C, H', W'): the flat input index of the window's element of largest
+        lower bound, whether that element always wins (the relaxation is exact), and the
+        window's largest upper bound."""
+        lo, hi = box
+        pool = (self.kernel, self.stride, self.padding, self.dilation, self.ceil_mode)
+        lower, index = F.max_pool2d(lo, *pool, return_indices=True)
+        height, width = self.in_shape[1:]
+        flat = torch.arange(height * width, dtype=torch.float64, device=lo.device)
+        positions = self._windows(flat.reshape(1, 1, height, width), -1.0)  # (1, 1, kk, L)
+        uppers = self._windows(hi, -torch.inf)  # (B, C, kk, L)
+        chosen = positions == index.flatten(2).unsqueeze(2).to(torch.float64)
+        others = uppers.masked_fill(chosen, -torch.inf).amax(2).reshape(lower.shape)
+        return index, lower >= others, F.max_pool2d(hi, *pool)
+
+    def _windows(self, x: torch.Tensor, fill: float) -> torch.Tensor:
+        """The pooling windows of ``x`` (N, C, H, W) as (N, C, kernel elements, windows),
+        padded with ``fill``; the right edge padded or cut to the last window (ceil_mode)."""
+        pads = []
+        for axis in (1, 0):  # F.pad lists the last axis first
+            size, out = self.in_shape[1 + axis], self.out_shape[1 + axis]
+            extent = (
+                (out - 1) * self.stride[axis] + self.dilation[axis] * (self.kernel[axis] - 1) + 1
+            )
+            pads += [self.padding[axis], extent - size - self.padding[axis]]
+        padded = F.pad(x, pads, value=fill)
+        cols = F.unfold(padded, self.kernel, self.dilation, 0, self.stride)
+        return cols.reshape(x.shape[0], x.shape[1], -1, cols.shape[-1])
