@@ -37,7 +37,7 @@ class CostMeter:
         self._gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
         if self._gpu:
             torch.cuda.reset_peak_memory_stats()
-        self._peak = _reset_peak_rss()
+        self._peak = reset_peak_rss()
         self._wall, self._cpu = time.perf_counter(), time.process_time()
 
     def read(self) -> UnitCost:
@@ -45,25 +45,27 @@ class CostMeter:
         return UnitCost(
             seconds=time.perf_counter() - self._wall,
             cpu_seconds=time.process_time() - self._cpu,
-            peak_rss_mib=_peak_rss_kib() / 1024 if self._peak else None,
+            peak_rss_mib=status_bytes("VmHWM") / 2**20 if self._peak else None,
             peak_gpu_mib=gpu,
         )
 
 
-def _reset_peak_rss() -> bool:
+def reset_peak_rss() -> bool:
     """Reset ``VmHWM`` to the current resident size; False where the kernel does not allow."""
     try:
         CLEAR_REFS.write_text("5")
-        return _peak_rss_kib() > 0
+        return status_bytes("VmHWM") > 0
     except OSError:
         return False
 
 
-def _peak_rss_kib() -> int:
+def status_bytes(key: str) -> int:
+    """A size line of ``/proc/self/status`` (``VmRSS``, ``VmHWM`` ...) in bytes; 0 where
+    unreadable. The benches and tests that measure a call's own peak read it here too."""
     try:
         for line in STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0

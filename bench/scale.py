@@ -70,6 +70,7 @@ from aisafety.evaluation.neurons import default_layers, neuron_outputs  # noqa: 
 from aisafety.memory import reuse_freed_memory  # noqa: E402
 from aisafety.memory_budget import GIB, memory_limit  # noqa: E402
 from aisafety.prediction.torch_module import TorchPredictor  # noqa: E402
+from aisafety.unit_cost import reset_peak_rss, status_bytes  # noqa: E402
 from aisafety.verification.graph import build_graph  # noqa: E402
 from aisafety.verification.incomplete import (  # noqa: E402
     CrownIBPVerifier,
@@ -120,14 +121,6 @@ def floor(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
         torch.autograd.grad(F.cross_entropy(net(xg), yc, reduction="sum"), xg)
 
 
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def _user() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_utime
 
@@ -135,13 +128,12 @@ def _user() -> float:
 def measure(job: Job, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int, float]:
     """CPU seconds (the process's, one thread), peak resident growth and user-mode CPU
     seconds (without the kernel's page faults) of one call."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets the peak resident size (VmHWM) to the current one
-    before = _status("VmRSS")
+    reset_peak_rss()  # the peak resident size (VmHWM) := the current one
+    before = status_bytes("VmRSS")
     started, user = time.process_time(), _user()
     with reuse_freed_memory():
         job(x, y)
-    peak = max(1, _status("VmHWM") - before)
+    peak = max(1, status_bytes("VmHWM") - before)
     return time.process_time() - started, peak, _user() - user
 
 

@@ -26,6 +26,7 @@ from aisafety.database.datasets.labelled_files import LabelledFilesDataset
 from aisafety.errors import MemoryBudgetError
 from aisafety.plugins import default_registry
 from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.unit_cost import reset_peak_rss, status_bytes
 from aisafety.verification.graph import VerificationError
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -65,30 +66,21 @@ def evaluate(shape: str, plan: dict, tmp_path):
     else:
         plan = {**plan, "dataset": {"name": "cifar10-embedded", "limit": N}}
         extra = {}
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # peak resident size := current
-    before = _status("VmRSS")
+    reset_peak_rss()  # the peak resident size (VmHWM) := the current one
+    before = status_bytes("VmRSS")
     record = aisafety.evaluate(
         {**plan, "seed": 0, "batch_size": N},
         db=f"sqlite:///{tmp_path / 'at-size.db'}",
         model=TorchPredictor(net, input_shape, classes, name=shape),
         **extra,
     )
-    peak = _status("VmHWM") - before
+    peak = status_bytes("VmHWM") - before
     print(f"PEAK {shape} {label}: {peak / 2**30:.2f} GiB", flush=True)
     assert not record.failed_units, record.failed_units
     assert record.values, f"{label}: no value stored"
     bad = [(v.metric, v.attack, v.value) for v in record.values if not math.isfinite(v.value)]
     assert not bad, bad
     return record
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 SHAPES = ("wrn-28-10", "resnet-50")
