@@ -96,6 +96,14 @@ def magnitude(box: Box) -> torch.Tensor:
     return torch.maximum(box[0].abs(), box[1].abs()).double()
 
 
+def unstable_magnitude(box: Box) -> torch.Tensor:
+    """max |z| over a ReLU input's box where the neuron is unstable, else 0 (float64): a
+    stable neuron's slopes are 0 or 1 (``relaxations.py``), whose products are exact, so
+    only an unstable neuron's coefficient rounds (its chord slope, or an alpha slope)."""
+    lo, hi = box
+    return torch.where((lo < 0) & (hi > 0), magnitude(box), 0.0)
+
+
 CHUNK = 1 << 18  # elements of a row chunk cast to float64 at once (2 MiB: few calls, in cache)
 
 
@@ -143,7 +151,7 @@ def exact_shift(
     if wide.kind == "activation":  # ReLU: lower line through 0, so only the upper's constant
         _, _, _, ub = wide.relaxation.lines(*boxes[0])
         ub = ub.double()
-        v = gamma(1) * magnitude(boxes[0]) + 3 * gamma(n, U64) * ub.abs()
+        v = gamma(1) * unstable_magnitude(boxes[0]) + 3 * gamma(n, U64) * ub.abs()
         signed, absolute = dots(a, _columns(ub), _columns(ub, v))
         shift = (signed[..., 0] - absolute[..., 0]) / 2  # <min(a, 0), ub>
         return shift, _float64_error(absolute[..., 1], n)
