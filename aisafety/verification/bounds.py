@@ -124,11 +124,13 @@ def sound_backward(
     mode: str = "adaptive",
     slopes: dict[int, torch.Tensor] | None = None,
     cast: bool = True,
+    small: int = rounding.SMALL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``backward`` in float32 with its rounding margin where ``rounding.fast_graph`` allows
-    (sound, and faster), else in the graph's dtype; the bound is in the graph's dtype, the
-    coefficients too with ``cast`` (an intermediate bound does not need them)."""
-    fast = pass_graph(graph, start, a.shape[0] * a.shape[1])
+    (sound, and faster; ``small``: its size threshold), else in the graph's dtype; the bound
+    is in the graph's dtype, the coefficients too with ``cast`` (an intermediate bound does
+    not need them)."""
+    fast = pass_graph(graph, start, a.shape[0] * a.shape[1], small)
     if fast is None:
         return backward(graph, start, a.to(graph.dtype), boxes, mode, slopes)
     narrow = [rounding.outward(box) for box in boxes[: start + 1]]
@@ -138,11 +140,13 @@ def sound_backward(
     return bound, coeff.to(graph.dtype) if cast else coeff
 
 
-def pass_graph(graph: BoundGraph, start: int, rows: int) -> BoundGraph | None:
+def pass_graph(
+    graph: BoundGraph, start: int, rows: int, small: int = rounding.SMALL
+) -> BoundGraph | None:
     """The float32 graph ``sound_backward`` runs ``rows`` rows (batch included) from node
     ``start`` on, or None for the graph's own dtype (``rounding.fast_graph``)."""
     widest = max(budget.numel(op.out_shape) for op in graph.ops[: start + 1])
-    return rounding.fast_graph(graph, rows * widest)
+    return rounding.fast_graph(graph, rows * widest, small)
 
 
 def depends_on_activation(graph: BoundGraph) -> list[bool]:
@@ -298,7 +302,7 @@ def spec_lower(
     end = len(graph.ops) - 1
     if slopes is not None:  # one slope per row: the rows go together
         return sound_backward(graph, end, a, boxes, mode, slopes)
-    bound = lambda rows: sound_backward(graph, end, rows, boxes, mode)  # noqa: E731
+    bound = lambda rows: sound_backward(graph, end, rows, boxes, mode, small=rounding.FINAL_SMALL)  # noqa: E731
     return in_chunks(graph, end, a, False, bound)
 
 

@@ -37,6 +37,9 @@ FAST_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "add", "activa
 
 # below this many coefficient elements a pass is cheap in float64, where it is tighter
 SMALL = 1 << 16
+# the same for the final pass (the spec's few rows): its float32 margin is not worth the
+# little it saves beside the intermediate passes (bench/margin_sources.py, docs/certification.md)
+FINAL_SMALL = 1 << 22
 _MODE: ContextVar[str] = ContextVar("bound_pass_precision", default="auto")
 
 
@@ -58,12 +61,12 @@ def pass_precision(mode: str) -> Iterator[None]:
         _MODE.reset(token)
 
 
-def fast_graph(graph: BoundGraph, elements: int) -> BoundGraph | None:
+def fast_graph(graph: BoundGraph, elements: int, small: int = SMALL) -> BoundGraph | None:
     """The float32 copy of a float64 ``graph`` when a pass of ``elements`` coefficients is
-    worth running there (``SMALL``) and can soundly: ReLU activations, ops this module
-    bounds, and weights that float32 holds exactly."""
+    worth running there (at least ``small``) and can soundly: ReLU activations, ops this
+    module bounds, and weights that float32 holds exactly."""
     mode = _MODE.get()
-    if mode == "float64" or (mode == "auto" and elements < SMALL):
+    if mode == "float64" or (mode == "auto" and elements < small):
         return None
     if graph.dtype != torch.float64 or not graph.relu_only:
         return None
