@@ -210,3 +210,29 @@ def test_final_pass_runs_in_float64_below_its_threshold():
             narrow = b.spec_lower(graph, boxes, prop.spec)[0]
     assert torch.equal(auto, wide)
     assert (narrow <= wide).all() and (narrow < wide).any()
+
+
+def test_each_row_counts_its_own_nonzero_terms_soundly():
+    """Rows of 1 to 64 nonzero coefficients in one pass: each row's margin uses its own
+    count (``rounding.gammas``), and every row stays below the float64 bound, on a badly
+    scaled network where float32 without margins is above it somewhere."""
+    graph, prop = case(badly_scaled_mlp(4), eps=0.5)
+    with rounding.pass_precision("float64"):
+        boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    start = max(
+        i for i, op in enumerate(graph.ops) if op.kind == "dense" and i < len(graph.ops) - 1
+    )
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(prop.lower.shape[0], 64, 64, generator=gen, dtype=torch.float64) * 1e3
+    a = (a * (torch.arange(64).unsqueeze(1) >= torch.arange(64))).float().double()  # row k: k + 1
+    with torch.no_grad():
+        with rounding.pass_precision("float64"):
+            exact = b.sound_backward(graph, start, a, boxes)[0]
+        with rounding.pass_precision("float32"):
+            rounded = b.sound_backward(graph, start, a, boxes)[0]
+        naive = b.backward(graph.in_dtype(torch.float32), start, a.float(),
+                           [(lo.float(), hi.float()) for lo, hi in boxes])[0].double()  # fmt: skip
+    assert (rounded <= exact).all(), float((rounded - exact).max())
+    assert (naive > exact).any()
+    loss = exact - rounded  # a row of few terms loses less than a full one
+    assert loss[:, :4].mean() < loss[:, -4:].mean()

@@ -147,7 +147,8 @@ def exact_shift(
     float32 coefficients ``back`` valid, and its rounding margin; ``wide`` is the op with
     its float64 weights. For an affine op with input ``h = c + d`` (``c`` the box centre,
     ``|d| <= r``): ``a op(h) = back h + [a op(c) - back c] + (a W - back) d``, the bracket
-    computed in float64, the last term at most ``gamma(n) <|a|, |W| r>``."""
+    computed in float64, the last term at most ``gamma(n) <|a|, |W| r>`` with ``n`` the
+    row's own count of nonzero coefficients (capped by the terms of one of the op's sums)."""
     n = a[0, 0].numel()
     if wide.kind in {"reshape", "add", "input"}:  # copies: exact
         return a.new_zeros(a.shape[:2], dtype=torch.float64), a.new_zeros((), dtype=torch.float64)
@@ -161,35 +162,45 @@ def exact_shift(
     lo, hi = boxes[0]
     centre = ((lo + hi) / 2).double()
     radius = torch.maximum(hi.double() - centre, centre - lo.double()) * (1 + 2.0**-50)
-    terms = int((a != 0).flatten(2).sum(2, dtype=torch.int32).max())  # zeros add nothing
-    v = _weighted(wide, centre, radius, terms)
+    radial, wide_part, limit = _weighted(wide, centre, radius)
+    # one column: gamma(terms) >= gamma(1) below (a zero row has no error either way)
+    v = radial + wide_part / gamma(1)
     at_centre, err = dots(a, _columns(wide.forward(centre)), _columns(v))
     back_centre, _ = dots(
         back[0], _columns(centre), centre.new_zeros(centre.shape[0], centre[0].numel(), 0)
     )
-    return at_centre[..., 0] - back_centre[..., 0], _float64_error(err[..., 0], n)
+    # each row's own count of nonzero coefficients (a zero product adds an exact zero)
+    terms = (a != 0).flatten(2).sum(2, dtype=torch.int32).clamp(1, max(limit, 1))
+    margin = gammas(terms) * err[..., 0]
+    return at_centre[..., 0] - back_centre[..., 0], _float64_error(margin, n + 1)
 
 
-def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor, nonzero: int) -> torch.Tensor:
-    """``v`` per sample (float64, out_shape) with ``<|a|, v>`` bounding every rounding
-    error of ``exact_shift`` on an affine op: float32's ``|W| r`` times the gamma of its
-    sums (of at most ``nonzero`` nonzero terms, a row's nonzero coefficients), the float64
-    bracket's ``|W| |c| + |b|`` times three float64 gammas."""
+def gammas(n: torch.Tensor) -> torch.Tensor:
+    """``gamma`` of each count in ``n`` (float64), for float32's unit roundoff."""
+    nu = n.double() * U32
+    return torch.where(nu < 1, nu / (1 - nu), torch.inf)
+
+
+def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor) -> tuple:
+    """Per sample (float64, out_shape) ``|W| r`` and ``v``, and the most nonzero terms of
+    one of the op's float32 sums: ``<|a|, gamma(terms) |W| r + v>`` bounds every rounding
+    error of ``exact_shift`` on an affine op, float32's (``terms``: a row's nonzero
+    coefficients, at most the limit) and the float64 bracket's (``|W| |c| + |b|`` times
+    three float64 gammas)."""
     size = centre[0].numel() + int(torch.tensor(op.out_shape).prod()) + 2
     wide = 3 * gamma(size, U64)
     if op.kind == "dense":  # a @ W: sums over a column's nonzero weights at most
         w, b = op.weight.abs(), op.bias.abs()
-        terms = min(_column_terms(op), nonzero)
-        return gamma(terms) * F.linear(radius, w) + wide * F.linear(centre.abs(), w, b)
+        return F.linear(radius, w), wide * F.linear(centre.abs(), w, b), _column_terms(op)
     if op.kind == "conv":  # conv_transpose: sums over C_out / groups * kh * kw at most
         w = op.weight.abs()
         b = op.bias.abs() if op.bias is not None else None
-        terms = min(w.shape[0] // op.groups * _taps(op), nonzero)
+        terms = w.shape[0] // op.groups * _taps(op)
         conv = lambda x, bias: F.conv2d(x, w, bias, op.stride, op.padding, op.dilation, op.groups)  # noqa: E731
-        return gamma(terms) * conv(radius, None) + wide * conv(centre.abs(), b)
+        return conv(radius, None), wide * conv(centre.abs(), b), terms
     if op.kind == "elementwise":  # one product per element
         scale = op.scale.abs()
-        return gamma(1) * scale * radius + wide * (scale * centre.abs() + op.shift.abs())
+        return scale * radius, wide * (scale * centre.abs() + op.shift.abs()), 1
     raise ValueError(f"no rounding bound for {op.kind} node {op.name!r}")
 
 
