@@ -236,3 +236,20 @@ def test_each_row_counts_its_own_nonzero_terms_soundly():
     assert (naive > exact).any()
     loss = exact - rounded  # a row of few terms loses less than a full one
     assert loss[:, :4].mean() < loss[:, -4:].mean()
+
+
+def test_rows_float32_cannot_hold_stay_in_float64():
+    """A spec row of 0.1 is not a float32 number: its float32 copy is another spec, so the
+    pass must not run there (its bound would not be the asked spec's)."""
+    graph, prop = case(badly_scaled_mlp(0), eps=0.5)
+    spec = prop.spec * 0.1  # 0.1 * (+-1): not exact in float32
+    assert not torch.equal(spec.float().double(), spec)
+    with rounding.pass_precision("float64"):
+        boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    a = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
+    with torch.no_grad():
+        wide = b.backward(graph, len(graph.ops) - 1, a, boxes)[0]
+        with rounding.pass_precision("float32"):
+            fallback = b.sound_backward(graph, len(graph.ops) - 1, a, boxes)[0]
+            assert rounding.fast_graph(graph, 1 << 20) is not None  # float32 was allowed
+    assert torch.equal(fallback, wide)

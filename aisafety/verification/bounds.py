@@ -129,8 +129,11 @@ def sound_backward(
     """``backward`` in float32 with its rounding margin where ``rounding.fast_graph`` allows
     (sound, and faster; ``small``: its size threshold), else in the graph's dtype; the bound
     is in the graph's dtype, the coefficients too with ``cast`` (an intermediate bound does
-    not need them)."""
+    not need them). Rows ``a`` that float32 does not hold exactly (a VNN-LIB spec's 0.1)
+    stay in the graph's dtype: their float32 copy would bound another specification."""
     fast = pass_graph(graph, start, a.shape[0] * a.shape[1], small)
+    if fast is not None and not torch.equal(a.float().to(a.dtype), a):
+        fast = None
     if fast is None:
         return backward(graph, start, a.to(graph.dtype), boxes, mode, slopes)
     narrow = [rounding.outward(box) for box in boxes[: start + 1]]
