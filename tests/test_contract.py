@@ -53,7 +53,8 @@ FAST = {
     "n_perturbations": 2,
     "frontier_steps": 2,
     "attack_config": {"steps": 2},
-    # not shorter but needed: the zoo CNN max-pools, which of the verifiers only IBP bounds
+    # the cheapest verifier for the metrics that take one (the zoo CNN's max-pooling is
+    # bounded by every CROWN-family, LP and MILP verifier too, docs/certification.md)
     "verifier": "ibp",
 }
 
