@@ -39,7 +39,7 @@ SEARCH_DTYPE = torch.float32
 
 LINEAR_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "positive-linear", "add",
                 "activation"}  # fmt: skip
-# max-pooling's relaxation (ops.MaxPool) is not linear in the LP/MILP verifiers' sense
+# with max-pooling (ops.MaxPool: DeepPoly's lines; milp_maxpool.py: the MILP and LP rows)
 CROWN_KINDS = LINEAR_KINDS | {"maxpool"}
 IBP_KINDS = CROWN_KINDS
 
