@@ -267,8 +267,11 @@ def _dense_neurons(
     rounds by at most 2^-53 of its size: 2^-52 is subtracted."""
     i = graph.ops[j].inputs[0]
     op = (pass_graph(graph, i, 2 * chunk.numel()) or graph).ops[j]  # no cast of the rows
-    rows, bias = op.weight.detach()[chunk], op.bias.detach()[chunk]
-    a = torch.cat([rows, -rows], 1).reshape(*chunk.shape[:1], -1, *graph.ops[i].out_shape)
+    b, c = chunk.shape
+    both = torch.cat([chunk, chunk], 1)  # one gather of the rows twice, then half negated
+    a = op.weight.detach().index_select(0, both.flatten()).reshape(b, 2 * c, -1)
+    a[:, c:].neg_()
+    a, bias = a.reshape(b, 2 * c, *graph.ops[i].out_shape), op.bias.detach()[chunk]
     bound = sound_backward(graph, i, a, boxes, mode, cast=False)[0]
     total = bound + torch.cat([bias, -bias], 1).to(bound.dtype)
     return total - total.abs() * 2.0**-52
