@@ -132,11 +132,11 @@ def sound_backward(
     not need them). Rows ``a`` that float32 does not hold exactly (a VNN-LIB spec's 0.1)
     stay in the graph's dtype: their float32 copy would bound another specification."""
     fast = pass_graph(graph, start, a.shape[0] * a.shape[1], small)
-    if fast is not None and not torch.equal(a.float().to(a.dtype), a):
+    if fast is not None and a.dtype != torch.float32 and not torch.equal(a.float().to(a.dtype), a):
         fast = None
     if fast is None:
         return backward(graph, start, a.to(graph.dtype), boxes, mode, slopes)
-    narrow = [rounding.outward(box) for box in boxes[: start + 1]]
+    narrow = [rounding.outward_kept(box) for box in boxes[: start + 1]]
     slopes32 = {i: s.float() for i, s in slopes.items()} if slopes is not None else None
     with torch.no_grad():
         bound, coeff = backward(fast, start, a.float(), narrow, mode, slopes32, rounded=True)
