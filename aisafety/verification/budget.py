@@ -57,7 +57,16 @@ def row_bytes(graph: BoundGraph, start: int, batch: int, grad: bool = False) -> 
 
 
 def _live_elements(graph: BoundGraph, start: int) -> int:
-    """The most coefficient elements alive at once while the pass is at one op."""
+    """The most coefficient elements alive at once while the pass is at one op; kept per
+    graph and node (the loop is cubic in the ops, and CROWN asks once per pass)."""
+    kept = graph.__dict__.setdefault("_live_elements", {})
+    shapes = tuple((op.out_shape, tuple(op.inputs)) for op in graph.ops[: start + 1])
+    if kept.get(start, (None,))[0] != shapes:
+        kept[start] = (shapes, _count_live(graph, start))
+    return kept[start][1]
+
+
+def _count_live(graph: BoundGraph, start: int) -> int:
     peak = LIVE * numel(graph.input_shape)  # the concretisation at the input
     for i in range(start, 0, -1):
         op = graph.ops[i]
