@@ -49,3 +49,11 @@ def test_crown_bounds_equal_with_and_without_kept_values():
     finally:
         memo.on_tensor = on_tensor
     assert torch.equal(kept, fresh)
+
+
+def test_nothing_is_kept_for_inputs_that_require_grad():
+    lo, slope = torch.zeros(3), torch.ones(3, requires_grad=True)
+    with torch.no_grad():
+        memo.on_tensor(lo, "_scaled", (slope,), lambda: lo + slope)
+    scaled = memo.on_tensor(lo, "_scaled", (slope,), lambda: lo + slope)
+    assert scaled.requires_grad and "_scaled" not in lo.__dict__

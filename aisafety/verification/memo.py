@@ -21,8 +21,10 @@ T = TypeVar("T")
 def on_tensor(owner: torch.Tensor, name: str, deps: tuple, compute: Callable[[], T]) -> T:
     """``compute()``, stored on ``owner`` under ``name`` and reused while ``owner`` and the
     tensors ``deps`` are the same objects with the same in-place version (``deps`` are held
-    by the entry, so their ids cannot be reused by new tensors). A value computed with
-    autograd recording is not stored (it would keep the graph alive)."""
+    by the entry, so their ids cannot be reused by new tensors). Nothing is kept or reused
+    where an input requires grad: such a value must carry its own autograd graph."""
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (owner, *deps)):
+        return compute()
     stamp = tuple(t._version if isinstance(t, torch.Tensor) else None for t in (owner, *deps))
     entry = owner.__dict__.get(name)
     if (
@@ -32,6 +34,5 @@ def on_tensor(owner: torch.Tensor, name: str, deps: tuple, compute: Callable[[],
     ):
         return entry[2]
     value = compute()
-    if not (torch.is_grad_enabled() and owner.requires_grad):
-        owner.__dict__[name] = (deps, stamp, value)
+    owner.__dict__[name] = (deps, stamp, value)
     return value
