@@ -43,9 +43,11 @@ def numel(shape: tuple[int, ...]) -> int:
 
 
 def box_bytes(graph: BoundGraph, batch: int) -> int:
-    """The IBP boxes of every node (lower and upper), twice: a box and its refinement."""
+    """The IBP boxes of every node (lower and upper), twice: a box and its refinement; and
+    as much again for what the float32 passes keep on a box (its float32 copy, centre and
+    columns: ``memo.py``, ``rounding.exact_shift``)."""
     sizes = sum(numel(op.out_shape) for op in graph.ops)
-    return 4 * sizes * batch * graph.dtype.itemsize
+    return 8 * sizes * batch * graph.dtype.itemsize
 
 
 def row_bytes(graph: BoundGraph, start: int, batch: int, grad: bool = False) -> int:
