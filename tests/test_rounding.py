@@ -253,3 +253,19 @@ def test_rows_float32_cannot_hold_stay_in_float64():
             fallback = b.sound_backward(graph, len(graph.ops) - 1, a, boxes)[0]
             assert rounding.fast_graph(graph, 1 << 20) is not None  # float32 was allowed
     assert torch.equal(fallback, wide)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nonzero_counts_equal_counting_the_nonzero_elements(dtype):
+    """``rounding.nonzero_counts`` (a sum of ``|sign|``) equals ``(a != 0).sum`` per row,
+    with negative zeros (not counted), subnormals and infinities (counted) in the rows."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 40, 257, generator=gen).to(dtype)
+    a[torch.rand(a.shape, generator=gen) < 0.6] = 0.0
+    a[0, 0, :100] = -0.0
+    a[1, 1, :5] = torch.finfo(dtype).tiny / 4  # subnormal
+    a[2, 2, :3] = -torch.inf
+    a[2, 3] = 0.0  # an all-zero row
+    counts = rounding.nonzero_counts(a)
+    assert torch.equal(counts.double(), (a != 0).sum(2).double())
+    assert counts[0, 0] == (a[0, 0, 100:] != 0).sum() and counts[2, 3] == 0

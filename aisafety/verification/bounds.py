@@ -132,11 +132,11 @@ def sound_backward(
     not need them). Rows ``a`` that float32 does not hold exactly (a VNN-LIB spec's 0.1)
     stay in the graph's dtype: their float32 copy would bound another specification."""
     fast = pass_graph(graph, start, a.shape[0] * a.shape[1], small)
-    if fast is not None and not torch.equal(a.float().to(a.dtype), a):
+    if fast is not None and a.dtype != torch.float32 and not torch.equal(a.float().to(a.dtype), a):
         fast = None
     if fast is None:
         return backward(graph, start, a.to(graph.dtype), boxes, mode, slopes)
-    narrow = [rounding.outward(box) for box in boxes[: start + 1]]
+    narrow = [rounding.outward_kept(box) for box in boxes[: start + 1]]
     slopes32 = {i: s.float() for i, s in slopes.items()} if slopes is not None else None
     with torch.no_grad():
         bound, coeff = backward(fast, start, a.float(), narrow, mode, slopes32, rounded=True)
@@ -267,8 +267,11 @@ def _dense_neurons(
     rounds by at most 2^-53 of its size: 2^-52 is subtracted."""
     i = graph.ops[j].inputs[0]
     op = (pass_graph(graph, i, 2 * chunk.numel()) or graph).ops[j]  # no cast of the rows
-    rows, bias = op.weight.detach()[chunk], op.bias.detach()[chunk]
-    a = torch.cat([rows, -rows], 1).reshape(*chunk.shape[:1], -1, *graph.ops[i].out_shape)
+    b, c = chunk.shape
+    both = torch.cat([chunk, chunk], 1)  # one gather of the rows twice, then half negated
+    a = op.weight.detach().index_select(0, both.flatten()).reshape(b, 2 * c, -1)
+    a[:, c:].neg_()
+    a, bias = a.reshape(b, 2 * c, *graph.ops[i].out_shape), op.bias.detach()[chunk]
     bound = sound_backward(graph, i, a, boxes, mode, cast=False)[0]
     total = bound + torch.cat([bias, -bias], 1).to(bound.dtype)
     return total - total.abs() * 2.0**-52

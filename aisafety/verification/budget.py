@@ -43,9 +43,11 @@ def numel(shape: tuple[int, ...]) -> int:
 
 
 def box_bytes(graph: BoundGraph, batch: int) -> int:
-    """The IBP boxes of every node (lower and upper), twice: a box and its refinement."""
+    """The IBP boxes of every node (lower and upper), twice: a box and its refinement; and
+    as much again for what the float32 passes keep on a box (its float32 copy, centre and
+    columns: ``memo.py``, ``rounding.exact_shift``)."""
     sizes = sum(numel(op.out_shape) for op in graph.ops)
-    return 4 * sizes * batch * graph.dtype.itemsize
+    return 8 * sizes * batch * graph.dtype.itemsize
 
 
 def row_bytes(graph: BoundGraph, start: int, batch: int, grad: bool = False) -> int:
@@ -57,7 +59,16 @@ def row_bytes(graph: BoundGraph, start: int, batch: int, grad: bool = False) -> 
 
 
 def _live_elements(graph: BoundGraph, start: int) -> int:
-    """The most coefficient elements alive at once while the pass is at one op."""
+    """The most coefficient elements alive at once while the pass is at one op; kept per
+    graph and node (the loop is cubic in the ops, and CROWN asks once per pass)."""
+    kept = graph.__dict__.setdefault("_live_elements", {})
+    shapes = tuple((op.out_shape, tuple(op.inputs)) for op in graph.ops[: start + 1])
+    if kept.get(start, (None,))[0] != shapes:
+        kept[start] = (shapes, _count_live(graph, start))
+    return kept[start][1]
+
+
+def _count_live(graph: BoundGraph, start: int) -> int:
     peak = LIVE * numel(graph.input_shape)  # the concretisation at the input
     for i in range(start, 0, -1):
         op = graph.ops[i]

@@ -244,8 +244,9 @@ class Activation(Op):
         zero = a.new_zeros(a.shape[:2])
         bias = _row_dot(pos, lb) + _row_dot(neg, ub) if constant else zero
         lw, uw = (t if t.dim() == a.dim() else t.unsqueeze(1) for t in (lw, uw))
-        # pos * lw + neg * uw: one term is zero, so this is the one rounded product
-        return [torch.addcmul(neg * uw, pos, lw)], bias
+        # pos * lw + neg * uw: one term is zero, so this is the one rounded product (added
+        # in place: a tensor of ``a``'s size fewer; ``neg`` stays, autograd may need it)
+        return [(neg * uw).addcmul_(pos, lw)], bias
 
 
 @dataclass
