@@ -57,8 +57,8 @@ from aisafety.verification.split_bounds import (
 class BabConfig(AlphaCrownConfig):
     batch_size: int = Field(default=1, gt=0, description="samples bounded together at the root")
     domain_batch: int = Field(default=64, gt=0, description="domains split per round")
-    bab_steps: int = Field(default=10, ge=0, description="Adam steps on alpha and beta per round")
-    bab_lr: float = Field(default=0.1, gt=0, description="Adam learning rate of beta")
+    bab_steps: int = Field(default=20, ge=0, description="Adam steps on alpha and beta per round")
+    bab_lr: float = Field(default=0.03, gt=0, description="Adam learning rate of beta")
     bab_lr_alpha: float | None = Field(
         default=None, gt=0, description="Adam learning rate of alpha (None: bab_lr)"
     )
