@@ -48,6 +48,7 @@ from aisafety.verification.split_bounds import (
     Domains,
     bound_domains,
     cheap_bounds,
+    domain_boxes,
     empty_domains,
     relu_nodes,
     root_domains,
@@ -241,9 +242,13 @@ class Search:
                                                     config.bab_lr, self.input_split,
                                                     config.intermediate_bounds,
                                                     config.bab_lr_alpha)  # fmt: skip
-        if self._parents is not None:  # a child is at least as tight as its parent
-            done.bound = torch.maximum(done.bound, self._parents.bound.repeat(2))
         empty = empty_domains(boxes)  # no point satisfies its splits: pruned, vacuously
+        if self._parents is not None:  # a child is at least as tight as its parent
+            parent = self._parents.bound.repeat(2)
+            if not config.intermediate_bounds:  # (with them, ``boxes`` are these already)
+                stalled = done.bound <= parent + 1e-6 * (1 + parent.abs())
+                empty |= self._empty_when_stalled(done, stalled & ~empty)
+            done.bound = torch.maximum(done.bound, parent)
         done.bound = torch.where(empty, torch.full_like(done.bound, torch.inf), done.bound)
         point = self._corners(done, coeff)
         if point is not None:
@@ -267,6 +272,18 @@ class Search:
             if (self.open is not None and len(self.open)) or len(rest) else None  # fmt: skip
         self._parents = None
         return None
+
+    def _empty_when_stalled(self, done: Domains, stalled: torch.Tensor) -> torch.Tensor:
+        """Children no higher than their parent, checked for emptiness on per-domain
+        intermediate boxes (CROWN after their splits; ``domain_boxes``): a split that moves
+        nothing often means splits that contradict each other, which the root's boxes cut
+        by IBP do not show (e.g. a whole ReLU layer switched off: a constant bound)."""
+        empty = torch.zeros(len(done), dtype=torch.bool)
+        picked = torch.nonzero(stalled).flatten()
+        if len(picked):
+            own = domain_boxes(self.graph, self.root, done.take(picked), self.input_split, True)
+            empty[picked] = empty_domains(own)
+        return empty
 
     def _next_round(self) -> Domains | None:
         """The children of the lowest-bound open domains, or None when none is left."""
