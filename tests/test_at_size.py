@@ -8,9 +8,10 @@ Each run must end without a failed unit and store finite values (a verifier's
 printed (``PEAK`` lines; docs/memory.md records them). A capability that cannot apply to a
 shape is named with its reason, never skipped silently: ``transfer`` (its surrogate is a
 1x28x28 zoo net); a verifier outside ``MUST_ANSWER`` may refuse the architecture before any
-work, naming what it cannot bound (ResNet-50's max-pooling for the LP / MILP verifiers, a
-residual net for the chain-only verifiers), or refuse by its memory budget before any
-allocation, naming the estimate and the budget; the refusal is printed."""
+work, naming what it cannot bound (a residual net or max-pooling for the chain-only
+verifiers), or refuse by its memory budget before any allocation, naming the estimate and
+the budget (the LP / MILP verifiers, whose rows are dense in the inputs); the refusal is
+printed."""
 
 from __future__ import annotations
 
@@ -163,9 +164,9 @@ def test_every_verifier(shape, verifier, tmp_path):
     if verifier in MUST_ANSWER[shape]:
         evaluate(shape, plan, tmp_path)
         return
-    # a verifier may not take the architecture (the LP / MILP ones refuse ResNet-50's
-    # max-pooling; the chain-only verifiers refuse residual nets): then it refuses before
-    # any work, naming the node or the shape it cannot bound
+    # a verifier may not take the architecture (the chain-only verifiers refuse residual
+    # nets and max-pooling): then it refuses before any work, naming the node or the shape
+    # it cannot bound; the LP / MILP ones refuse by their memory budget at these sizes
     try:
         evaluate(shape, plan, tmp_path)
     except VerificationError as refusal:

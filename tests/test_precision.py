@@ -1,8 +1,9 @@
 """The ``precision`` option: reduced precision in an attack's search, successes in fp32.
 
-This machine's CPU (AMD EPYC, Zen 3) has no fast bf16, so the library refuses ``bf16`` here;
-tests that run bf16 anyway patch ``fast_precisions`` (autocast to bf16 works on any CPU, only
-slowly), which is what a CPU with AVX512-BF16 or AMX would report.
+Whether ``bf16`` is offered depends on the CPU (AVX512-BF16 or AMX; the machines this runs on
+change between sessions), so tests that run bf16 patch ``fast_precisions`` to what such a CPU
+reports, and tests of the refusal patch it to a CPU without them (autocast to bf16 works on
+any CPU, only slowly).
 """
 
 from __future__ import annotations

@@ -137,3 +137,119 @@ def test_fast_path_only_where_float32_is_exact_and_sound():
     assert rounding.fast_graph(wide, 1 << 20) is None
     with rounding.pass_precision("float64"):
         assert rounding.fast_graph(relu, 1 << 20) is None
+
+
+def unstable_mlp(seed: int) -> nn.Module:
+    """Weights of both signs at scale 300 and no offset: most ReLUs unstable, where the
+    chord slopes round, and large |z| there (the ReLU margin's case)."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 96), nn.ReLU(), nn.Linear(96, 96),
+                        nn.ReLU(), nn.Linear(96, 96), nn.ReLU(), nn.Linear(96, 5))  # fmt: skip
+    with torch.no_grad():
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                layer.weight.mul_(300)
+    return net.eval()
+
+
+def test_relu_coefficients_round_only_on_unstable_neurons():
+    """The premise of the ReLU margin over unstable neurons only: a stable neuron's slopes
+    are 0 or 1, so its float32 coefficient is the exact product."""
+    gen = torch.Generator().manual_seed(0)
+    lower = torch.randn(4, 300, generator=gen) * 10
+    upper = lower + torch.rand(4, 300, generator=gen) * 20
+    a = torch.randn(4, 7, 300, generator=gen) * 1e3
+    graph = build_graph(unstable_mlp(0), (3, 4, 4), "relu")
+    relu = next(op for op in graph.in_dtype(torch.float32).ops if op.kind == "activation")
+    (back,), _ = relu.backward(a, (lower, upper), constant=False)
+    lw, _, uw, _ = RELU.lines(lower, upper)
+    exact = torch.where(
+        a > 0, a.double() * lw.double().unsqueeze(1), a.double() * uw.double().unsqueeze(1)
+    )
+    stable = ~((lower < 0) & (upper > 0)).unsqueeze(1).expand_as(a)
+    assert stable.any() and (~stable).any()
+    assert torch.equal(back.double()[stable], exact[stable])
+    assert (back.double() != exact)[~stable].any()  # the unstable ones do round
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float32_bound_with_many_unstable_neurons_stays_below_exact_and_samples(seed):
+    net = unstable_mlp(seed)
+    graph, prop = case(net, eps=1.0)
+    exact = spec_bounds(graph, prop, "float64")
+    rounded = spec_bounds(graph, prop, "float32")
+    assert rounding.fast_graph(graph, 1 << 20) is not None
+    assert (rounded <= exact).all(), float((rounded - exact).max())
+    assert (naive_float32(graph, prop) > exact).any()  # it rounds badly (by 196-442)
+    assert (exact - rounded).max() <= 1e-3 * (1 + exact.abs().max())
+    with rounding.pass_precision("float32"), torch.no_grad():
+        bound = b.spec_lower(graph, b.linear_boxes(graph, prop.lower, prop.upper), prop.spec)[0]
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(20):
+        u = torch.rand(prop.lower.shape, generator=gen, dtype=torch.float64)
+        corner = torch.rand(prop.lower.shape, generator=gen) < 0.5
+        point = torch.where(corner, prop.upper, prop.lower + u * (prop.upper - prop.lower))
+        with torch.no_grad():
+            values = torch.einsum("bko,bo->bk", prop.spec, graph.forward(point))
+        assert (bound <= values).all()
+
+
+def test_final_pass_runs_in_float64_below_its_threshold():
+    """``auto`` bounds the spec rows in float64 up to ``FINAL_SMALL`` coefficient elements:
+    the same bound as float64 passes with the same boxes, bit for bit."""
+    graph, prop = case(unstable_mlp(0), eps=1.0, n=256)
+    with rounding.pass_precision("float32"):
+        boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    rows = prop.spec.shape[0] * prop.spec.shape[1]
+    assert rows * 96 >= rounding.SMALL  # an intermediate pass this size would be float32
+    with torch.no_grad():
+        auto = b.spec_lower(graph, boxes, prop.spec)[0]
+        with rounding.pass_precision("float64"):
+            wide = b.spec_lower(graph, boxes, prop.spec)[0]
+        with rounding.pass_precision("float32"):
+            narrow = b.spec_lower(graph, boxes, prop.spec)[0]
+    assert torch.equal(auto, wide)
+    assert (narrow <= wide).all() and (narrow < wide).any()
+
+
+def test_each_row_counts_its_own_nonzero_terms_soundly():
+    """Rows of 1 to 64 nonzero coefficients in one pass: each row's margin uses its own
+    count (``rounding.gammas``), and every row stays below the float64 bound, on a badly
+    scaled network where float32 without margins is above it somewhere."""
+    graph, prop = case(badly_scaled_mlp(4), eps=0.5)
+    with rounding.pass_precision("float64"):
+        boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    start = max(
+        i for i, op in enumerate(graph.ops) if op.kind == "dense" and i < len(graph.ops) - 1
+    )
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(prop.lower.shape[0], 64, 64, generator=gen, dtype=torch.float64) * 1e3
+    a = (a * (torch.arange(64).unsqueeze(1) >= torch.arange(64))).float().double()  # row k: k + 1
+    with torch.no_grad():
+        with rounding.pass_precision("float64"):
+            exact = b.sound_backward(graph, start, a, boxes)[0]
+        with rounding.pass_precision("float32"):
+            rounded = b.sound_backward(graph, start, a, boxes)[0]
+        naive = b.backward(graph.in_dtype(torch.float32), start, a.float(),
+                           [(lo.float(), hi.float()) for lo, hi in boxes])[0].double()  # fmt: skip
+    assert (rounded <= exact).all(), float((rounded - exact).max())
+    assert (naive > exact).any()
+    loss = exact - rounded  # a row of few terms loses less than a full one
+    assert loss[:, :4].mean() < loss[:, -4:].mean()
+
+
+def test_rows_float32_cannot_hold_stay_in_float64():
+    """A spec row of 0.1 is not a float32 number: its float32 copy is another spec, so the
+    pass must not run there (its bound would not be the asked spec's)."""
+    graph, prop = case(badly_scaled_mlp(0), eps=0.5)
+    spec = prop.spec * 0.1  # 0.1 * (+-1): not exact in float32
+    assert not torch.equal(spec.float().double(), spec)
+    with rounding.pass_precision("float64"):
+        boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+    a = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
+    with torch.no_grad():
+        wide = b.backward(graph, len(graph.ops) - 1, a, boxes)[0]
+        with rounding.pass_precision("float32"):
+            fallback = b.sound_backward(graph, len(graph.ops) - 1, a, boxes)[0]
+            assert rounding.fast_graph(graph, 1 << 20) is not None  # float32 was allowed
+    assert torch.equal(fallback, wide)

@@ -185,10 +185,11 @@ def test_an_unsupported_op_is_named_with_the_model_before_any_work():
     pooled = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                            nn.Flatten(), nn.Linear(8, 2))  # fmt: skip
     graph = build_graph(pooled, (1, 4, 4), "pooled")
-    for name in ("complete", "bab", "lp-full"):  # LP / MILP: no max-pooling relaxation
+    for name in ("wk", "deepz"):  # no max-pooling rule in these
         with pytest.raises(VerificationError, match=f"{name}.*maxpool.*'pooled'"):
             make_verifier(default_registry(), name).check(graph)
-    for name in ("ibp", "crown", "fast-lin", "crown-ibp", "alpha-crown", "deeppoly"):
+    for name in ("ibp", "crown", "fast-lin", "crown-ibp", "alpha-crown", "deeppoly", "lp-full",
+                 "k-relu", "complete", "bab"):  # fmt: skip
         make_verifier(default_registry(), name).check(graph)  # they bound max-pooling
     with pytest.raises(VerificationError, match="complete.*sigmoid"):
         make_verifier(default_registry(), "complete").check(

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import copy
 import pickle
-from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import TorchPredictor, layer_type
+from aisafety.prediction.view import PredictorView
 
 # fp32 logits of the copy against the predictor's: another summation order moves them by a
 # few ulps; a layout-dependent model would be off by far more
@@ -45,34 +44,18 @@ def convolutional(predictor: Predictor) -> bool:
     )
 
 
-class ChannelsLast(Predictor):
+class ChannelsLast(PredictorView):
     """``inner`` with its forward passes run by ``network`` (a channels-last copy of
-    ``inner.network``) on channels-last inputs; gradients reach the caller's NCHW input."""
+    ``inner.network``) on channels-last inputs; gradients reach the caller's NCHW input.
+    ``features`` stay the user's network's, in its own layout."""
 
     def __init__(self, inner: TorchPredictor, network: nn.Module):
-        self.inner, self.channels_last_network = inner, network
-        self.name = inner.name
-        self.capabilities = inner.capabilities
-        self.input_shape = inner.input_shape
-        self.num_classes = inner.num_classes
-        self.device = inner.device
-        self.forward_timeout = inner.forward_timeout
+        super().__init__(inner)
+        self.channels_last_network = network
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.device).contiguous(memory_format=torch.channels_last)
         return self.channels_last_network(x)
-
-    def layer_names(self) -> list[str]:
-        return self.inner.layer_names()
-
-    def features(self, x: torch.Tensor, layers: Sequence[str]) -> dict[str, torch.Tensor]:
-        return self.inner.features(x, layers)  # the user's network, in its own layout
-
-    def __getattr__(self, name: str) -> Any:
-        """Anything else a plugin reads from its predictor (``network``, ...) is the inner's."""
-        if name == "inner":  # not set yet (during unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 def channels_last_view(predictor: Predictor, x: torch.Tensor, logits: torch.Tensor) -> Predictor:

@@ -22,6 +22,7 @@ import torch
 from aisafety.errors import ConfigError
 from aisafety.interfaces import Precision
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.view import PredictorView
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -118,35 +119,21 @@ def compute_dtype(precision: str, device: torch.device, owner: str) -> torch.dty
     return DTYPES[precision]
 
 
-class ReducedPrecision(Predictor):
+class ReducedPrecision(PredictorView):
     """``inner`` with its forward passes under autocast to ``dtype``; logits come back as
     fp32 tensors (holding the reduced-precision values), so an attack's arithmetic, losses
     and gradients (with respect to the fp32 input) keep their dtypes."""
 
     def __init__(self, inner: Predictor, dtype: torch.dtype):
-        self.inner, self.dtype = inner, dtype
-        self.name = inner.name
-        self.capabilities = inner.capabilities
-        self.input_shape = inner.input_shape
-        self.num_classes = inner.num_classes
-        self.device = inner.device
-        self.forward_timeout = inner.forward_timeout  # the model's watchdog, through the view
+        super().__init__(inner)
+        self.dtype = dtype
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.dtype):
             scores = self.inner._logits(x)
         return scores.float()
 
-    def layer_names(self) -> list[str]:
-        return self.inner.layer_names()
-
     def features(self, x: torch.Tensor, layers: Sequence[str]) -> dict[str, torch.Tensor]:
         with torch.autocast(self.device.type, dtype=self.dtype):
             found = self.inner.features(x, layers)
         return {name: value.float() for name, value in found.items()}
-
-    def __getattr__(self, name: str) -> Any:
-        """Anything else a plugin reads from its predictor (``network``, ...) is the inner's."""
-        if name == "inner":  # not set yet (during unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)

@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from aisafety.verification.bounds import LINEAR_KINDS
+from aisafety.verification.bounds import CROWN_KINDS
 from aisafety.verification.deadline import Deadline, OutOfTime, current_deadline, time_limit
 from aisafety.verification.falsify import Model, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph, VerificationError
@@ -112,7 +112,9 @@ class BabVerifier(AlphaCrownVerifier):
     complete = True
     attack_first = True
     Config = BabConfig
-    kinds = LINEAR_KINDS  # its ReLU splits and MILP have no max-pooling relaxation
+    # max-pooling is relaxed (ops.MaxPool, DeepPoly's lines), never split; the complete
+    # verifier's MILP encodes it exactly (milp_maxpool.py)
+    kinds = CROWN_KINDS
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)

@@ -39,7 +39,7 @@ SEARCH_DTYPE = torch.float32
 
 LINEAR_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "positive-linear", "add",
                 "activation"}  # fmt: skip
-# max-pooling's relaxation (ops.MaxPool) is not linear in the LP/MILP verifiers' sense
+# with max-pooling (ops.MaxPool: DeepPoly's lines; milp_maxpool.py: the MILP and LP rows)
 CROWN_KINDS = LINEAR_KINDS | {"maxpool"}
 IBP_KINDS = CROWN_KINDS
 
@@ -124,11 +124,16 @@ def sound_backward(
     mode: str = "adaptive",
     slopes: dict[int, torch.Tensor] | None = None,
     cast: bool = True,
+    small: int = rounding.SMALL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``backward`` in float32 with its rounding margin where ``rounding.fast_graph`` allows
-    (sound, and faster), else in the graph's dtype; the bound is in the graph's dtype, the
-    coefficients too with ``cast`` (an intermediate bound does not need them)."""
-    fast = pass_graph(graph, start, a.shape[0] * a.shape[1])
+    (sound, and faster; ``small``: its size threshold), else in the graph's dtype; the bound
+    is in the graph's dtype, the coefficients too with ``cast`` (an intermediate bound does
+    not need them). Rows ``a`` that float32 does not hold exactly (a VNN-LIB spec's 0.1)
+    stay in the graph's dtype: their float32 copy would bound another specification."""
+    fast = pass_graph(graph, start, a.shape[0] * a.shape[1], small)
+    if fast is not None and not torch.equal(a.float().to(a.dtype), a):
+        fast = None
     if fast is None:
         return backward(graph, start, a.to(graph.dtype), boxes, mode, slopes)
     narrow = [rounding.outward(box) for box in boxes[: start + 1]]
@@ -138,11 +143,13 @@ def sound_backward(
     return bound, coeff.to(graph.dtype) if cast else coeff
 
 
-def pass_graph(graph: BoundGraph, start: int, rows: int) -> BoundGraph | None:
+def pass_graph(
+    graph: BoundGraph, start: int, rows: int, small: int = rounding.SMALL
+) -> BoundGraph | None:
     """The float32 graph ``sound_backward`` runs ``rows`` rows (batch included) from node
     ``start`` on, or None for the graph's own dtype (``rounding.fast_graph``)."""
     widest = max(budget.numel(op.out_shape) for op in graph.ops[: start + 1])
-    return rounding.fast_graph(graph, rows * widest)
+    return rounding.fast_graph(graph, rows * widest, small)
 
 
 def depends_on_activation(graph: BoundGraph) -> list[bool]:
@@ -298,7 +305,7 @@ def spec_lower(
     end = len(graph.ops) - 1
     if slopes is not None:  # one slope per row: the rows go together
         return sound_backward(graph, end, a, boxes, mode, slopes)
-    bound = lambda rows: sound_backward(graph, end, rows, boxes, mode)  # noqa: E731
+    bound = lambda rows: sound_backward(graph, end, rows, boxes, mode, small=rounding.FINAL_SMALL)  # noqa: E731
     return in_chunks(graph, end, a, False, bound)
 
 

@@ -26,7 +26,8 @@ from aisafety.verification.attention import attention_message, product_of_inputs
 from aisafety.verification.relaxations import RELU, SIGMOID, TANH
 
 SUPPORTED = (
-    "Linear/Gemm, Conv2d, ReLU, Sigmoid, Tanh, MaxPool2d (the bound-propagation verifiers), "
+    "Linear/Gemm, Conv2d, ReLU, Sigmoid, Tanh, MaxPool2d (the bound-propagation, LP and MILP "
+    "verifiers), "
     "Flatten/Reshape/View, the predictor's "
     "normalisation, BatchNorm (eval), AvgPool2d, AdaptiveAvgPool2d, GlobalAveragePool, "
     "Transpose of the per-sample axes, Add/Sub/Mul/Div by a constant, Add of two branches (as "
@@ -85,9 +86,9 @@ class BoundGraph:
             if op.kind not in kinds:
                 raise VerificationError(
                     f"{method} cannot bound {op.kind} node {op.name!r} of model {self.model!r}; "
-                    f"it supports {SUPPORTED}; use the 'ibp', 'crown' or 'alpha-crown' "
-                    "verifier (they bound max-pooling), or strided convolutions instead of "
-                    "max-pooling (e.g. the 'mnist-cnn-strided' architecture)"
+                    f"it supports {SUPPORTED}; use the 'crown', 'alpha-crown', 'lp-full' or "
+                    "'bab' verifier (they bound max-pooling), or strided convolutions instead "
+                    "of max-pooling (e.g. the 'mnist-cnn-strided' architecture)"
                 )
 
     @property

@@ -26,7 +26,8 @@ from aisafety.verification import bounds as b
 from aisafety.verification.base import Verifier
 from aisafety.verification.deadline import check_time, current_deadline
 from aisafety.verification.graph import BoundGraph, VerificationError
-from aisafety.verification.milp import HIGHS_OPTIONS, Encoding, _new_highs, encode
+from aisafety.verification.incomplete import CrownVerifier
+from aisafety.verification.milp import HIGHS_OPTIONS, Encoding, _new_highs, encode, encoding_bytes
 from aisafety.verification.ops import Box
 from aisafety.verification.property import Property
 from aisafety.verification.refine import SAFETY
@@ -96,8 +97,13 @@ class LPFullVerifier(Verifier):
         "LP-Full (Salman et al. 2019): every unstable ReLU's input bounds and every spec "
         "row from an LP over the triangle relaxation (HiGHS); ReLU networks"
     )
+    kinds = b.CROWN_KINDS  # max-pooling: ``milp_maxpool.py``'s LP rows
     # the dual of its LP has these bounds as feasible points (on looser boxes)
     tighter_than = ("crown", "fast-lin", "deeppoly", "wk", "crown-ibp", "ibp")
+
+    def peak_bytes(self, graph: BoundGraph, batch: int, rows: int) -> int:
+        """CROWN's boxes (its peak), then one sample's LP encoding at a time."""
+        return CrownVerifier().peak_bytes(graph, batch, rows) + encoding_bytes(graph)
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)

@@ -8,8 +8,9 @@ et al. 2019): every unstable ReLU a = max(z, 0) with l < 0 < u gets a binary d a
 where [l, u] are sound bounds of z. Stable ReLUs are exact (a = z or a = 0). Every node is
 kept as an affine expression of the MILP variables (the input pixels and the unstable ReLU
 outputs), so convolutions, reshapes, normalisation and residual additions need no
-variables of their own. With ``relax=True`` the binaries become [0, 1]: the triangle LP
-relaxation (Ehlers 2017).
+variables of their own. Max-pooling gets a variable per window whose winner is not certain
+and a binary per element that can still win (``milp_maxpool.py``). With ``relax=True`` the
+binaries become [0, 1]: the triangle LP relaxation (Ehlers 2017), and max-pooling's rows.
 
 HiGHS is called through highspy rather than scipy's ``milp``: it exposes the options that
 decide the speed here (primal heuristics off, an objective cutoff that stops at the first
@@ -28,8 +29,11 @@ import highspy
 import numpy as np
 import torch
 
+from aisafety.memory_budget import current_budget
+from aisafety.verification.budget import numel, refuse
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.milp_maxpool import encode_pool, plan
 from aisafety.verification.ops import Box
 
 # scipy.optimize/sparse take ~0.4 s to import, and every process that builds the plugin
@@ -41,7 +45,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Encoding:
-    """The constraints of one sample: variables are [inputs, relu outputs, binaries]."""
+    """The constraints of one sample: variables are the inputs, then per ReLU or max-pool
+    node (graph order) its output variables and binaries."""
 
     n_vars: int
     lower: np.ndarray
@@ -89,12 +94,38 @@ class Encoding:
         return lp
 
 
+def encoding_bytes(graph: BoundGraph, n_vars: int | None = None) -> int:
+    """``encode``'s peak with ``n_vars`` variables: each node's expression is a dense float64
+    (variables x values) matrix kept to the end, the largest copied twice while it is built.
+    Without ``n_vars``, the least it can be: the inputs alone (every ReLU stable)."""
+    n_vars = numel(graph.input_shape) if n_vars is None else n_vars
+    sizes = [numel(op.out_shape) for op in graph.ops]
+    return 8 * n_vars * (sum(sizes) + 2 * max(sizes))
+
+
+def require_encoding_fits(graph: BoundGraph, kind: str, n_vars: int | None = None) -> None:
+    """A ``MemoryBudgetError`` naming the estimate and the budget, before any allocation,
+    where ``encode``'s dense expressions would not fit the current memory budget."""
+    estimate, limit = encoding_bytes(graph, n_vars), current_budget()
+    if estimate > limit:
+        raise refuse(
+            f"the {kind} encoding of model {graph.model!r} (one sample, "
+            f"{numel(graph.input_shape)} inputs)",
+            estimate,
+            limit,
+            "its rows are dense in the inputs, which fits networks of thousands of inputs and "
+            "neurons (MNIST-sized); at this size use 'crown' or 'alpha-crown' (bounded in "
+            "chunks), or 'crown-ibp' or 'ibp'",
+        )
+
+
 def encode(graph: BoundGraph, boxes: list[Box], relax: bool = False) -> Encoding:
-    """The MILP (or LP with ``relax``) of one sample (boxes of batch size 1)."""
+    """The MILP (or LP with ``relax``) of one sample (boxes of batch size 1); refused by the
+    memory budget before any allocation where it would not fit (``require_encoding_fits``)."""
     from scipy.sparse import csr_matrix
 
     graph.require({"input", "dense", "conv", "elementwise", "reshape", "positive-linear", "add",
-                   "activation"}, "the complete verifier")  # fmt: skip
+                   "activation", "maxpool"}, "the complete verifier")  # fmt: skip
     if not graph.relu_only:
         raise VerificationError(
             f"the complete verifier needs a ReLU network; model {graph.model!r} has sigmoid or "
@@ -102,15 +133,19 @@ def encode(graph: BoundGraph, boxes: list[Box], relax: bool = False) -> Encoding
         )
     lo_in, hi_in = (t[0].flatten().double().numpy() for t in boxes[0])
     n_in = lo_in.size
-    # count variables first: one output and one binary per unstable neuron
-    unstable = {}
+    # count variables first: one output and one binary per unstable neuron (and max-pool vars)
+    unstable, pools = {}, {}
     n_vars = n_in
     for i, op in enumerate(graph.ops):
+        if op.kind == "maxpool":
+            pools[i] = (plan(op, boxes[op.inputs[0]]), n_vars)
+            n_vars += pools[i][0].n_vars
         if op.kind == "activation":
             lo, hi = (t[0].flatten() for t in boxes[op.inputs[0]])
             mask = ((lo < 0) & (hi > 0)).numpy()
             unstable[i] = (mask, lo.double().numpy(), hi.double().numpy(), n_vars, int(mask.sum()))
             n_vars += 2 * int(mask.sum())
+    require_encoding_fits(graph, "LP" if relax else "MILP", n_vars)
     lower, upper = np.zeros(n_vars), np.zeros(n_vars)
     lower[:n_in], upper[:n_in] = lo_in, hi_in
     integrality = np.zeros(n_vars)
@@ -129,6 +164,15 @@ def encode(graph: BoundGraph, boxes: list[Box], relax: bool = False) -> Encoding
         ins = [exprs[j] for j in op.inputs]
         if op.kind == "add":
             exprs.append((ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]))
+            continue
+        if op.kind == "maxpool":
+            pool, first = pools[i]
+            flat = (ins[0][0].reshape(n_vars, -1), ins[0][1].flatten())
+            (out, out_c), (y_vars, d_vars), new, new_lo, new_hi = encode_pool(pool, *flat, first)
+            lower[y_vars], upper[y_vars] = pool.low, pool.top
+            upper[d_vars], integrality[d_vars] = 1.0, 0 if relax else 1
+            rows, row_lo, row_hi = rows + new, row_lo + new_lo, row_hi + new_hi
+            exprs.append((out.reshape(n_vars, *op.out_shape), out_c.reshape(op.out_shape)))
             continue
         if op.kind != "activation":
             matrix, const = ins[0]

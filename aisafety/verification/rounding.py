@@ -37,6 +37,9 @@ FAST_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "add", "activa
 
 # below this many coefficient elements a pass is cheap in float64, where it is tighter
 SMALL = 1 << 16
+# the same for the final pass (the spec's few rows): its float32 margin is not worth the
+# little it saves beside the intermediate passes (bench/margin_sources.py, docs/certification.md)
+FINAL_SMALL = 1 << 22
 _MODE: ContextVar[str] = ContextVar("bound_pass_precision", default="auto")
 
 
@@ -58,12 +61,12 @@ def pass_precision(mode: str) -> Iterator[None]:
         _MODE.reset(token)
 
 
-def fast_graph(graph: BoundGraph, elements: int) -> BoundGraph | None:
+def fast_graph(graph: BoundGraph, elements: int, small: int = SMALL) -> BoundGraph | None:
     """The float32 copy of a float64 ``graph`` when a pass of ``elements`` coefficients is
-    worth running there (``SMALL``) and can soundly: ReLU activations, ops this module
-    bounds, and weights that float32 holds exactly."""
+    worth running there (at least ``small``) and can soundly: ReLU activations, ops this
+    module bounds, and weights that float32 holds exactly."""
     mode = _MODE.get()
-    if mode == "float64" or (mode == "auto" and elements < SMALL):
+    if mode == "float64" or (mode == "auto" and elements < small):
         return None
     if graph.dtype != torch.float64 or not graph.relu_only:
         return None
@@ -94,6 +97,14 @@ def outward(box: Box) -> Box:
 def magnitude(box: Box) -> torch.Tensor:
     """max |z| over the box, float64."""
     return torch.maximum(box[0].abs(), box[1].abs()).double()
+
+
+def unstable_magnitude(box: Box) -> torch.Tensor:
+    """max |z| over a ReLU input's box where the neuron is unstable, else 0 (float64): a
+    stable neuron's slopes are 0 or 1 (``relaxations.py``), whose products are exact, so
+    only an unstable neuron's coefficient rounds (its chord slope, or an alpha slope)."""
+    lo, hi = box
+    return torch.where((lo < 0) & (hi > 0), magnitude(box), 0.0)
 
 
 CHUNK = 1 << 18  # elements of a row chunk cast to float64 at once (2 MiB: few calls, in cache)
@@ -157,49 +168,60 @@ def exact_shift(
     float32 coefficients ``back`` valid, and its rounding margin; ``wide`` is the op with
     its float64 weights. For an affine op with input ``h = c + d`` (``c`` the box centre,
     ``|d| <= r``): ``a op(h) = back h + [a op(c) - back c] + (a W - back) d``, the bracket
-    computed in float64, the last term at most ``gamma(n) <|a|, |W| r>``."""
+    computed in float64, the last term at most ``gamma(n) <|a|, |W| r>`` with ``n`` the
+    row's own count of nonzero coefficients (capped by the terms of one of the op's sums)."""
     n = a[0, 0].numel()
     if wide.kind in {"reshape", "add", "input"}:  # copies: exact
         return a.new_zeros(a.shape[:2], dtype=torch.float64), a.new_zeros((), dtype=torch.float64)
     if wide.kind == "activation":  # ReLU: lower line through 0, so only the upper's constant
         _, _, _, ub = wide.relaxation.lines(*boxes[0])
         ub = ub.double()
-        v = gamma(1) * magnitude(boxes[0]) + 3 * gamma(n, U64) * ub.abs()
+        v = gamma(1) * unstable_magnitude(boxes[0]) + 3 * gamma(n, U64) * ub.abs()
         signed, absolute = dots(a, _columns(ub), _columns(ub, v))
         shift = (signed[..., 0] - absolute[..., 0]) / 2  # <min(a, 0), ub>
         return shift, _float64_error(absolute[..., 1], n)
     lo, hi = boxes[0]
     centre = ((lo + hi) / 2).double()
     radius = torch.maximum(hi.double() - centre, centre - lo.double()) * (1 + 2.0**-50)
-    terms = int((a != 0).flatten(2).sum(2, dtype=torch.int32).max())  # zeros add nothing
-    v = _weighted(wide, centre, radius, terms)
+    radial, wide_part, limit = _weighted(wide, centre, radius)
+    # one column: gamma(terms) >= gamma(1) below (a zero row has no error either way)
+    v = radial + wide_part / gamma(1)
     at_centre, err = dots(a, _columns(wide.forward(centre)), _columns(v))
     back_centre, _ = dots(
         back[0], _columns(centre), centre.new_zeros(centre.shape[0], centre[0].numel(), 0)
     )
-    return at_centre[..., 0] - back_centre[..., 0], _float64_error(err[..., 0], n)
+    # each row's own count of nonzero coefficients (a zero product adds an exact zero)
+    terms = (a != 0).flatten(2).sum(2, dtype=torch.int32).clamp(1, max(limit, 1))
+    margin = gammas(terms) * err[..., 0]
+    return at_centre[..., 0] - back_centre[..., 0], _float64_error(margin, n + 1)
 
 
-def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor, nonzero: int) -> torch.Tensor:
-    """``v`` per sample (float64, out_shape) with ``<|a|, v>`` bounding every rounding
-    error of ``exact_shift`` on an affine op: float32's ``|W| r`` times the gamma of its
-    sums (of at most ``nonzero`` nonzero terms, a row's nonzero coefficients), the float64
-    bracket's ``|W| |c| + |b|`` times three float64 gammas."""
+def gammas(n: torch.Tensor) -> torch.Tensor:
+    """``gamma`` of each count in ``n`` (float64), for float32's unit roundoff."""
+    nu = n.double() * U32
+    return torch.where(nu < 1, nu / (1 - nu), torch.inf)
+
+
+def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor) -> tuple:
+    """Per sample (float64, out_shape) ``|W| r`` and ``v``, and the most nonzero terms of
+    one of the op's float32 sums: ``<|a|, gamma(terms) |W| r + v>`` bounds every rounding
+    error of ``exact_shift`` on an affine op, float32's (``terms``: a row's nonzero
+    coefficients, at most the limit) and the float64 bracket's (``|W| |c| + |b|`` times
+    three float64 gammas)."""
     size = centre[0].numel() + int(torch.tensor(op.out_shape).prod()) + 2
     wide = 3 * gamma(size, U64)
     if op.kind == "dense":  # a @ W: sums over a column's nonzero weights at most
         w, b = op.weight.abs(), op.bias.abs()
-        terms = min(_column_terms(op), nonzero)
-        return gamma(terms) * F.linear(radius, w) + wide * F.linear(centre.abs(), w, b)
+        return F.linear(radius, w), wide * F.linear(centre.abs(), w, b), _column_terms(op)
     if op.kind == "conv":  # conv_transpose: sums over C_out / groups * kh * kw at most
         w = op.weight.abs()
         b = op.bias.abs() if op.bias is not None else None
-        terms = min(w.shape[0] // op.groups * _taps(op), nonzero)
+        terms = w.shape[0] // op.groups * _taps(op)
         conv = lambda x, bias: F.conv2d(x, w, bias, op.stride, op.padding, op.dilation, op.groups)  # noqa: E731
-        return gamma(terms) * conv(radius, None) + wide * conv(centre.abs(), b)
+        return conv(radius, None), wide * conv(centre.abs(), b), terms
     if op.kind == "elementwise":  # one product per element
         scale = op.scale.abs()
-        return gamma(1) * scale * radius + wide * (scale * centre.abs() + op.shift.abs())
+        return scale * radius, wide * (scale * centre.abs() + op.shift.abs()), 1
     raise ValueError(f"no rounding bound for {op.kind} node {op.name!r}")
 
 
