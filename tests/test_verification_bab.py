@@ -28,7 +28,13 @@ from aisafety.verification.milp import minimise_row, with_splits
 from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import make_verifier
 from aisafety.verification.result import Verdict
-from aisafety.verification.split_bounds import domain_boxes, relu_nodes
+from aisafety.verification.split_bounds import (
+    Domains,
+    domain_boxes,
+    empty_domains,
+    relu_nodes,
+    root_domains,
+)
 
 
 def mlp(inputs: int, seed: int, scale: float = 1.0) -> nn.Module:
@@ -141,6 +147,41 @@ def test_per_domain_intermediate_boxes_hold_every_point_of_the_domain_and_are_ti
             checked += int(holds.sum() > 0)
     assert checked >= 4, "too few domains with sampled points: the test would check nothing"
     assert tighter, "the per-domain boxes were never tighter than the root's"
+
+
+@pytest.mark.parametrize("intermediate", [False, True], ids=["root boxes", "per-domain boxes"])
+def test_a_domain_pruned_as_empty_has_no_point_the_exact_milp_finds(intermediate):
+    """Branch and bound prunes a domain whose boxes cross (``empty_domains``): random
+    splits of a small MLP's unstable ReLUs make many such domains, and for each the MILP
+    with the same split constraints is infeasible; boxes that cross by rounding only
+    (``EMPTY_GAP``) do not count."""
+    net = mlp(16, 0)
+    graph, prop = instances(net, (1, 4, 4), 1, 0.2)
+    one = prop[0:1].to(graph.dtype)
+    with torch.no_grad():
+        _, _, root = AlphaCrownVerifier.bounds_and_boxes(
+            make_verifier(default_registry(), "bab"), graph, one
+        )
+    rows = torch.arange(one.spec.shape[1])
+    dom = Domains.cat([root_domains(graph, root, one.spec[0], one.offset[0], rows)] * 100)
+    gen = torch.Generator().manual_seed(2)
+    for i in relu_nodes(graph):  # 80% of the unstable neurons split, either way
+        lo, hi = root[graph.ops[i].inputs[0]]
+        unstable = ((lo < 0) & (hi > 0)).reshape(-1).to(torch.int8)
+        sign = torch.randint(0, 2, dom.splits[i].shape, generator=gen).to(torch.int8) * 2 - 1
+        keep = (torch.rand(dom.splits[i].shape, generator=gen) < 0.8).to(torch.int8)
+        dom.splits[i] = sign * keep * unstable
+    empty = empty_domains(domain_boxes(graph, root, dom, intermediate=intermediate))
+    assert 10 <= int(empty.sum()) < len(dom), int(empty.sum())  # 32 and 195 of 200
+    for d in torch.nonzero(empty).flatten()[:8].tolist():
+        splits = {i: t[d].numpy() for i, t in dom.splits.items()}
+        enc = with_splits(graph, root, splits)
+        proved, best, _ = minimise_row(enc, dom.spec[d, 0].numpy(), 0.0, 60.0)
+        assert proved == float("inf") and best == float("inf"), (d, proved, best)
+    lo = torch.zeros(2, 3, dtype=torch.float64)
+    crossed = [(lo, lo - 1e-12), (lo + 1.0, lo)]  # by rounding only; by a whole unit
+    assert empty_domains([crossed[0]]).tolist() == [False, False]
+    assert empty_domains([crossed[1]]).tolist() == [True, True]
 
 
 def test_every_pruned_input_split_domain_is_below_the_exact_milp_minimum():

@@ -48,6 +48,8 @@ from aisafety.verification.split_bounds import (
     Domains,
     bound_domains,
     cheap_bounds,
+    domain_boxes,
+    empty_domains,
     relu_nodes,
     root_domains,
 )
@@ -56,8 +58,11 @@ from aisafety.verification.split_bounds import (
 class BabConfig(AlphaCrownConfig):
     batch_size: int = Field(default=1, gt=0, description="samples bounded together at the root")
     domain_batch: int = Field(default=64, gt=0, description="domains split per round")
-    bab_steps: int = Field(default=10, ge=0, description="Adam steps on alpha and beta per round")
-    bab_lr: float = Field(default=0.1, gt=0, description="Adam learning rate of alpha and beta")
+    bab_steps: int = Field(default=20, ge=0, description="Adam steps on alpha and beta per round")
+    bab_lr: float = Field(default=0.03, gt=0, description="Adam learning rate of beta")
+    bab_lr_alpha: float | None = Field(
+        default=None, gt=0, description="Adam learning rate of alpha (None: bab_lr)"
+    )
     input_split_max: int = Field(
         default=8, ge=0, description="split the input box of nets with at most this many inputs"
     )
@@ -73,7 +78,14 @@ class BabConfig(AlphaCrownConfig):
         description="ReLU to split: the best BaBSR score ('babsr'), or of the fsb_candidates "
         "best by BaBSR the one whose worse child a cheap beta-CROWN pass bounds highest ('fsb')",
     )
-    fsb_candidates: int = Field(default=3, gt=0, description="candidates FSB bounds per domain")
+    fsb_candidates: int = Field(
+        default=3, gt=0, description="candidates FSB bounds per domain and score (two scores)"
+    )
+    fsb_reduce: Literal["min", "max"] = Field(
+        default="min",
+        description="FSB ranks a candidate by its worse child's cheap bound ('min') or its "
+        "better child's ('max', alpha-beta-CROWN's mnistfc setting)",
+    )
     intermediate_bounds: bool = Field(
         default=False,
         description="bound each domain's ReLU layers after its first split again by CROWN "
@@ -230,9 +242,16 @@ class Search:
         steps = config.bab_steps if self.rounds else max(config.bab_steps, config.steps)
         done, coeff, at_relu, boxes = bound_domains(self.graph, self.root, todo, steps,
                                                     config.bab_lr, self.input_split,
-                                                    config.intermediate_bounds)  # fmt: skip
+                                                    config.intermediate_bounds,
+                                                    config.bab_lr_alpha)  # fmt: skip
+        empty = empty_domains(boxes)  # no point satisfies its splits: pruned, vacuously
         if self._parents is not None:  # a child is at least as tight as its parent
-            done.bound = torch.maximum(done.bound, self._parents.bound.repeat(2))
+            parent = self._parents.bound.repeat(2)
+            if not config.intermediate_bounds:  # (with them, ``boxes`` are these already)
+                stalled = done.bound <= parent + 1e-6 * (1 + parent.abs())
+                empty |= self._empty_when_stalled(done, stalled & ~empty)
+            done.bound = torch.maximum(done.bound, parent)
+        done.bound = torch.where(empty, torch.full_like(done.bound, torch.inf), done.bound)
         point = self._corners(done, coeff)
         if point is not None:
             return point
@@ -255,6 +274,18 @@ class Search:
             if (self.open is not None and len(self.open)) or len(rest) else None  # fmt: skip
         self._parents = None
         return None
+
+    def _empty_when_stalled(self, done: Domains, stalled: torch.Tensor) -> torch.Tensor:
+        """Children no higher than their parent, checked for emptiness on per-domain
+        intermediate boxes (CROWN after their splits; ``domain_boxes``): a split that moves
+        nothing often means splits that contradict each other, which the root's boxes cut
+        by IBP do not show (e.g. a whole ReLU layer switched off: a constant bound)."""
+        empty = torch.zeros(len(done), dtype=torch.bool)
+        picked = torch.nonzero(stalled).flatten()
+        if len(picked):
+            own = domain_boxes(self.graph, self.root, done.take(picked), self.input_split, True)
+            empty[picked] = empty_domains(own)
+        return empty
 
     def _next_round(self) -> Domains | None:
         """The children of the lowest-bound open domains, or None when none is left."""
@@ -293,33 +324,48 @@ class Search:
             best = score.argmax(1)
             node = torch.where(width.gather(1, best[:, None])[:, 0] > 0, 0, -1)
             return torch.stack([node, best], 1)
-        flat, owner, start = self._babsr(d, at_relu, boxes)
+        flat, bias_score, owner, start = self._babsr(d, at_relu, boxes)
         pick = flat.argmax(1)
         if self.config.branching == "fsb" and len(d) and flat.shape[1] > 1:
-            pick = self._fsb(d, boxes, flat, owner, start)
+            pick = self._fsb(d, boxes, [flat, bias_score], owner, start)
         node = torch.where(flat.gather(1, pick[:, None])[:, 0] > 0, owner[pick], -1)
         layer = torch.searchsorted(start[1:], pick, right=True)
         return torch.stack([node, pick - start[layer]], 1)
 
     def _babsr(self, d: Domains, at_relu, boxes):
-        """BaBSR scores (D, all ReLUs), -1 where stable; each column's node; node offsets."""
-        scores, owners = [], []
+        """Two branching scores (D, all ReLUs), -1 where stable or split: the intercept the
+        relaxation loses, ``max(-A, 0) * (-l u / (u - l))`` (ties by ``|A|``), and BaBSR's
+        (Bunel et al. 2020, as alpha-beta-CROWN computes it) with the pre-activation bias
+        ``b``: ``|max(b A (s - 1), b A s) + min(A, 0) (-l s)|``, ``s = u / (u - l)``; each
+        column's node; node offsets."""
+        scores, with_bias, owners = [], [], []
         for i in self.relus:
-            lo, hi = (t.flatten(1) for t in boxes[self.graph.ops[i].inputs[0]])
+            j = self.graph.ops[i].inputs[0]
+            lo, hi = (t.flatten(1) for t in boxes[j])
             a = at_relu[i].flatten(1).to(lo.dtype)
             unstable = (lo < 0) & (hi > 0)
-            intercept = -lo * hi / (hi - lo).clamp(min=1e-12)
+            slope = hi / (hi - lo).clamp(min=1e-12)
+            intercept = -lo * slope
             score = (-a).clamp(min=0) * intercept + 1e-3 * a.abs() * intercept
             scores.append(torch.where(unstable, score + 1e-12, torch.full_like(score, -1.0)))
+            ba = _pre_activation_bias(self.graph.ops[j], lo.shape[1]).to(lo.dtype) * a
+            bias = (torch.maximum(ba * (slope - 1), ba * slope) + a.clamp(max=0) * intercept).abs()
+            with_bias.append(torch.where(unstable, bias + 1e-12, torch.full_like(bias, -1.0)))
             owners.append(torch.full((lo.shape[1],), i))
         start = torch.cumsum(torch.tensor([0] + [s.shape[1] for s in scores]), 0)
-        return torch.cat(scores, 1), torch.cat(owners), start
+        return torch.cat(scores, 1), torch.cat(with_bias, 1), torch.cat(owners), start
 
-    def _fsb(self, d: Domains, boxes, flat, owner, start) -> torch.Tensor:
-        """Filtered smart branching (De Palma et al. 2021): of each domain's best
-        ``fsb_candidates`` by BaBSR, the one whose worse child has the highest cheap bound."""
-        n, k = len(d), min(self.config.fsb_candidates, flat.shape[1])
-        score, cand = flat.topk(k, dim=1)  # (D, k), best first
+    def _fsb(self, d: Domains, boxes, scores, owner, start) -> torch.Tensor:
+        """Filtered smart branching (De Palma et al. 2021; alpha-beta-CROWN's ``kfsb``): of
+        each domain's ``fsb_candidates`` best by each of ``scores``, the one whose children
+        a cheap beta-CROWN pass bounds best (``fsb_reduce``: the worse child, or the
+        better)."""
+        n = len(d)
+        k = min(self.config.fsb_candidates, scores[0].shape[1])
+        top = [s.topk(k, dim=1) for s in scores]  # (D, k) each, best first
+        score = torch.cat([t.values for t in top], 1)
+        cand = torch.cat([t.indices for t in top], 1)
+        k = cand.shape[1]
         kids = Domains.cat([d] * (2 * k))  # block 2c + side: candidate c, side + or -
         layer = torch.searchsorted(start[1:], cand, right=True)
         node, idx = owner[cand], cand - start[layer]
@@ -333,9 +379,22 @@ class Search:
         repeated = [(lo.repeat(2 * k, *[1] * (lo.dim() - 1)),
                      hi.repeat(2 * k, *[1] * (hi.dim() - 1))) for lo, hi in boxes]  # fmt: skip
         bound = cheap_bounds(self.graph, repeated, kids).reshape(k, 2, n)
-        worse = bound.amin(1).T  # (D, k)
-        worse = torch.where(score > 0, worse, torch.full_like(worse, -torch.inf))
-        return cand.gather(1, worse.argmax(1, keepdim=True))[:, 0]
+        reduced = bound.amin(1) if self.config.fsb_reduce == "min" else bound.amax(1)
+        reduced = torch.where(score > 0, reduced.T, torch.full_like(reduced.T, -torch.inf))
+        return cand.gather(1, reduced.argmax(1, keepdim=True))[:, 0]
+
+
+def _pre_activation_bias(op, n: int) -> torch.Tensor:
+    """The constant term per neuron (n,) of the op feeding a ReLU (BaBSR's ``b``); zero
+    for ops without one."""
+    shape = tuple(op.out_shape)
+    if op.kind == "dense" and op.bias is not None:
+        return op.bias.reshape(n)
+    if op.kind == "conv" and op.bias is not None:
+        return op.bias.reshape(-1, *[1] * (len(shape) - 1)).expand(shape).reshape(n)
+    if op.kind == "elementwise":
+        return (op.shift * torch.ones(shape, dtype=op.shift.dtype)).reshape(n)
+    return torch.zeros(n)
 
 
 def _repeat(prop: Property, n: int) -> Property:

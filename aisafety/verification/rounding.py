@@ -122,12 +122,17 @@ def dots(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``<a, signed[..., m]>`` and ``<|a|, absolute[..., m]>`` per row (B, K, m), in float64
     (float32 products are exact there) with ``signed`` and ``absolute`` per sample (B, n, m)
-    float64; the rows go through in cache-sized chunks so the float64 copy stays small."""
+    float64; the rows go through in cache-sized chunks so the float64 copy stays small.
+    One row per sample (branch and bound's domains) goes through as one batched product
+    per chunk of samples, not one product per sample."""
     b, k = a.shape[:2]
     rows = a.reshape(b, k, -1)
-    step = max(1, CHUNK // rows.shape[2])
     out_s = rows.new_empty(b, k, signed.shape[2], dtype=torch.float64)
     out_a = rows.new_empty(b, k, absolute.shape[2], dtype=torch.float64)
+    if k == 1 and b > 1:
+        _batched_dots(rows, signed, absolute, out_s, out_a)
+        return out_s, out_a
+    step = max(1, CHUNK // rows.shape[2])
     for i in range(b):
         for first in range(0, k, step):
             part = rows[i, first : first + step].double()
@@ -135,6 +140,22 @@ def dots(
             if absolute.shape[2]:
                 out_a[i, first : first + step] = part.abs_() @ absolute[i]
     return out_s, out_a
+
+
+def _batched_dots(rows, signed, absolute, out_s, out_a) -> None:
+    """``dots`` for (B, 1, n) rows: ``bmm`` over chunks of at least two samples (a chunk of
+    one would take ``bmm``'s single-matrix path, which MKL sums in another order than the
+    per-sample product, and the results must not depend on the chunking)."""
+    b = rows.shape[0]
+    step = max(2, CHUNK // rows.shape[2])
+    starts = list(range(0, b, step))
+    if len(starts) > 1 and b - starts[-1] == 1:  # no chunk of one: the one left over
+        starts.pop()  # joins the chunk before it
+    for first, end in zip(starts, [*starts[1:], b], strict=True):
+        part = rows[first:end].double()
+        torch.bmm(part, signed[first:end], out=out_s[first:end])
+        if absolute.shape[2]:
+            torch.bmm(part.abs_(), absolute[first:end], out=out_a[first:end])
 
 
 def _columns(*vectors: torch.Tensor) -> torch.Tensor:

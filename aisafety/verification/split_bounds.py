@@ -122,6 +122,25 @@ def domain_boxes(
     return boxes
 
 
+# an empty box prunes only when its ends cross by more than this, relative to their size:
+# far above the float64 rounding of the boxes' IBP (about n u |W| |z|, 1e-13 here)
+EMPTY_GAP = 1e-6
+
+
+def empty_domains(boxes: list[Box]) -> torch.Tensor:
+    """(D,) True where a node's box (one per domain, ``domain_boxes``) is empty: its lower
+    end above its upper by more than ``EMPTY_GAP``. Every box holds every value its node
+    takes on the points of the box that satisfy the domain's splits, so an empty one means
+    there is no such point: the domain is infeasible and its row holds there vacuously."""
+    d = boxes[0][0].shape[0]
+    empty = torch.zeros(d, dtype=torch.bool)
+    for lo, hi in boxes:
+        lo, hi = lo.reshape(lo.shape[0], -1), hi.reshape(hi.shape[0], -1)
+        gap = lo - hi - EMPTY_GAP * (1 + lo.abs() + hi.abs())
+        empty = empty | (gap > 0).any(1).expand(d)
+    return empty
+
+
 def tighten(graph: BoundGraph, j: int, boxes: list[Box]) -> Box:
     """Node ``j``'s per-domain box intersected with CROWN's bounds of its neurons that are
     unstable in some domain (``bounds.sound_backward``: rounding-safe, in row chunks sized
@@ -243,9 +262,11 @@ def bound_domains(
     lr: float,
     input_split: bool = False,
     intermediate: bool = False,
+    lr_alpha: float | None = None,
 ) -> tuple[Domains, torch.Tensor, dict[int, torch.Tensor], list[Box]]:
-    """``domains`` with their bound (and best alpha, beta) after ``steps`` of Adam; their
-    input coefficients, the coefficients at the ReLU outputs and their boxes."""
+    """``domains`` with their bound (and best alpha, beta) after ``steps`` of Adam (``lr``
+    on beta, ``lr_alpha`` on alpha, the same when None); their input coefficients, the
+    coefficients at the ReLU outputs and their boxes."""
     boxes = domain_boxes(graph, root, domains, input_split, intermediate)
     search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search.dtype
@@ -258,7 +279,10 @@ def bound_domains(
     chosen_b = {i: t.detach().clone() for i, t in beta.items()}
     top = torch.full((len(domains),), -torch.inf, dtype=cast)
     if steps > 0:
-        optimiser = torch.optim.Adam([*alpha.values(), *beta.values()], lr=lr)
+        alpha_lr = lr if lr_alpha is None else lr_alpha
+        groups = [{"params": list(beta.values())},
+                  {"params": list(alpha.values()), "lr": alpha_lr}]  # fmt: skip
+        optimiser = torch.optim.Adam(groups, lr=lr)
         for _ in range(steps):
             with torch.enable_grad():
                 bound, _, _ = split_backward(search, s_dom, s_boxes, alpha, beta)
