@@ -199,3 +199,24 @@ def test_eni_of_a_constant_model_is_zero(mnist_subset):
     ctx = EvaluationContext(predictor(Constant(), (1, 28, 28)), mnist_subset(10), lambda s: None)
     ctx.data.y.zero_()
     assert EmpiricalNoiseInsensitivity({"n_perturbations": 3}).compute(ctx)[0].value == 0.0
+
+
+def test_ebd2_takes_its_target_rows_in_blocks_under_the_memory_budget(zoo_predictor, mnist_subset):
+    """Found by tests/test_at_size.py: on an ImageNet model every sample is 999 targeted rows,
+    all copied at once (1.2 GB for 2 images at 224x224; the process grew to 10.5 GB). Rows now
+    go in blocks that fit the budget, with the same steps; below one row it refuses first."""
+    from aisafety.attack.bim import BIM
+    from aisafety.errors import MemoryBudgetError
+    from aisafety.evaluation.metrics.boundary_distance import _row_block
+    from aisafety.memory_budget import memory_limit
+
+    data = mnist_subset(6)
+    x, y = data.x, data.y
+    whole = steps_to_boundary(zoo_predictor, x, y, 0.02, 8)
+    bim = BIM(steps=8, step_size=0.02, early_stop=True)
+    per_row = bim.image_memory(zoo_predictor) + 3 * 4 * math.prod(zoo_predictor.input_shape)
+    with memory_limit(5 * per_row):
+        assert _row_block(zoo_predictor, bim, 54) == 5
+        assert torch.equal(steps_to_boundary(zoo_predictor, x, y, 0.02, 8), whole)
+    with memory_limit(per_row // 2), pytest.raises(MemoryBudgetError, match="ebd2"):
+        steps_to_boundary(zoo_predictor, x, y, 0.02, 8)
