@@ -64,7 +64,7 @@ done
 rm -rf "$out"; mkdir -p "$out/rows" "$out/logs"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
 export SWEEP_OUT=$out SWEEP_ABCROWN=${ABCROWN_DIR:-$out/abcrown} SWEEP_PY=${ABCROWN_PY:-python3}
-echo "$(lscpu | grep 'Model name' | sed 's/  */ /g'); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "$(lscpu | grep 'Model name' | sed 's/  */ /g'); $(OMP_NUM_THREADS= nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null); $jobs jobs; budget $budget s"
 if [ -z "${ABCROWN_DIR:-}" ]; then
     tar -xzf "$wheels/abcrown-8250d5f-src.tar.gz" -C "$out" || { echo "no $wheels/abcrown-8250d5f-src.tar.gz (bench/abcrown/pack.sh)"; exit 2; }
