@@ -8,6 +8,8 @@
 #
 #     bash bench/verification_sweep.sh [--smoke] [--jobs 16] [--budget 480] [--wheels .whl]
 #                                      [--out /tmp/verification-sweep] [--attack]
+#                                      [--plan 'SUITE LIMIT PER_NET NETS...' ...]
+#                                      [--only-missing ROWS.jsonl]
 #
 # From the repository root, with the project importable and a wheel folder holding
 # abcrown-8250d5f-src.tar.gz (bench/abcrown/pack.sh) and the wheels of
@@ -15,6 +17,10 @@
 # they are not importable already). No job starts once fewer than its limit x 1.2 seconds
 # of --budget are left, so the sweep ends near --budget; what did not start is listed.
 # --smoke: 2 mnistfc, 1 eran and 1 resnet instance at 10 s (< 1 minute on 2 cores).
+# --plan (repeatable): only these listings, in this order, in place of the whole sweep
+# (e.g. --plan 'cifar 300 3 resnet_2b'); --only-missing: drop the jobs whose tool, net and
+# property already have a row in that file (a sweep that picks up where another stopped).
+# $ABCROWN_PY: a Python that already imports alpha-beta-CROWN's needs (no venv is built).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --job ]; then  # one job: --job TOOL SUITE NET PROPERTY LIMIT
@@ -40,6 +46,7 @@ if [ "${1:-}" = --job ]; then  # one job: --job TOOL SUITE NET PROPERTY LIMIT
     exit 0
 fi
 jobs=16 budget=480 wheels=.whl out=${OUT:-/tmp/verification-sweep} smoke=0 attack=""
+plans=() done_rows=""
 while [ $# -gt 0 ]; do
     case $1 in
         --smoke) smoke=1 ;;
@@ -48,20 +55,22 @@ while [ $# -gt 0 ]; do
         --budget) budget=$2; shift ;;
         --wheels) wheels=$2; shift ;;
         --out) out=$2; shift ;;
+        --plan) plans+=("$2"); shift ;;
+        --only-missing) done_rows=$(realpath "$2"); shift ;;
         *) echo "verification_sweep.sh: unknown option $1 (see the header)"; exit 2 ;;
     esac
     shift
 done
 rm -rf "$out"; mkdir -p "$out/rows" "$out/logs"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
-export SWEEP_OUT=$out SWEEP_ABCROWN=${ABCROWN_DIR:-$out/abcrown} SWEEP_PY=python3
-echo "$(lscpu | grep 'Model name' | sed 's/  */ /g'); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+export SWEEP_OUT=$out SWEEP_ABCROWN=${ABCROWN_DIR:-$out/abcrown} SWEEP_PY=${ABCROWN_PY:-python3}
+echo "$(lscpu | grep 'Model name' | sed 's/  */ /g'); $(OMP_NUM_THREADS= nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null); $jobs jobs; budget $budget s"
 if [ -z "${ABCROWN_DIR:-}" ]; then
     tar -xzf "$wheels/abcrown-8250d5f-src.tar.gz" -C "$out" || { echo "no $wheels/abcrown-8250d5f-src.tar.gz (bench/abcrown/pack.sh)"; exit 2; }
 fi
 needs=$(grep -v '^#' bench/abcrown/requirements.txt | tr '\n' ' ')
-if ! python3 -c "import onnxoptimizer, skl2onnx, sklearn, appdirs, psutil, pandas, dateutil, graphviz, sortedcontainers" 2>/dev/null; then
+if [ -z "${ABCROWN_PY:-}" ] && ! python3 -c "import onnxoptimizer, skl2onnx, sklearn, appdirs, psutil, pandas, dateutil, graphviz, sortedcontainers" 2>/dev/null; then
     python3 -m venv --system-site-packages "$out/venv"
     "$out/venv/bin/pip" install -q --no-index --find-links "$wheels" --no-deps $needs || exit 2
     SWEEP_PY=$out/venv/bin/python
@@ -74,14 +83,26 @@ list() {  # list SUITE LIMIT PER_NET NETS...: one line per instance and tool
             for tool in complete abcrown; do echo "$tool $suite $net $prop $limit"; done
         done
 }
+missing() {  # the job lines of stdin whose tool, net and property have no row in $done_rows
+    if [ -z "$done_rows" ]; then cat; return; fi
+    python3 -c 'import json, sys
+done = {(r["tool"], r["net"], r["property"]) 
+        for r in map(json.loads, filter(str.strip, open(sys.argv[1])))}
+for line in sys.stdin:
+    tool, _, net, prop, _ = line.split()
+    if (tool, net, prop) not in done:
+        print(line, end="")' "$done_rows"
+}
 {
-    if [ "$smoke" = 1 ]; then
+    if [ ${#plans[@]} -gt 0 ]; then
+        for plan in "${plans[@]}"; do list $plan; done  # word-split: SUITE LIMIT PER NETS...
+    elif [ "$smoke" = 1 ]; then
         list mnistfc 10 2 256x2; list eran 10 1 relu; list cifar 10 1 resnet_2b
     else
         list mnistfc 60 0 256x4 256x6; list mnistfc 60 0 256x2; list eran 60 0 mnist
         list cifar 300 0 resnet cifar10_
     fi
-} > "$out/jobs.txt"
+} | missing > "$out/jobs.txt"
 echo $(( $(date +%s) + budget )) > "$out/deadline"
 echo "$(wc -l < "$out/jobs.txt") jobs (tool suite net property limit) in $out/jobs.txt"
 xargs -P "$jobs" -L 1 bash bench/verification_sweep.sh --job < "$out/jobs.txt"
