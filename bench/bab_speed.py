@@ -5,8 +5,9 @@
 
 The root (box-PGD is skipped; CROWN and alpha-CROWN) is bounded once; then the search runs
 ``--rounds`` rounds (``domain_batch`` x 2 domains bounded per round) with
-``rounding.dots`` as shipped and with the per-sample loop it replaced (``loop_dots``, kept
-here as the reference), interleaved, ``--pairs`` times each, the order alternating.
+``rounding.dots`` as shipped and with the per-sample loop it replaced
+(``rounding.per_sample_dots``, the reference), interleaved, ``--pairs`` times each, the
+order alternating.
 Printed: domains per CPU second of each (median), the paired median ratio, and whether
 both searches ended with the same open bounds bit for bit (the vectorised products must
 not change a single bound). Work is bounded by rounds, not time; the CPU model and the
@@ -30,24 +31,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from verification import DATA, parse_verifier  # noqa: E402
-
-
-def loop_dots(a, signed, absolute):
-    """``rounding.dots`` before #33's fourth session: one float64 product per sample."""
-    from aisafety.verification.rounding import CHUNK
-
-    b, k = a.shape[:2]
-    rows = a.reshape(b, k, -1)
-    step = max(1, CHUNK // rows.shape[2])
-    out_s = rows.new_empty(b, k, signed.shape[2], dtype=torch.float64)
-    out_a = rows.new_empty(b, k, absolute.shape[2], dtype=torch.float64)
-    for i in range(b):
-        for first in range(0, k, step):
-            part = rows[i, first : first + step].double()
-            out_s[i, first : first + step] = part @ signed[i]
-            if absolute.shape[2]:
-                out_a[i, first : first + step] = part.abs_() @ absolute[i]
-    return out_s, out_a
 
 
 def cpu_model() -> str:
@@ -127,7 +110,7 @@ def main() -> None:
         order = ["batched", "loop"] if pair % 2 == 0 else ["loop", "batched"]
         got = {}
         for name in order:
-            rounding.dots = shipped if name == "batched" else loop_dots
+            rounding.dots = shipped if name == "batched" else rounding.per_sample_dots
             try:
                 seconds, bounded, open_bounds = search_once(network, prop, root, boxes, cfg,
                                                             args.rounds)  # fmt: skip

@@ -94,22 +94,6 @@ def test_the_pruning_bound_is_below_the_float64_bound_of_the_same_relaxation(con
     assert (exact - sound).max() <= 1e-3 * (1 + exact.abs().max())
 
 
-def loop_dots(a, signed, absolute):
-    """``rounding.dots`` as it was before it batched the domains: one product per sample."""
-    b, k = a.shape[:2]
-    rows = a.reshape(b, k, -1)
-    step = max(1, rounding.CHUNK // rows.shape[2])
-    out_s = rows.new_empty(b, k, signed.shape[2], dtype=torch.float64)
-    out_a = rows.new_empty(b, k, absolute.shape[2], dtype=torch.float64)
-    for i in range(b):
-        for first in range(0, k, step):
-            part = rows[i, first : first + step].double()
-            out_s[i, first : first + step] = part @ signed[i]
-            if absolute.shape[2]:
-                out_a[i, first : first + step] = part.abs_() @ absolute[i]
-    return out_s, out_a
-
-
 @pytest.mark.parametrize("domains", [2, 3, 129, 669])
 @pytest.mark.parametrize("n", [10, 256, 784])
 def test_batched_dots_equal_the_per_sample_products_bit_for_bit(domains, n):
@@ -121,5 +105,8 @@ def test_batched_dots_equal_the_per_sample_products_bit_for_bit(domains, n):
     for signed_cols, absolute_cols in ((1, 2), (1, 1), (0, 1), (1, 0)):
         signed = torch.randn(domains, n, signed_cols, generator=gen, dtype=torch.float64)
         absolute = torch.rand(domains, n, absolute_cols, generator=gen, dtype=torch.float64)
-        got, want = rounding.dots(a, signed, absolute), loop_dots(a, signed, absolute)
+        got, want = (
+            rounding.dots(a, signed, absolute),
+            rounding.per_sample_dots(a, signed, absolute),
+        )
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -126,12 +126,24 @@ def dots(
     One row per sample (branch and bound's domains) goes through as one batched product
     per chunk of samples, not one product per sample."""
     b, k = a.shape[:2]
+    if k == 1 and b > 1:
+        rows = a.reshape(b, k, -1)
+        out_s = rows.new_empty(b, k, signed.shape[2], dtype=torch.float64)
+        out_a = rows.new_empty(b, k, absolute.shape[2], dtype=torch.float64)
+        _batched_dots(rows, signed, absolute, out_s, out_a)
+        return out_s, out_a
+    return per_sample_dots(a, signed, absolute)
+
+
+def per_sample_dots(
+    a: torch.Tensor, signed: torch.Tensor, absolute: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dots`` with one product per sample and chunk of rows: its path for several rows per
+    sample, and the reference the batched path must equal bit for bit."""
+    b, k = a.shape[:2]
     rows = a.reshape(b, k, -1)
     out_s = rows.new_empty(b, k, signed.shape[2], dtype=torch.float64)
     out_a = rows.new_empty(b, k, absolute.shape[2], dtype=torch.float64)
-    if k == 1 and b > 1:
-        _batched_dots(rows, signed, absolute, out_s, out_a)
-        return out_s, out_a
     step = max(1, CHUNK // rows.shape[2])
     for i in range(b):
         for first in range(0, k, step):
