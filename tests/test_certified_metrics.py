@@ -97,20 +97,20 @@ def test_an_unsupported_op_fails_at_the_plan_check_before_any_work(tmp_path, cap
     from aisafety.store.results import ResultStore
 
     plan = {
-        "model": {"name": "mnist-cnn"},  # max-pools: the LP / MILP verifiers cannot bound it
+        "model": {"name": "mnist-cnn"},  # max-pools: the zonotope / dual verifiers cannot bound it
         "dataset": {"name": "mnist-embedded", "limit": 4},
-        "metrics": ["ca", {"name": "certified-accuracy", "config": {"verifier": "lp-full"}}],
+        "metrics": ["ca", {"name": "certified-accuracy", "config": {"verifier": "deepz"}}],
     }
     store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
     runner = Runner(plan_from_dict(plan), store, quiet=True)
-    with pytest.raises(VerificationError, match=r"lp-full.*maxpool.*'mnist-cnn'"):
+    with pytest.raises(VerificationError, match=r"deepz.*maxpool.*'mnist-cnn'"):
         runner.prepare()
     with pytest.raises(VerificationError):
         runner.run()
     assert store.query("select count(*) from runs")[1] == [(0,)]  # nothing started
     radius = {**plan, "metrics": [{"name": "average-certified-radius",
-                                   "config": {"verifier": "complete"}}]}  # fmt: skip
-    with pytest.raises(VerificationError, match=r"complete.*maxpool.*'mnist-cnn'"):
+                                   "config": {"verifier": "wk"}}]}  # fmt: skip
+    with pytest.raises(VerificationError, match=r"wk.*maxpool.*'mnist-cnn'"):
         Runner(plan_from_dict(radius), store, quiet=True).prepare()
     config = tmp_path / "plan.yaml"
     config.write_text(json.dumps(plan))
