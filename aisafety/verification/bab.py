@@ -324,20 +324,22 @@ class Search:
             best = score.argmax(1)
             node = torch.where(width.gather(1, best[:, None])[:, 0] > 0, 0, -1)
             return torch.stack([node, best], 1)
-        flat, bias_score, owner, start = self._babsr(d, at_relu, boxes)
+        fsb = self.config.branching == "fsb"
+        flat, bias_score, owner, start = self._babsr(d, at_relu, boxes, fsb)
         pick = flat.argmax(1)
-        if self.config.branching == "fsb" and len(d) and flat.shape[1] > 1:
+        if fsb and len(d) and flat.shape[1] > 1:
             pick = self._fsb(d, boxes, [flat, bias_score], owner, start)
         node = torch.where(flat.gather(1, pick[:, None])[:, 0] > 0, owner[pick], -1)
         layer = torch.searchsorted(start[1:], pick, right=True)
         return torch.stack([node, pick - start[layer]], 1)
 
-    def _babsr(self, d: Domains, at_relu, boxes):
+    def _babsr(self, d: Domains, at_relu, boxes, with_bias_score: bool):
         """Two branching scores (D, all ReLUs), -1 where stable or split: the intercept the
         relaxation loses, ``max(-A, 0) * (-l u / (u - l))`` (ties by ``|A|``), and BaBSR's
         (Bunel et al. 2020, as alpha-beta-CROWN computes it) with the pre-activation bias
-        ``b``: ``|max(b A (s - 1), b A s) + min(A, 0) (-l s)|``, ``s = u / (u - l)``; each
-        column's node; node offsets."""
+        ``b``: ``|max(b A (s - 1), b A s) + min(A, 0) (-l s)|``, ``s = u / (u - l)``, only
+        ``with_bias_score`` (FSB's second ranking; else None); each column's node; node
+        offsets."""
         scores, with_bias, owners = [], [], []
         for i in self.relus:
             j = self.graph.ops[i].inputs[0]
@@ -348,12 +350,16 @@ class Search:
             intercept = -lo * slope
             score = (-a).clamp(min=0) * intercept + 1e-3 * a.abs() * intercept
             scores.append(torch.where(unstable, score + 1e-12, torch.full_like(score, -1.0)))
-            ba = _pre_activation_bias(self.graph.ops[j], lo.shape[1]).to(lo.dtype) * a
-            bias = (torch.maximum(ba * (slope - 1), ba * slope) + a.clamp(max=0) * intercept).abs()
-            with_bias.append(torch.where(unstable, bias + 1e-12, torch.full_like(bias, -1.0)))
+            if with_bias_score:
+                ba = _pre_activation_bias(self.graph.ops[j], lo.shape[1]).to(lo.dtype) * a
+                bias = (
+                    torch.maximum(ba * (slope - 1), ba * slope) + a.clamp(max=0) * intercept
+                ).abs()
+                with_bias.append(torch.where(unstable, bias + 1e-12, torch.full_like(bias, -1.0)))
             owners.append(torch.full((lo.shape[1],), i))
         start = torch.cumsum(torch.tensor([0] + [s.shape[1] for s in scores]), 0)
-        return torch.cat(scores, 1), torch.cat(with_bias, 1), torch.cat(owners), start
+        bias_scores = torch.cat(with_bias, 1) if with_bias_score else None
+        return torch.cat(scores, 1), bias_scores, torch.cat(owners), start
 
     def _fsb(self, d: Domains, boxes, scores, owner, start) -> torch.Tensor:
         """Filtered smart branching (De Palma et al. 2021; alpha-beta-CROWN's ``kfsb``): of
