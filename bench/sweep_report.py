@@ -35,7 +35,7 @@ def settled_table(rows: list[dict], cpu_limit: float) -> list[str]:
     for row in rows:
         groups.setdefault((row["net"], row["tool"]), []).append(row)
     within = f"settled<={cpu_limit:g}s"
-    lines = [f"{'net':<30} {'tool':<10} {'n':>3} {'sat':>4} {'unsat':>5} {within:>12} "
+    lines = [f"{'net':<30} {'tool':<13} {'n':>3} {'sat':>4} {'unsat':>5} {within:>12} "
              f"{'median':>7} {'max':>6}"]  # fmt: skip
     for (net, tool), group in sorted(groups.items()):
         done = [r for r in group if r["status"] in ("sat", "unsat") and r["cpu_s"] <= cpu_limit]
@@ -43,7 +43,7 @@ def settled_table(rows: list[dict], cpu_limit: float) -> list[str]:
         sat = sum(r["status"] == "sat" for r in group)
         unsat = sum(r["status"] == "unsat" for r in group)
         median = statistics.median(cpu)
-        lines.append(f"{net:<30} {tool:<10} {len(group):>3} {sat:>4} {unsat:>5} "
+        lines.append(f"{net:<30} {tool:<13} {len(group):>3} {sat:>4} {unsat:>5} "
                      f"{len(done):>12} {median:>7.1f} {max(cpu):>6.1f}")  # fmt: skip
     return lines
 

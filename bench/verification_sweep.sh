@@ -9,7 +9,7 @@
 #     bash bench/verification_sweep.sh [--smoke] [--jobs 16] [--budget 480] [--wheels .whl]
 #                                      [--out /tmp/verification-sweep] [--attack]
 #                                      [--plan 'SUITE LIMIT PER_NET NETS...' ...]
-#                                      [--only-missing ROWS.jsonl]
+#                                      [--only-missing ROWS.jsonl] [--tools 'complete abcrown']
 #
 # From the repository root, with the project importable and a wheel folder holding
 # abcrown-8250d5f-src.tar.gz (bench/abcrown/pack.sh) and the wheels of
@@ -20,6 +20,8 @@
 # --plan (repeatable): only these listings, in this order, in place of the whole sweep
 # (e.g. --plan 'cifar 300 3 resnet_2b'); --only-missing: drop the jobs whose tool, net and
 # property already have a row in that file (a sweep that picks up where another stopped).
+# --tools: the tools run on every listed instance, in this order (default 'complete abcrown';
+# any `bench/verification.py --verifiers` name, e.g. complete/milp for the forced MILP engine).
 # $ABCROWN_PY: a Python that already imports alpha-beta-CROWN's needs (no venv is built).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +31,8 @@ if [ "${1:-}" = --job ]; then  # one job: --job TOOL SUITE NET PROPERTY LIMIT
     if [ "$left" -lt $(( limit * 12 / 10 )) ]; then
         echo "$tool $suite $net $prop $limit" >> "$SWEEP_OUT/not-started.txt"; exit 0
     fi
-    row="$SWEEP_OUT/rows/$tool-$net-$prop.jsonl" log="$SWEEP_OUT/logs/$tool-$net-$prop.log"
+    file=${tool//\//_}-$net-$prop  # complete/milp: no folder in a file name
+    row="$SWEEP_OUT/rows/$file.jsonl" log="$SWEEP_OUT/logs/$file.log"
     if [ "$tool" = abcrown ]; then
         "$SWEEP_PY" bench/abcrown/run.py --suite "$suite" --nets "$net" --only "$prop" \
             --timeout "$limit" --abcrown "$SWEEP_ABCROWN" --out "$row" > "$log" 2>&1
@@ -46,7 +49,7 @@ if [ "${1:-}" = --job ]; then  # one job: --job TOOL SUITE NET PROPERTY LIMIT
     exit 0
 fi
 jobs=16 budget=480 wheels=.whl out=${OUT:-/tmp/verification-sweep} smoke=0 attack=""
-plans=() done_rows=""
+plans=() done_rows="" tools="complete abcrown"
 while [ $# -gt 0 ]; do
     case $1 in
         --smoke) smoke=1 ;;
@@ -57,6 +60,7 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift ;;
         --plan) plans+=("$2"); shift ;;
         --only-missing) done_rows=$(realpath "$2"); shift ;;
+        --tools) tools=$2; shift ;;
         *) echo "verification_sweep.sh: unknown option $1 (see the header)"; exit 2 ;;
     esac
     shift
@@ -80,7 +84,7 @@ list() {  # list SUITE LIMIT PER_NET NETS...: one line per instance and tool
     python3 bench/abcrown/run.py --suite "$suite" --nets "$@" --per-net "$per" --list |
         while read -r net prop; do
             [ -n "$prop" ] || continue  # a suite whose data is absent lists nothing
-            for tool in complete abcrown; do echo "$tool $suite $net $prop $limit"; done
+            for tool in $tools; do echo "$tool $suite $net $prop $limit"; done
         done
 }
 missing() {  # the job lines of stdin whose tool, net and property have no row in $done_rows
