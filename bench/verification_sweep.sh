@@ -21,7 +21,9 @@
 # (e.g. --plan 'cifar 300 3 resnet_2b'); --only-missing: drop the jobs whose tool, net and
 # property already have a row in that file (a sweep that picks up where another stopped).
 # --tools: the tools run on every listed instance, in this order (default 'complete abcrown';
-# any `bench/verification.py --verifiers` name, e.g. complete/milp for the forced MILP engine).
+# any `bench/verification.py --verifiers` name, e.g. complete/milp for the forced MILP engine);
+# it applies to the --plan options after it (--tools 'complete complete/milp' --plan 'cifar
+# ...' --tools 'complete abcrown' --plan 'eran ...': one pool of jobs, two sets of tools).
 # $ABCROWN_PY: a Python that already imports alpha-beta-CROWN's needs (no venv is built).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +60,7 @@ while [ $# -gt 0 ]; do
         --budget) budget=$2; shift ;;
         --wheels) wheels=$2; shift ;;
         --out) out=$2; shift ;;
-        --plan) plans+=("$2"); shift ;;
+        --plan) plans+=("$tools|$2"); shift ;;
         --only-missing) done_rows=$(realpath "$2"); shift ;;
         --tools) tools=$2; shift ;;
         *) echo "verification_sweep.sh: unknown option $1 (see the header)"; exit 2 ;;
@@ -99,7 +101,9 @@ for line in sys.stdin:
 }
 {
     if [ ${#plans[@]} -gt 0 ]; then
-        for plan in "${plans[@]}"; do list $plan; done  # word-split: SUITE LIMIT PER NETS...
+        for plan in "${plans[@]}"; do  # TOOLS|SUITE LIMIT PER NETS...
+            tools=${plan%%|*} list ${plan#*|}  # word-split
+        done
     elif [ "$smoke" = 1 ]; then
         list mnistfc 10 2 256x2; list eran 10 1 relu; list cifar 10 1 resnet_2b
     else
