@@ -64,8 +64,8 @@ class DeviceDraws:
         self.position = torch.from_numpy(positions).to(device)  # in buffers 0, 1, ... in turn
         self.lowest = np.zeros(n, dtype=np.int64)  # the oldest buffer each ring holds
         self.seen = LaggedCopy(self.position)
-        self.offsets = torch.arange(max(first, redraw), device=device)
-        self.steps = torch.arange(redraws, device=device)[None, :] * redraw  # where each starts
+        # a query's numbers, counted in its stream from its first draw's start (before a skip)
+        self.pattern = torch.arange(first + redraws * redraw, device=device)
 
     def prepare(self, rows: np.ndarray) -> None:
         """Before a query of ``rows``: refill the slots their samples have moved past; where a
@@ -110,25 +110,20 @@ class DeviceDraws:
         other (m, first + redraws * redraw); ``advance`` then moves past those used."""
         position = self.position[rows]
         offset = position % BUFFER
-        start = position + (offset + self.first > BUFFER) * (BUFFER - offset)
-        after = start + self.first
-        # the redraws that fit in the rest of the buffer, then (past ``skip`` numbers that
-        # cannot hold one) the next buffer's
-        room = BUFFER - after % BUFFER
+        # the first draw starts the next buffer if it does not fit in this one's rest
+        start = position + (offset > BUFFER - self.first) * (BUFFER - offset)
+        # the redraws follow it up to the buffer's end, then (past the ``skip`` numbers
+        # that cannot hold one) in the next buffer: from ``threshold`` on in ``pattern``
+        room = BUFFER - (start + self.first) % BUFFER
         skip = room % self.redraw
-        fits = room - skip
-        redraws = after[:, None] + self.steps + (self.steps >= fits[:, None]) * skip[:, None]
-        self._cursor = after, fits, skip
-        at = torch.cat(
-            [start[:, None] + self.offsets[: self.first],
-             (redraws[:, :, None] + self.offsets[: self.redraw]).flatten(1)], 1,
-        )  # fmt: skip
-        width = self.ring.shape[1]
-        return self.ring.view(-1)[rows[:, None] * width + at % width]
+        threshold = room - skip + self.first
+        self._cursor = start, threshold, skip
+        at = start[:, None] + self.pattern + (self.pattern >= threshold[:, None]) * skip[:, None]
+        return self.ring[rows[:, None], at % self.ring.shape[1]]
 
     def advance(self, rows: torch.Tensor, used: torch.Tensor) -> None:
         """Move each sample of the last ``draw`` past its first draw and ``used`` redraws."""
-        after, fits, skip = self._cursor
-        taken = used * self.redraw
-        self.position[rows] = after + taken + (taken > fits) * skip
+        start, threshold, skip = self._cursor
+        end = used * self.redraw + self.first
+        self.position[rows] = start + end + (end > threshold) * skip
         self.seen.push(self.position)
