@@ -105,20 +105,19 @@ def pass_seconds(network: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
     return mean(forward_backward), mean(forward)
 
 
-def timed(member: torch.nn.Module, seconds: dict[str, float]) -> Callable:
-    """``member.forward``, adding its wall seconds (device work included) to ``seconds``."""
-    forward, name = member.forward, type(member).__name__
+def timed(run: Callable, name: str, seconds: dict[str, float], device: torch.device) -> Callable:
+    """``run``, adding its seconds (``clock``: CPU seconds on a CPU, synchronised wall seconds
+    on a GPU) to ``seconds[name]``: each member of both sides is timed alike."""
+    now = clock(device)
 
-    def run(*args: torch.Tensor) -> torch.Tensor:
-        # wall seconds, as our ensemble's member_seconds (synchronised on a GPU)
-        wall = clock(torch.device("cuda")) if torch.cuda.is_available() else time.perf_counter
-        started = wall()
+    def timed_run(*args, **kwargs):
+        started = now()
         try:
-            return forward(*args)
+            return run(*args, **kwargs)
         finally:
-            seconds[name] = seconds.get(name, 0.0) + wall() - started
+            seconds[name] = seconds.get(name, 0.0) + now() - started
 
-    return run
+    return timed_run
 
 
 def profile(result: AttackResult) -> None:
@@ -173,6 +172,9 @@ def main() -> None:
     square_module.REDRAWS = None if args.square_redraws == "auto" else args.square_redraws
     config = {"steps": args.steps, "queries": args.queries}
     ours = default_registry().create("attack", "standard", config)
+    ours_seconds: dict[str, float] = {}
+    for member in ours.members:  # a member's chunk: its search and its final check
+        member._attack_chunk = timed(member._attack_chunk, member.name, ours_seconds, device)
     last: dict[str, AttackResult] = {}
 
     def run_ours() -> torch.Tensor:
@@ -189,7 +191,7 @@ def main() -> None:
                 member.n_queries = queries
             else:
                 member.steps = steps
-            member.forward = timed(member, theirs_seconds)
+            member.forward = timed(member.forward, type(member).__name__, theirs_seconds, device)
         return attack
 
     def run_theirs() -> torch.Tensor:
@@ -203,6 +205,7 @@ def main() -> None:
         small(predictor, x[few], y[few], eps)
         autoattack(2, 10)(x[few], y[few])
         theirs_seconds.clear()
+        ours_seconds.clear()
 
     fb_passes, f_passes = floor_passes(args.steps, args.queries)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -245,8 +248,12 @@ def main() -> None:
     print("ours, last round, per member (wall seconds):")
     profile(last["ours"])
     rounds = max(args.rounds, 1)
-    print("torchattacks, per member, mean over rounds (wall s): "
-          + ", ".join(f"{k} {v / rounds:.1f}" for k, v in theirs_seconds.items()))  # fmt: skip
+    pairs = {"apgd-ce": "APGD", "apgd-t": "APGDT", "fab-t": "FAB", "square-linf": "Square"}
+    print(f"per member, mean over rounds ({unit} s), ours / torchattacks (ratio):")
+    for ours_name, theirs_name in pairs.items():
+        a, b = ours_seconds.get(ours_name, 0.0), theirs_seconds.get(theirs_name, 0.0)
+        ratio = f"{a / b:.3f}" if b else "-"
+        print(f"  {ours_name:12} {a / rounds:8.2f} / {b / rounds:8.2f} ({ratio})")
     median = {k: statistics.median(v) for k, v in ratios.items()}
     print(f"median over rounds ({unit} time): ours/torchattacks "
           f"{median['ours/theirs']:.3f} (wall time {statistics.median(wall_ratios):.3f}), "
