@@ -30,6 +30,10 @@ break.
 
 On a GPU (``--device cuda``) every time is wall time around synchronised device work (CPU
 time would count only the host's share), and the floor's passes are timed the same way.
+Before the rounds both sides run once, untimed, on ``--warmup`` images with tiny budgets:
+CUDA loads kernels and cuDNN initialises on first use, which otherwise lands on whichever
+side runs first (ours, and in it APGD-CE). ``--square-redraws host`` times our Square with
+its host-side redraws instead of the device's (a GPU's default), for an A/B on one card.
 
 Target (issue 16): ours <= 1/3 of torchattacks' time at equal or better robust accuracy.
 """
@@ -45,6 +49,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+import aisafety.attack.square as square_module
 from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
 from aisafety.database.datasets.embedded import EmbeddedMnist
@@ -100,19 +105,19 @@ def pass_seconds(network: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
     return mean(forward_backward), mean(forward)
 
 
-def timed(member: torch.nn.Module, seconds: dict[str, float]) -> Callable:
-    """``member.forward``, adding its wall seconds (device work included) to ``seconds``."""
-    forward, name = member.forward, type(member).__name__
+def timed(run: Callable, name: str, seconds: dict[str, float], device: torch.device) -> Callable:
+    """``run``, adding its seconds (``clock``: CPU seconds on a CPU, synchronised wall seconds
+    on a GPU) to ``seconds[name]``: each member of both sides is timed alike."""
+    now = clock(device)
 
-    def run(*args: torch.Tensor) -> torch.Tensor:
-        wall = clock(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-        started = wall()
+    def timed_run(*args, **kwargs):
+        started = now()
         try:
-            return forward(*args)
+            return run(*args, **kwargs)
         finally:
-            seconds[name] = seconds.get(name, 0.0) + wall() - started
+            seconds[name] = seconds.get(name, 0.0) + now() - started
 
-    return run
+    return timed_run
 
 
 def profile(result: AttackResult) -> None:
@@ -141,6 +146,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="APGD/FAB iterations (both sides)")
     parser.add_argument("--queries", type=int, default=5000, help="Square queries (both sides)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=16,
+        help="images of an untimed first run of both sides (0: none)",
+    )
+    parser.add_argument(
+        "--square-redraws",
+        choices=["auto", "device", "host"],
+        default="auto",
+        help="where our Square decides its redraws (auto: device on a GPU)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -152,8 +169,12 @@ def main() -> None:
     x, y, eps = data.x.to(device), data.y.to(device), args.eps
     predictor = load_zoo_model(args.model, device=device)
     net = predictor.network.eval()
+    square_module.REDRAWS = None if args.square_redraws == "auto" else args.square_redraws
     config = {"steps": args.steps, "queries": args.queries}
     ours = default_registry().create("attack", "standard", config)
+    ours_seconds: dict[str, float] = {}
+    for member in ours.members:  # a member's chunk: its search and its final check
+        member._attack_chunk = timed(member._attack_chunk, member.name, ours_seconds, device)
     last: dict[str, AttackResult] = {}
 
     def run_ours() -> torch.Tensor:
@@ -162,25 +183,37 @@ def main() -> None:
 
     theirs_seconds: dict[str, float] = {}
 
-    def run_theirs() -> torch.Tensor:
+    def autoattack(steps: int, queries: int) -> torchattacks.AutoAttack:
         attack = torchattacks.AutoAttack(net, norm="Linf", eps=eps, version="standard",
                                          n_classes=10, seed=0)  # fmt: skip
         for member in attack._autoattack.attacks:  # the same budgets as ours
             if isinstance(member, Square):
-                member.n_queries = args.queries
+                member.n_queries = queries
             else:
-                member.steps = args.steps
-            member.forward = timed(member, theirs_seconds)
-        x_adv = project(attack(x, y), x, eps, Norm.LINF)
+                member.steps = steps
+            member.forward = timed(member.forward, type(member).__name__, theirs_seconds, device)
+        return attack
+
+    def run_theirs() -> torch.Tensor:
+        x_adv = project(autoattack(args.steps, args.queries)(x, y), x, eps, Norm.LINF)
         with torch.no_grad():
             return net(x_adv).argmax(1) == y
+
+    if args.warmup:  # untimed: CUDA and cuDNN initialise on first use, whichever side is first
+        few = slice(0, args.warmup)
+        small = default_registry().create("attack", "standard", {"steps": 2, "queries": 10})
+        small(predictor, x[few], y[few], eps)
+        autoattack(2, 10)(x[few], y[few])
+        theirs_seconds.clear()
+        ours_seconds.clear()
 
     fb_passes, f_passes = floor_passes(args.steps, args.queries)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     unit = "wall" if device.type == "cuda" else "CPU"
     print(f"{args.model}, {args.images} images, l-inf {eps}, {args.threads} thread(s), "
           f"steps {args.steps}, queries {args.queries}, torch {torch.__version__}, "
-          f"{device} ({where}), times in {unit} s")  # fmt: skip
+          f"{device} ({where}), times in {unit} s, warm-up on {args.warmup} images, Square's "
+          f"redraws {args.square_redraws}")  # fmt: skip
     print(f"floor per sample robust on both sides: {fb_passes} forward+backward and "
           f"{f_passes} forward passes")  # fmt: skip
     ratios: dict[str, list[float]] = {"ours/theirs": [], "ours/floor": [], "theirs/floor": []}
@@ -215,8 +248,12 @@ def main() -> None:
     print("ours, last round, per member (wall seconds):")
     profile(last["ours"])
     rounds = max(args.rounds, 1)
-    print("torchattacks, per member, mean over rounds (wall s on a GPU, CPU s on a CPU): "
-          + ", ".join(f"{k} {v / rounds:.1f}" for k, v in theirs_seconds.items()))  # fmt: skip
+    pairs = {"apgd-ce": "APGD", "apgd-t": "APGDT", "fab-t": "FAB", "square-linf": "Square"}
+    print(f"per member, mean over rounds ({unit} s), ours / torchattacks (ratio):")
+    for ours_name, theirs_name in pairs.items():
+        a, b = ours_seconds.get(ours_name, 0.0), theirs_seconds.get(theirs_name, 0.0)
+        ratio = f"{a / b:.3f}" if b else "-"
+        print(f"  {ours_name:12} {a / rounds:8.2f} / {b / rounds:8.2f} ({ratio})")
     median = {k: statistics.median(v) for k, v in ratios.items()}
     print(f"median over rounds ({unit} time): ours/torchattacks "
           f"{median['ours/theirs']:.3f} (wall time {statistics.median(wall_ratios):.3f}), "

@@ -185,15 +185,18 @@ class _APGD(Attack):
             grad[idx] = g
             moves[idx] += 1
 
+            # the bookkeeping by ``where`` over the active rows: a boolean mask would cost a
+            # device synchronisation each (seven a step on a GPU, docs/gpu.md)
             wrong = logits.argmax(1) != y[idx]
-            x_found[idx[wrong]] = x_new[wrong]
-            fooled[idx[wrong]] = True
+            x_found[idx] = torch.where(per_sample(wrong, x_new), x_new, x_found[idx])
+            fooled[idx] = fooled[idx] | wrong
             increases[idx] += (current > loss_prev[idx]).float()
             loss_prev[idx] = current
             better = current > loss_best[idx]
-            improved = idx[better]
-            x_best[improved], grad_best[improved] = x_new[better], g[better]
-            loss_best[improved] = current[better]
+            kept = per_sample(better, x_new)
+            x_best[idx] = torch.where(kept, x_new, x_best[idx])
+            grad_best[idx] = torch.where(kept, g, grad_best[idx])
+            loss_best[idx] = torch.where(better, current, loss_best[idx])
 
             if k + 1 in marks and k + 1 < cfg.steps:
                 no_progress = increases[idx] <= cfg.rho * (k + 1 - last_mark)

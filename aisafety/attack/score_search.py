@@ -4,7 +4,7 @@ Every query of such a search does the same around the model call: find the sampl
 classified correctly, query their proposals, keep each improvement. On a GPU with a small
 model a query costs little device time and the search is bound by the host: kernel launches
 and synchronisations. So which samples are active live on the host, read from a copy of the
-``margin > 0`` flags that the host does not wait for (``_LaggedFlags``; a ``nonzero`` and a
+``margin > 0`` flags that the host does not wait for (``LaggedCopy``; a ``nonzero`` and a
 copy of its indices were two synchronisations a query), and the scores' finiteness
 is accumulated on the device and checked once at the end (``Predictor.check_output`` on
 every query was one more synchronisation). A NaN score is still refused, naming the model:
@@ -29,33 +29,52 @@ def margin_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return true - others.amax(1)
 
 
-class _LaggedFlags:
-    """Which rows are still to attack, as the host last saw it without waiting for the device.
+class LaggedCopy:
+    """A device tensor as the host last saw it without waiting for the device.
 
-    On a GPU each query's ``margin > 0`` is copied into pinned host memory without waiting;
+    On a GPU each ``push`` copies the tensor into pinned host memory without waiting;
     ``latest`` returns the newest copy that has arrived (``torch.cuda.Event``), which may be
-    a query old: a superset of the rows still to attack, never a subset (a margin only goes
-    down). On the CPU the flags are read at once.
+    a few pushes old (``lag``). On the CPU a push is read at once. Square's search reads its
+    ``margin > 0`` flags this way (a superset of the rows still to attack, never a subset: a
+    margin only goes down), and its device draws their positions (``square_draws.py``).
     """
 
-    def __init__(self, flags: torch.Tensor) -> None:
-        self.host = flags.cpu().numpy().copy()
+    def __init__(self, value: torch.Tensor) -> None:
+        self.host = value.cpu().numpy().copy()
         self.pending: deque[tuple[torch.Tensor, torch.cuda.Event]] = deque()
+        self.pushed = self.arrived = 0
 
-    def push(self, flags: torch.Tensor) -> None:
-        if flags.device.type != "cuda":
-            self.host = flags.numpy().copy()
+    def push(self, value: torch.Tensor) -> None:
+        self.pushed += 1
+        if value.device.type != "cuda":
+            self.host, self.arrived = value.numpy().copy(), self.pushed
             return
-        copy = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-        copy.copy_(flags, non_blocking=True)
+        copy = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+        copy.copy_(value, non_blocking=True)
         arrived = torch.cuda.Event()
         arrived.record()
         self.pending.append((copy, arrived))
 
     def latest(self) -> np.ndarray:
+        """The newest copy that has arrived."""
         while self.pending and self.pending[0][1].query():
-            self.host = self.pending.popleft()[0].numpy()
+            self._take()
         return self.host
+
+    def wait_one(self) -> None:
+        """Wait for the oldest copy still on its way (the device works on meanwhile)."""
+        if self.pending:
+            self.pending[0][1].synchronize()
+            self._take()
+
+    def _take(self) -> None:
+        copy, _ = self.pending.popleft()
+        self.host, self.arrived = copy.numpy(), self.arrived + 1
+
+    @property
+    def lag(self) -> int:
+        """Pushes made since the copy ``latest`` last returned."""
+        return self.pushed - self.arrived
 
 
 class ScoreSearch:
@@ -73,7 +92,7 @@ class ScoreSearch:
         self.margin = margin_loss(predictor.logits(start), y)
         self.used = torch.ones(len(y), dtype=torch.long, device=y.device)
         self.finite = torch.ones((), dtype=torch.bool, device=y.device)
-        self.flags = _LaggedFlags(self.margin > 0)
+        self.flags = LaggedCopy(self.margin > 0)
 
     def active(self) -> tuple[np.ndarray, torch.Tensor]:
         """The rows whose margin is still positive (or was a query ago), on the host and on

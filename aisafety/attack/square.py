@@ -19,6 +19,7 @@ logits) are left as they are with 0 queries (``Attack.skips_misclassified``).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -27,14 +28,17 @@ from pydantic import Field
 from aisafety.attack.base import Attack, AttackConfig
 from aisafety.attack.call import AttackCall
 from aisafety.attack.score_search import ScoreSearch
+from aisafety.attack.square_draws import DeviceDraws
 from aisafety.attack.streams import SampleStreams, scaled
 from aisafety.attack.work import counted
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
-# Redraws decided on the host, reading ahead in each sample's stream (the same numbers as the
-# reference's one-by-one loop on the device, which False selects; tests compare the two)
-BATCHED_REDRAWS: bool | None = None
+# Where redraws are decided (the same numbers everywhere; tests compare them): "device" (every
+# candidate gathered on the device, square_draws.py: no synchronisation, the default on a
+# GPU), "host" (reading ahead in each sample's stream, one copy of the flags a query: the
+# default on the CPU) or "loop" (the reference's one-by-one loop)
+REDRAWS: str | None = None
 
 # (upper end of the iteration range in 1/10000 of the budget, divisor of p_init)
 _SCHEDULE = ((50, 2), (200, 4), (500, 8), (1000, 16), (2000, 32), (4000, 64), (6000, 128),
@@ -50,6 +54,28 @@ def p_selection(p_init: float, iteration: int, total: int) -> float:
         if it <= bound:
             return p_init / divisor
     return p_init
+
+
+@lru_cache(maxsize=64)
+def _window_parts(
+    c: int, h: int, w: int, side: int, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """What ``_flat_window`` needs for windows of ``side`` in (c, h, w) images: the corners'
+    ranges, their largest values, the strides and each window element's offset."""
+    rows, cols = max(h - side, 1), max(w - side, 1)
+    span = torch.arange(side)
+    offsets = torch.arange(c)[:, None, None] * (h * w) + span[:, None] * w + span
+    parts = (torch.tensor([rows, cols], dtype=torch.float32), torch.tensor([rows - 1, cols - 1]),
+             torch.tensor([w, 1]), offsets.flatten())  # fmt: skip
+    return tuple(part.to(device) for part in parts)
+
+
+def _flat_window(corner: torch.Tensor, c: int, h: int, w: int, side: int) -> torch.Tensor:
+    """Each sample's window from its two corner uniforms, as flat indices into its image
+    (m, c * side * side): the corners of ``SquareLinf._window``, the same integers."""
+    ranges, largest, strides, offsets = _window_parts(c, h, w, side, corner.device)
+    top_left = torch.minimum((corner * ranges).long(), largest)
+    return (top_left * strides).sum(1, keepdim=True) + offsets
 
 
 class SquareConfig(AttackConfig):
@@ -88,6 +114,11 @@ class SquareLinf(Attack):
             search = ScoreSearch(predictor, y, (x + stripes).clamp(0, 1))
             side_max = max(min(h, w) - 1, 1)
             steps = torch.tensor([eps, -eps], device=x.device).view(2, 1, 1, 1, 1)
+            redraws = REDRAWS or ("device" if x.device.type == "cuda" else "host")
+            draws = None
+            if redraws == "device" and DeviceDraws.serves(2 + c, c, cfg.max_resamples - 1):
+                draws = DeviceDraws(call.streams, 2 + c, c, cfg.max_resamples - 1, x.device)
+            redraws = "host" if redraws == "device" and draws is None else redraws
             for iteration in counted("query", cfg.queries - 1):
                 rows, active = search.active()
                 if not len(rows):
@@ -95,9 +126,47 @@ class SquareLinf(Attack):
                 p = p_selection(cfg.p_init, iteration, cfg.queries)
                 side = min(max(round(math.sqrt(p * h * w)), 1), side_max)
                 current = search.best[active]
-                proposal = self._propose(x[active], current, side, steps, call.streams[rows])
+                if draws is not None:
+                    draws.prepare(rows)
+                    proposal = self._propose_on_device(
+                        x[active], current, side, steps, draws, active
+                    )
+                else:
+                    streams = call.streams[rows]
+                    proposal = self._propose(x[active], current, side, steps, streams, redraws)
                 search.update(rows, active, proposal, current, search.query(proposal, active))
         return search.finish()
+
+    def _propose_on_device(
+        self,
+        x: torch.Tensor,
+        best: torch.Tensor,
+        side: int,
+        steps: torch.Tensor,
+        draws: DeviceDraws,
+        rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """``_propose``'s proposal, from every candidate sign drawn at once on the device: the
+        first that changes the window is taken (the last one if none does), and each
+        sample's stream moves past the draws used. Nothing is asked of the device, and the
+        window is one gather per tensor (fewer launches than an advanced index)."""
+        m, c, h, w = x.shape
+        u = draws.draw(rows)  # corner, signs, then every redraw's signs
+        flat = _flat_window(u[:, :2], c, h, w, side)  # (m, c * side * side)
+        x_window = x.reshape(m, -1).gather(1, flat).view(m, c, -1)
+        best_window = best.reshape(m, -1).gather(1, flat).view(m, c, -1)
+        signed = (x_window + steps.view(2, 1, 1, 1)).clamp(0, 1)  # (2, m, c, side * side)
+        same = ((signed - best_window).abs() < 1e-7).all(3)  # (2, m, c)
+        positive = u[:, 2:].view(m, -1, c) < 0.5  # (m, 1 + redraws, c)
+        unchanged = torch.where(positive, same[0][:, None], same[1][:, None]).all(2)
+        # the leading candidates that leave the window as it is are redrawn
+        used = unchanged.int().cumprod(1).sum(1).clamp_max_(positive.shape[1] - 1)
+        draws.advance(rows, used)
+        chosen = positive.gather(1, used.view(m, 1, 1).expand(m, 1, c)).view(m, c, 1)
+        proposal = best.clone(memory_format=torch.contiguous_format)
+        window = torch.where(chosen, signed[0], signed[1])
+        proposal.view(m, -1).scatter_(1, flat, window.view(m, -1))
+        return proposal
 
     def _propose(
         self,
@@ -106,6 +175,7 @@ class SquareLinf(Attack):
         side: int,
         steps: torch.Tensor,
         streams: SampleStreams,
+        redraws: str,
     ) -> torch.Tensor:
         """Each sample's best point with one random window set to a fresh sign per channel.
 
@@ -116,7 +186,7 @@ class SquareLinf(Attack):
         signs' windows are made once, so a redraw costs a draw and a lookup, on the host.
         """
         m, c, h, w = x.shape
-        on_host = BATCHED_REDRAWS is not False
+        on_host = redraws == "host"
         # one draw per iteration: the corner and the signs
         if on_host:
             u = streams.uniforms_on_host(2 + c)

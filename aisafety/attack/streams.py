@@ -216,6 +216,21 @@ class SampleStreams:
         """Count ``draws[i]`` peeked draws of sample ``i`` as drawn."""
         self._pool.consume("rand", self._rows, k, np.asarray(draws, dtype=np.int64))
 
+    def buffered_uniforms(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each sample's current buffer of uniforms (n, BUFFER) and where its next number is
+        (BUFFER: empty): with ``next_uniform_buffers`` the numbers ``rand`` would serve, for a
+        caller that serves them itself (Square's draws on a GPU, ``square_draws.py``)."""
+        pool = self._pool
+        return pool.buffers["rand"][self._rows].copy(), pool.positions["rand"][self._rows].copy()
+
+    def next_uniform_buffers(self, rows: np.ndarray, out: torch.Tensor) -> None:
+        """The next buffer of uniforms of each sample in ``rows`` (indices into these streams)
+        into ``out`` (len(rows), BUFFER), as a refill would draw it. The streams' own buffers
+        are not moved: after this, draw only through the caller that took them over."""
+        pool = self._pool
+        for i, r in enumerate(self._rows[rows].tolist()):
+            torch.rand(BUFFER, generator=pool.generator(r), out=out[i])
+
     def signs(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """+1 or -1 with probability 1/2 each (Rademacher)."""
         u = self._draw("rand", shape)
