@@ -179,10 +179,13 @@ class Reshape(Op):
 
 @dataclass
 class PositiveLinear(Op):
-    """A linear map with non-negative coefficients (average pooling): monotone for IBP."""
+    """A linear map with non-negative coefficients (average pooling): monotone for IBP.
+    ``permutation``: it only moves values (a transpose, NHWC <-> NCHW), so every rule is
+    exact in any dtype (no sum, no product)."""
 
     fn: Callable[[torch.Tensor], torch.Tensor] = None  # type: ignore[assignment]
     in_shape: tuple[int, ...] = ()
+    permutation: bool = False
     kind: str = field(default="positive-linear", init=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
