@@ -119,6 +119,19 @@ def test_cropped_bounds_equal_the_dense_passes_and_contain_sampled_values(precis
                 assert (value >= lo - 1e-9).all() and (value <= hi + 1e-9).all()
 
 
+def test_spatial_crops_of_a_chain_without_pooling_equal_the_dense_passes(monkeypatch):
+    """Where a convolution's dense crop matrix would exceed ``LARGEST`` the crop keeps the
+    convolutions themselves, on (C, h, w) windows: same bounds as the dense passes."""
+    monkeypatch.setattr(receptive, "LARGEST", 1)  # every crop spatial
+    graph, _, lower, upper = next(cases())
+    assert any(not c.flat for j in range(len(graph.ops)) if (c := receptive.crops_for(graph, j)))
+    with rounding.pass_precision("float64"):
+        cropped, dense = boxes_of(graph, lower, upper)
+    for (lo, hi), (dlo, dhi) in zip(cropped, dense, strict=True):
+        assert torch.allclose(lo, dlo, rtol=0, atol=1e-10)
+        assert torch.allclose(hi, dhi, rtol=0, atol=1e-10)
+
+
 def test_cropped_alpha_crown_intermediate_bounds_match_the_dense_ones_on_average():
     """Adam's first step moves a slope by lr * sign(gradient), so a slope whose gradient is
     at rounding level (summed in another order on a crop) can go either way: single
