@@ -1,5 +1,5 @@
 """docs/cifar10.md's table: examples/cifar10.yaml on each real CIFAR-10 net, one capability
-at a time, with each one's value, wall and CPU seconds and peak resident memory.
+at a time, with each one's value, CPU and wall seconds and peak resident memory.
 
     python bench/cifar10_table.py --limit 10 --db sqlite:////tmp/cifar10.db [--nets resnet_2b]
 
@@ -87,7 +87,8 @@ def _value(v) -> str:
 
 
 def _cost(db: str, run_id: int) -> str:
-    """Wall and CPU seconds over the run's units, and their largest peak (MiB)."""
+    """CPU and wall seconds over the run's units (the order of docs/cifar10.md's columns:
+    CPU first, the load-independent one), and their largest peak (MiB)."""
     from sqlalchemy import create_engine, text
 
     with create_engine(db).connect() as c:
@@ -97,7 +98,7 @@ def _cost(db: str, run_id: int) -> str:
         ).all()
     wall, cpu = sum(r[0] or 0 for r in rows), sum(r[1] or 0 for r in rows)
     peaks = [r[2] for r in rows if r[2] is not None]
-    return f"{wall:.1f} | {cpu:.1f} | {max(peaks):.0f}" if peaks else f"{wall:.1f} | {cpu:.1f} | -"
+    return f"{cpu:.1f} | {wall:.1f} | {max(peaks):.0f}" if peaks else f"{cpu:.1f} | {wall:.1f} | -"
 
 
 def main() -> None:
@@ -112,7 +113,7 @@ def main() -> None:
     if args.net:
         run_net(args.net, args.limit, args.db, args.skip, args.memory_gib)
         return
-    print("| net | capability | value | wall s | CPU s | peak RSS MiB |\n|---|---|---|---|---|---|")
+    print("| net | capability | value | CPU s | wall s | peak RSS MiB |\n|---|---|---|---|---|---|")
     for net in args.nets:
         command = [sys.executable, __file__, "--net", net, "--limit", str(args.limit)]
         command += ["--db", args.db, "--skip", *args.skip]

@@ -28,12 +28,41 @@ def chain(seed: int) -> nn.Module:
     ).eval()  # fmt: skip
 
 
+class Pooled(nn.Module):
+    """The Keras CIFAR-10 CNN's shape, smaller: its NHWC input's two permutations (NCHW ->
+    NHWC as the predictor feeds it, NHWC -> NCHW inside the ONNX graph), unpadded
+    convolutions with ReLU then BatchNorm, 2x2 max-pools (the crops chain through them)."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        norms = [nn.BatchNorm2d(c) for c in (4, 4, 6)]
+        for bn in norms:
+            bn.running_mean.uniform_(-0.2, 0.2)
+            bn.running_var.uniform_(0.5, 2.0)
+        self.normalize = Normalize([0.4, 0.5], [0.2, 0.3])
+        self.body = nn.Sequential(
+            nn.Conv2d(2, 4, 3), nn.ReLU(), norms[0], nn.Conv2d(4, 4, 3), nn.ReLU(), norms[1],
+            nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.ReLU(), norms[2], nn.Conv2d(6, 6, 3),
+            nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(6 * 3 * 3, 5),
+        )  # fmt: skip
+        self.eval()
+
+    def forward(self, x):
+        nhwc = torch.permute(self.normalize(x), (0, 2, 3, 1))
+        return self.body(torch.permute(nhwc, (0, 3, 1, 2)))
+
+
 def cases():
     for seed in (0, 1):
         net = chain(seed)
         x = torch.rand(3, 2, 24, 24, generator=torch.Generator().manual_seed(seed))
         graph = build_graph(net, (2, 24, 24), f"chain{seed}")
         yield graph, net, (x - 0.05).clamp(0, 1).double(), (x + 0.05).clamp(0, 1).double()
+    net = Pooled(2)
+    x = torch.rand(3, 2, 26, 26, generator=torch.Generator().manual_seed(2))
+    graph = build_graph(net, (2, 26, 26), "pooled")
+    yield graph, net, (x - 0.02).clamp(0, 1).double(), (x + 0.02).clamp(0, 1).double()
 
 
 def boxes_of(graph, lower, upper, steps: int = 0):
@@ -51,6 +80,19 @@ def test_the_chain_is_cropped_where_receptive_fields_are_small():
     assert receptive.crops_for(graph, len(graph.ops) - 1) is None  # a dense layer
     with receptive.dense_passes():
         assert all(receptive.crops_for(graph, j) is None for j in range(len(graph.ops)))
+
+
+def test_the_crops_chain_through_permutations_and_max_pooling():
+    """On the pooled net the leading permutations go with the normalisation onto the box,
+    and the convolution after the first max-pool is cropped, on (C, h, w) windows."""
+    graph = list(cases())[-1][0]
+    kinds = [op.kind for op in graph.ops]
+    pool = kinds.index("maxpool")
+    after = [j for j in range(pool, len(kinds)) if receptive.crops_for(graph, j) is not None]
+    assert kinds[2:4] == ["positive-linear", "positive-linear"]
+    assert receptive.crops_for(graph, 7).flat  # two 3x3 convolutions on a small crop
+    assert after and not receptive.crops_for(graph, after[0]).flat
+    assert receptive.crops_for(graph, after[0]).first == 3  # after the two permutations
 
 
 @pytest.mark.parametrize("precision", ["float64", "float32"])
@@ -75,6 +117,19 @@ def test_cropped_bounds_equal_the_dense_passes_and_contain_sampled_values(precis
                 values.append(op.forward(*(values[i] for i in op.inputs)))
             for value, (lo, hi) in zip(values, cropped, strict=True):
                 assert (value >= lo - 1e-9).all() and (value <= hi + 1e-9).all()
+
+
+def test_spatial_crops_of_a_chain_without_pooling_equal_the_dense_passes(monkeypatch):
+    """Where a convolution's dense crop matrix would exceed ``LARGEST`` the crop keeps the
+    convolutions themselves, on (C, h, w) windows: same bounds as the dense passes."""
+    monkeypatch.setattr(receptive, "LARGEST", 1)  # every crop spatial
+    graph, _, lower, upper = next(cases())
+    assert any(not c.flat for j in range(len(graph.ops)) if (c := receptive.crops_for(graph, j)))
+    with rounding.pass_precision("float64"):
+        cropped, dense = boxes_of(graph, lower, upper)
+    for (lo, hi), (dlo, dhi) in zip(cropped, dense, strict=True):
+        assert torch.allclose(lo, dlo, rtol=0, atol=1e-10)
+        assert torch.allclose(hi, dhi, rtol=0, atol=1e-10)
 
 
 def test_cropped_alpha_crown_intermediate_bounds_match_the_dense_ones_on_average():

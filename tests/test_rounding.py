@@ -95,6 +95,68 @@ def test_float32_passes_through_convolutions_and_residual_additions(seed):
     assert (exact - rounded).max() <= 1e-4 * (1 + exact.abs().max())
 
 
+class PooledNet(nn.Module):
+    """An NHWC net's two input permutations, overlapping max-pooling (ResNet's stem: its
+    coefficients summed where windows share an element) and non-overlapping (the Keras
+    CNN's), with large weights and offsets so that the float32 sums cancel."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+            nn.Conv2d(6, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(6 * 2 * 2, 5),
+        )  # fmt: skip
+        with torch.no_grad():
+            for layer in self.body:
+                if isinstance(layer, nn.Conv2d | nn.Linear):
+                    layer.weight.mul_(30)
+                    layer.bias.add_(1e3)
+        self.eval()
+
+    def forward(self, x):
+        return self.body(torch.permute(torch.permute(x, (0, 2, 3, 1)), (0, 3, 1, 2)))
+
+
+def pooled_case(seed: int):
+    net = PooledNet(seed)
+    graph = build_graph(net, (3, 8, 8), "pooled-rounding")
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed)) * 50
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    return graph, robustness_property(x, y, 2.0, 5).to(torch.float64)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_float32_passes_through_max_pooling_and_permutations(seed):
+    graph, prop = pooled_case(seed)
+    assert {"maxpool", "positive-linear"} <= {op.kind for op in graph.ops}
+    assert rounding.fast_graph(graph, 1 << 20) is not None  # the float32 path really runs
+    exact = spec_bounds(graph, prop, "float64")
+    rounded = spec_bounds(graph, prop, "float32")
+    assert (rounded <= exact).all(), float((rounded - exact).max())
+    # weights x30, offsets 1e3, inputs to 50: the terms dwarf the bound, and the convolutions'
+    # margin of them is 5.3e-4 / 7.1e-5 of it (seeds 0 / 1); the overlapping pool's sums 1e-6
+    assert (exact - rounded).max() <= 1e-3 * (1 + exact.abs().max())
+    with rounding.pass_precision("float32"), torch.no_grad():
+        bound = b.spec_lower(graph, b.linear_boxes(graph, prop.lower, prop.upper), prop.spec)[0]
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(50):
+        u = torch.rand(prop.lower.shape, generator=gen, dtype=torch.float64)
+        point = prop.lower + u * (prop.upper - prop.lower)
+        with torch.no_grad():
+            values = torch.einsum("bko,bo->bk", prop.spec, graph.forward(point))
+        assert (bound <= values).all()
+
+
+def test_a_positive_linear_op_that_sums_keeps_the_float64_pass():
+    """Average pooling rounds, and no margin here covers it: such a graph stays float64."""
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(),
+                        nn.Linear(4, 2)).eval()  # fmt: skip
+    assert rounding.fast_graph(build_graph(net, (3, 4, 4), "avg"), 1 << 20) is None
+
+
 @pytest.mark.parametrize("make", [badly_scaled_mlp, conv_net])
 def test_crown_in_float32_is_below_sampled_values(make):
     net = make(3)

@@ -87,7 +87,7 @@ def backward(
                 slope = relu_default_slope(*in_boxes[0], mode)
             # rounded: exact_shift computes the constant in float64
             back, shift = op.backward(coeff, *in_boxes, lower_slope=slope, constant=not rounded)
-        elif rounded and op.kind in {"dense", "conv"}:  # exact_shift computes the constant
+        elif rounded and op.kind in {"dense", "conv", "maxpool"}:  # exact_shift: the constant
             back, shift = op.backward(coeff, *in_boxes, constant=False)
         elif op.kind in CROWN_KINDS:
             back, shift = op.backward(coeff, *in_boxes)

@@ -281,7 +281,8 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
         return ops.PositiveLinear(name, inputs, out_shape, fn=target, in_shape=in_shape)
     if _is_permutation(node, target, args):
         fn = target if isinstance(target, nn.Module) else _bind(target, args, kwargs=node.kwargs)
-        return ops.PositiveLinear(name, inputs, out_shape, fn=fn, in_shape=in_shape)
+        return ops.PositiveLinear(name, inputs, out_shape, fn=fn, in_shape=in_shape,
+                                  permutation=True)  # fmt: skip
     if type(target).__name__ == "OnnxBatchNorm" and len(traced_inputs) == 1:
         return _elementwise(node, target, args, inputs, first, out_shape, model)
     if _is_reshape(node, target) or isinstance(target, nn.Flatten | nn.Unflatten):

@@ -179,10 +179,13 @@ class Reshape(Op):
 
 @dataclass
 class PositiveLinear(Op):
-    """A linear map with non-negative coefficients (average pooling): monotone for IBP."""
+    """A linear map with non-negative coefficients (average pooling): monotone for IBP.
+    ``permutation``: it only moves values (a transpose, NHWC <-> NCHW), so every rule is
+    exact in any dtype (no sum, no product)."""
 
     fn: Callable[[torch.Tensor], torch.Tensor] = None  # type: ignore[assignment]
     in_shape: tuple[int, ...] = ()
+    permutation: bool = False
     kind: str = field(default="positive-linear", init=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -273,12 +276,17 @@ class MaxPool(Op):
     def interval(self, box: Box) -> Box:
         return self.fn(box[0]), self.fn(box[1])
 
-    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def backward(
+        self, a: torch.Tensor, box: Box, constant: bool = True
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Without ``constant`` the constant is left at zero (a caller that computes it)."""
         b, k = a.shape[:2]
         index, exact, top = self.relaxation(box)
         pos, neg = split_signs(a)
         coeff = (pos + neg * exact.unsqueeze(1)).flatten(3)  # (B, K, C, out windows)
-        bias = _row_dot(neg, torch.where(exact, torch.zeros_like(top), top))
+        bias = a.new_zeros(b, k)
+        if constant:
+            bias = _row_dot(neg, torch.where(exact, torch.zeros_like(top), top))
         channels, windows = coeff.shape[2:]
         back = a.new_zeros(b, k, channels, self.in_shape[1] * self.in_shape[2])
         where = index.reshape(b, 1, channels, windows).expand(b, k, channels, windows)
@@ -299,6 +307,14 @@ class MaxPool(Op):
         chosen = positions == index.flatten(2).unsqueeze(2).to(torch.float64)
         others = uppers.masked_fill(chosen, -torch.inf).amax(2).reshape(lower.shape)
         return index, lower >= others, F.max_pool2d(hi, *pool)
+
+    def overlap(self) -> int:
+        """The most windows one input element is in (1: the windows do not overlap)."""
+        count = 1
+        for axis in (0, 1):
+            extent = self.dilation[axis] * (self.kernel[axis] - 1) + 1
+            count *= -(-extent // self.stride[axis])
+        return count
 
     def _windows(self, x: torch.Tensor, fill: float) -> torch.Tensor:
         """The pooling windows of ``x`` (N, C, H, W) as (N, C, kernel elements, windows),

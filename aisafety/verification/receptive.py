@@ -6,10 +6,15 @@ layer: on the zoo's Conv-Small (28x28 input, two 4x4 stride-2 convolutions) a ne
 the second layer sees 10x10 of the 28x28 input pixels and 4x4 of the first layer's 14x14
 positions. auto_LiRPA keeps such coefficients as "patches" (one kernel per output
 position). Here the same saving comes from the dense machinery itself: for a chain of
-convolutions, ReLUs and per-channel affine ops ending at node ``j``, every output position
-of ``j`` is one *sample* of a cropped copy of the chain, whose input is the receptive field
-and whose convolutions have no padding; ``bounds._tighten`` then bounds each position's
-unstable channels on its crop, with the same rules, rounding margins and memory budget.
+convolutions, ReLUs, per-channel affine ops and unpadded max-pools ending at node ``j``
+(after the input's normalisation, reshapes and permutations, which go onto the box), every
+output position of ``j`` is one *sample* of a cropped copy of the chain, whose input is the
+receptive field and whose convolutions have no padding. A max-pool window's field is the
+union of its inputs' fields, so it composes like a convolution whose kernel is the pool's;
+with a max-pool, or a convolution whose dense matrix on the crop is large, the crop keeps
+(C, h, w) windows and the ops themselves, else it runs on flat vectors. ``bounds._tighten``
+then bounds each position's unstable channels on its crop, with the same rules, rounding
+margins and memory budget.
 
 Padding is what needs care. A crop that reaches past the edge of a node covers positions
 that do not exist there; the convolution reading that node pads them with zeros. The crop's
@@ -63,10 +68,11 @@ class Crops:
     graph: BoundGraph
     first: int
     leading: list[ops.Op]  # the input normalisation before node ``first``: on the box
-    shapes: list[tuple[int, int, int]]  # each node's window (the crop graph's are flat)
+    shapes: list[tuple[int, int, int]]  # each node's window
     stride: list[tuple[int, int]]  # window start = position * stride + offset
     offset: list[tuple[int, int]]
     zero_fill: list[bool]  # out-of-range positions are 0 (else -TINY)
+    flat: bool = True  # the crop graph's nodes are flat vectors (else (C, h, w) windows)
 
 
 def crops_for(graph: BoundGraph, j: int) -> Crops | None:
@@ -81,21 +87,37 @@ def crops_for(graph: BoundGraph, j: int) -> Crops | None:
 
 
 def _leading(graph: BoundGraph, j: int) -> int:
-    """The last node of the elementwise ops (normalisation) straight after the input."""
+    """The last node of the ops straight after the input that a box passes exactly or with
+    a known rounding: elementwise ops (normalisation), reshapes and permutations (the
+    transposes around an NHWC graph)."""
     first = 0
-    while first < j and graph.ops[first + 1].kind == "elementwise":
+    while (
+        first < j
+        and graph.ops[first + 1].inputs == [first]
+        and (graph.ops[first + 1].kind == "elementwise" or _moves_values(graph.ops[first + 1]))
+    ):
         first += 1
     return first
+
+
+def _moves_values(op: ops.Op) -> bool:
+    """A reshape or a permutation: its box is the input box's values moved, no arithmetic."""
+    return op.kind == "reshape" or (op.kind == "positive-linear" and op.permutation)
 
 
 def _croppable(graph: BoundGraph, first: int, j: int) -> bool:
     if len(graph.ops[j].out_shape) != 3 or not graph.relu_only or first == j:
         return False
+    if len(graph.ops[first].out_shape) != 3:
+        return False
     for i in range(first + 1, j + 1):
         op = graph.ops[i]
-        if op.inputs != [i - 1] or op.kind not in {"conv", "activation", "elementwise"}:
+        if op.inputs != [i - 1] or op.kind not in {"conv", "activation", "elementwise", "maxpool"}:
             return False
         if op.kind == "elementwise" and not all(_per_channel(t) for t in (op.scale, op.shift)):
+            return False
+        # a window past the edge of a max-pool's input is -inf there, not a filled value
+        if op.kind == "maxpool" and (any(op.padding) or op.ceil_mode):
             return False
         padded = op.kind == "conv" and any(op.padding)
         reads = graph.ops[i - 1]
@@ -118,7 +140,7 @@ def _build(graph: BoundGraph, j: int) -> Crops | None:
     for i in range(n - 1, 0, -1):
         op = graph.ops[first + i]
         size[i - 1], stride[i - 1], offset[i - 1] = size[i], stride[i], offset[i]
-        if op.kind == "conv":
+        if op.kind in {"conv", "maxpool"}:  # a max-pool window: a kernel = stride conv's
             size[i - 1] = _in_size(op, size[i])
             stride[i - 1] = tuple(stride[i][d] * op.stride[d] for d in (0, 1))
             offset[i - 1] = tuple(offset[i][d] * op.stride[d] - op.padding[d] for d in (0, 1))
@@ -127,17 +149,49 @@ def _build(graph: BoundGraph, j: int) -> Crops | None:
         return None
     chain = graph.ops[first : j + 1]
     shapes = [(op.out_shape[0], *size[i]) for i, op in enumerate(chain)]
-    cropped = [ops.Input("crop", [], (math.prod(shapes[0]),))]
+    flat = not _spatial(chain, shapes)
+    make = _flat_op if flat else _spatial_op
+    cropped = [ops.Input("crop", [], (math.prod(shapes[0]),) if flat else shapes[0])]
     for i, op in enumerate(chain[1:], 1):
-        cropped.append(_flat_op(op, shapes[i - 1], shapes[i], i - 1))
-    if any(op.kind == "dense" and op.weight.numel() > LARGEST for op in cropped):
-        return None
+        cropped.append(make(op, shapes[i - 1], shapes[i], i - 1))
     zero_fill = [True] + [op.kind != "activation" for op in chain[1:]]
     for i, op in enumerate(chain[1:], 1):
         if op.kind == "activation":  # its input pads as a stably inactive ReLU
             zero_fill[i - 1] = False
     crop = BoundGraph(cropped, graph.model, graph.dtype)
-    return Crops(crop, first, graph.ops[1 : first + 1], shapes, stride, offset, zero_fill)
+    leading = graph.ops[1 : first + 1]
+    return Crops(crop, first, leading, shapes, stride, offset, zero_fill, flat)
+
+
+def _spatial(chain: list[ops.Op], shapes: list[tuple[int, int, int]]) -> bool:
+    """Whether the crop keeps its nodes' (C, h, w) shapes and convolutions: with max-pooling,
+    or where a convolution's dense matrix on the crop would be larger than ``LARGEST`` (a
+    3x3 convolution's is mostly zeros: on a 64-channel 8x8 crop 7x the products of the
+    convolution itself). Else the crop runs on flat vectors, its convolutions as dense
+    matrices (faster on the small crops of a strided net: one matrix product per layer)."""
+    if any(op.kind == "maxpool" for op in chain):
+        return True
+    sizes = [math.prod(shape) for shape in shapes]
+    return any(
+        op.kind == "conv" and sizes[i] * sizes[i + 1] > LARGEST for i, op in enumerate(chain[1:])
+    )
+
+
+def _spatial_op(
+    op: ops.Op, in_shape: tuple[int, ...], shape: tuple[int, ...], reads: int
+) -> ops.Op:
+    """``op`` on the crop, on (C, h, w) windows: a convolution without its padding (the
+    crop's boxes hold the padding), a per-channel elementwise op's constants on the window."""
+    new = copy.copy(op)
+    new.inputs, new.out_shape = [reads], shape
+    if op.kind in {"conv", "maxpool"}:
+        new.in_shape = in_shape
+    if op.kind == "conv":
+        new.padding = (0, 0)
+    if op.kind == "elementwise":
+        new.scale = op.scale[:, :1, :1].expand(shape).contiguous()
+        new.shift = op.shift[:, :1, :1].expand(shape).contiguous()
+    return new
 
 
 def _flat_op(op: ops.Op, in_shape: tuple[int, ...], shape: tuple[int, ...], reads: int) -> ops.Op:
@@ -158,32 +212,38 @@ def _flat_op(op: ops.Op, in_shape: tuple[int, ...], shape: tuple[int, ...], read
     return new
 
 
-def _in_size(op: ops.Conv, size: tuple[int, int]) -> tuple[int, int]:
-    k = op.weight.shape[2:]
+def _in_size(op: ops.Op, size: tuple[int, int]) -> tuple[int, int]:
+    """The input window under a ``size`` window of a convolution's or a max-pool's output."""
+    k = op.weight.shape[2:] if op.kind == "conv" else op.kernel
     return tuple((size[d] - 1) * op.stride[d] + op.dilation[d] * (k[d] - 1) + 1 for d in (0, 1))
 
 
 def crop_boxes(
     crops: Crops, boxes: list[Box], samples: torch.Tensor, positions: torch.Tensor
 ) -> list[Box]:
-    """The boxes of the chain's nodes, flat, on the windows of the (sample, position of node
-    ``j``) pairs ``samples`` (N,) and ``positions`` (N, 2); out-of-range positions filled as
-    the module docstring says; the first is the input box through the normalisation,
-    widened by its rounding."""
+    """The boxes of the chain's nodes (flat where the crop is) on the windows of the
+    (sample, position of node ``j``) pairs ``samples`` (N,) and ``positions`` (N, 2);
+    out-of-range positions filled as the module docstring says; the first is the input box
+    through the leading ops, widened by their rounding."""
     out = []
     chain = [_normalised(crops, boxes)] + boxes[crops.first + 1 : crops.first + len(crops.stride)]
     for i, (lo, hi) in enumerate(chain):
         fill = 0.0 if crops.zero_fill[i] else -TINY
         args = (samples, positions, crops.stride[i], crops.offset[i], crops.shapes[i][1:], fill)
-        out.append((_windows(lo, *args).flatten(1), _windows(hi, *args).flatten(1)))
+        lo, hi = _windows(lo, *args), _windows(hi, *args)
+        out.append((lo.flatten(1), hi.flatten(1)) if crops.flat else (lo, hi))
     return out
 
 
 def _normalised(crops: Crops, boxes: list[Box]) -> Box:
-    """The input box through the leading elementwise ops (exact on a box), each widened by
+    """The input box through the leading ops: a reshape or permutation moves its values
+    (exact); an elementwise op is exact on a box up to rounding, so its box is widened by
     2^-50 (|x scale| + |shift|), more than its two float64 roundings."""
     lo, hi = boxes[0]
     for op in crops.leading:
+        if _moves_values(op):
+            lo, hi = op.interval((lo, hi))
+            continue
         reach = torch.maximum(lo.abs(), hi.abs()) * op.scale.abs() + op.shift.abs()
         lo, hi = op.interval((lo, hi))
         lo, hi = lo - reach * 2.0**-50, hi + reach * 2.0**-50

@@ -34,7 +34,9 @@ U32 = 2.0**-24  # unit roundoff of float32
 U64 = 2.0**-53
 # covers every underflow (at most 2^-126 per product with flush-to-zero, 1e9 products)
 TINY = 1e-20
-FAST_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "add", "activation"}
+# positive-linear: permutations only (``_bounded``)
+FAST_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "add", "activation", "maxpool",
+              "positive-linear"}  # fmt: skip
 
 # below this many coefficient elements a pass is cheap in float64, where it is tighter
 SMALL = 1 << 16
@@ -71,13 +73,19 @@ def fast_graph(graph: BoundGraph, elements: int, small: int = SMALL) -> BoundGra
         return None
     if graph.dtype != torch.float64 or not graph.relu_only:
         return None
-    if any(op.kind not in FAST_KINDS for op in graph.ops):
+    if not all(_bounded(op) for op in graph.ops):
         return None
     copy = graph.in_dtype(torch.float32)
     if not hasattr(copy, "exact"):
         copy.exact = all(_same(a, b) for a, b in zip(graph.ops, copy.ops, strict=True))
         copy.wide = graph
     return copy if copy.exact else None
+
+
+def _bounded(op: Op) -> bool:
+    """Whether ``exact_shift`` bounds the op's rounding (a positive-linear op: when it only
+    moves values, a transpose)."""
+    return op.kind in FAST_KINDS and (op.kind != "positive-linear" or op.permutation)
 
 
 def _same(wide: Op, narrow: Op) -> bool:
@@ -190,8 +198,15 @@ def exact_shift(
     computed in float64, the last term at most ``gamma(n) <|a|, |W| r>`` with ``n`` the
     row's own count of nonzero coefficients (capped by the terms of one of the op's sums)."""
     n = a[0, 0].numel()
-    if wide.kind in {"reshape", "add", "input"}:  # copies: exact
+    if wide.kind in {"reshape", "add", "input", "positive-linear"}:  # copies: exact
         return a.new_zeros(a.shape[:2], dtype=torch.float64), a.new_zeros((), dtype=torch.float64)
+    if wide.kind == "maxpool":
+        make = lambda: _pool_columns(wide, boxes[0], n)  # noqa: E731
+        key = f"_pool_columns{id(wide)}_{n}"
+        ceiling, columns = memo.on_tensor(boxes[0][0], key, (boxes[0][1], wide), make)
+        signed, absolute = dots(a, ceiling, columns)
+        shift = (signed[..., 0] - absolute[..., 0]) / 2  # <min(a, 0), ceiling>
+        return shift, _float64_error(absolute[..., 1], n)
     if wide.kind == "activation":  # ReLU: lower line through 0, so only the upper's constant
         ub, columns = memo.on_tensor(boxes[0][0], f"_relu_columns{id(wide)}_{n}",
                                      (boxes[0][1], wide, *_tensors(wide)),
@@ -232,6 +247,23 @@ def _relu_columns(wide: Op, box: Box, n: int) -> tuple[torch.Tensor, torch.Tenso
     ub = ub.double()
     v = gamma(1) * unstable_magnitude(box) + 3 * gamma(n, U64) * ub.abs()
     return _columns(ub), _columns(ub, v)
+
+
+def _pool_columns(wide: Op, box: Box, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns ``exact_shift`` dots a max-pool's coefficients with: the upper line's
+    constant per window (the window's largest upper bound, 0 where the lower line is exact)
+    and beside it the rounding weight ``v``. The coefficients are the output's moved to
+    each window's chosen input (a sign split and a 0/1 product: exact), summed in float32
+    where windows overlap: ``overlap - 1`` additions per input element, at most
+    ``gamma(overlap - 1) |a| |z|`` with ``|z|`` the chosen input's magnitude. The two
+    float64 dots and their half-difference: ``3 gamma(n) |a| |ceiling|``, as a ReLU's."""
+    index, exact, top = wide.relaxation(box)
+    ceiling = torch.where(exact, torch.zeros_like(top), top).double()
+    chosen = magnitude(box).flatten(2).gather(2, index.flatten(2)).reshape(index.shape)
+    v = 3 * gamma(n, U64) * ceiling.abs()
+    if wide.overlap() > 1:
+        v = v + gamma(wide.overlap() - 1) * chosen
+    return _columns(ceiling), _columns(ceiling, v)
 
 
 def _affine_columns(wide: Op, box: Box) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
