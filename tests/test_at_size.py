@@ -36,6 +36,7 @@ from aisafety.verification.graph import VerificationError
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
+from metrics_at_size import METRICS, metric_plan  # noqa: E402
 from shapes import build  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -143,49 +144,17 @@ def test_every_input_defense(shape, defense, tmp_path):
                      "metrics": ["ca", "robust-accuracy"]}, tmp_path)  # fmt: skip
 
 
-METRICS = [
-    "ca", "aaw", "aab", "robust-accuracy", "asr", "acac", "actc", "nte", "ald", "ass", "psd",
-    "kmncov", "nbcov", "snacov", "tkncov", "neuron-sensitivity", "neuron-uncertainty",
-    "mce", "rmce", "cav", "crr", "csr", "ccv", "cos", "eni", "rdi", "roby",
-    "zero-gradient-rate", "adversarial-hypervolume",
-    {"name": "mfr", "config": {"n_frames": 2, "samples": 2}},
-    {"name": "mfp", "config": {"n_frames": 2, "samples": 2}},
-    {"name": "ebd", "config": {"n_directions": 2, "levels": 2, "refine": 1, "samples": 2}},
-    {"name": "ebd2", "config": {"step_size": 0.05, "max_steps": 2, "samples": 2}},
-    {"name": "smoothed-certified-accuracy", "config": {"n": 16, "n0": 4, "batch_size": 16}},
-    # n and n0 are the noise draws per image ('samples' is a subset of the images: with it
-    # alone, the default 10,100 draws per image kept this plan from finishing in 43 minutes)
-    {"name": "smoothed-abstention-rate", "config": {"n": 16, "n0": 4, "batch_size": 16}},
-    {"name": "smoothed-average-certified-radius",
-     "config": {"n": 16, "n0": 4, "batch_size": 16}},
-]  # fmt: skip
-
-
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_metric(shape, tmp_path):
     names = {m if isinstance(m, str) else m["name"] for m in METRICS}
     verifier_metrics = {"certified-accuracy", "ibp-certified-accuracy", "average-certified-radius"}
     assert names | verifier_metrics == set(REGISTRY.names("metric"))
-    attacks = [{"name": "fgsm", "eps": [2 / 255]},
-               {"name": "pgd-linf", "eps": [2 / 255], "config": {"steps": 2}}]  # fmt: skip
-    factory, input_shape, classes = {
-        "wrn-28-10": ("shapes:wide_resnet", [3, 32, 32], 10),
-        "resnet-50": ("shapes:resnet50", [3, 224, 224], 1000),
-    }[shape]
-    # the metrics that compare with an undefended model get another random net of the shape
-    reference = {"source": "python", "name": f"{shape}-reference", "factory": factory,
-                 "python_path": [str(BENCH)], "input_shape": input_shape,
-                 "num_classes": classes}  # fmt: skip
-    # the coverage metrics' neuron bounds come from profile data (the train split by
-    # default, which neither shipped set has): the shipped images stand in for it
-    profile = {
-        "wrn-28-10": {"name": "cifar10-embedded", "split": "test", "limit": 8},
-        "resnet-50": {"name": "imagenet-samples", "path": str(IMAGENET), "split": "test",
-                      "limit": 8},
-    }[shape]  # fmt: skip
-    plan = {"label": "metrics", "attacks": attacks, "metrics": METRICS,
-            "reference_model": reference, "profile_dataset": profile}  # fmt: skip
-    evaluate(shape, plan, tmp_path, own_labels=True)
+    # the plan, with the per-metric parameters of a user at this size, is shared with
+    # bench/metrics_at_size.py (the CPU seconds and peak of each metric, docs/scale.md)
+    plan = {"label": "metrics", **metric_plan(shape)}
+    record = evaluate(shape, plan, tmp_path, own_labels=True)
+    valued = {v.metric.split("(")[0] for v in record.values}  # 'mfr(n_frames=2,...)' is mfr
+    assert names <= valued, f"no value from {sorted(names - valued)}"
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -220,3 +220,56 @@ def test_ebd2_takes_its_target_rows_in_blocks_under_the_memory_budget(zoo_predic
         assert torch.equal(steps_to_boundary(zoo_predictor, x, y, 0.02, 8), whole)
     with memory_limit(per_row // 2), pytest.raises(MemoryBudgetError, match="ebd2"):
         steps_to_boundary(zoo_predictor, x, y, 0.02, 8)
+
+
+def _every_row(model, x, y, step_size, max_steps, targets):
+    """The reference: every (sample, target) row run to ``max_steps`` by a plain BIM call,
+    the fewest steps per sample (``max_steps + 1`` where no row flips)."""
+    from aisafety.attack.bim import BIM
+
+    bim = BIM(steps=max_steps, step_size=step_size, early_stop=True)
+    best = []
+    for i in range(len(x)):
+        rows = [j for j in targets[i]]
+        res = bim(model, x[i : i + 1].repeat(len(rows), 1, 1, 1), y[i].repeat(len(rows)), 1.0,
+                  target=torch.tensor(rows))  # fmt: skip
+        row_steps = torch.where(res.success, res.steps, max_steps + 1)
+        best.append(int(row_steps.min()))
+    return torch.tensor(best)
+
+
+def test_ebd2_stops_a_samples_targets_once_none_can_lower_its_count(zoo_predictor, mnist_subset):
+    """Nearest targets first, each block cut to the steps that could still lower a count:
+    the same counts as every row run to the limit (a plain BIM per row), in fewer passes;
+    ``n_targets`` is the minimum over the classes of the highest clean logits."""
+    from aisafety.attack.apgd import ranked_targets
+    from aisafety.memory_budget import memory_limit
+
+    data = mnist_subset(8)
+    x, y = data.x, data.y
+    logits = zoo_predictor.logits(x).detach()
+    keep = logits.argmax(1) == y
+    x, y, logits = x[keep], y[keep], logits[keep]
+    every = [[j for j in range(10) if j != int(y[i])] for i in range(len(x))]
+    images = []  # images through the model, by the reference and then by the metric
+    hook = zoo_predictor.network.register_forward_hook(lambda m, i, o: images.append(len(o)))
+    reference = _every_row(zoo_predictor, x, y, 0.03, 6, every)
+    passes, images[:] = sum(images), []
+    assert (reference <= 6).any() and len(set(reference.tolist())) > 1  # not a trivial case
+    with memory_limit(4 * _per_row(zoo_predictor)):  # blocks of 4 rows
+        assert torch.equal(steps_to_boundary(zoo_predictor, x, y, 0.03, 6), reference)
+    hook.remove()
+    print(f"images through the model: {sum(images)}, every row to the limit: {passes}")
+    assert sum(images) < passes
+    top3 = ranked_targets(logits, y, 3).tolist()
+    assert torch.equal(
+        steps_to_boundary(zoo_predictor, x, y, 0.03, 6, logits, n_targets=3),
+        _every_row(zoo_predictor, x, y, 0.03, 6, top3),
+    )
+
+
+def _per_row(model) -> int:
+    from aisafety.attack.bim import BIM
+
+    bim = BIM(steps=1, step_size=0.1, early_stop=True)
+    return bim.image_memory(model) + 3 * 4 * math.prod(model.input_shape)

@@ -16,11 +16,12 @@ import math
 import torch
 from pydantic import Field
 
+from aisafety.attack.apgd import ranked_targets
 from aisafety.attack.bim import BIM
 from aisafety.config_base import PluginConfig
 from aisafety.evaluation.base import CleanMetric
 from aisafety.evaluation.context import EvaluationContext
-from aisafety.evaluation.inference import batched_predictions
+from aisafety.evaluation.inference import batched_logits, batched_predictions
 from aisafety.interfaces import Capability, Direction, MetricValue
 from aisafety.memory_budget import fitting
 from aisafety.prediction.base import Predictor
@@ -173,11 +174,23 @@ class EBD2Config(PluginConfig):
     step_size: float = Field(default=0.001, gt=0, description="BIM step alpha, l_inf, [0, 1]")
     max_steps: int = Field(default=500, ge=1, description="search limit in steps")
     samples: int | None = Field(default=100, gt=0, description="at most this many samples")
+    n_target_classes: int | None = Field(
+        default=None,
+        gt=0,
+        description="targets: the classes with the highest clean logits; None: every other "
+        "class (the paper's). Fewer give an upper bound, for models of many classes",
+    )
     seed: int = 0
 
 
 def steps_to_boundary(
-    predictor: Predictor, x: torch.Tensor, y: torch.Tensor, step_size: float, max_steps: int
+    predictor: Predictor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    step_size: float,
+    max_steps: int,
+    clean_logits: torch.Tensor | None = None,
+    n_targets: int | None = None,
 ) -> torch.Tensor:
     """Per sample, the fewest targeted-BIM steps towards any class j != y after which the
     prediction is no longer y (``max_steps + 1`` when none within the limit).
@@ -185,25 +198,42 @@ def steps_to_boundary(
     Every (sample, target) pair is one row of a targeted ``bim`` call with early stop: a row
     stops moving at its first misclassified iterate, so its step count is the number of
     steps that changed the prediction. The budget eps = 1 spans the whole [0, 1] box, so
-    only the box limits a step, as in the paper's unbounded search.
+    only the box limits a step, as in the paper's unbounded search. The targets are every
+    other class, or the ``n_targets`` with the highest clean logits.
+
+    The rows go nearest class first (highest clean logit, as APGD-T ranks its targets), in
+    blocks under the memory budget. BIM has no randomness and its first s steps do not
+    depend on how many follow, so a block runs only the steps that could still lower one of
+    its samples' counts, and a sample at 1 step (the fewest) takes no more rows: the same
+    counts as every row run to ``max_steps``, for far fewer passes on a 1,000-class model.
     """
     n, k = len(x), predictor.num_classes
-    targets = torch.arange(k).repeat(n)
-    owner = torch.arange(n).repeat_interleave(k)
-    keep = targets != y.cpu()[owner]
-    targets, owner = targets[keep], owner[keep]
-    bim = BIM(steps=max_steps, step_size=step_size, early_stop=True)
-    steps = torch.full((n,), max_steps + 1, dtype=torch.long)
+    count = k - 1 if n_targets is None else min(n_targets, k - 1)
+    owner = torch.arange(n).repeat(count)
     # rows in blocks under the memory budget: each row is a copy of its image, and an
     # ImageNet model has 999 targets per sample (1.2 GB of rows for 2 images at 224x224)
-    for rows in torch.arange(len(owner)).split(max(1, _row_block(predictor, bim, len(owner)))):
+    block = max(1, _row_block(predictor, _bim(max_steps, step_size), len(owner)))
+    if clean_logits is None:
+        clean_logits = batched_logits(predictor, x, len(x))
+    targets = ranked_targets(clean_logits.cpu(), y.cpu(), count).T.reshape(-1)  # rank-major
+    steps = torch.full((n,), max_steps + 1, dtype=torch.long)
+    for rows in torch.arange(len(owner)).split(block):
+        limit = steps[owner[rows]] - 1  # fewer steps than this could lower the count
+        rows = rows[limit >= 1]
+        if not len(rows):
+            continue
         who = owner[rows]
-        result = bim(
-            predictor, x[who], y[who], 1.0, chunk_size=len(rows), target=targets[rows], samples=rows
-        )
+        result = _bim(int(limit.max()), step_size)(
+            predictor, x[who], y[who], 1.0, chunk_size=len(rows), target=targets[rows],
+            samples=rows, clean_logits=clean_logits[who],
+        )  # fmt: skip
         row_steps = torch.where(result.success.cpu(), result.steps.cpu(), max_steps + 1)
         steps = steps.scatter_reduce(0, who, row_steps, reduce="amin")
     return steps
+
+
+def _bim(steps: int, step_size: float) -> BIM:
+    return BIM(steps=steps, step_size=step_size, early_stop=True)
 
 
 def _row_block(predictor: Predictor, bim: BIM, rows: int) -> int:
@@ -236,7 +266,15 @@ class EmpiricalBoundaryDistance2(CleanMetric):
         cfg = self.config
         index = evaluated_samples(ctx, cfg.samples, cfg.seed)
         parts = [
-            steps_to_boundary(ctx.predictor, ctx.x[part], ctx.y[part], cfg.step_size, cfg.max_steps)
+            steps_to_boundary(
+                ctx.predictor,
+                ctx.x[part],
+                ctx.y[part],
+                cfg.step_size,
+                cfg.max_steps,
+                ctx.clean_logits[part],
+                cfg.n_target_classes,
+            )  # fmt: skip
             for part in index.split(CHUNK)
             if len(part)  # an empty index splits into one empty part
         ]
@@ -246,5 +284,11 @@ class EmpiricalBoundaryDistance2(CleanMetric):
         censored = steps > cfg.max_steps
         value = steps.clamp_max(cfg.max_steps).double().mean()
         return [
-            self.value(value, len(steps), censored=int(censored.sum()), step_size=cfg.step_size)
+            self.value(
+                value,
+                len(steps),
+                censored=int(censored.sum()),
+                step_size=cfg.step_size,
+                n_target_classes=cfg.n_target_classes,
+            )  # fmt: skip
         ]
