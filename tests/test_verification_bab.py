@@ -349,3 +349,39 @@ def test_what_pgd_breaks_on_resnet_2b_is_sat_from_the_attack_first_step(
                             no_bounds)  # fmt: skip
         result = verify_instance(default_registry(), RESNET / "resnet_2b.onnx", spec, name, 300)
         assert result.status == "sat", (name, result)
+
+
+def test_the_roots_optimised_slopes_bound_is_sound_and_never_looser_than_crown():
+    """The root step (``Search._root``: ``root_steps`` of Adam on the open rows' output
+    slopes) against three references per row: CROWN's bound on the same boxes (it starts
+    there and keeps the best, so it is never looser, up to its rounding margin), 2,000
+    sampled points of the box and the exact MILP minimum (HiGHS to optimality), both of
+    which it must stay below."""
+    from aisafety.verification.bounds import spec_lower
+    from aisafety.verification.milp import encode
+
+    net = mlp(16, 0)
+    graph, prop = instances(net, (1, 4, 4), 4, 0.2)
+    verifier = make_verifier(default_registry(), "bab", {})
+    model = lambda x: graph.forward(x.to(graph.dtype))  # noqa: E731
+    tighter = 0
+    for s in range(len(prop)):
+        one = prop[s : s + 1].to(graph.dtype)
+        with torch.no_grad():
+            _, _, boxes = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
+            crown = spec_lower(graph, boxes, one.spec)[0][0] + one.offset[0]
+        deadline = Deadline(CLOCKS["cpu"]() + 60, CLOCKS["cpu"])
+        search = Search(verifier.config, graph, one, boxes, model, deadline)
+        bound, slopes = search._root(one.spec[0], one.offset[0])
+        assert all(t.shape[0] == len(bound) for t in slopes.values())
+        assert (bound >= crown - 1e-6).all(), (bound, crown)
+        tighter += int((bound > crown + 1e-3).sum())
+        x = one.lower + (one.upper - one.lower) * torch.rand(2000, *one.lower.shape[1:],
+                                                              dtype=graph.dtype)  # fmt: skip
+        sampled = one.rows(graph.forward(x)).amin(0)
+        assert (bound <= sampled).all(), (bound, sampled)
+        enc = encode(graph, boxes)
+        for k in range(len(bound)):
+            proved, best, _ = minimise_row(enc, one.spec[0, k].numpy(), float(one.offset[0, k]), 60)
+            assert float(bound[k]) <= proved + 1e-6 and float(bound[k]) <= best + 1e-7
+    assert tighter, "the optimised slopes never beat CROWN: the test would show nothing"
