@@ -1,7 +1,9 @@
 """Branch and bound on beta-CROWN bounds (``split_bounds.py``): the ``bab`` verifier.
 
-Per sample: box-PGD first (``base.py``), then CROWN and alpha-CROWN on every row; each row
-still <= 0 becomes a domain. Each round takes the ``domain_batch`` open domains with the
+Per sample: box-PGD first (``base.py``), then CROWN and alpha-CROWN on every row; the rows
+still <= 0 get ``root_steps`` more Adam steps on their output slopes (alpha-CROWN's 20 are
+far from converged on deeper nets), and each row still <= 0 becomes a domain starting from
+those slopes. Each round takes the ``domain_batch`` open domains with the
 lowest bounds (best first: the ones that decide the verdict), splits each in two and
 bounds all children in one batch (alpha and beta optimised per domain). A child whose
 bound is > 0 is pruned (proved); the corner minimising each child's linear bound is
