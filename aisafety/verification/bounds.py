@@ -357,16 +357,44 @@ def optimised_backward(
     decides how tight it is. CROWN's bound is kept where it is higher."""
     best, coeff = sound_backward(graph, start, a, boxes)
     best, coeff = best.detach(), coeff.detach()
+    chosen = search_slopes(graph, start, a, boxes, steps, lr)
+    if not chosen:
+        return best, coeff
+    slopes = {i: alpha.to(graph.dtype) for i, alpha in chosen.items()}
+    with torch.no_grad():
+        bound, now = sound_backward(graph, start, a, boxes, slopes=slopes)
+    better = bound > best
+    keep = better.reshape(*better.shape, *([1] * (coeff.dim() - 2)))
+    return torch.where(better, bound, best), torch.where(keep, now, coeff)
+
+
+def search_slopes(
+    graph: BoundGraph,
+    start: int,
+    a: torch.Tensor,
+    boxes: list[Box],
+    steps: int,
+    lr: float,
+    decay: float = 1.0,
+    init: dict[int, torch.Tensor] | None = None,
+) -> dict[int, torch.Tensor]:
+    """The best lower slopes per row (B, K, *shape) of every ReLU before ``start`` over
+    ``steps`` of Adam (``lr``, times ``decay`` after each step) from ``init`` (CROWN's by
+    default), in ``SEARCH_DTYPE``; empty when there is nothing to search. Any slope in
+    [0, 1] is sound: the caller bounds the result again by a sound pass."""
     search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search.dtype
     search_a = a.detach().to(cast)
     search_boxes = [(lo.detach().to(cast), hi.detach().to(cast)) for lo, hi in boxes]
     alphas = _initial_slopes(search, start, search_boxes, a.shape[1])
+    for i, t in (init or {}).items():
+        alphas[i] = t.detach().to(cast).clone().requires_grad_(True)
     if not alphas or steps <= 0:
-        return best, coeff
+        return {}
     chosen = {i: alpha.detach().clone() for i, alpha in alphas.items()}
-    top = torch.full_like(best, -torch.inf, dtype=cast)
+    top = torch.full(a.shape[:2], -torch.inf, dtype=cast)
     optimiser = torch.optim.Adam(list(alphas.values()), lr=lr)
+    schedule = torch.optim.lr_scheduler.ExponentialLR(optimiser, decay)
     for _ in range(steps):
         check_time()
         with torch.enable_grad():
@@ -379,15 +407,11 @@ def optimised_backward(
             keep = better.reshape(*better.shape, *([1] * (alpha.dim() - 2)))
             chosen[i] = torch.where(keep, alpha.detach(), chosen[i])
         optimiser.step()
+        schedule.step()
         with torch.no_grad():
             for alpha in alphas.values():
                 alpha.clamp_(0, 1)
-    slopes = {i: alpha.to(graph.dtype) for i, alpha in chosen.items()}
-    with torch.no_grad():
-        bound, now = sound_backward(graph, start, a, boxes, slopes=slopes)
-    better = bound > best
-    keep = better.reshape(*better.shape, *([1] * (coeff.dim() - 2)))
-    return torch.where(better, bound, best), torch.where(keep, now, coeff)
+    return chosen
 
 
 def _initial_slopes(

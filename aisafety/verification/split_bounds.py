@@ -325,10 +325,16 @@ def cheap_bounds(graph: BoundGraph, boxes: list[Box], domains: Domains) -> torch
 
 
 def root_domains(
-    graph: BoundGraph, root: list[Box], spec: torch.Tensor, offset: torch.Tensor, rows
+    graph: BoundGraph,
+    root: list[Box],
+    spec: torch.Tensor,
+    offset: torch.Tensor,
+    rows,
+    slopes: dict[int, torch.Tensor] | None = None,
 ) -> Domains:
     """One domain per spec row (spec (K, outputs), offset (K,), their indices ``rows``):
-    no split, CROWN's slopes."""
+    no split, the rows' ``slopes`` (per ReLU (K, *shape), e.g. the root's optimised ones)
+    or CROWN's."""
     k = len(offset)
     splits, alpha, beta = {}, {}, {}
     for i in relu_nodes(graph):
@@ -336,8 +342,11 @@ def root_domains(
         flat_lo, flat_hi = lo.reshape(1, -1), hi.reshape(1, -1)
         n = flat_lo.shape[1]
         splits[i] = torch.zeros(k, n, dtype=torch.int8)
-        alpha[i] = relu_default_slope(flat_lo, flat_hi, "adaptive").expand(k, n).unsqueeze(1)
-        alpha[i] = alpha[i].to(SEARCH_DTYPE).clone()
+        if slopes is not None and i in slopes:
+            alpha[i] = slopes[i].reshape(k, 1, n).to(SEARCH_DTYPE).clone()
+        else:
+            alpha[i] = relu_default_slope(flat_lo, flat_hi, "adaptive").expand(k, n)
+            alpha[i] = alpha[i].unsqueeze(1).to(SEARCH_DTYPE).clone()
         beta[i] = torch.zeros(k, 1, n, dtype=SEARCH_DTYPE)
     lower, upper = root[0]
     return Domains(spec.unsqueeze(1), offset, torch.as_tensor(rows),
