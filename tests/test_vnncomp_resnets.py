@@ -114,7 +114,7 @@ def alpha_crown_margins(graph, prop, where: torch.Tensor, config: dict) -> torch
 
 
 # The two runs bound the same boxes in different batches; a per-row rounding margin or a
-# chunk boundary may move the last float32 digits, never more (measured: see docs/cifar10.md)
+# chunk boundary may move the last float32 digits, never more (not yet measured per image)
 MARGIN_TOLERANCE = 1e-5
 
 
