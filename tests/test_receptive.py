@@ -53,6 +53,27 @@ class Pooled(nn.Module):
         return self.body(torch.permute(nhwc, (0, 3, 1, 2)))
 
 
+class PooledByMethod(Pooled):
+    """``Pooled`` with its permutations written as tensor methods (``x.permute``)."""
+
+    def forward(self, x):
+        nhwc = self.normalize(x).permute(0, 2, 3, 1)
+        return self.body(nhwc.permute(0, 3, 1, 2))
+
+
+def test_a_permutation_written_as_a_method_bounds_like_the_function():
+    x = torch.rand(3, 2, 26, 26, generator=torch.Generator().manual_seed(2))
+    lower, upper = (x - 0.02).clamp(0, 1).double(), (x + 0.02).clamp(0, 1).double()
+    boxes = []
+    for net in (Pooled(2), PooledByMethod(2)):
+        graph = build_graph(net, (2, 26, 26), type(net).__name__)
+        assert [op.kind for op in graph.ops][2:4] == ["positive-linear", "positive-linear"]
+        with torch.no_grad():
+            boxes.append(b.linear_boxes(graph, lower, upper))
+    for (lo, hi), (mlo, mhi) in zip(*boxes, strict=True):
+        assert torch.equal(lo, mlo) and torch.equal(hi, mhi)
+
+
 def cases():
     for seed in (0, 1):
         net = chain(seed)

@@ -388,7 +388,11 @@ def _pair(value: Any) -> tuple[int, int]:
 
 
 def _bind(fn, args, kwargs):
+    """``fn`` with every argument but the tensor fixed; ``fn`` a method's name for a
+    ``call_method`` node (``x.permute(0, 2, 3, 1)``)."""
     rest, fixed = args[1:], dict(kwargs)
+    if isinstance(fn, str):
+        return lambda x: getattr(x, fn)(*rest, **fixed)
     return lambda x: fn(x, *rest, **fixed)
 
 
