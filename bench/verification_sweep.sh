@@ -47,7 +47,7 @@ if [ "${1:-}" = --job ]; then  # one job: --job TOOL SUITE NET PROPERTY LIMIT
     rc=$?
     [ -s "$row" ] || printf '{"suite": "%s", "net": "%s", "property": "%s", "tool": "%s", "status": "error", "cpu_s": 0, "exit": %d}\n' \
         "$suite" "$net" "$prop" "$tool" "$rc" > "$row"
-    echo "$(date +%T) $tool $net $prop: $(tail -c 300 "$row" 2>/dev/null | grep -o '"status": "[a-z]*"')"
+    echo "$(date +%T) $tool $net $prop: $(grep -o '"status": "[a-z]*"' "$row" 2>/dev/null | tail -n 1)"
     exit 0
 fi
 jobs=16 budget=480 wheels=.whl out=${OUT:-/tmp/verification-sweep} smoke=0 attack=""
