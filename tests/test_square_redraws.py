@@ -151,3 +151,16 @@ def test_device_draws_serve_the_streams_numbers():
     # buffer, whose last number is skipped, 4 in the next; rows 1 and 3 were not drawn for
     assert draws.position.tolist() == [12, 7, BUFFER + 4 * 3, 7, 12 + 17 * 3]
     assert not DeviceDraws.serves(5, 3, redraws + 1)  # Square then redraws on the host
+
+
+def test_the_memory_estimate_counts_the_ring_the_device_path_keeps(monkeypatch):
+    """On the device path each sample keeps a ring of draws there: the estimate per image
+    grows by exactly the ring's bytes, and by nothing where redraws stay on the host."""
+    predictor, attack = _cifar_net(), SquareLinf(seed=2)
+    monkeypatch.setattr(square, "REDRAWS", "host")
+    on_host = attack.image_memory(predictor)
+    monkeypatch.setattr(square, "REDRAWS", "device")
+    streams = SampleStreams(3, torch.arange(4))
+    redraws = attack.config.max_resamples - 1
+    ring = DeviceDraws(streams, 2 + 3, 3, redraws, torch.device("cpu")).ring
+    assert attack.image_memory(predictor) - on_host == ring.numel() * ring.element_size() // 4

@@ -43,6 +43,14 @@ from aisafety.prediction.base import Predictor
 _SHARED = ("steps", "n_restarts", "queries", "early_stop", "eot_iter", "precision")
 
 
+def _clock(device: torch.device) -> float:
+    """Now, after the device's queued work: a GPU runs asynchronously, so a member's time
+    read without a synchronisation would count its launches, not its work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 class EnsembleConfig(AttackConfig):
     attacks: list[str] | None = Field(
         default=None, min_length=1, description="members in the order they run (default: "
@@ -163,12 +171,12 @@ class _Ensemble(Attack):
             rows = robust.nonzero().squeeze(1)
             if not len(rows):
                 break
-            started = time.perf_counter()
+            started = _clock(device)
             part = member(
                 predictor, x[rows], y[rows], eps, chunk_size=len(rows),
                 clean_logits=clean_logits[rows], samples=samples[rows.cpu()],
             )  # fmt: skip
-            seconds[j] = time.perf_counter() - started
+            seconds[j] = _clock(device) - started
             attacked[rows, j] = True
             member_steps[rows, j] = part.steps.to(device)
             margin = _margin(part.adv_logits.to(device), y[rows])

@@ -104,6 +104,21 @@ class SquareLinf(Attack):
     cpu_chunk = 1024
     skips_misclassified = True
 
+    def _draws_on_device(self, device: torch.device, channels: int) -> bool:
+        """Whether this call's redraws are decided on the device (``DeviceDraws``)."""
+        where = REDRAWS or ("device" if device.type == "cuda" else "host")
+        return where == "device" and DeviceDraws.serves(
+            2 + channels, channels, self.config.max_resamples - 1
+        )
+
+    def image_memory(self, predictor: Predictor) -> int:
+        """The passes' memory, and on the device the ring of draws each sample keeps there."""
+        c = predictor.input_shape[0]
+        ring = 0
+        if self._draws_on_device(predictor.device, c):
+            ring = DeviceDraws.sample_bytes(2 + c, c, self.config.max_resamples - 1)
+        return super().image_memory(predictor) + ring
+
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,10 +129,10 @@ class SquareLinf(Attack):
             search = ScoreSearch(predictor, y, (x + stripes).clamp(0, 1))
             side_max = max(min(h, w) - 1, 1)
             steps = torch.tensor([eps, -eps], device=x.device).view(2, 1, 1, 1, 1)
-            redraws = REDRAWS or ("device" if x.device.type == "cuda" else "host")
             draws = None
-            if redraws == "device" and DeviceDraws.serves(2 + c, c, cfg.max_resamples - 1):
+            if self._draws_on_device(x.device, c):
                 draws = DeviceDraws(call.streams, 2 + c, c, cfg.max_resamples - 1, x.device)
+            redraws = REDRAWS or ("device" if x.device.type == "cuda" else "host")
             redraws = "host" if redraws == "device" and draws is None else redraws
             for iteration in counted("query", cfg.queries - 1):
                 rows, active = search.active()

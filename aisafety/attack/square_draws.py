@@ -50,8 +50,8 @@ class DeviceDraws:
         # a draw of k may skip k - 1 numbers at a buffer's end
         if not self.serves(first, redraw, redraws):
             raise ValueError(f"{redraws} redraws of {redraw} numbers cross two buffer ends")
-        self.most = 2 * first - 1 + redraws * (2 * redraw - 1)
-        self.slots = slots or 1 + max(3, math.ceil(8 * self.most / BUFFER))
+        self.most = self.query_span(first, redraw, redraws)
+        self.slots = slots or self.default_slots(first, redraw, redraws)
         if (self.slots - 1) * BUFFER < self.most:
             raise ValueError(f"{self.slots} slots cannot hold a query's {self.most} numbers")
         n = len(streams)
@@ -97,6 +97,21 @@ class DeviceDraws:
             )
             self.lowest[rows] += 1
             behind[rows] -= 1
+
+    @staticmethod
+    def query_span(first: int, redraw: int, redraws: int) -> int:
+        """The most numbers one query moves a sample (each draw of k may skip k - 1)."""
+        return 2 * first - 1 + redraws * (2 * redraw - 1)
+
+    @classmethod
+    def default_slots(cls, first: int, redraw: int, redraws: int) -> int:
+        """Buffers per sample: 8 queries' worst case, and at least 4."""
+        return 1 + max(3, math.ceil(8 * cls.query_span(first, redraw, redraws) / BUFFER))
+
+    @classmethod
+    def sample_bytes(cls, first: int, redraw: int, redraws: int) -> int:
+        """Device bytes one sample's ring holds (float32), for the memory budget."""
+        return cls.default_slots(first, redraw, redraws) * BUFFER * 4
 
     @staticmethod
     def serves(first: int, redraw: int, redraws: int) -> bool:
