@@ -110,3 +110,22 @@ def test_batched_dots_equal_the_per_sample_products_bit_for_bit(domains, n):
             rounding.per_sample_dots(a, signed, absolute),
         )
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_row_dot_equals_one_matrix_vector_product_per_sample(rows):
+    """``ops._row_dot`` (a ReLU's backward constant): one row per sample (branch and
+    bound's domains) is one product and sum over the batch, not a gemv per sample; both
+    paths equal the per-sample product (float64, to its rounding) and the exact sum
+    (float64 integers: no rounding at all)."""
+    from aisafety.verification.ops import _row_dot
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(130, rows, 8, 5, generator=gen, dtype=torch.float64)
+    t = torch.randn(130, 8, 5, generator=gen, dtype=torch.float64)
+    reference = torch.stack([torch.mv(a[i].flatten(1), t[i].flatten()) for i in range(130)])
+    assert _row_dot(a, t).shape == (130, rows)
+    assert torch.allclose(_row_dot(a, t), reference, rtol=1e-12, atol=1e-12)
+    whole_a, whole_t = a.round(), t.round()  # integer products and sums are exact
+    exact = (whole_a * whole_t.unsqueeze(1)).flatten(2).sum(2)
+    assert torch.equal(_row_dot(whole_a, whole_t), exact)

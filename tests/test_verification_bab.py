@@ -393,6 +393,20 @@ def test_reoptimised_stalled_domains_never_fall_and_stay_below_the_exact_milp_mi
     parent) on 60 domains of random splits (40% of a small MLP's unstable ReLUs, either
     way): no bound falls, some rise, and each of 8 non-empty domains stays at most the
     exact minimum of its row where its splits hold (HiGHS to optimality)."""
+    graph, one, verifier, root, dom = random_split_domains()
+    model = lambda x: graph.forward(x.to(graph.dtype))  # noqa: E731
+    search = Search(verifier.config, graph, one, root, model, Deadline(CLOCKS["cpu"]() + 60,
+                                                                       CLOCKS["cpu"]))  # fmt: skip
+    done, coeff, at_relu, boxes = bound_domains(graph, root, dom, 2, 0.03)  # few steps: room
+    before = done.bound.clone()
+    search._reoptimise(done, coeff, at_relu, torch.ones(len(done), dtype=torch.bool))
+    assert (done.bound >= before).all() and (done.bound > before + 1e-4).any()
+    below_the_milp(graph, root, done, torch.nonzero(~empty_domains(boxes)).flatten()[:8])
+
+
+def random_split_domains():
+    """60 domains of a small MLP's sample: its 3 rows, 20 times, each with random splits
+    (40% of the unstable ReLUs, either way); the graph, sample, verifier and root boxes."""
     net = mlp(16, 0)
     graph, prop = instances(net, (1, 4, 4), 1, 0.2)
     one = prop[0:1].to(graph.dtype)
@@ -408,17 +422,53 @@ def test_reoptimised_stalled_domains_never_fall_and_stay_below_the_exact_milp_mi
         sign = torch.randint(0, 2, dom.splits[i].shape, generator=gen).to(torch.int8) * 2 - 1
         keep = (torch.rand(dom.splits[i].shape, generator=gen) < 0.4).to(torch.int8)
         dom.splits[i] = sign * keep * unstable
-    model = lambda x: graph.forward(x.to(graph.dtype))  # noqa: E731
-    search = Search(verifier.config, graph, one, root, model, Deadline(CLOCKS["cpu"]() + 60,
-                                                                       CLOCKS["cpu"]))  # fmt: skip
-    done, coeff, at_relu, boxes = bound_domains(graph, root, dom, 2, 0.03)  # few steps: room
-    before = done.bound.clone()
-    search._reoptimise(done, coeff, at_relu, torch.ones(len(done), dtype=torch.bool))
-    assert (done.bound >= before).all() and (done.bound > before + 1e-4).any()
-    feasible = torch.nonzero(~empty_domains(boxes)).flatten()[:8].tolist()
-    assert len(feasible) == 8
-    for d in feasible:
+    return graph, one, verifier, root, dom
+
+
+def below_the_milp(graph, root, done: Domains, picked: torch.Tensor) -> None:
+    """Each of the ``picked`` domains' bounds is at most the exact minimum of its row where
+    its splits hold (HiGHS to optimality: its dual bound and its best point)."""
+    assert len(picked) == 8
+    for d in picked.tolist():
         splits = {i: t[d].numpy() for i, t in done.splits.items()}
         enc = with_splits(graph, root, splits)
         proved, best, _ = minimise_row(enc, done.spec[d, 0].numpy(), float(done.offset[d]), 60)
         assert float(done.bound[d]) <= proved + 1e-6 and float(done.bound[d]) <= best + 1e-7
+
+
+def test_resuming_from_adams_last_step_keeps_the_best_bound_and_stays_below_the_milp():
+    """``bound_domains(keep_last=True)`` (what stalled children resume from): the same
+    bound as keeping the best multipliers, bit for bit (the bound is always the best's),
+    with Adam's last alpha in [0, 1] and beta >= 0 kept instead (not the best's somewhere:
+    else the option would show nothing); resumed for more steps, the bounds stay at most
+    the exact MILP minimum of 8 non-empty domains and the row's value at every one of
+    20,000 sampled points that satisfies the domain's splits (half the domains' splits are
+    chosen to hold at one of them)."""
+    graph, one, _, root, dom = random_split_domains()
+    gen = torch.Generator().manual_seed(6)
+    x = one.lower + torch.rand(20_000, 1, 4, 4, generator=gen).double() * (one.upper - one.lower)
+    values = [x]  # every node's value at the sampled points
+    for op in graph.ops[1:]:
+        values.append(op.forward(*(values[j] for j in op.inputs)))
+    for i in relu_nodes(graph):  # the odd domains' splits hold at sampled point k
+        signs = values[graph.ops[i].inputs[0]].flatten(1)[: len(dom)].sign().to(torch.int8)
+        dom.splits[i][1::2] = (dom.splits[i].abs() * signs)[1::2]
+    best, _, _, _ = bound_domains(graph, root, dom, 6, 0.03)
+    last, _, _, boxes = bound_domains(graph, root, dom, 6, 0.03, keep_last=True)
+    assert torch.equal(best.bound, last.bound)
+    assert any(not torch.equal(last.beta[i], best.beta[i]) for i in last.beta)
+    for i in last.alpha:
+        assert ((last.alpha[i] >= 0) & (last.alpha[i] <= 1)).all() and (last.beta[i] >= 0).all()
+    resumed, _, _, _ = bound_domains(graph, root, last, 20, 0.03, keep_last=True)
+    below_the_milp(graph, root, resumed, torch.nonzero(~empty_domains(boxes)).flatten()[:8])
+    rows = one.rows(values[-1])  # (points, rows)
+    checked = 0
+    for k in range(len(resumed)):
+        holds = torch.ones(len(x), dtype=torch.bool)
+        for i in relu_nodes(graph):
+            z = values[graph.ops[i].inputs[0]].flatten(1)
+            holds &= (z * resumed.splits[i][k]).ge(0).all(1)
+        if holds.any():
+            assert resumed.bound[k] <= rows[holds, resumed.row[k]].min() + 1e-9
+            checked += 1
+    assert checked >= 8, "too few domains with sampled points: the test would check nothing"

@@ -30,9 +30,14 @@ def _sum_tail(t: torch.Tensor) -> torch.Tensor:
 
 def _row_dot(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """sum over the tail of ``a * t`` (B, K), ``t`` per sample (B, ...) or per row: a
-    batched matrix-vector product for the former, with no (B, K, ...) temporary."""
+    batched matrix-vector product for the former, with no (B, K, ...) temporary. One row
+    per sample (branch and bound's domains: B in the hundreds, K = 1) is one product and
+    sum: with a gemv per sample there, ``bab`` bounded 1.47x fewer domains per CPU second
+    (mnistfc 256x4 prop_5_0.03, paired; docs/certification.md)."""
     if t.dim() == a.dim():
         return _sum_tail(a * t)
+    if a.shape[1] == 1:  # the (B, 1, ...) product is a's size: no larger temporary
+        return (a.flatten(1) * t.flatten(1)).sum(1, keepdim=True)
     rows, vectors = a.flatten(2), t.flatten(1)  # one gemv per sample: bmm's (n, 1) is slow
     return torch.stack([torch.mv(rows[i], vectors[i]) for i in range(a.shape[0])])
 

@@ -263,10 +263,15 @@ def bound_domains(
     input_split: bool = False,
     intermediate: bool = False,
     lr_alpha: float | None = None,
+    keep_last: bool = False,
 ) -> tuple[Domains, torch.Tensor, dict[int, torch.Tensor], list[Box]]:
     """``domains`` with their bound (and best alpha, beta) after ``steps`` of Adam (``lr``
     on beta, ``lr_alpha`` on alpha, the same when None); their input coefficients, the
-    coefficients at the ReLU outputs and their boxes."""
+    coefficients at the ReLU outputs and their boxes. With ``keep_last`` the domains keep
+    Adam's last alpha and beta instead, to resume from (the bound stays the best's): on
+    domains whose multipliers must grow far (splits the relaxation finds contradictory)
+    the bound can fall for dozens of steps before it rises, so the best is often the
+    start, and resuming from it would repeat the same steps."""
     boxes = domain_boxes(graph, root, domains, input_split, intermediate)
     search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search.dtype
@@ -303,6 +308,9 @@ def bound_domains(
                     t.clamp_(min=0)
     with torch.no_grad():
         bound, coeff, at_relu = sound_split_bound(graph, domains, boxes, chosen_a, chosen_b)
+    if keep_last:
+        chosen_a = {i: t.detach().clone() for i, t in alpha.items()}
+        chosen_b = {i: t.detach().clone() for i, t in beta.items()}
     done = Domains(domains.spec, domains.offset, domains.row, domains.lower, domains.upper,
                    domains.splits, chosen_a, chosen_b, bound)  # fmt: skip
     return done, coeff, at_relu, boxes
