@@ -23,6 +23,7 @@ from contextvars import ContextVar
 
 import torch
 
+from aisafety import memory_ledger
 from aisafety.errors import MemoryBudgetError
 
 FRACTION = 0.5  # of the available memory: the rest is the process, the OS and neighbours
@@ -67,7 +68,7 @@ def default_budget(device: torch.device | str = "cpu") -> int:
     memory."""
     if torch.device(device).type == "cuda":
         return int(FRACTION * available_bytes(device))
-    return int(FRACTION * available_bytes(device))
+    return memory_ledger.claim(lambda pending: int(FRACTION * available_bytes(device, pending)))
 
 
 @contextmanager
