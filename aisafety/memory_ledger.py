@@ -4,13 +4,15 @@ The default memory budget is a fraction of the memory available now. Several pro
 started together (a sweep's jobs, ``pytest -n``, two engineers' runs) each read the same
 free memory before any of them has allocated, and each took half of it: a run was
 OOM-killed that way. So each process records its default budget as a claim in a small
-file under the temporary directory (``LEDGER``, one file per process id, written under a
-lock), and a process reading its budget first subtracts what the others' live claims have
-not yet taken: a claim less the resident growth of its process since the claim. A claim
-ends with its process, or ``CLAIM_SECONDS`` after it was last renewed: by then the work it
-was for has allocated (every call reads its budget anew, renewing the claim), and the
-kernel's available memory counts it. ``AISAFETY_MEMORY_LEDGER`` names another directory;
-``0`` turns the ledger off. Where the directory cannot be written, no claims are counted.
+file under the temporary directory (``ledger_dir``, one file per process id, written under
+a lock), and a process reading its budget first subtracts what the others' live claims
+have not yet taken: a claim less the resident growth of its process since the claim. Its
+own ancestors' claims are not counted: a parent's claim is for the work it hands its
+children. A claim ends with its process, or ``CLAIM_SECONDS`` after it was last renewed:
+by then the work it was for has allocated (every call reads its budget anew, renewing the
+claim), and the kernel's available memory counts it. ``AISAFETY_MEMORY_LEDGER`` names
+another directory; ``0`` turns the ledger off. Where the directory cannot be written, no
+claims are counted.
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ def claim(budget_of: Callable[[int], int]) -> int:
 def others_pending(folder: Path) -> int:
     """Sum over the other live, unexpired claims of the part not yet taken; the files of
     ended processes are removed."""
-    total, now = 0, time.time()
+    total, now, mine = 0, time.time(), ancestors()
     for path in folder.iterdir():
-        if not path.name.isdigit() or int(path.name) == os.getpid():
+        if not path.name.isdigit() or int(path.name) in mine:
             continue
         resident = resident_bytes(int(path.name))
         try:
@@ -70,6 +72,27 @@ def others_pending(folder: Path) -> int:
             continue
         total += max(0, claimed - max(0, resident - resident_then))
     return total
+
+
+def ancestors() -> set[int]:
+    """This process and the processes it descends from: a parent's claim is for the work it
+    hands its children (a test run's subprocess, a runner's worker), not beside it."""
+    chain, pid = set(), os.getpid()
+    while pid > 1 and pid not in chain:
+        chain.add(pid)
+        pid = _parent(pid)
+    return chain
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("PPid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def resident_bytes(pid: int) -> int | None:
