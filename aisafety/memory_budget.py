@@ -9,7 +9,8 @@ allocator error after minutes of work, never the kernel's OOM killer.
 
 The budget is the enclosing ``memory_limit`` (the plan's ``limits.memory_gib``, a
 verifier's ``memory_gib``) or, by default, ``FRACTION`` of the memory the kernel reports
-available (``MemAvailable`` in /proc/meminfo, capped by the process's ``RLIMIT_AS``
+available (``MemAvailable`` in /proc/meminfo, less what other AISafety processes have
+claimed and not yet taken, ``memory_ledger.py``; capped by the process's ``RLIMIT_AS``
 headroom), or of the free memory of the CUDA device.
 """
 
@@ -22,6 +23,7 @@ from contextvars import ContextVar
 
 import torch
 
+from aisafety import memory_ledger
 from aisafety.errors import MemoryBudgetError
 
 FRACTION = 0.5  # of the available memory: the rest is the process, the OS and neighbours
@@ -30,12 +32,13 @@ GIB = 1 << 30
 _CURRENT: ContextVar[int | None] = ContextVar("memory_budget", default=None)
 
 
-def available_bytes(device: torch.device | str = "cpu") -> int:
+def available_bytes(device: torch.device | str = "cpu", pending: int = 0) -> int:
     """Memory this process can still take: the device's free memory on CUDA, else
-    ``MemAvailable``, capped by the address-space limit (``ulimit -v``) left."""
+    ``MemAvailable`` less ``pending`` (what other processes claimed and have not taken yet,
+    ``memory_ledger.py``), capped by the address-space limit (``ulimit -v``) left."""
     if torch.device(device).type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    free = _meminfo("MemAvailable")
+    free = max(0, _meminfo("MemAvailable") - pending)
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     if limit != resource.RLIM_INFINITY:
         free = min(free, max(0, limit - _vm_size()))
@@ -59,7 +62,13 @@ def _vm_size() -> int:
 
 
 def default_budget(device: torch.device | str = "cpu") -> int:
-    return int(FRACTION * available_bytes(device))
+    """``FRACTION`` of the available memory; on the CPU less what this user's other
+    AISafety processes have claimed and not yet taken, and claimed in turn
+    (``memory_ledger.py``): processes started together do not each count the same free
+    memory."""
+    if torch.device(device).type == "cuda":
+        return int(FRACTION * available_bytes(device))
+    return memory_ledger.claim(lambda pending: int(FRACTION * available_bytes(device, pending)))
 
 
 @contextmanager
@@ -97,8 +106,9 @@ def fitting(
     budget = current_budget(device)
     count = (budget - fixed) // max(1, per_item)
     if count < 1:
+        held = f" beside {size(fixed)} for the whole call" if fixed else ""
         raise MemoryBudgetError(
-            f"{what} needs about {size(per_item + fixed)} at its smallest chunk, over the "
+            f"{what} needs about {size(per_item)} at its smallest chunk{held}, over the "
             f"memory budget of {size(budget)}; {fits}"
         )
     return int(min(wanted, count))

@@ -81,7 +81,8 @@ from aisafety.evaluation.corrupted import corrupted_predictions  # noqa: E402
 from aisafety.evaluation.inference import batched_logits  # noqa: E402
 from aisafety.evaluation.neurons import default_layers, neuron_outputs  # noqa: E402
 from aisafety.memory import reuse_freed_memory  # noqa: E402
-from aisafety.memory_budget import GIB, memory_limit  # noqa: E402
+from aisafety.memory_budget import GIB, fitting, memory_limit  # noqa: E402
+from aisafety.prediction.footprint import image_bytes  # noqa: E402
 from aisafety.prediction.torch_module import TorchPredictor  # noqa: E402
 from aisafety.unit_cost import reset_peak_rss, status_bytes  # noqa: E402
 from aisafety.verification.graph import build_graph  # noqa: E402
@@ -95,6 +96,7 @@ from aisafety.verification.property import robustness_property  # noqa: E402
 EPS = 2 / 255
 QUERIES = 100  # Square's budget per image
 SHORT = [0, 0]  # images on which Square stopped before QUERIES, images Square ran on
+PEAK: dict[str, int] = {}  # per capability: the highest peak resident size of its calls
 SHAPES = {"small-cnn-28": ("small-cnn", 28), "small-resnet-32": ("small-resnet", 32),
           "small-resnet-224": ("small-resnet", 224)}  # fmt: skip
 Job = Callable[[torch.Tensor, torch.Tensor], object]
@@ -112,7 +114,7 @@ def jobs(name: str, side: int) -> tuple[dict[str, Job], TorchPredictor]:
         return lambda x, y: verifier.verify(graph, robustness_property(x, y, EPS, classes))
 
     out: dict[str, Job] = {
-        "fwd+bwd": lambda x, y: floor(net, x, y),
+        "fwd+bwd": lambda x, y: floor(net, model, x, y),
         "forward": lambda x, y: batched_logits(model, x, 128),
         "fgsm": lambda x, y: FGSM()(model, x, y, EPS),
         "pgd-10": lambda x, y: PGDLinf(steps=10)(model, x, y, EPS),
@@ -139,9 +141,11 @@ def square(model: TorchPredictor, x: torch.Tensor, y: torch.Tensor) -> None:
     SHORT[1] += len(y)
 
 
-def floor(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
-    """One forward and backward pass with an input gradient, in chunks of 128 as the attacks."""
-    for xc, yc in zip(x.split(128), y.split(128), strict=True):
+def floor(net: torch.nn.Module, model: TorchPredictor, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One forward and backward pass with an input gradient, in chunks of 128 as the attacks
+    (fewer where the memory budget asks: 128 images at 224x224 took 3.3 GB)."""
+    size = fitting("the floor", image_bytes(model, True), 128, "raise --memory-gib")
+    for xc, yc in zip(x.split(size), y.split(size), strict=True):
         xg = xc.detach().requires_grad_(True)
         torch.autograd.grad(F.cross_entropy(net(xg), yc, reduction="sum"), xg)
 
@@ -206,6 +210,7 @@ def linearity(
         for round_ in range(rounds + 1):  # the first round only faults the pages in
             for key, job in table.items():
                 t1, ts, tl = (measure(job, x[:n], y[:n])[0] for n in (1, small, large))
+                PEAK[key] = max(PEAK.get(key, 0), status_bytes("VmHWM"))
                 fixed = t1 - (tl - ts) / (large - small)
                 if round_:
                     out[key].append((tl / large / (ts / small), fixed,
@@ -272,13 +277,13 @@ def print_linearity(shape: str, small: int, large: int, rounds: int, skip: tuple
     print(f"\nlinearity, {shape}: per-image CPU time on {large} images / on {small}, "
           f"{rounds} rounds (target 0.9-1.1)")  # fmt: skip
     print("| capability | raw ratio | fixed cost per call | ratio, fixed cost discounted | ok "
-          "| discounted ratio / fwd+bwd's |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+          "| discounted ratio / fwd+bwd's | peak RSS |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     floor = lin["fwd+bwd"][2]
     for key, (raw, fixed, discounted) in lin.items():
         ok = "yes" if 0.9 <= discounted <= 1.1 else "no"
         print(f"| {key} | {raw:.2f} | {fixed * 1e3:.1f} ms | {discounted:.2f} | {ok} "
-              f"| {discounted / floor:.2f} |", flush=True)  # fmt: skip
+              f"| {discounted / floor:.2f} | {PEAK[key] / GIB:.2f} GiB |", flush=True)  # fmt: skip
     print_square()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import tempfile
 import threading
 import time
 import uuid
@@ -15,6 +16,16 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # `aisafety list` answers from a cache keyed by the installed code (aisafety/listing_cache.py);
 # tests swap registries in-process, so the suite lists live (tests/test_startup.py tests it)
 os.environ["AISAFETY_LIST_CACHE"] = "0"
+# Default memory budgets are claimed in a ledger shared by a user's processes
+# (aisafety/memory_ledger.py): one ledger per test run (all its xdist workers and
+# subprocesses), so another run's claims on a shared machine do not change this one's budgets
+os.environ.setdefault(
+    "AISAFETY_MEMORY_LEDGER",
+    os.path.join(
+        tempfile.gettempdir(),
+        f"aisafety-memory-test-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}",
+    ),
+)
 # Every process the suite starts inherits this mark; pytest_sessionfinish finds the survivors
 from children import SESSION_VARIABLE, leftovers  # noqa: E402
 

@@ -177,7 +177,9 @@ def test_crown_on_a_cifar_resnet18_answers_or_refuses_under_an_address_space_lim
 
 
 def test_the_default_budget_is_a_fraction_of_available_memory_capped_by_the_rlimit(monkeypatch):
-    # the functions live in aisafety/memory_budget.py, shared with attacks and metrics
+    # the functions live in aisafety/memory_budget.py, shared with attacks and metrics;
+    # no other process's claim (tests/test_memory_ledger.py) changes the numbers here
+    monkeypatch.setenv("AISAFETY_MEMORY_LEDGER", "0")
     monkeypatch.setattr(memory_budget, "_meminfo", lambda key: 8 * budget.GIB)
     monkeypatch.setattr(memory_budget, "_vm_size", lambda: 3 * budget.GIB)
     limits = {"now": (resource.RLIM_INFINITY, resource.RLIM_INFINITY)}

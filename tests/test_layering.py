@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.version",
             "aisafety.memory",
             "aisafety.memory_budget",  # the memory budget every capability chunks under
+            "aisafety.memory_ledger",  # default budgets claimed between processes
             "aisafety.randomness",
             "aisafety.files",  # files from outside, checked by stat before they are read
             "aisafety.command_clock",  # when the command began, for the wall time a user waits

@@ -49,9 +49,14 @@ from aisafety.prediction.footprint import image_bytes
 # On CPU, chunks of 128 were the fastest or within 10 % of it in bench/attacks.py on 2 cores
 # (up to 1.2x per image over a batch of 512); on a GPU the whole batch is fastest.
 CPU_CHUNK = 128
+# copies of the whole input a call holds beside its chunk: the chunks' adversarial examples
+# and, while they are concatenated, the result's inputs and examples (AttackResult.concat);
+# 3, and measured 3.5 with the heap's fragmentation (FGSM, 192 images at 224x224)
+RESULT_COPIES = 4
 _ADVICE = (
     "raise 'limits: {memory_gib: ...}' in the plan if the machine has the memory, or run "
-    "a smaller model or input size"
+    "a smaller model or input size, or fewer images per call (the result holds "
+    f"{RESULT_COPIES} copies of them)"
 )
 
 
@@ -221,7 +226,8 @@ class Attack(ABC):
         size = chunk_size or self.config.chunk_size
         if size is None:
             size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
-        size = self._budget_chunk(predictor, min(size, max(1, len(x))))
+        held = RESULT_COPIES * x.numel() * max(4, x.element_size())
+        size = self._budget_chunk(predictor, min(size, max(1, len(x))), held)
         generator = randomness.generator(self.random_seed())
         if samples is None:
             samples = torch.arange(len(x))
@@ -266,20 +272,22 @@ class Attack(ABC):
         grad, forward = self.passes_per_image()
         return grad * image_bytes(predictor, True) + forward * image_bytes(predictor, False)
 
-    def _budget_chunk(self, predictor: Predictor, size: int) -> int:
+    def _budget_chunk(self, predictor: Predictor, size: int, held: int = 0) -> int:
         """``size``, or fewer images per chunk where that many would not fit the memory
-        budget (``memory_budget.py``); refused before any work where one image does not fit,
-        or where a smaller chunk would change the results (not ``chunk_independent``)."""
+        budget (``memory_budget.py``) beside the ``held`` bytes of the whole call's result;
+        refused before any work where one image does not fit, or where a smaller chunk
+        would change the results (not ``chunk_independent``)."""
         one = self.image_memory(predictor)
         what = (
             f"attack {self.name!r} on model {predictor.name!r} (one image of shape "
             f"{tuple(predictor.input_shape)})"
         )
-        fits = fitting(what, one, size, _ADVICE, predictor.device)
+        fits = fitting(what, one, size, _ADVICE, predictor.device, fixed=held)
         if fits < size and not self.chunk_independent:
             budget = size_text(current_budget(predictor.device))
+            need = size_text(one * size + held)
             raise MemoryBudgetError(
-                f"{what}: a chunk of {size} images needs about {size_text(one * size)}, over "
+                f"{what}: a chunk of {size} images needs about {need}, over "
                 f"the memory budget of {budget}, and this attack's results depend on its "
                 f"chunking; set its chunk_size: {fits} (fits), or {_ADVICE}"
             )

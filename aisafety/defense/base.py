@@ -30,6 +30,8 @@ from aisafety.config_base import PluginConfig, build_config
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 
+TRANSFORM_COPIES = 8.0  # a pointwise transform's input, output, gradients and temporaries
+
 
 class InputDefenseConfig(PluginConfig):
     bpda: bool = Field(
@@ -92,6 +94,17 @@ class InputDefense(Predictor):
     @abstractmethod
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """The defended view of ``x`` (same shape, values in [0, 1])."""
+
+    def transform_copies(self) -> float:
+        """Input-sized float32 copies one image's transform holds at its peak, forward and
+        backward, with a margin: the memory budget's estimate (``prediction/footprint.py``;
+        measured per defense in ``tests/test_defense_memory.py``)."""
+        return TRANSFORM_COPIES
+
+    def passes(self, grad: bool) -> int:
+        """Passes of the wrapped model per input: an attacker's pass (``grad``) averages
+        ``eot_samples`` draws, each a pass of its own."""
+        return getattr(self.config, "eot_samples", 1) if grad else 1
 
     def surrogate(self, x: torch.Tensor) -> torch.Tensor:
         """A differentiable approximation of ``transform`` for BPDA; identity by default,

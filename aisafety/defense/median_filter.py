@@ -26,6 +26,11 @@ class MedianFilter(InputDefense):
     Config = MedianFilterConfig
     differentiable = True
 
+    def transform_copies(self) -> float:
+        """Each pixel's window (size^2 copies), sorted values and int64 indices, and the
+        window gradients: about 102 copies measured at size 5."""
+        return 6.0 * self.config.size**2 + 8
+
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         size = self.config.size
         if size == 1:

@@ -68,6 +68,15 @@ class RandomizedSmoothing(InputDefense):
     )
     Config = RandomizedSmoothingConfig
 
+    def transform_copies(self) -> float:
+        """A noisy copy and its noise (the votes' noisy batch is counted by ``votes``)."""
+        return 2.0
+
+    def passes(self, grad: bool) -> int:
+        """An attacker's pass differentiates ``eot_samples`` noisy copies only with BPDA;
+        without it the votes are gradient-free and chunk themselves (``forward_chunk``)."""
+        return self.config.eot_samples if grad and self.config.bpda else 1
+
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """One noisy copy; not clipped to [0, 1], as in Cohen et al. (the guarantee needs
         the pure noise distribution)."""

@@ -34,6 +34,10 @@ class RandomResizePad(InputDefense):
     Config = ResizePadConfig
     differentiable = True
 
+    def transform_copies(self) -> float:
+        """The placed canvas (``canvas_scale``^2 the input), its gathers and gradients."""
+        return 6.0 * self.config.canvas_scale**2 + 8
+
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         n, _, height, width = x.shape
         canvas = (round(height * self.config.canvas_scale), round(width * self.config.canvas_scale))

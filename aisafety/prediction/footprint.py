@@ -45,13 +45,27 @@ def innermost(predictor: Predictor) -> Predictor:
 
 def image_bytes(predictor: Predictor, grad: bool) -> int:
     """Estimated peak bytes one image adds to a forward pass of ``predictor``, with its
-    backward pass where ``grad``; measured once per predictor (one forward pass)."""
-    model = innermost(predictor)
-    saved, largest = _probe(model)
+    backward pass where ``grad``; measured once per predictor (one forward pass). Input
+    defenses in front of the model add their transform's copies of the input, and an
+    attacker's pass through a defense with EOT runs the model on ``eot_samples`` copies."""
+    saved, largest = _probe(innermost(predictor))
     input_bytes = 4 * math.prod(predictor.input_shape)
-    if grad:
-        return int(SAVED_MARGIN * saved + GRAD_LIVE * largest + INPUT_COPIES * input_bytes)
-    return FORWARD_LIVE * largest + INPUT_COPIES * input_bytes
+    passes, copies = defense_costs(predictor, grad)
+    model = SAVED_MARGIN * saved + GRAD_LIVE * largest if grad else FORWARD_LIVE * largest
+    return int(passes * model + (copies + INPUT_COPIES) * input_bytes)
+
+
+def defense_costs(predictor: Predictor, grad: bool) -> tuple[int, float]:
+    """(model passes per input, input-sized copies held) of the input defenses wrapped
+    around the model: each declares ``passes(grad)`` and ``transform_copies()``
+    (``defense/base.py``); an outer defense's passes repeat the inner ones' work."""
+    passes, copies = 1, 0.0
+    while hasattr(predictor, "inner"):
+        own = getattr(predictor, "passes", lambda grad: 1)(grad)
+        copies += passes * own * getattr(predictor, "transform_copies", lambda: 0.0)()
+        passes *= own
+        predictor = predictor.inner  # type: ignore[attr-defined]
+    return passes, copies
 
 
 def activations_bytes(predictor: Predictor) -> int:

@@ -26,6 +26,7 @@ from pydantic import Field
 
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.memory import reuse_freed_memory
+from aisafety.memory_budget import size as size_text
 from aisafety.verification.bounds import LINEAR_KINDS
 from aisafety.verification.budget import GIB, box_bytes, current_budget, memory_limit, refuse
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
@@ -33,6 +34,10 @@ from aisafety.verification.falsify import Model, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
 from aisafety.verification.result import Verdict, VerificationResult
+
+# float32 copies of every sample's input one verify call holds beside its batch: the
+# counterexamples, and the results' as the batches are joined (VerificationResult.concat)
+HELD_COPIES = 2
 
 
 class VerifierConfig(PluginConfig):
@@ -150,8 +155,9 @@ class Verifier(ABC):
         self.check(graph)
         self.prepare()
         model = model or (lambda x: graph.forward(x.to(graph.dtype)))
-        limit = self.memory_budget()
-        size = self.fitting_batch(graph, prop, limit)
+        budget, held = self.memory_budget(), HELD_COPIES * 4 * prop.lower.numel()
+        size = self.fitting_batch(graph, prop, budget, held)
+        limit = budget - held  # the bound passes' share
         parts = []
         # the bound passes' large temporaries are reused (``memory.py``) and chunked under
         # the budget (``budget.py``)
@@ -171,20 +177,23 @@ class Verifier(ABC):
         of rows the bound passes allow (IBP here: the boxes)."""
         return box_bytes(graph, batch)
 
-    def fitting_batch(self, graph: BoundGraph, prop: Property, limit: int) -> int:
+    def fitting_batch(self, graph: BoundGraph, prop: Property, limit: int, held: int = 0) -> int:
         """The batch size to run: ``batch_size``, fewer samples where that would not fit
-        ``limit``; refuses before any work where one sample does not fit."""
+        ``limit`` beside the ``held`` bytes the whole call keeps for every sample; refuses
+        before any work where one sample does not fit."""
         rows, size = prop.spec.shape[1], max(1, min(self.config.batch_size, len(prop)))
         one = self.peak_bytes(graph, 1, rows)
-        if one > limit:
+        if one + held > limit:
+            beside = f", beside {size_text(held)} for every sample's result" if held else ""
             raise refuse(
-                f"verifier {self.name!r} on model {graph.model!r} (one sample)",
+                f"verifier {self.name!r} on model {graph.model!r} (one sample{beside})",
                 one,
                 limit,
                 "raise 'memory_gib' in the verifier's config if the machine has the memory, "
-                "or use a lighter verifier ('crown-ibp', then 'ibp')",
+                "or use a lighter verifier ('crown-ibp', then 'ibp')"
+                + (", or verify fewer samples at once" if held else ""),
             )
-        return min(size, limit // one)  # the estimate grows linearly with the batch
+        return min(size, (limit - held) // one)  # the estimate grows linearly with the batch
 
     def deadline(self, n: int) -> Deadline:
         """The deadline of a batch of ``n`` samples starting now: ``n`` times the timeout."""

@@ -58,9 +58,11 @@ def margin_spec(y: torch.Tensor, num_classes: int, dtype=torch.float64) -> torch
 def robustness_property(
     x: torch.Tensor, y: torch.Tensor, eps: float, num_classes: int, dtype=torch.float64
 ) -> Property:
-    """l-inf robustness of ``y`` on the eps-ball around ``x`` within [0, 1]."""
+    """l-inf robustness of ``y`` on the eps-ball around ``x`` within [0, 1]. Clamped in
+    place: the float64 boxes of 1,024 images at 224x224 are 2.3 GB, and each temporary as
+    much again."""
     x = x.to(dtype)
     spec = margin_spec(y, num_classes, dtype)
     return Property(
-        (x - eps).clamp(0, 1), (x + eps).clamp(0, 1), spec, spec.new_zeros(spec.shape[:2])
+        (x - eps).clamp_(0, 1), (x + eps).clamp_(0, 1), spec, spec.new_zeros(spec.shape[:2])
     )
