@@ -43,7 +43,7 @@ from aisafety.verification import budget
 from aisafety.verification.bounds import CROWN_KINDS, search_slopes, sound_backward
 from aisafety.verification.deadline import Deadline, OutOfTime, current_deadline, time_limit
 from aisafety.verification.falsify import Model, pgd_on_rows, replay
-from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.graph import BoundGraph
 from aisafety.verification.incomplete import AlphaCrownConfig, AlphaCrownVerifier
 from aisafety.verification.ops import Box
 from aisafety.verification.property import Property
@@ -121,7 +121,8 @@ class BabVerifier(AlphaCrownVerifier):
     name = "bab"
     description = (
         "branch and bound: box-PGD first, alpha-CROWN, then ReLU (or input) splits bounded by "
-        "beta-CROWN in batches, best first; ReLU networks; settles every sample given time"
+        "beta-CROWN in batches, best first; settles every ReLU network's sample given time; "
+        "sigmoid/tanh: alpha-CROWN's slopes optimised until the limit, no splits"
     )
     complete = True
     attack_first = True
@@ -129,14 +130,6 @@ class BabVerifier(AlphaCrownVerifier):
     # max-pooling is relaxed (ops.MaxPool, DeepPoly's lines), never split; the complete
     # verifier's MILP encodes it exactly (milp_maxpool.py)
     kinds = CROWN_KINDS
-
-    def check(self, graph: BoundGraph) -> None:
-        super().check(graph)
-        if not graph.relu_only:
-            raise VerificationError(
-                f"verifier {self.name!r} needs a ReLU network; model {graph.model!r} has sigmoid "
-                "or tanh activations (use 'alpha-crown' or 'crown', which bound them)"
-            )
 
     def verify(self, graph: BoundGraph, prop: Property, model: Model | None = None):
         self._model = model or (lambda x: graph.forward(x.to(graph.dtype)))
@@ -223,6 +216,8 @@ class Search:
             return Outcome(self.proved, None, "")
         rows, spec, offset = rows[keep], spec[keep], offset[keep]
         slopes = {i: t[keep] for i, t in slopes.items()}
+        if not self.graph.relu_only:  # no sigmoid or tanh splits (yet): more slope steps
+            return self._slopes_only(root_bound, rows, spec, offset, slopes)
         todo = root_domains(self.graph, self.root, spec, offset, rows, slopes)
         todo.bound = root_bound[rows].clone()
         per_domain = sum(t[0].numel() * t.element_size() for part in
@@ -273,6 +268,34 @@ class Search:
             parts.append(chosen)
         slopes = {i: torch.cat([p[i][0] for p in parts]) for i in parts[0]}
         return torch.cat(bounds) + offset, slopes
+
+    def _slopes_only(self, root_bound, rows, spec, offset, slopes) -> Outcome:
+        """A network with sigmoid or tanh activations, which this search does not split:
+        rounds of ``root_steps`` more Adam steps on the open rows' output slopes, each from
+        the last round's best, until every row is proved or the time is out (anytime: each
+        round's bound is sound, the best one stands)."""
+        graph, end, config = self.graph, len(self.graph.ops) - 1, self.config
+        a = spec.reshape(1, len(offset), *graph.ops[-1].out_shape).to(graph.dtype)
+        best, why = root_bound.clone(), "timeout"
+        try:
+            with time_limit(self.deadline):
+                while (best[rows] <= 0).any():
+                    init = {i: t.unsqueeze(0) for i, t in slopes.items()}
+                    chosen = search_slopes(graph, end, a, self.root, config.root_steps,
+                                           config.root_lr, config.root_decay, init)  # fmt: skip
+                    if not chosen:
+                        why = "not split further"
+                        break
+                    exact = {i: t.to(graph.dtype) for i, t in chosen.items()}
+                    with torch.no_grad():
+                        bound = sound_backward(graph, end, a, self.root, slopes=exact)[0][0]
+                    best[rows] = torch.maximum(best[rows], (bound + offset).to(best.dtype))
+                    slopes = {i: t[0] for i, t in chosen.items()}
+        except OutOfTime:
+            pass
+        self.proved[best > 0] = best[best > 0]
+        bounds = torch.minimum(self.proved, best)
+        return Outcome(bounds, None, "" if (bounds > 0).all() else why)
 
     def _outcome_at_root(self, root_bound: torch.Tensor) -> Outcome:
         """Out of time before the root's slopes: the bound it was given stands."""
