@@ -40,7 +40,13 @@ import torch
 from pydantic import Field
 
 from aisafety.verification import budget
-from aisafety.verification.bounds import CROWN_KINDS, search_slopes, sound_backward
+from aisafety.verification.bounds import (
+    CROWN_KINDS,
+    linear_boxes,
+    optimise_slopes,
+    search_slopes,
+    sound_backward,
+)
 from aisafety.verification.deadline import Deadline, OutOfTime, current_deadline, time_limit
 from aisafety.verification.falsify import Model, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph
@@ -217,7 +223,7 @@ class Search:
         rows, spec, offset = rows[keep], spec[keep], offset[keep]
         slopes = {i: t[keep] for i, t in slopes.items()}
         if not self.graph.relu_only:  # no sigmoid or tanh splits (yet): more slope steps
-            return self._slopes_only(root_bound, rows, spec, offset, slopes)
+            return self._slopes_only(root_bound, rows, spec, offset)
         todo = root_domains(self.graph, self.root, spec, offset, rows, slopes)
         todo.bound = root_bound[rows].clone()
         per_domain = sum(t[0].numel() * t.element_size() for part in
@@ -269,33 +275,31 @@ class Search:
         slopes = {i: torch.cat([p[i][0] for p in parts]) for i in parts[0]}
         return torch.cat(bounds) + offset, slopes
 
-    def _slopes_only(self, root_bound, rows, spec, offset, slopes) -> Outcome:
+    def _slopes_only(self, root_bound, rows, spec, offset) -> Outcome:
         """A network with sigmoid or tanh activations, which this search does not split:
-        rounds of ``root_steps`` more Adam steps on the open rows' output slopes, each from
-        the last round's best, until every row is proved or the time is out (anytime: each
-        round's bound is sound, the best one stands)."""
-        graph, end, config = self.graph, len(self.graph.ops) - 1, self.config
-        a = spec.reshape(1, len(offset), *graph.ops[-1].out_shape).to(graph.dtype)
-        best, why = root_bound.clone(), "timeout"
+        rounds of alpha-CROWN with twice the last round's Adam steps on every intermediate
+        bound (the intermediate boxes decide these bounds: more output steps alone left
+        them unchanged, docs/certification.md), each box intersected with the last, then
+        ``root_steps`` on the open rows, until every row is proved or the time is out
+        (anytime: every round's bound is sound, the best one per row stands)."""
+        graph, config, boxes = self.graph, self.config, self.root
+        best, steps = root_bound.clone(), max(1, config.steps)
         try:
             with time_limit(self.deadline):
                 while (best[rows] <= 0).any():
-                    init = {i: t.unsqueeze(0) for i, t in slopes.items()}
-                    chosen = search_slopes(graph, end, a, self.root, config.root_steps,
-                                           config.root_lr, config.root_decay, init)  # fmt: skip
-                    if not chosen:
-                        why = "not split further"
-                        break
-                    exact = {i: t.to(graph.dtype) for i, t in chosen.items()}
-                    with torch.no_grad():
-                        bound = sound_backward(graph, end, a, self.root, slopes=exact)[0][0]
-                    best[rows] = torch.maximum(best[rows], (bound + offset).to(best.dtype))
-                    slopes = {i: t[0] for i, t in chosen.items()}
+                    steps *= 2
+                    box = self.prop.lower, self.prop.upper
+                    fresh = linear_boxes(graph, *box, "adaptive", steps)
+                    boxes = [(lo.maximum(was[0]), hi.minimum(was[1]))
+                             for (lo, hi), was in zip(fresh, boxes, strict=True)]  # fmt: skip
+                    bound, _ = optimise_slopes(graph, boxes, spec.unsqueeze(0).to(graph.dtype),
+                                               config.root_steps, config.root_lr)  # fmt: skip
+                    best[rows] = torch.maximum(best[rows], (bound[0] + offset).to(best.dtype))
         except OutOfTime:
             pass
         self.proved[best > 0] = best[best > 0]
         bounds = torch.minimum(self.proved, best)
-        return Outcome(bounds, None, "" if (bounds > 0).all() else why)
+        return Outcome(bounds, None, "" if (bounds > 0).all() else "timeout")
 
     def _outcome_at_root(self, root_bound: torch.Tensor) -> Outcome:
         """Out of time before the root's slopes: the bound it was given stands."""
