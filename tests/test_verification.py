@@ -191,10 +191,10 @@ def test_an_unsupported_op_is_named_with_the_model_before_any_work():
     for name in ("ibp", "crown", "fast-lin", "crown-ibp", "alpha-crown", "deeppoly", "lp-full",
                  "k-relu", "complete", "bab"):  # fmt: skip
         make_verifier(default_registry(), name).check(graph)  # they bound max-pooling
-    with pytest.raises(VerificationError, match="complete.*sigmoid"):
-        make_verifier(default_registry(), "complete").check(
-            build_graph(sigmoid_net(), (1, 4, 4), "sig")
-        )
+    sig = build_graph(sigmoid_net(), (1, 4, 4), "sig")
+    make_verifier(default_registry(), "complete").check(sig)  # 'auto' picks 'bab' there
+    with pytest.raises(VerificationError, match="complete.*milp.*sigmoid"):
+        make_verifier(default_registry(), "complete", {"engine": "milp"}).check(sig)
 
 
 def test_training_bounds_follow_the_weights_and_carry_gradients():

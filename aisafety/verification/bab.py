@@ -40,10 +40,16 @@ import torch
 from pydantic import Field
 
 from aisafety.verification import budget
-from aisafety.verification.bounds import CROWN_KINDS, search_slopes, sound_backward
+from aisafety.verification.bounds import (
+    CROWN_KINDS,
+    linear_boxes,
+    optimise_slopes,
+    search_slopes,
+    sound_backward,
+)
 from aisafety.verification.deadline import Deadline, OutOfTime, current_deadline, time_limit
 from aisafety.verification.falsify import Model, pgd_on_rows, replay
-from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.graph import BoundGraph
 from aisafety.verification.incomplete import AlphaCrownConfig, AlphaCrownVerifier
 from aisafety.verification.ops import Box
 from aisafety.verification.property import Property
@@ -126,7 +132,8 @@ class BabVerifier(AlphaCrownVerifier):
     name = "bab"
     description = (
         "branch and bound: box-PGD first, alpha-CROWN, then ReLU (or input) splits bounded by "
-        "beta-CROWN in batches, best first; ReLU networks; settles every sample given time"
+        "beta-CROWN in batches, best first; settles every ReLU network's sample given time; "
+        "sigmoid/tanh: alpha-CROWN's slopes optimised until the limit, no splits"
     )
     complete = True
     attack_first = True
@@ -134,14 +141,6 @@ class BabVerifier(AlphaCrownVerifier):
     # max-pooling is relaxed (ops.MaxPool, DeepPoly's lines), never split; the complete
     # verifier's MILP encodes it exactly (milp_maxpool.py)
     kinds = CROWN_KINDS
-
-    def check(self, graph: BoundGraph) -> None:
-        super().check(graph)
-        if not graph.relu_only:
-            raise VerificationError(
-                f"verifier {self.name!r} needs a ReLU network; model {graph.model!r} has sigmoid "
-                "or tanh activations (use 'alpha-crown' or 'crown', which bound them)"
-            )
 
     def verify(self, graph: BoundGraph, prop: Property, model: Model | None = None):
         self._model = model or (lambda x: graph.forward(x.to(graph.dtype)))
@@ -228,6 +227,8 @@ class Search:
             return Outcome(self.proved, None, "")
         rows, spec, offset = rows[keep], spec[keep], offset[keep]
         slopes = {i: t[keep] for i, t in slopes.items()}
+        if not self.graph.relu_only:  # no sigmoid or tanh splits (yet): more slope steps
+            return self._slopes_only(root_bound, rows, spec, offset)
         todo = root_domains(self.graph, self.root, spec, offset, rows, slopes)
         todo.bound = root_bound[rows].clone()
         per_domain = sum(t[0].numel() * t.element_size() for part in
@@ -278,6 +279,32 @@ class Search:
             parts.append(chosen)
         slopes = {i: torch.cat([p[i][0] for p in parts]) for i in parts[0]}
         return torch.cat(bounds) + offset, slopes
+
+    def _slopes_only(self, root_bound, rows, spec, offset) -> Outcome:
+        """A network with sigmoid or tanh activations, which this search does not split:
+        rounds of alpha-CROWN with twice the last round's Adam steps on every intermediate
+        bound (the intermediate boxes decide these bounds: more output steps alone left
+        them unchanged, docs/certification.md), each box intersected with the last, then
+        ``root_steps`` on the open rows, until every row is proved or the time is out
+        (anytime: every round's bound is sound, the best one per row stands)."""
+        graph, config, boxes = self.graph, self.config, self.root
+        best, steps = root_bound.clone(), max(1, config.steps)
+        try:
+            with time_limit(self.deadline):
+                while (best[rows] <= 0).any():
+                    steps *= 2
+                    box = self.prop.lower, self.prop.upper
+                    fresh = linear_boxes(graph, *box, "adaptive", steps)
+                    boxes = [(lo.maximum(was[0]), hi.minimum(was[1]))
+                             for (lo, hi), was in zip(fresh, boxes, strict=True)]  # fmt: skip
+                    bound, _ = optimise_slopes(graph, boxes, spec.unsqueeze(0).to(graph.dtype),
+                                               config.root_steps, config.root_lr)  # fmt: skip
+                    best[rows] = torch.maximum(best[rows], (bound[0] + offset).to(best.dtype))
+        except OutOfTime:
+            pass
+        self.proved[best > 0] = best[best > 0]
+        bounds = torch.minimum(self.proved, best)
+        return Outcome(bounds, None, "" if (bounds > 0).all() else "timeout")
 
     def _outcome_at_root(self, root_bound: torch.Tensor) -> Outcome:
         """Out of time before the root's slopes: the bound it was given stands."""

@@ -31,7 +31,7 @@ from aisafety.verification import budget, receptive, rounding
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box, split_signs
-from aisafety.verification.relaxations import RELU, relu_default_slope
+from aisafety.verification.relaxations import RELU, SShapeRelaxation, relu_default_slope
 
 # the dtype of alpha-CROWN's slope search on a float64 graph (its result is re-bounded in
 # float64, so this decides speed and tightness, never soundness)
@@ -417,11 +417,15 @@ def search_slopes(
 def _initial_slopes(
     graph: BoundGraph, start: int, boxes: list[Box], rows: int
 ) -> dict[int, torch.Tensor]:
-    """CROWN's adaptive lower slope of every ReLU before ``start``, one copy per row."""
+    """CROWN's adaptive lower slope of every ReLU before ``start``, one copy per row; a
+    sigmoid's or tanh's two slopes (``SShapeRelaxation.initial_alpha``, (B, K, 2, ...))."""
     alphas = {}
     for i, op in enumerate(graph.ops[:start]):
         if op.kind == "activation" and op.relaxation is RELU:
             lo, hi = boxes[op.inputs[0]]
             init = relu_default_slope(lo, hi, "adaptive").unsqueeze(1)
             alphas[i] = init.expand(-1, rows, *lo.shape[1:]).clone().requires_grad_(True)
+        elif op.kind == "activation" and isinstance(op.relaxation, SShapeRelaxation):
+            init = op.relaxation.initial_alpha(*boxes[op.inputs[0]]).unsqueeze(1)
+            alphas[i] = init.expand(-1, rows, *init.shape[2:]).clone().requires_grad_(True)
     return alphas

@@ -1,8 +1,11 @@
 """The complete verifier: settles a ReLU network's property, given time.
 
-It picks its engine by the network's size (``engine: auto``): a fully connected network
-of at most ``milp_max_relus`` ReLUs gets the MILP below, every other network branch and
-bound (``bab.py``, the same verifier as ``bab``); ``aisafety verify`` prints which.
+It picks its engine by the network's size (``engine: auto``): a fully connected ReLU
+network of at most ``milp_max_relus`` ReLUs gets the MILP below, every other network branch
+and bound (``bab.py``, the same verifier as ``bab``); ``aisafety verify`` prints which. A
+network with sigmoid or tanh activations goes to ``bab`` too, which does not split them:
+there it is box-PGD and alpha-CROWN with optimised sigmoid/tanh slopes, run until proved
+or out of time, so not complete.
 
 MILP, per sample: box-PGD with restarts for a counterexample (first, before any bound),
 alpha-CROWN (certifies the easy ones; out of time, the bound CROWN completed stands),
@@ -29,7 +32,7 @@ from aisafety.verification import bounds as b
 from aisafety.verification.bab import BabConfig, BabVerifier
 from aisafety.verification.deadline import WALL_BACKSTOP, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, replay
-from aisafety.verification.graph import BoundGraph
+from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.milp import decide_row, encode, minimise_row
 from aisafety.verification.property import Property
 from aisafety.verification.refine import refine_boxes
@@ -42,7 +45,7 @@ class CompleteConfig(BabConfig):
     engine: Literal["auto", "milp", "bab"] = Field(
         default="auto",
         description="what settles the rows the bounds leave open: 'milp' (HiGHS), 'bab' "
-        "(branch and bound), or 'auto': MILP on fully connected networks with at most "
+        "(branch and bound), or 'auto': MILP on fully connected ReLU networks with at most "
         "milp_max_relus ReLUs, branch and bound on every other",
     )
     milp_max_relus: int = Field(
@@ -68,7 +71,8 @@ class CompleteVerifier(BabVerifier):
     description = (
         "box-PGD, alpha-CROWN, then per open row an exact MILP (HiGHS) on fully connected "
         "networks of at most milp_max_relus ReLUs, branch and bound ('bab') on the others; "
-        "ReLU networks; settles every sample given time"
+        "settles every ReLU network's sample given time; sigmoid/tanh networks go to 'bab' "
+        "(not complete there)"
     )
     complete = True
     Config = CompleteConfig
@@ -87,10 +91,20 @@ class CompleteVerifier(BabVerifier):
         """'milp' or 'bab': the config's choice, or by the network's size (``auto``)."""
         if self.config.engine != "auto":
             return self.config.engine
+        if not graph.relu_only:  # sigmoid or tanh: the MILP encodes ReLUs only
+            return "bab"
         relus = sum(math.prod(graph.ops[op.inputs[0]].out_shape) for op in graph.ops
                     if op.kind == "activation")  # fmt: skip
         dense = not any(op.kind == "conv" for op in graph.ops)
         return "milp" if dense and relus <= self.config.milp_max_relus else "bab"
+
+    def check(self, graph: BoundGraph) -> None:
+        super().check(graph)
+        if self.engine(graph) == "milp" and not graph.relu_only:
+            raise VerificationError(
+                f"verifier {self.name!r} with engine 'milp' needs a ReLU network; model "
+                f"{graph.model!r} has sigmoid or tanh activations (use engine 'auto' or 'bab')"
+            )
 
     def _verify_batch(self, graph: BoundGraph, prop: Property, model: Model) -> VerificationResult:
         if self.engine(graph) == "bab":

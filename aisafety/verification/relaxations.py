@@ -4,11 +4,17 @@
   lower line a z with 0 <= a <= 1 is valid on an unstable neuron (l < 0 < u). CROWN picks
   a = 1 if u > -l else 0 (the smaller area), Fast-Lin (Weng et al. 2018) a = u / (u - l),
   alpha-CROWN optimises a. Stable neurons are exact (identity or zero).
-* Sigmoid and tanh: both lines have the chord's slope k, and their intercepts are the
-  exact minimum and maximum of f(z) - k z on [l, u]. That difference is smooth, so its
-  extremes lie at l, u or where f'(z) = k, which has a closed form for both functions
-  (at most two points, +-z*). This is sound by construction, whatever the shape of f on
-  [l, u], and needs no case analysis of convex and concave parts.
+* Sigmoid and tanh: each intercept is the exact minimum (maximum) of f(z) - k z on
+  [l, u] for the slope k as stored. That difference is smooth, so its extremes lie at l,
+  u or where f'(z) = k, which has a closed form for both functions (at most two points,
+  +-z*). So a line is sound whatever its slope, and needs no case analysis of convex and
+  concave parts; computed in float64, widened by 1e-7 relative (float64's own rounding of
+  f and z* is ~1e-16) and rounded outwards to the lines' dtype. CROWN (and IBP's
+  intermediate passes) take the chord's slope for both lines; alpha-CROWN searches one
+  lower and one upper slope per row and neuron between the least and largest f' on
+  [l, u]. CROWN's own tangent lines (Zhang et al. 2018: the tangent at the middle on a
+  convex or concave interval, the tangent through an endpoint on a mixed one) were
+  measured looser on the eran sigmoid net (docs/certification.md) and are not used.
 """
 
 from __future__ import annotations
@@ -70,28 +76,70 @@ class ReluRelaxation(Relaxation):
 
 
 @dataclass
-class ChordRelaxation(Relaxation):
-    """Sigmoid or tanh: chord slope, exact intercepts (see the module docstring)."""
+class SShapeRelaxation(Relaxation):
+    """Sigmoid or tanh: any slopes, exact intercepts (see the module docstring)."""
 
     name: str
     fn: Callable[[torch.Tensor], torch.Tensor]
+    derivative: Callable[[torch.Tensor], torch.Tensor]
     stationary: Callable[[torch.Tensor], torch.Tensor]  # z* >= 0 with f'(+-z*) = k
-    safety: float = 1e-7  # absorbs the rounding of f and of the closed forms
+    safety: float = 1e-7  # absorbs the float64 rounding of f and of the closed forms
 
     def lines(self, lower, upper, lower_slope=None) -> Lines:
-        width = upper - lower
-        narrow = width < 1e-6
-        mid = (upper + lower) / 2
-        chord = (self.fn(upper) - self.fn(lower)) / torch.where(narrow, 1.0, width)
-        with torch.enable_grad():  # derivative at the middle for (almost) point intervals
-            point = mid.detach().requires_grad_(True)
-            (tangent,) = torch.autograd.grad(self.fn(point).sum(), point)
-        slope = torch.where(narrow, tangent, chord).clamp(min=0)
+        """Both lines with the chord's slope or, given ``lower_slope`` (B, K, 2, ...): one
+        lower and one upper slope per row as positions in [0, 1] (``slope_range``). In
+        ``lower``'s dtype; computed in float64 from the slopes as stored in that dtype, the
+        intercepts rounded outwards."""
+        dtype, lo, hi = lower.dtype, lower.double(), upper.double()
+        if lower_slope is None:
+            down = up = self.chord(lo, hi).to(dtype)
+        else:
+            lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)
+            least, most = self.slope_range(lo, hi)
+            down, up = (least + t.double() * (most - least) for t in lower_slope.unbind(2))
+            down, up = down.to(dtype), up.to(dtype)
+        low_gap, _ = self.gaps(lo, hi, down.double())
+        _, high_gap = self.gaps(lo, hi, up.double())
+        return down, -_outwards(-low_gap, dtype), up, _outwards(high_gap, dtype)
+
+    def chord(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """The chord's slope (float64); the derivative at the middle of (almost) points."""
+        width = hi - lo
+        narrow = width < 1e-9
+        chord = (self.fn(hi) - self.fn(lo)) / torch.where(narrow, 1.0, width)
+        return torch.where(narrow, self.derivative((lo + hi) / 2), chord).clamp(min=0)
+
+    def slope_range(self, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The least and largest f' on [lo, hi] (f' is even and falls away from 0): the
+        slopes of the tangents, so of every line worth searching."""
+        least = torch.minimum(self.derivative(lo), self.derivative(hi))
+        return least, self.derivative(torch.where(lo * hi <= 0, 0.0, lo.abs().minimum(hi.abs())))
+
+    def initial_alpha(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """The chord's slope as a position in ``slope_range``, for both lines (B, 2, ...)."""
+        lo, hi = lo.double(), hi.double()
+        least, most = self.slope_range(lo, hi)
+        span = most - least
+        at = (self.chord(lo, hi) - least) / torch.where(span > 0, span, 1.0)
+        return at.clamp(0, 1).unsqueeze(1).expand(-1, 2, *lo.shape[1:]).to(lo.dtype)
+
+    def gaps(self, lo: torch.Tensor, hi: torch.Tensor, slope: torch.Tensor) -> Lines:
+        """The minimum and maximum of f(z) - slope z on [lo, hi], widened by ``safety``:
+        f - kz is smooth, so they lie at lo, hi or where f' = k (+-z*, clamped inside)."""
         z_star = self.stationary(slope)
-        points = [lower, upper, (-z_star).clamp(lower, upper), z_star.clamp(lower, upper)]
-        gaps = torch.stack([self.fn(p) - slope * p for p in points])
-        margin = self.safety * (1 + gaps.abs().amax(0))
-        return slope, gaps.amin(0) - margin, slope, gaps.amax(0) + margin
+        points = [lo, hi, torch.minimum(torch.maximum(-z_star, lo), hi),
+                  torch.minimum(torch.maximum(z_star, lo), hi)]  # fmt: skip
+        values = torch.stack([self.fn(p) - slope * p for p in points])
+        margin = self.safety * (1 + values.abs().amax(0))
+        return values.amin(0) - margin, values.amax(0) + margin
+
+
+def _outwards(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The smallest values of ``dtype`` >= ``x`` (float64); a slope search's pass (with
+    gradients, re-bounded soundly after) is only cast."""
+    if dtype == torch.float32 and not x.requires_grad:
+        return round_up(x)
+    return x.to(dtype)
 
 
 def _sigmoid_stationary(k: torch.Tensor) -> torch.Tensor:
@@ -107,6 +155,15 @@ def _tanh_stationary(k: torch.Tensor) -> torch.Tensor:
     return torch.atanh(t)
 
 
+def _sigmoid_derivative(z: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(z)
+    return s * (1 - s)
+
+
+def _tanh_derivative(z: torch.Tensor) -> torch.Tensor:
+    return 1 - torch.tanh(z) ** 2
+
+
 RELU = ReluRelaxation()
-SIGMOID = ChordRelaxation("sigmoid", torch.sigmoid, _sigmoid_stationary)
-TANH = ChordRelaxation("tanh", torch.tanh, _tanh_stationary)
+SIGMOID = SShapeRelaxation("sigmoid", torch.sigmoid, _sigmoid_derivative, _sigmoid_stationary)
+TANH = SShapeRelaxation("tanh", torch.tanh, _tanh_derivative, _tanh_stationary)

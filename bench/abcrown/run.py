@@ -9,7 +9,8 @@ Measurement only, beside our verifiers (``bench/verification.py``): alpha-beta-C
 submodule 9d100ec; ``--abcrown`` or ``$ABCROWN_DIR`` names the checkout, its
 ``complete_verifier`` folder holding ``auto_LiRPA``) runs each instance in a fresh process
 (one torch thread) with the suite's config of this folder (``mnistfc.yaml``,
-``eran.yaml``, ``cifar.yaml``: each lists what had to change from its competition config;
+``eran.yaml`` (``eran_sigmoid.yaml`` for its sigmoid net), ``cifar.yaml``: each lists
+what had to change from its competition config;
 ``sok.yaml`` for ``--csv`` instances of ``sok_export.py``)
 in its ``single_vnnlib`` mode, and its verdict file is read: ``sat``, ``unsat`` or
 ``timeout``; a crash is ``error``. Settings this harness changes, besides the configs:
@@ -54,6 +55,8 @@ SHARED = next(
     Path("/work/shared/data"),
 )  # beside the repository, or inside it on a machine that carries it
 CONFIG = {"mnistfc": "mnistfc.yaml", "eran": "eran.yaml", "cifar": "cifar.yaml", "sok": "sok.yaml"}
+# nets whose config differs from their suite's
+NET_CONFIG = {"ffnnSIGMOID__Point_6x200": "eran_sigmoid.yaml"}
 
 
 def instances(suite: str, data: Path = SHARED, table: str = "") -> list[tuple[str, Path, Path]]:
@@ -207,7 +210,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         onnx_path, spec, result = (Path(p) for p in args.one)
-        run_one(args.abcrown.resolve(), HERE / CONFIG[args.suite], onnx_path, spec,
+        config = NET_CONFIG.get(onnx_path.stem, CONFIG[args.suite])
+        run_one(args.abcrown.resolve(), HERE / config, onnx_path, spec,
                 args.timeout, result, args.clock)  # fmt: skip
         return
     found = instances(args.suite, Path(args.data), args.csv)

@@ -1,0 +1,159 @@
+"""Sigmoid and tanh: the relaxation's lines for any slope, alpha-CROWN's slope search on
+them, and what ``bab``/``complete`` answer on such networks (#33)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from aisafety.plugins import default_registry
+from aisafety.verification import bounds as b
+from aisafety.verification.falsify import pgd_on_rows
+from aisafety.verification.graph import build_graph
+from aisafety.verification.property import robustness_property
+from aisafety.verification.registry import make_verifier
+from aisafety.verification.relaxations import SIGMOID, TANH
+from aisafety.verification.result import Verdict
+
+FUNCTIONS = [(SIGMOID, torch.sigmoid), (TANH, torch.tanh)]
+
+
+def intervals(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random [l, u]: tiny (down to 1e-12 wide) to huge (1e4 wide), all negative, all
+    positive, mixed, far in the tails (|z| up to 1e3), and points."""
+    g = torch.Generator().manual_seed(seed)
+    centre = torch.randn(n, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(
+        -2, 4, (n,), generator=g
+    )
+    width = 10.0 ** (torch.rand(n, generator=g, dtype=torch.float64) * 16 - 12)
+    lower = centre - width * torch.rand(n, generator=g, dtype=torch.float64)
+    upper = lower + width
+    upper[: n // 20] = lower[: n // 20]  # points
+    return lower, upper
+
+
+def samples(lower: torch.Tensor, upper: torch.Tensor, m: int = 400) -> torch.Tensor:
+    t = torch.linspace(0, 1, m, dtype=torch.float64)
+    return lower.unsqueeze(-1) + (upper - lower).unsqueeze(-1) * t
+
+
+def check_lines(fn, lines, lower, upper) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per interval, the least gap of f over the lower line and of the upper line over f
+    on dense samples (float64: the lines' coefficients are exact there)."""
+    lw, lb, uw, ub = (t.double() for t in lines)
+    z = samples(lower.double(), upper.double())
+    f = fn(z)
+    below = f - (lw.unsqueeze(-1) * z + lb.unsqueeze(-1))
+    above = (uw.unsqueeze(-1) * z + ub.unsqueeze(-1)) - f
+    return below.amin(-1), above.amin(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(("relaxation", "fn"), FUNCTIONS)
+def test_the_chord_lines_are_below_and_above_f_on_dense_samples_and_touch_it(relaxation, fn, dtype):
+    lower, upper = intervals(3000, seed=1)
+    lower, upper = lower.to(dtype), upper.to(dtype)
+    below, above = check_lines(fn, relaxation.lines(lower, upper), lower, upper)
+    assert (below >= 0).all() and (above >= 0).all()
+    # the intercepts are the exact extremes: each line touches f, up to the 1e-7 margin and
+    # the grid (on intervals up to 10 wide it passes within 0.0125 of the touching point,
+    # where f'' <= 0.77 leaves a gap below 1e-4)
+    narrow = (upper - lower).double() <= 10
+    assert below[narrow].max() < 1e-4 and above[narrow].max() < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(("relaxation", "fn"), FUNCTIONS)
+def test_any_searched_slope_gives_sound_lines_per_row(relaxation, fn, dtype):
+    """alpha-CROWN's slopes (B, K, 2, n): positions in the range of f' and beyond it (a
+    search's step before clamping); every row's lines stay sound."""
+    lower, upper = intervals(600, seed=2)
+    lower, upper = lower.reshape(3, 200).to(dtype), upper.reshape(3, 200).to(dtype)
+    g = torch.Generator().manual_seed(3)
+    alpha = (torch.rand(3, 4, 2, 200, generator=g) * 2 - 0.5).to(dtype)
+    lines = relaxation.lines(lower, upper, alpha)
+    assert all(t.shape == (3, 4, 200) and t.dtype == dtype for t in lines)
+    wide = [t.expand(3, 4, 200) for t in (lower.unsqueeze(1), upper.unsqueeze(1))]
+    below, above = check_lines(fn, lines, *wide)
+    assert (below >= 0).all() and (above >= 0).all()
+
+
+def test_the_initial_slopes_are_the_chords():
+    lower, upper = intervals(500, seed=4)
+    wide = upper - lower > 1e-3  # narrower, the chord's float64 quotient cancels (in tails)
+    lower, upper = lower[wide].unsqueeze(0), upper[wide].unsqueeze(0)
+    alpha = SIGMOID.initial_alpha(lower, upper).unsqueeze(1)  # (1, 1, 2, n)
+    lw, _, uw, _ = SIGMOID.lines(lower, upper, alpha)
+    chord = SIGMOID.chord(lower, upper)
+    assert torch.allclose(lw[0, 0], chord, rtol=1e-4, atol=1e-15)
+    assert torch.allclose(uw[0, 0], chord, rtol=1e-4, atol=1e-15)
+
+
+def sshape_net() -> nn.Module:
+    """Weights 4x PyTorch's default scale: pre-activations reach the curved parts."""
+    torch.manual_seed(5)
+    net = nn.Sequential(
+        nn.Flatten(), nn.Linear(16, 20), nn.Sigmoid(), nn.Linear(20, 20), nn.Tanh(),
+        nn.Linear(20, 12), nn.Sigmoid(), nn.Linear(12, 3),
+    )  # fmt: skip
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(4)
+    return net
+
+
+def around(net: nn.Module, eps: float, n: int = 6):
+    x = torch.rand(n, 1, 4, 4, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    return x, robustness_property(x, y, eps, 3)
+
+
+def sampled_minimum(net: nn.Module, x: torch.Tensor, prop) -> torch.Tensor:
+    noise = torch.rand(2000, *x.shape, generator=torch.Generator().manual_seed(7))
+    points = [x, pgd_on_rows(lambda z: net(z), prop, steps=30)]
+    points += list((prop.lower + noise * (prop.upper - prop.lower)).float())
+    with torch.no_grad():
+        return torch.stack([prop.rows(net(p).double()) for p in points]).amin(0)
+
+
+def test_optimised_slopes_bound_below_samples_and_above_crown():
+    net = sshape_net()
+    graph = build_graph(net, (1, 4, 4), "sshape")
+    x, prop = around(net, 0.1)
+    prop64 = prop.to(graph.dtype)
+    boxes = b.linear_boxes(graph, prop64.lower, prop64.upper)
+    crown, _ = b.spec_lower(graph, boxes, prop64.spec)
+    optimised, _ = b.optimise_slopes(graph, boxes, prop64.spec, 30, 0.1)
+    alpha_boxes = b.linear_boxes(graph, prop64.lower, prop64.upper, "adaptive", 20)
+    full, _ = b.optimise_slopes(graph, alpha_boxes, prop64.spec, 30, 0.1)
+    true = sampled_minimum(net, x, prop)
+    assert (crown <= true + 1e-9).all() and (optimised <= true + 1e-9).all()
+    assert (full <= true + 1e-9).all()
+    assert (optimised >= crown - 1e-9).all()  # CROWN's bound is kept where higher
+    assert (optimised > crown + 1e-3).any()  # the search moves the sigmoid/tanh slopes
+
+
+@pytest.mark.parametrize("name", ["bab", "complete"])
+def test_bab_and_complete_answer_on_sigmoid_networks_without_contradiction(name):
+    net = sshape_net()
+    graph = build_graph(net, (1, 4, 4), "sshape")
+    for eps in (0.02, 0.5):  # all certified by the bounds; some broken, the rest open
+        x, prop = around(net, eps)
+        config = {"timeout": 1.0, "clock": "cpu", "root_steps": 20}
+        result = make_verifier(default_registry(), name, config).verify(graph, prop, net)
+        true = sampled_minimum(net, x, prop).amin(1)
+        for s, verdict in enumerate(result.verdicts):
+            if verdict is Verdict.CERTIFIED:
+                assert true[s] > 0 and result.margins[s] <= true[s] + 1e-6
+            if verdict is Verdict.FALSIFIED:
+                with torch.no_grad():
+                    point = result.counterexamples[s : s + 1]
+                    assert prop[s : s + 1].rows(net(point).double()).min() <= 0
+            if true[s] <= 0:
+                assert verdict is not Verdict.CERTIFIED
+        if eps == 0.02:
+            assert Verdict.CERTIFIED in result.verdicts
+        else:
+            assert Verdict.FALSIFIED in result.verdicts
