@@ -1,7 +1,7 @@
 """What ``bab`` does on one VNN-COMP instance: its root bounds, domains per CPU second, memory.
 
-    python bench/bab_trace.py --suite cifar --net resnet_2b --prop prop_0_ [--timeout 300]
-                              [--verifier complete] [--config domain_batch=64 ...]
+    python bench/bab_trace.py [--suite cifar] [--net resnet_2b] [--prop prop_0_]
+                              [--timeout 300] [--verifier complete:bab_steps=10]
 
 Runs ``verify_instance`` (one thread, CPU clock) with the search's methods wrapped to print,
 without changing what they compute: the root's bound per open row before and after its
