@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from aisafety.plugins import default_registry
-from aisafety.verification.bab import Search
+from aisafety.verification.bab import Search, round_steps
 from aisafety.verification.deadline import CLOCKS, Deadline
 from aisafety.verification.falsify import pgd_on_rows, replay
 from aisafety.verification.graph import build_graph
@@ -284,6 +284,18 @@ def test_complete_picks_milp_for_small_mlps_and_bab_for_the_rest():
     assert verifier.engine(build_graph(wide.eval(), (1, 4, 4), "wide")) == "bab"
     forced = make_verifier(default_registry(), "complete", {"engine": "bab"})
     assert forced.engine(build_graph(tiny.eval(), (1, 4, 4), "tiny")) == "bab"
+
+
+def test_rounds_take_fewer_adam_steps_on_conv_nets_unless_bab_steps_is_set():
+    """20 per round on fully connected nets (10 stalled on mnistfc 256x4), 10 on nets with a
+    convolution (as tight per round on resnet_2b); an explicit ``bab_steps`` wins on both."""
+    dense = build_graph(mlp(16, 0), (1, 4, 4), "mlp")
+    conv = build_graph(ResidualCifar().eval(), (3, 32, 32), "res")
+    for name, config, want in (("bab", {}, (20, 10)), ("complete", {}, (20, 10)),
+                               ("bab", {"bab_steps": 7}, (7, 7))):  # fmt: skip
+        verifier = make_verifier(default_registry(), name, config)
+        got = tuple(round_steps(verifier.config, g) for g in (dense, conv))
+        assert got == want, (name, config)
 
 
 def test_into_box_keeps_points_of_boxes_outside_minus_one_to_two_inside():

@@ -66,12 +66,21 @@ from aisafety.verification.split_bounds import (
 # the root's slope search may take this share of a sample's time; cut short, the search
 # starts from CROWN's slopes with the rest
 ROOT_SHARE = 0.25
+# Adam steps per round by default: 20 on fully connected nets (10 stalled on mnistfc 256x4,
+# #33's fourth session); on the CIFAR ResNet resnet_2b the bounds after each round were the
+# same to 1e-4 with 10 as with 20, at 57% of the CPU (docs/certification.md, sixth session)
+DENSE_BAB_STEPS, CONV_BAB_STEPS = 20, 10
 
 
 class BabConfig(AlphaCrownConfig):
     batch_size: int = Field(default=1, gt=0, description="samples bounded together at the root")
     domain_batch: int = Field(default=64, gt=0, description="domains split per round")
-    bab_steps: int = Field(default=20, ge=0, description="Adam steps on alpha and beta per round")
+    bab_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="Adam steps on alpha and beta per round (None: 20 on fully connected "
+        "networks, CONV_BAB_STEPS on networks with a convolution)",
+    )
     bab_lr: float = Field(default=0.03, gt=0, description="Adam learning rate of beta")
     bab_lr_alpha: float | None = Field(
         default=None, gt=0, description="Adam learning rate of alpha (None: bab_lr)"
@@ -201,6 +210,7 @@ class Search:
         self.input_split = prop.lower[0].numel() <= config.input_split_max
         self.relus = relu_nodes(graph)
         self.rounds = 0
+        self.steps = round_steps(config, graph)
 
     def run(self, root_bound: torch.Tensor) -> Outcome:
         k = len(root_bound)
@@ -330,7 +340,7 @@ class Search:
     def _bound_and_prune(self, todo: Domains) -> torch.Tensor | None:
         """Bound ``todo`` (children of ``_parents``), prune the proved, keep the rest."""
         config = self.config
-        steps = config.bab_steps if self.rounds else max(config.bab_steps, config.steps)
+        steps = self.steps if self.rounds else max(self.steps, config.steps)
         done, coeff, at_relu, boxes = bound_domains(self.graph, self.root, todo, steps,
                                                     config.bab_lr, self.input_split,
                                                     config.intermediate_bounds,
@@ -505,6 +515,15 @@ class Search:
         reduced = bound.amin(1) if self.config.fsb_reduce == "min" else bound.amax(1)
         reduced = torch.where(score > 0, reduced.T, torch.full_like(reduced.T, -torch.inf))
         return cand.gather(1, reduced.argmax(1, keepdim=True))[:, 0]
+
+
+def round_steps(config: BabConfig, graph: BoundGraph) -> int:
+    """Adam steps per round: ``bab_steps``, or by default fewer on a convolutional network,
+    whose rounds measured no tighter with more (``CONV_BAB_STEPS``)."""
+    if config.bab_steps is not None:
+        return config.bab_steps
+    conv = any(op.kind == "conv" for op in graph.ops)
+    return CONV_BAB_STEPS if conv else DENSE_BAB_STEPS
 
 
 def _pre_activation_bias(op, n: int) -> torch.Tensor:
