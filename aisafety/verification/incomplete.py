@@ -111,8 +111,8 @@ class AlphaCrownVerifier(CrownVerifier):
     each layer on the optimised boxes before it) from the deepest back as far as
     ``search_work`` allows per sample (CROWN's bounds before that: ``search_plan.py``), then
     the spec rows (one slope per row). alpha-CROWN as Xu et al. (2021) optimises the
-    intermediate slopes jointly for the final bound (auto_LiRPA's default keeps CROWN's
-    intermediate bounds); ours optimises each intermediate bound for its own tightness,
+    intermediate slopes jointly for the final bound (so does auto_LiRPA's
+    ``CROWN-Optimized``); ours optimises each intermediate bound for its own tightness,
     which is as sound and, with the spec rows optimised last, never looser than CROWN:
     CROWN's bound is kept where it is higher."""
 

@@ -9,8 +9,7 @@ fit in a few 10^6; on the CIFAR ResNets and the Keras CNN they take 10^8 to 10^1
 to hours per image). The deepest bounds gain the most from a search (the relaxation error
 grows with depth: resnet_4b, image 0, mean width -0.2% on the first layers, -17% on the
 last), so each sample's searches go from the deepest node back while their summed work stays
-within the limit; the other nodes keep CROWN's bounds, which auto_LiRPA's ``CROWN-Optimized``
-keeps for every node by default (``fix_interm_bounds``). The choice depends on the sample
+within the limit; the other nodes keep CROWN's bounds. The choice depends on the sample
 alone, not on the batch it comes in.
 """
 
