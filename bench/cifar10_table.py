@@ -38,7 +38,9 @@ def capabilities(metrics: list) -> list[tuple[str, list]]:
     return rows
 
 
-def run_net(net: str, limit: int, db: str, skip: list[str], gib: float | None) -> None:
+def run_net(
+    net: str, limit: int, db: str, skip: list[str], gib: float | None, rows: list[str]
+) -> None:
     """Every capability of the plan on ``net``, each a run of its own; prints one line each."""
     import aisafety
     from aisafety.config import resolve_paths
@@ -50,7 +52,7 @@ def run_net(net: str, limit: int, db: str, skip: list[str], gib: float | None) -
     model = resolve_paths(load_yaml(model_file.read_text()), model_file.parent)["model"]
     for row, metrics in capabilities(plan["metrics"]):
         name = metrics[0] if isinstance(metrics[0], str) else metrics[0]["name"]
-        if name in skip:
+        if name in skip or (rows and row not in rows):
             continue
         one = {
             **plan,
@@ -108,15 +110,18 @@ def main() -> None:
     parser.add_argument("--nets", nargs="*", default=list(NETS), choices=NETS)
     parser.add_argument("--skip", nargs="*", default=[], help="metric names to leave out")
     parser.add_argument("--memory-gib", type=float, help="the plans' limits.memory_gib")
+    parser.add_argument(
+        "--rows", nargs="*", default=[], help="only these rows, e.g. 'certified-accuracy (crown)'"
+    )
     parser.add_argument("--net", choices=NETS, help=argparse.SUPPRESS)  # one net, this process
     args = parser.parse_args()
     if args.net:
-        run_net(args.net, args.limit, args.db, args.skip, args.memory_gib)
+        run_net(args.net, args.limit, args.db, args.skip, args.memory_gib, args.rows)
         return
     print("| net | capability | value | CPU s | wall s | peak RSS MiB |\n|---|---|---|---|---|---|")
     for net in args.nets:
         command = [sys.executable, __file__, "--net", net, "--limit", str(args.limit)]
-        command += ["--db", args.db, "--skip", *args.skip]
+        command += ["--db", args.db, "--skip", *args.skip, "--rows", *args.rows]
         command += [] if args.memory_gib is None else ["--memory-gib", str(args.memory_gib)]
         subprocess.run(command, check=False)
 

@@ -2,6 +2,11 @@
 
     /work/venv-lirpa/bin/python bench/resnet_crown_lirpa.py resnet_4b --eps 1 [--images 100]
                                 [--first 0] [--only I ...] [--no-ours] [--precision float64]
+                                [--alpha [--search-work W]]
+
+``--alpha``: alpha-CROWN instead, auto_LiRPA's ``CROWN-Optimized`` with its defaults
+(20 iterations, lr 0.5, intermediate bounds CROWN's: ``fix_interm_bounds``) beside ours
+(``alpha-crown``'s bound without its attack; ``--search-work``: its ``search_work``).
 
 Both bound the same 100 shipped CIFAR-10 test images (``eran_test_subsets``, x/255) on the
 same box, ``[x - eps, x + eps]`` clipped to [0, 1] in pixel space and then normalised with
@@ -90,8 +95,10 @@ def cifar_images(index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return x.permute(0, 3, 1, 2).contiguous(), torch.tensor(data[:, 0], dtype=torch.long)
 
 
-def lirpa_bounds(module: nn.Module, prop, batch: int) -> tuple[float, torch.Tensor]:
-    """auto_LiRPA's CROWN lower bound of every margin row, box normalised outside."""
+def lirpa_bounds(
+    module: nn.Module, prop, batch: int, method: str = "CROWN"
+) -> tuple[float, torch.Tensor]:
+    """auto_LiRPA's ``method`` lower bound of every margin row, box normalised outside."""
     from auto_LiRPA import BoundedModule, BoundedTensor
     from auto_LiRPA.perturbations import PerturbationLpNorm
 
@@ -102,23 +109,26 @@ def lirpa_bounds(module: nn.Module, prop, batch: int) -> tuple[float, torch.Tens
         lo = (prop.lower[i : i + batch].float() - mean) / std
         hi = (prop.upper[i : i + batch].float() - mean) / std
         x = BoundedTensor((lo + hi) / 2, PerturbationLpNorm(x_L=lo, x_U=hi))
-        with torch.no_grad():
+        with torch.no_grad() if method == "CROWN" else torch.enable_grad():
             bound, _ = bounded.compute_bounds(
-                x=(x,), C=prop.spec[i : i + batch].float(), method="CROWN", bound_upper=False
+                x=(x,), C=prop.spec[i : i + batch].float(), method=method, bound_upper=False
             )
-        rows.append(bound)
+        rows.append(bound.detach())
     return time.process_time() - start, torch.cat(rows)
 
 
-def our_bounds(name: str, prop, batch: int, precision: str) -> tuple[float, torch.Tensor]:
+def our_bounds(
+    name: str, prop, batch: int, precision: str, alpha: dict | None = None
+) -> tuple[float, torch.Tensor]:
     from aisafety.prediction.onnx_model import load_onnx
     from aisafety.verification import rounding
     from aisafety.verification.graph import build_graph
-    from aisafety.verification.incomplete import CrownVerifier
+    from aisafety.verification.incomplete import AlphaCrownVerifier, CrownVerifier
 
     predictor = load_onnx(NETS / f"{name}.onnx", gradients=True, mean=MEAN, std=STD, name=name)
     graph = build_graph(predictor.network, predictor.input_shape, name)
-    verifier, rows = CrownVerifier(), []
+    verifier, rows = (CrownVerifier() if alpha is None else AlphaCrownVerifier(alpha)), []
+    verifier.prepare()
     start = time.process_time()
     with torch.no_grad(), rounding.pass_precision(precision):
         for i in range(0, prop.lower.shape[0], batch):
@@ -138,6 +148,8 @@ def main() -> None:
     parser.add_argument("--only", type=int, nargs="*", help="these image indices instead")
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--no-ours", action="store_true", help="auto_LiRPA only")
+    parser.add_argument("--alpha", action="store_true", help="alpha-CROWN, not CROWN")
+    parser.add_argument("--search-work", type=float, help="ours: alpha-crown's search_work")
     parser.add_argument(
         "--precision",
         default="auto",
@@ -153,10 +165,16 @@ def main() -> None:
     clean = module((x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1))
     correct = clean.argmax(1) == y
     prop = robustness_property(x, y, args.eps / 255, 10)
-    theirs_s, theirs = lirpa_bounds(module, prop, args.batch)
+    method = "CROWN-Optimized" if args.alpha else "CROWN"
+    theirs_s, theirs = lirpa_bounds(module, prop, args.batch, method)
     theirs = theirs.double().amin(1)
+    alpha = None
+    if args.alpha:
+        alpha = {} if args.search_work is None else {"search_work": args.search_work}
     ours_s, ours = (
-        (0.0, None) if args.no_ours else our_bounds(args.net, prop, args.batch, args.precision)
+        (0.0, None)
+        if args.no_ours
+        else our_bounds(args.net, prop, args.batch, args.precision, alpha)
     )
     ours = None if ours is None else ours.amin(1)
     for i in range(len(y)):
@@ -168,7 +186,7 @@ def main() -> None:
     lirpa_ok = (theirs > 0) & correct
     print(
         f"{args.net} eps {args.eps:g}/255, images {index[0]}-{index[-1]} ({len(index)}): "
-        f"clean {int(correct.sum())}, auto_LiRPA CROWN certified {int(lirpa_ok.sum())} "
+        f"clean {int(correct.sum())}, auto_LiRPA {method} certified {int(lirpa_ok.sum())} "
         f"({theirs_s:.0f} CPU s): {[index[i] for i in lirpa_ok.nonzero().flatten()]}"
     )
     if ours is not None:

@@ -165,18 +165,45 @@ def linear_boxes(
     upper: torch.Tensor,
     mode: str = "adaptive",
     alpha_steps: int = 0,
+    searched: dict[int, torch.Tensor] | None = None,
+    known: list[Box] | None = None,
 ) -> list[Box]:
     """IBP boxes with every activation's input tightened by a backward pass (CROWN), with
-    ``alpha_steps`` of slope optimisation per layer (alpha-CROWN intermediate bounds)."""
+    ``alpha_steps`` of slope optimisation per layer (alpha-CROWN intermediate bounds).
+    ``searched``: per node, the samples (bool, (B,)) it optimises; the others take their box
+    from ``known`` (CROWN's, ``search_plan.py``); a node not in it: every sample."""
     boxes = interval_boxes(graph, lower, upper)
     deep = depends_on_activation(graph)
     for _i, op in enumerate(graph.ops):
         if op.kind != "activation" or not deep[op.inputs[0]]:
             continue  # IBP is exact on an affine function of the input
-        j = op.inputs[0]
-        boxes[j] = _tighten(graph, j, boxes, mode, op.relaxation is RELU, alpha_steps)
+        j, relu = op.inputs[0], op.relaxation is RELU
+        some = None if searched is None else searched.get(j)
+        if some is None or bool(some.all()):
+            boxes[j] = _tighten(graph, j, boxes, mode, relu, alpha_steps)
+        else:
+            boxes[j] = _tighten_some(graph, j, boxes, mode, relu, alpha_steps, some, known[j])
         boxes = forward_from(graph, boxes, j)
     return boxes
+
+
+def _tighten_some(
+    graph: BoundGraph,
+    j: int,
+    boxes: list[Box],
+    mode: str,
+    relu: bool,
+    alpha_steps: int,
+    some: torch.Tensor,
+    known: Box,
+) -> Box:
+    """Node ``j``'s box: ``_tighten`` on the samples ``some``, ``known`` on the others."""
+    lo, hi = torch.maximum(boxes[j][0], known[0]), torch.minimum(boxes[j][1], known[1])
+    index = some.nonzero().flatten()
+    if index.numel() > 0:
+        part = [(a[index], c[index]) for a, c in boxes]
+        lo[index], hi[index] = _tighten(graph, j, part, mode, relu, alpha_steps)
+    return lo, hi
 
 
 def _tighten(

@@ -10,7 +10,7 @@ import torch
 from pydantic import Field
 
 from aisafety.verification import bounds as b
-from aisafety.verification import budget, receptive
+from aisafety.verification import budget, receptive, search_plan
 from aisafety.verification.base import AttackFirstConfig, Verifier
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
@@ -96,16 +96,25 @@ class CrownIBPVerifier(CrownVerifier):
 class AlphaCrownConfig(AttackFirstConfig):
     steps: int = Field(default=20, ge=0, description="Adam steps on the ReLU lower slopes")
     lr: float = Field(default=0.1, gt=0, description="Adam learning rate of the slopes")
+    search_work: float | None = Field(
+        default=3e7,
+        ge=0,
+        description="per sample, the most work (2 x unstable neurons x elements of the "
+        "pass) of intermediate bounds' slope searches, deepest layer first; the other "
+        "layers keep CROWN's bounds (search_plan.py); null: search every layer",
+    )
 
 
 class AlphaCrownVerifier(CrownVerifier):
-    """Slopes optimised for every bound it computes: each activation's input bounds (one
-    slope per bounded neuron, side and earlier unstable ReLU, ``steps`` of Adam, layer by
-    layer, each layer on the optimised boxes before it), then the spec rows (one slope per
-    row). alpha-CROWN as Xu et al. (2021) optimises the intermediate slopes jointly for
-    the final bound; ours optimises each intermediate bound for its own tightness, which
-    is as sound and, with the spec rows optimised last, never looser than CROWN: CROWN's
-    bound is kept where it is higher."""
+    """Slopes optimised for the bounds it computes: activations' input bounds (one slope
+    per bounded neuron, side and earlier unstable ReLU, ``steps`` of Adam, layer by layer,
+    each layer on the optimised boxes before it) from the deepest back as far as
+    ``search_work`` allows per sample (CROWN's bounds before that: ``search_plan.py``), then
+    the spec rows (one slope per row). alpha-CROWN as Xu et al. (2021) optimises the
+    intermediate slopes jointly for the final bound (so does auto_LiRPA's
+    ``CROWN-Optimized``); ours optimises each intermediate bound for its own tightness,
+    which is as sound and, with the spec rows optimised last, never looser than CROWN:
+    CROWN's bound is kept where it is higher."""
 
     name = "alpha-crown"
     description = (
@@ -131,8 +140,21 @@ class AlphaCrownVerifier(CrownVerifier):
         the model is."""
         torch.optim.Adam([torch.zeros(1, requires_grad=True)])
 
-    def boxes(self, graph: BoundGraph, prop: Property):
-        return b.linear_boxes(graph, prop.lower, prop.upper, "adaptive", self.alpha_steps)
+    @property
+    def search_work(self) -> float | None:
+        return self.config.search_work
+
+    def boxes(self, graph: BoundGraph, prop: Property, crown: list | None = None):
+        """The intermediate boxes with slope searches where ``search_work`` allows; CROWN's
+        ``crown`` boxes (computed here when not given) elsewhere."""
+        if crown is None and self.search_work is not None:
+            crown = b.linear_boxes(graph, prop.lower, prop.upper, "adaptive")
+        searched = None if crown is None else search_plan.searched_samples(
+            graph, crown, self.search_work
+        )  # fmt: skip
+        return b.linear_boxes(
+            graph, prop.lower, prop.upper, "adaptive", self.alpha_steps, searched, crown
+        )
 
     def peak_bytes(self, graph: BoundGraph, batch: int, rows: int) -> int:
         return budget.box_bytes(graph, batch) + self.pass_bytes(graph, batch, grad=True)
@@ -149,7 +171,7 @@ class AlphaCrownVerifier(CrownVerifier):
         crown, crown_coeff = b.spec_lower(graph, crown_boxes, prop.spec, "adaptive")
         crown = torch.maximum(crown, b.ibp_spec_lower(graph, crown_boxes, prop.spec))
         self.record(crown, crown_coeff)
-        boxes = self.boxes(graph, prop)
+        boxes = self.boxes(graph, prop, crown_boxes)
         bound, coeff = b.optimise_slopes(graph, boxes, prop.spec, self.alpha_steps, self.alpha_lr)
         ibp = b.ibp_spec_lower(graph, boxes, prop.spec)
         bound = torch.maximum(torch.maximum(bound, crown), ibp)
