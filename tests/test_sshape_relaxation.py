@@ -9,6 +9,7 @@ from torch import nn
 
 from aisafety.plugins import default_registry
 from aisafety.verification import bounds as b
+from aisafety.verification.bab import _stalled
 from aisafety.verification.falsify import pgd_on_rows
 from aisafety.verification.graph import build_graph
 from aisafety.verification.property import robustness_property
@@ -157,3 +158,27 @@ def test_bab_and_complete_answer_on_sigmoid_networks_without_contradiction(name)
             assert Verdict.CERTIFIED in result.verdicts
         else:
             assert Verdict.FALSIFIED in result.verdicts
+
+
+def test_stalled_means_no_open_row_closed_a_hundredth_of_its_gap():
+    before = torch.tensor([-1.0, -0.5, 0.2])
+    assert _stalled(before, torch.tensor([-0.995, -0.496, 0.9]))  # proved rows do not count
+    assert not _stalled(before, torch.tensor([-0.98, -0.5, 0.2]))  # row 0 closed 2%
+
+
+def test_bab_stops_its_slope_rounds_on_sigmoid_networks_once_they_stall():
+    """An open sample whose rounds of slope search stop gaining ends ``unknown`` with the
+    note, long before a generous limit, its margin still below the sampled minimum (on the
+    contract's sigmoid/tanh net the rounds used to run each sample's whole limit)."""
+    net = sshape_net()
+    graph = build_graph(net, (1, 4, 4), "sshape")
+    x, prop = around(net, 0.5)
+    config = {"timeout": 3600.0, "clock": "cpu", "root_steps": 20}
+    verifier = make_verifier(default_registry(), "bab", config)
+    result = verifier.verify(graph, prop, net)
+    true = sampled_minimum(net, x, prop).amin(1)
+    open_ = [s for s, v in enumerate(result.verdicts) if v is Verdict.UNKNOWN]
+    assert open_, "no open sample: the test would check nothing"
+    for s in open_:
+        assert result.notes[s] == "not split further (stalled)"
+        assert result.margins[s] <= true[s] + 1e-6

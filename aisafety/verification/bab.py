@@ -295,13 +295,18 @@ class Search:
         rounds of alpha-CROWN with twice the last round's Adam steps on every intermediate
         bound (the intermediate boxes decide these bounds: more output steps alone left
         them unchanged, docs/certification.md), each box intersected with the last, then
-        ``root_steps`` on the open rows, until every row is proved or the time is out
+        ``root_steps`` on the open rows, until every row is proved, the time is out, or a
+        round closes less than ``STALLED`` of every open row's gap to 0: with each round
+        twice the last's cost, such a search would spend the whole limit without an answer
         (anytime: every round's bound is sound, the best one per row stands)."""
         graph, config, boxes = self.graph, self.config, self.root
-        best, steps = root_bound.clone(), max(1, config.steps)
+        best, steps, before = root_bound.clone(), max(1, config.steps), None
         try:
             with time_limit(self.deadline):
                 while (best[rows] <= 0).any():
+                    if before is not None and _stalled(before, best[rows]):
+                        return self._slopes_outcome(best, "not split further (stalled)")
+                    before = best[rows].clone()
                     steps *= 2
                     box = self.prop.lower, self.prop.upper
                     fresh = linear_boxes(graph, *box, "adaptive", steps)
@@ -312,9 +317,12 @@ class Search:
                     best[rows] = torch.maximum(best[rows], (bound[0] + offset).to(best.dtype))
         except OutOfTime:
             pass
+        return self._slopes_outcome(best, "timeout")
+
+    def _slopes_outcome(self, best: torch.Tensor, why: str) -> Outcome:
         self.proved[best > 0] = best[best > 0]
         bounds = torch.minimum(self.proved, best)
-        return Outcome(bounds, None, "" if (bounds > 0).all() else "timeout")
+        return Outcome(bounds, None, "" if (bounds > 0).all() else why)
 
     def _outcome_at_root(self, root_bound: torch.Tensor) -> Outcome:
         """Out of time before the root's slopes: the bound it was given stands."""
@@ -515,6 +523,15 @@ class Search:
         reduced = bound.amin(1) if self.config.fsb_reduce == "min" else bound.amax(1)
         reduced = torch.where(score > 0, reduced.T, torch.full_like(reduced.T, -torch.inf))
         return cand.gather(1, reduced.argmax(1, keepdim=True))[:, 0]
+
+
+STALLED = 0.01  # of an open row's gap to 0 closed by one round of slope search
+
+
+def _stalled(before: torch.Tensor, now: torch.Tensor) -> bool:
+    """No open row (``before`` <= 0) rose by ``STALLED`` of its gap to 0 in the round."""
+    open_ = before <= 0
+    return bool(((now - before)[open_] < STALLED * -before[open_]).all())
 
 
 def round_steps(config: BabConfig, graph: BoundGraph) -> int:
