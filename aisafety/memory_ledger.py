@@ -12,7 +12,8 @@ children. A claim ends with its process, or ``CLAIM_SECONDS`` after it was last 
 by then the work it was for has allocated (every call reads its budget anew, renewing the
 claim), and the kernel's available memory counts it. ``AISAFETY_MEMORY_LEDGER`` names
 another directory; ``0`` turns the ledger off. Where the directory cannot be written, no
-claims are counted.
+claims are counted. A claim records its process's start time too, so a new process that
+reuses an ended one's id does not inherit its claim.
 """
 
 from __future__ import annotations
@@ -60,14 +61,15 @@ def others_pending(folder: Path) -> int:
     for path in folder.iterdir():
         if not path.name.isdigit() or int(path.name) in mine:
             continue
-        resident = resident_bytes(int(path.name))
+        pid = int(path.name)
+        resident = resident_bytes(pid)
         try:
-            if resident is None:
-                path.unlink()  # its process has ended
+            claimed, resident_then, start = map(int, path.read_text().split())
+            if resident is None or started(pid) != start:
+                path.unlink()  # its process has ended (another may have taken its id)
                 continue
             if now - path.stat().st_mtime > CLAIM_SECONDS:
                 continue
-            claimed, resident_then = map(int, path.read_text().split())
         except (OSError, ValueError):
             continue
         total += max(0, claimed - max(0, resident - resident_then))
@@ -109,11 +111,24 @@ def resident_bytes(pid: int) -> int | None:
     return 0  # a zombie: no resident memory
 
 
+def started(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s field
+    22); -1 where it cannot be read. With the id it names one process, across id reuse."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()
+        return int(after_name[19])  # fields 3.. follow the name; 22 is the start time
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def _record(folder: Path, budget: int) -> None:
-    """This process's claim: the budget and its resident size now (atomically replaced)."""
-    path = folder / str(os.getpid())
-    scratch = folder / f".{os.getpid()}"
-    scratch.write_text(f"{budget} {resident_bytes(os.getpid()) or 0}")
+    """This process's claim: the budget, its resident size and its start time now
+    (atomically replaced)."""
+    pid = os.getpid()
+    path = folder / str(pid)
+    scratch = folder / f".{pid}"
+    scratch.write_text(f"{budget} {resident_bytes(pid) or 0} {started(pid)}")
     os.replace(scratch, path)
     if path not in _RECORDED:
         _RECORDED.add(path)

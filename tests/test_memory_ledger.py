@@ -35,16 +35,17 @@ def other():
     child.wait()
 
 
-def _claim(folder, pid: int, claimed: int, resident: int) -> None:
-    (folder / str(pid)).write_text(f"{claimed} {resident}")
+def _claim(folder, pid: int, claimed: int, resident: int, start: int | None = None) -> None:
+    start = memory_ledger.started(pid) if start is None else start
+    (folder / str(pid)).write_text(f"{claimed} {resident} {start}")
 
 
 def test_a_live_claim_not_yet_taken_is_left_out_and_this_process_claims_its_budget(ledger, other):
     _claim(ledger, other, 4 * GIB, memory_ledger.resident_bytes(other))
     budget = memory_budget.default_budget()
     assert 3 * GIB - (8 << 20) <= budget <= 3 * GIB  # half of 10 - 4 GiB (its growth: a few MiB)
-    claimed, resident = map(int, (ledger / str(os.getpid())).read_text().split())
-    assert claimed == budget and resident > 0
+    claimed, resident, start = map(int, (ledger / str(os.getpid())).read_text().split())
+    assert claimed == budget and resident > 0 and start == memory_ledger.started(os.getpid())
 
 
 def test_what_a_claimer_has_taken_already_counts_once(ledger, other):
@@ -103,3 +104,19 @@ def test_a_parents_claim_is_not_counted_by_its_child(ledger):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           check=True)  # fmt: skip
     assert int(done.stdout) == 5 * GIB
+
+
+def test_a_claim_of_an_ended_process_whose_id_was_reused_is_not_counted(ledger, other):
+    """The claim names the process by id and start time: a live process with the same id
+    but another start time is a new process, and the old claim is removed."""
+    _claim(ledger, other, 4 * GIB, memory_ledger.resident_bytes(other),
+           start=memory_ledger.started(other) - 1)  # fmt: skip
+    assert memory_budget.default_budget() == 5 * GIB
+    assert not (ledger / str(other)).exists()
+
+
+def test_a_start_time_is_read_for_this_process_and_not_for_an_ended_one():
+    assert memory_ledger.started(os.getpid()) > 0
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert memory_ledger.started(int(done.stdout)) == -1
