@@ -1,8 +1,9 @@
 """The corruption registry and ``corrupt``, the one entry point to all 19 corruptions.
 
 Every corruption is a function ``f(x, severity, generator, table) -> Tensor`` on a batch
-(N, C, H, W) in [0, 1] that draws all its randomness from ``generator`` (a
-``torch.Generator`` on the batch's device) and reads its parameters from ``table`` (one of
+(N, C, H, W) in [0, 1] that draws all its randomness from ``generator`` (a host
+``torch.Generator``, drawn through ``aisafety.randomness`` so a seed gives the same noise on
+every device) and reads its parameters from ``table`` (one of
 the reference's three severity tables); ``corrupt`` validates, picks the table, seeds, and
 clamps.
 """
