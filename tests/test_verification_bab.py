@@ -486,3 +486,32 @@ def test_resuming_from_adams_last_step_keeps_the_best_bound_and_stays_below_the_
             assert resumed.bound[k] <= rows[holds, resumed.row[k]].min() + 1e-9
             checked += 1
     assert checked >= 8, "too few domains with sampled points: the test would check nothing"
+
+
+def test_the_open_domains_fit_half_of_an_enclosing_memory_budget():
+    """``max_memory_mb`` (2 GiB) is the domain store's own cap; a plan's smaller budget caps
+    it too (half of it: the other half is the domain batches' bound passes)."""
+    from aisafety.memory_budget import memory_limit
+    from aisafety.verification.bab import domain_memory
+
+    with memory_limit(1 << 30):
+        assert domain_memory(2048) == 1 << 29
+        assert domain_memory(256) == 256 << 20
+    with memory_limit(64 << 30):
+        assert domain_memory(2048) == 2048 << 20
+    net = mlp(16, 0)
+    graph, prop = instances(net, (1, 4, 4), 1, 0.2)  # proved in 10 rounds, 18 domains open
+    verifier = make_verifier(default_registry(), "bab", {"timeout": 60, "clock": "cpu"})
+    one = prop.to(graph.dtype)
+    with torch.no_grad():
+        bound, _, boxes = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
+    searches, outcomes = [], []
+    for budget in (64 << 30, 4 << 10):  # the default's room, and room for 4 domains
+        deadline = Deadline(CLOCKS["cpu"]() + 60, CLOCKS["cpu"])
+        searches.append(Search(verifier.config, graph, one, boxes, net, deadline))
+        with memory_limit(budget):
+            outcomes.append(searches[-1].run(bound[0] + one.offset[0]))
+    roomy, tight = (search.max_open for search in searches)
+    assert tight < 8 and roomy == verifier.config.max_domains
+    assert outcomes[0].why == "" and float(outcomes[0].bounds.min()) > 0  # proved
+    assert outcomes[1].why == "domain limit" and float(outcomes[1].bounds.min()) <= 0

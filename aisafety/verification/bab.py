@@ -39,6 +39,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from aisafety.memory_budget import current_budget
 from aisafety.verification import budget
 from aisafety.verification.bounds import (
     CROWN_KINDS,
@@ -201,6 +202,16 @@ class BabVerifier(AlphaCrownVerifier):
         )
 
 
+DOMAIN_SHARE = 0.5  # of the enclosing budget; the rest is the domain batches' bound passes
+
+
+def domain_memory(max_memory_mb: float, device: torch.device | str = "cpu") -> int:
+    """Bytes the open domains may take: ``max_memory_mb``, at most ``DOMAIN_SHARE`` of the
+    enclosing memory budget (inside ``verify``, the budget less what the call holds), so a
+    plan's ``limits.memory_gib`` below 4 GiB also bounds the domain store."""
+    return int(min(max_memory_mb * 2**20, DOMAIN_SHARE * current_budget(device)))
+
+
 class Search:
     """The state of one sample's branch and bound (see the module docstring)."""
 
@@ -243,7 +254,7 @@ class Search:
         todo.bound = root_bound[rows].clone()
         per_domain = sum(t[0].numel() * t.element_size() for part in
                          (todo.alpha, todo.beta, todo.splits) for t in part.values())  # fmt: skip
-        memory = self.config.max_memory_mb * 2**20
+        memory = domain_memory(self.config.max_memory_mb, self.prop.lower.device)
         self.max_open = max(1, min(self.config.max_domains, int(memory / max(1, per_domain))))
         self.open: Domains | None = None
         self.stuck: list[torch.Tensor] = []  # bounds of domains that cannot be split
