@@ -365,8 +365,9 @@ class Search:
                     todo.bound = torch.maximum(todo.bound, bound.to(todo.bound.dtype))
                     todo.bound[empty_domains(todo.boxes)] = torch.inf
                     point = self._replay_corners(todo, coeff)
-                    if point is not None:
-                        return Outcome(self.proved, point, "")
+                    if point is not None:  # the bounds stay those of every domain left
+                        self.open_s = SDomains.cat([p for p in (self.open_s, todo) if p])
+                        return Outcome(self._sshape_outcome("").bounds, point, "")
                     self._keep_open(todo, at_act)
                     if self.open_s is None:
                         break
