@@ -20,6 +20,10 @@ beta-CROWN pass (no optimisation) and splits the one whose worse child is highes
 network with at most ``input_split_max`` inputs the input box is split instead, at the
 middle of the dimension with the largest ``|coefficient| * width``.
 
+On a network with sigmoid or tanh activations: rounds of alpha-CROWN on every bound
+(``_slope_rounds``), then branch and bound over those neurons, each split cutting one
+neuron's input interval in two (``sshape_split.py``).
+
 Intermediate bounds: by default every domain is bounded on the root's intermediate boxes
 with its split neurons cut; ``intermediate_bounds: true`` re-bounds by CROWN, per domain,
 the input of every ReLU layer after the domain's first split (``split_bounds.py``).
@@ -149,7 +153,7 @@ class BabVerifier(AlphaCrownVerifier):
     description = (
         "branch and bound: box-PGD first, alpha-CROWN, then ReLU (or input) splits bounded by "
         "beta-CROWN in batches, best first; settles every ReLU network's sample given time; "
-        "sigmoid/tanh: alpha-CROWN's slopes optimised until the limit, no splits"
+        "sigmoid/tanh: rounds of alpha-CROWN, then splits of their neurons' input intervals"
     )
     complete = True
     attack_first = True
