@@ -9,8 +9,8 @@ cover the parent. On each child the S-shape relaxation is recomputed on the cut 
 (``SShapeRelaxation``: exact intercepts for any slope, so tighter lines on a narrower
 interval), and every later box can only shrink.
 
-A domain's bound is alpha-CROWN (``bounds.optimise_slopes``: Adam on one lower and one
-upper slope per neuron, then a rounding-safe pass) on the domain's boxes. Every box holds
+A domain's bound is alpha-CROWN (Adam on one lower and one upper slope per neuron,
+resumed from its parent's, then a rounding-safe pass) on the domain's boxes. Every box holds
 every value its node takes at the points of the input box that satisfy the domain's cuts,
 so the bound is a lower bound of the row on those points. No Lagrange multiplier (beta)
 is used: the cuts act through the boxes only (docs/certification.md says why).
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aisafety.verification.bounds import forward_from, optimise_slopes
+from aisafety.verification.bounds import forward_from, search_slopes, sound_backward
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.ops import Box
@@ -48,6 +48,7 @@ class SDomains:
     boxes: list[Box]
     bound: torch.Tensor
     branch: torch.Tensor | None = None
+    alpha: dict[int, torch.Tensor] | None = None  # last slopes per node (D, 1, 2, *shape)
 
     def __len__(self) -> int:
         return len(self.offset)
@@ -55,8 +56,9 @@ class SDomains:
     def take(self, index: torch.Tensor) -> SDomains:
         boxes = [(lo[index], hi[index]) for lo, hi in self.boxes]
         branch = None if self.branch is None else self.branch[index]
+        alpha = None if self.alpha is None else {i: t[index] for i, t in self.alpha.items()}
         return SDomains(self.spec[index], self.offset[index], self.row[index], boxes,
-                        self.bound[index], branch)  # fmt: skip
+                        self.bound[index], branch, alpha)  # fmt: skip
 
     @staticmethod
     def cat(parts: list[SDomains]) -> SDomains:
@@ -66,9 +68,11 @@ class SDomains:
                  for n in range(len(parts[0].boxes))]  # fmt: skip
         branch = None if any(p.branch is None for p in parts) \
             else torch.cat([p.branch for p in parts])  # fmt: skip
+        alpha = None if any(p.alpha is None for p in parts) \
+            else {i: torch.cat([p.alpha[i] for p in parts]) for i in parts[0].alpha}  # fmt: skip
         return SDomains(*(torch.cat([getattr(p, k) for p in parts])
                           for k in ("spec", "offset", "row")), boxes,
-                        torch.cat([p.bound for p in parts]), branch)  # fmt: skip
+                        torch.cat([p.bound for p in parts]), branch, alpha)  # fmt: skip
 
     def nbytes(self) -> int:
         """Bytes per domain (its boxes dominate)."""
@@ -91,11 +95,24 @@ def root_sdomains(root: list[Box], spec, offset, rows) -> SDomains:
 
 
 def bound_sdomains(graph: BoundGraph, d: SDomains, steps: int, lr: float):
-    """Each domain's sound lower bound (D,) by alpha-CROWN on its own boxes (``steps`` of
-    Adam, ``lr``), its input coefficients (D, *in) and the coefficients at each S-shape
+    """Each domain's sound lower bound (D,) by alpha-CROWN on its own boxes: ``steps`` of
+    Adam (``lr``) from the domain's last slopes (its parent's; the chord's at the root),
+    then the sound pass, CROWN's bound kept where higher. Sets ``d.alpha`` to the slopes
+    found. Also its input coefficients (D, *in) and the coefficients at each S-shape
     activation's output (by node; CROWN's chord pass), for branching."""
     a = d.spec.reshape(len(d), 1, *graph.ops[-1].out_shape).to(graph.dtype)
-    bound, coeff = optimise_slopes(graph, d.boxes, a, steps, lr)
+    end = len(graph.ops) - 1
+    bound, coeff = sound_backward(graph, end, a, d.boxes)
+    chosen = search_slopes(graph, end, a, d.boxes, steps, lr, init=d.alpha)
+    if chosen:
+        slopes = {i: t.to(graph.dtype) for i, t in chosen.items()}
+        with torch.no_grad():
+            now, now_coeff = sound_backward(graph, end, a, d.boxes, slopes=slopes)
+        better = now > bound
+        coeff = torch.where(better.reshape(*better.shape, *[1] * (coeff.dim() - 2)),
+                            now_coeff, coeff)  # fmt: skip
+        bound = torch.maximum(bound, now)
+        d.alpha = chosen
     return bound[:, 0] + d.offset, coeff[:, 0], activation_coefficients(graph, a, d.boxes)
 
 
