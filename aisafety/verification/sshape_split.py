@@ -74,10 +74,13 @@ class SDomains:
                           for k in ("spec", "offset", "row")), boxes,
                         torch.cat([p.bound for p in parts]), branch, alpha)  # fmt: skip
 
-    def nbytes(self) -> int:
-        """Bytes per domain (its boxes dominate)."""
+    def nbytes(self, graph: BoundGraph) -> int:
+        """Bytes per domain: its boxes, its row and its two float32 slopes per S-shape
+        neuron (``alpha``, once bounded)."""
         per = sum(lo[0].numel() * lo.element_size() * 2 for lo, _ in self.boxes)
-        return per + self.spec[0].numel() * self.spec.element_size()
+        slopes = sum(2 * 4 * self.boxes[graph.ops[i].inputs[0]][0][0].numel()
+                     for i in sshape_nodes(graph))  # fmt: skip
+        return per + slopes + self.spec[0].numel() * self.spec.element_size()
 
 
 def sshape_nodes(graph: BoundGraph) -> list[int]:
