@@ -167,9 +167,10 @@ def test_stalled_means_no_open_row_closed_a_hundredth_of_its_gap():
 
 
 def test_bab_stops_its_slope_rounds_on_sigmoid_networks_once_they_stall():
-    """An open sample whose rounds of slope search stop gaining ends ``unknown`` with the
-    note, long before a generous limit, its margin still below the sampled minimum (on the
-    contract's sigmoid/tanh net the rounds used to run each sample's whole limit)."""
+    """An open sample whose rounds of slope search, then of sigmoid/tanh splits, stop
+    gaining ends ``unknown`` with the note, long before a generous limit, its margin still
+    below the sampled minimum (on the contract's sigmoid/tanh net the rounds used to run
+    each sample's whole limit)."""
     net = sshape_net()
     graph = build_graph(net, (1, 4, 4), "sshape")
     x, prop = around(net, 0.5)

@@ -20,6 +20,10 @@ beta-CROWN pass (no optimisation) and splits the one whose worse child is highes
 network with at most ``input_split_max`` inputs the input box is split instead, at the
 middle of the dimension with the largest ``|coefficient| * width``.
 
+On a network with sigmoid or tanh activations: rounds of alpha-CROWN on every bound
+(``_slope_rounds``), then branch and bound over those neurons, each split cutting one
+neuron's input interval in two (``sshape_split.py``).
+
 Intermediate bounds: by default every domain is bounded on the root's intermediate boxes
 with its split neurons cut; ``intermediate_bounds: true`` re-bounds by CROWN, per domain,
 the input of every ReLU layer after the domain's first split (``split_bounds.py``).
@@ -62,6 +66,13 @@ from aisafety.verification.split_bounds import (
     empty_domains,
     relu_nodes,
     root_domains,
+)
+from aisafety.verification.sshape_split import (
+    SDomains,
+    bound_sdomains,
+    branch_scores,
+    root_sdomains,
+    split_sdomains,
 )
 
 # the root's slope search may take this share of a sample's time; cut short, the search
@@ -143,7 +154,7 @@ class BabVerifier(AlphaCrownVerifier):
     description = (
         "branch and bound: box-PGD first, alpha-CROWN, then ReLU (or input) splits bounded by "
         "beta-CROWN in batches, best first; settles every ReLU network's sample given time; "
-        "sigmoid/tanh: alpha-CROWN's slopes optimised until the limit, no splits"
+        "sigmoid/tanh: rounds of alpha-CROWN, then splits of their neurons' input intervals"
     )
     complete = True
     attack_first = True
@@ -248,8 +259,9 @@ class Search:
             return Outcome(self.proved, None, "")
         rows, spec, offset = rows[keep], spec[keep], offset[keep]
         slopes = {i: t[keep] for i, t in slopes.items()}
-        if not self.graph.relu_only:  # no sigmoid or tanh splits (yet): more slope steps
-            return self._slopes_only(root_bound, rows, spec, offset)
+        self.stuck: list[torch.Tensor] = []  # bounds of domains that cannot be split
+        if not self.graph.relu_only:  # sigmoid or tanh: their own domains and splits
+            return self._sshape(root_bound, rows, spec, offset)
         todo = root_domains(self.graph, self.root, spec, offset, rows, slopes)
         todo.bound = root_bound[rows].clone()
         per_domain = sum(t[0].numel() * t.element_size() for part in
@@ -301,22 +313,39 @@ class Search:
         slopes = {i: torch.cat([p[i][0] for p in parts]) for i in parts[0]}
         return torch.cat(bounds) + offset, slopes
 
-    def _slopes_only(self, root_bound, rows, spec, offset) -> Outcome:
-        """A network with sigmoid or tanh activations, which this search does not split:
-        rounds of alpha-CROWN with twice the last round's Adam steps on every intermediate
+    def _sshape(self, root_bound, rows, spec, offset) -> Outcome:
+        """A network with sigmoid or tanh activations: rounds of slope search on the whole
+        box (``_slope_rounds``) for ``SLOPE_SHARE`` of the time or until they stall, then
+        branch and bound over its S-shape neurons (``sshape_split.py``) on their boxes."""
+        share = Deadline(
+            min(self.deadline.at, self.deadline.clock() + SLOPE_SHARE * self.deadline.left()),
+            self.deadline.clock,
+        )
+        best, boxes = self._slope_rounds(root_bound, rows, spec, offset, share)
+        self.proved[best > 0] = best[best > 0]
+        keep = best[rows] <= 0
+        if not keep.any() or self.deadline.passed():
+            return self._slopes_outcome(best, "timeout")
+        rows, spec, offset = rows[keep], spec[keep], offset[keep]
+        todo = root_sdomains(boxes, spec, offset, rows)
+        todo.bound = best[rows].clone()
+        return self._sshape_bab(todo)
+
+    def _slope_rounds(self, root_bound, rows, spec, offset, deadline: Deadline):
+        """Rounds of alpha-CROWN with twice the last round's Adam steps on every intermediate
         bound (the intermediate boxes decide these bounds: more output steps alone left
         them unchanged, docs/certification.md), each box intersected with the last, then
-        ``root_steps`` on the open rows, until every row is proved, the time is out, or a
-        round closes less than ``STALLED`` of every open row's gap to 0: with each round
-        twice the last's cost, such a search would spend the whole limit without an answer
-        (anytime: every round's bound is sound, the best one per row stands)."""
+        ``root_steps`` on the open rows, until every row is proved, ``deadline`` passes, or
+        a round closes less than ``STALLED`` of every open row's gap to 0 (each round costs
+        twice the last). The best bound per row (every round's is sound) and the last
+        boxes, sound on the whole box."""
         graph, config, boxes = self.graph, self.config, self.root
         best, steps, before = root_bound.clone(), max(1, config.steps), None
         try:
-            with time_limit(self.deadline):
+            with time_limit(deadline):
                 while (best[rows] <= 0).any():
                     if before is not None and _stalled(before, best[rows]):
-                        return self._slopes_outcome(best, "not split further (stalled)")
+                        break
                     before = best[rows].clone()
                     steps *= 2
                     box = self.prop.lower, self.prop.upper
@@ -328,7 +357,100 @@ class Search:
                     best[rows] = torch.maximum(best[rows], (bound[0] + offset).to(best.dtype))
         except OutOfTime:
             pass
-        return self._slopes_outcome(best, "timeout")
+        return best, boxes
+
+    def _sshape_bab(self, todo: SDomains) -> Outcome:
+        """Best-first branch and bound over S-shape neurons: each round splits the
+        ``domain_batch`` lowest open domains (``branch_scores``, ``split_sdomains``) and
+        bounds the children in one batch; a child above 0 is pruned, a replayed corner
+        that violates the property ends the search. Stops when no domain is left, out of
+        time, at the memory cap, or after ``SSHAPE_STALL_ROUNDS`` rounds in which the
+        lowest open bound rose by less than ``STALLED`` of its gap to 0."""
+        graph, config = self.graph, self.config
+        self.open_s: SDomains | None = None
+        cap = max(1, int(config.max_memory_mb * 2**20 / max(1, todo.nbytes(graph))))
+        cap = min(cap, config.max_domains)
+        why, low, flat = "", None, 0
+        try:
+            with time_limit(self.deadline):
+                while todo is not None:
+                    self._inflight_s = todo
+                    bound, coeff, at_act = bound_sdomains(graph, todo, self.steps, config.bab_lr)
+                    self._inflight_s = None
+                    todo.bound = torch.maximum(todo.bound, bound.to(todo.bound.dtype))
+                    todo.bound[empty_domains(todo.boxes)] = torch.inf
+                    point = self._replay_corners(todo, coeff)
+                    if point is not None:  # the bounds stay those of every domain left
+                        self.open_s = SDomains.cat([p for p in (self.open_s, todo) if p])
+                        return Outcome(self._sshape_outcome("").bounds, point, "")
+                    self._keep_open(todo, at_act)
+                    if self.open_s is None:
+                        break
+                    now = float(self.open_s.bound.min())
+                    if low is None or now - low >= STALLED * -low:
+                        low, flat = now, 0
+                    else:
+                        flat += 1
+                    if flat >= SSHAPE_STALL_ROUNDS:
+                        why = "not split further (stalled)"
+                        break
+                    if len(self.open_s) > cap:
+                        why = "domain limit"
+                        break
+                    self.rounds += 1
+                    order = torch.argsort(self.open_s.bound)
+                    n = min(config.domain_batch, len(order))
+                    parents, rest = self.open_s.take(order[:n]), self.open_s.take(order[n:])
+                    self.open_s = rest if len(rest) else None
+                    todo = split_sdomains(graph, parents)
+        except OutOfTime:
+            why = "timeout"
+            if self._inflight_s is not None:
+                self.open_s = SDomains.cat([d for d in (self.open_s, self._inflight_s)
+                                            if d is not None])  # fmt: skip
+        return self._sshape_outcome(why)
+
+    _inflight_s: SDomains | None = None
+
+    def _replay_corners(self, d: SDomains, coeff: torch.Tensor) -> torch.Tensor | None:
+        """The input corner minimising each domain's linear bound, replayed."""
+        lo, hi = d.boxes[0]
+        corner = torch.where(coeff > 0, lo, hi)
+        hit = replay(self.model, _repeat(self.prop, len(d)), corner)
+        return corner[hit][0] if hit.any() else None
+
+    def _keep_open(self, d: SDomains, at_act) -> None:
+        """Prune the proved domains (their bounds count for their rows), and keep the rest
+        with their branching choice; a domain with nothing left to split is stuck."""
+        proved = d.bound > 0
+        leaves = torch.nonzero(proved).flatten()
+        self.proved.scatter_reduce_(0, d.row[leaves], d.bound[leaves].to(self.proved.dtype),
+                                    "amin")  # fmt: skip
+        keep = torch.nonzero(~proved).flatten()
+        if not len(keep):
+            return
+        rest = d.take(keep)
+        node, index, _ = branch_scores(self.graph, rest, {i: a[keep] for i, a in at_act.items()})
+        stuck = node < 0
+        if stuck.any():
+            gone = rest.take(torch.nonzero(stuck).flatten())
+            self.stuck.append(torch.stack([gone.row.double(), gone.bound.double()], 1))
+        live = torch.nonzero(~stuck).flatten()
+        rest = rest.take(live)
+        rest.branch = torch.stack([node[live], index[live]], 1)
+        parts = [p for p in (self.open_s, rest) if p is not None and len(p)]
+        self.open_s = SDomains.cat(parts) if parts else None
+
+    def _sshape_outcome(self, why: str) -> Outcome:
+        bounds = self.proved.clone()
+        if self.open_s is not None and len(self.open_s):
+            d = self.open_s
+            bounds.scatter_reduce_(0, d.row, d.bound.to(bounds.dtype), "amin")
+        if self.stuck:
+            stuck = torch.cat(self.stuck)
+            bounds.scatter_reduce_(0, stuck[:, 0].long(), stuck[:, 1], "amin")
+            why = why or "not split further"
+        return Outcome(bounds, None, why if (bounds <= 0).any() else "")
 
     def _slopes_outcome(self, best: torch.Tensor, why: str) -> Outcome:
         self.proved[best > 0] = best[best > 0]
@@ -537,6 +659,10 @@ class Search:
 
 
 STALLED = 0.01  # of an open row's gap to 0 closed by one round of slope search
+# the sigmoid/tanh slope rounds' share of a sample's time; the splits get the rest
+SLOPE_SHARE = 0.5
+# rounds of S-shape splitting in a row whose lowest open bound rose by less than STALLED
+SSHAPE_STALL_ROUNDS = 10
 
 
 def _stalled(before: torch.Tensor, now: torch.Tensor) -> bool:
