@@ -17,17 +17,17 @@ from aisafety.verification.base import Verifier
 from aisafety.verification.deadline import CLOCKS
 
 ROOT = Path(__file__).resolve().parents[1]
+PLACES = (ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data")
 MNISTFC = next(
-    (p / "vnncomp2021_mnistfc" for p in (ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data")
-     if (p / "vnncomp2021_mnistfc").is_dir()),
-    None,
-)  # fmt: skip
+    (p / "vnncomp2021_mnistfc" for p in PLACES if (p / "vnncomp2021_mnistfc").is_dir()), None
+)
 pytestmark = pytest.mark.skipif(MNISTFC is None, reason="../shared/data (VNN-COMP files) absent")
 
 
-def run_with_setup(monkeypatch, setup: float, timeout: float):
-    """``verify_instance`` (``crown``, CPU clock) whose loading costs ``setup`` ticks; the
-    result and the span of every deadline a verifier set."""
+def run_with_setup(monkeypatch, setup: float, timeout: float, prepare: float = 0.0):
+    """``verify_instance`` (``crown``, CPU clock) whose loading costs ``setup`` ticks and
+    the verifier's one-time ``prepare`` ``prepare`` ticks; the result and the span of every
+    deadline a verifier set."""
     ticks = [100.0]
     monkeypatch.setitem(CLOCKS, "cpu", lambda: ticks[0])
     load = vnncomp.load_network
@@ -43,7 +43,11 @@ def run_with_setup(monkeypatch, setup: float, timeout: float):
         spans.append(made.at - ticks[0])
         return made
 
+    def slow_prepare(verifier):
+        ticks[0] += prepare
+
     monkeypatch.setattr(vnncomp, "load_network", slow_load)
+    monkeypatch.setattr(Verifier, "prepare", slow_prepare)
     monkeypatch.setattr(Verifier, "deadline", recorded)
     net, spec = MNISTFC / "mnist-net_256x2.onnx", MNISTFC / "prop_0_0.03.vnnlib"
     config = {"clock": "cpu"}
@@ -54,6 +58,13 @@ def test_the_verifier_gets_what_loading_left_of_the_limit(monkeypatch):
     result, spans = run_with_setup(monkeypatch, setup=45.0, timeout=60.0)
     assert spans == [pytest.approx(15.0)]  # one batch of one sample: 60 - 45 ticks
     assert result.status in ("unsat", "unknown")  # crown's own verdict, not a timeout
+
+
+def test_the_verifiers_one_time_prepare_counts_too(monkeypatch):
+    """alpha-CROWN's ``prepare`` imports ``torch._dynamo`` (seconds of CPU) once per process:
+    in a sweep of one instance per process, that is every instance's."""
+    result, spans = run_with_setup(monkeypatch, setup=20.0, timeout=60.0, prepare=25.0)
+    assert spans == [pytest.approx(15.0)]
 
 
 def test_loading_past_the_limit_is_a_timeout_without_any_bound_work(monkeypatch):
