@@ -9,12 +9,13 @@
   u or where f'(z) = k, which has a closed form for both functions (at most two points,
   +-z*). So a line is sound whatever its slope, and needs no case analysis of convex and
   concave parts; computed in float64, widened by 1e-7 relative (float64's own rounding of
-  f and z* is ~1e-16) and rounded outwards to the lines' dtype. CROWN (and IBP's
-  intermediate passes) take the chord's slope for both lines; alpha-CROWN searches one
-  lower and one upper slope per row and neuron between the least and largest f' on
-  [l, u]. CROWN's own tangent lines (Zhang et al. 2018: the tangent at the middle on a
-  convex or concave interval, the tangent through an endpoint on a mixed one) were
-  measured looser on the eran sigmoid net (docs/certification.md) and are not used.
+  f and z* is ~1e-16) and rounded outwards to the lines' dtype. CROWN (and every
+  intermediate pass) takes CROWN's slopes as auto_LiRPA picks them (``tangent_slopes``:
+  Zhang et al. 2018's tangents and chords, with auto_LiRPA's "smoothness enhancement" on
+  intervals across 0); on the eran sigmoid net they are far tighter than the chord's
+  slope for both lines (docs/certification.md, bench/sigmoid_lines.py). alpha-CROWN
+  searches one lower and one upper slope per row and neuron between the least and
+  largest f' on [l, u], starting from the chord.
 """
 
 from __future__ import annotations
@@ -84,10 +85,10 @@ class SShapeRelaxation(Relaxation):
     derivative: Callable[[torch.Tensor], torch.Tensor]
     stationary: Callable[[torch.Tensor], torch.Tensor]  # z* >= 0 with f'(+-z*) = k
     safety: float = 1e-7  # absorbs the float64 rounding of f and of the closed forms
-    rule: str = "chord"  # "chord" for both lines, or CROWN's slopes ("tangent": ``tangent_slopes``)
+    rule: str = "tangent"  # CROWN's slopes (``tangent_slopes``), or "chord" for both lines
 
     def lines(self, lower, upper, lower_slope=None) -> Lines:
-        """Both lines with the chord's slope or, given ``lower_slope`` (B, K, 2, ...): one
+        """Both lines with ``default_slopes`` or, given ``lower_slope`` (B, K, 2, ...): one
         lower and one upper slope per row as positions in [0, 1] (``slope_range``). In
         ``lower``'s dtype; computed in float64 from the slopes as stored in that dtype, the
         intercepts rounded outwards."""
@@ -161,13 +162,14 @@ class SShapeRelaxation(Relaxation):
         return least, self.derivative(torch.where(lo * hi <= 0, 0.0, lo.abs().minimum(hi.abs())))
 
     def initial_alpha(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-        """CROWN's slopes (``default_slopes``) as positions in ``slope_range``, the lower
-        line's then the upper's (B, 2, ...)."""
-        dtype, lo, hi = lo.dtype, lo.double(), hi.double()
+        """The chord's slope as a position in ``slope_range``, for both lines (B, 2, ...):
+        the search's start. CROWN's own slopes (``tangent_slopes``) start it worse (eran
+        1211, 20 steps: -5.47 against -3.23; docs/certification.md)."""
+        lo, hi = lo.double(), hi.double()
         least, most = self.slope_range(lo, hi)
-        span = torch.where(most > least, most - least, 1.0)
-        at = [((k - least) / span).clamp(0, 1) for k in self.default_slopes(lo, hi)]
-        return torch.stack(at, 1).to(dtype)
+        span = most - least
+        at = (self.chord(lo, hi) - least) / torch.where(span > 0, span, 1.0)
+        return at.clamp(0, 1).unsqueeze(1).expand(-1, 2, *lo.shape[1:]).to(lo.dtype)
 
     def gaps(self, lo: torch.Tensor, hi: torch.Tensor, slope: torch.Tensor) -> Lines:
         """The minimum and maximum of f(z) - slope z on [lo, hi], widened by ``safety``:
