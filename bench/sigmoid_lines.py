@@ -1,6 +1,7 @@
 """Sigmoid line slopes on one layer: ours against auto_LiRPA's CROWN, on eran spec 1211.
 
     python bench/sigmoid_lines.py [--spec 1211] [--lirpa /work/venv-lirpa/bin/python]
+                                  [--whole STEPS] [--all-specs]
 
 The eran sigmoid net's (ffnnSIGMOID__Point_6x200) second pre-activation box depends only
 on the first sigmoid layer's lines: the first layer's box is exact (IBP of an affine map).
@@ -13,6 +14,10 @@ line to f (the largest distance between the line and f on [l, u]).
 With ``--lirpa`` (a Python that imports auto_LiRPA) the same intervals go through
 auto_LiRPA's ``BoundSigmoid`` (its vanilla CROWN relaxation); its lines are taken both as
 they are and with our exact intercepts for its slopes (so the slopes alone compare).
+``--whole``: every layer's width and the spec's bounds by CROWN and alpha-CROWN with the
+chord's and CROWN's slopes on every layer (alpha-CROWN from the chord and, with CROWN's
+slopes, also from them); ``--all-specs``: CROWN's margin both ways on
+all 36 eran sigmoid specs; ``--test-nets``: CROWN both ways on the tests' sigmoid/tanh nets.
 """
 
 from __future__ import annotations
@@ -101,11 +106,23 @@ def report(name: str, fn, lo, hi, lines: r.Lines, width: float) -> None:
                   f"  gaps lower {g[0]:.4f} upper {g[1]:.4f}")  # fmt: skip
 
 
-def whole_net(graph, prop, rule: str, steps: int) -> None:
+def crown_start(self: r.SShapeRelaxation, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """alpha-CROWN's start at CROWN's slopes (lower, upper) instead of the chord's."""
+    dtype, lo, hi = lo.dtype, lo.double(), hi.double()
+    least, most = self.slope_range(lo, hi)
+    span = torch.where(most > least, most - least, 1.0)
+    return torch.stack([((k - least) / span).clamp(0, 1) for k in self.tangent_slopes(lo, hi)],
+                       1).to(dtype)  # fmt: skip
+
+
+def whole_net(graph, prop, rule: str, steps: int, start: str = "chord") -> None:
     """Every layer's mean box width and the spec bounds with ``rule``'s slopes on every
     sigmoid: CROWN, then alpha-CROWN (``steps`` per intermediate bound and at the output;
-    its search starts from the rule's slopes)."""
+    its search starts from the chord, or from CROWN's slopes with ``start='tangent'``)."""
     saved, r.SIGMOID.rule = r.SIGMOID.rule, rule
+    initial = r.SShapeRelaxation.initial_alpha
+    if start == "tangent":
+        r.SShapeRelaxation.initial_alpha = crown_start
     try:
         lower, upper = prop.lower.to(graph.dtype), prop.upper.to(graph.dtype)
         spec = prop.spec.to(graph.dtype)
@@ -118,17 +135,77 @@ def whole_net(graph, prop, rule: str, steps: int) -> None:
                 bound, _ = b.spec_lower(graph, boxes, spec)
             bound = bound.double() + prop.offset
             widths = [float((boxes[j][1] - boxes[j][0]).mean()) for j in DENSE]
-            print(f"{rule:8s} {name:15s} bounds {float(bound.min()):9.3f} to "
+            print(f"{rule:8s} start {start:8s} {name:15s} bounds {float(bound.min()):9.3f} to "
                   f"{float(bound.max()):9.3f}  widths " + " ".join(f"{w:.3f}" for w in widths)
                   + f"  ({time.process_time() - began:.1f} CPU s)")  # fmt: skip
     finally:
         r.SIGMOID.rule = saved
+        r.SShapeRelaxation.initial_alpha = initial
+
+
+def crown_margins(graph, shape) -> None:
+    """CROWN's margin (worst row) on every eran sigmoid spec with each rule."""
+    listed = (ERAN / "eran_instances.csv").read_text().splitlines()
+    specs = [line.split(",")[1] for line in listed if NET in line]
+    tighter = 0
+    for spec in specs:
+        box, rows = read_disjuncts(ERAN / spec, math.prod(shape), 10)
+        prop = _property(*(x.reshape(1, *shape) for x in box), [row[0] for row in rows])
+        lower, upper = prop.lower.to(graph.dtype), prop.upper.to(graph.dtype)
+        margins = []
+        for rule in ("chord", "tangent"):
+            saved, r.SIGMOID.rule = r.SIGMOID.rule, rule
+            try:
+                boxes = b.linear_boxes(graph, lower, upper)
+                bound, _ = b.spec_lower(graph, boxes, prop.spec.to(graph.dtype))
+            finally:
+                r.SIGMOID.rule = saved
+            margins.append(float((bound.double() + prop.offset).min()))
+        tighter += margins[1] >= margins[0]
+        print(f"{Path(spec).name:42s} CROWN chord {margins[0]:9.3f}  tangent {margins[1]:9.3f}")
+    print(f"tangent at least as tight on {tighter} of {len(specs)}")
+
+
+def test_nets() -> None:
+    """CROWN with each rule on the tests' sigmoid/tanh nets, 30 samples per eps: certified
+    samples and the new rule's worst-row bound minus the chord's."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_contract import _smooth_net
+    from test_sshape_relaxation import sshape_net
+
+    from aisafety.verification.graph import build_graph
+    from aisafety.verification.property import robustness_property
+
+    for name, net in (("sshape_net", sshape_net()), ("contract _smooth_net", _smooth_net())):
+        graph = build_graph(net, (1, 4, 4), name)
+        x = torch.rand(30, 1, 4, 4, generator=torch.Generator().manual_seed(6))
+        with torch.no_grad():
+            label = net(x).argmax(1)
+        for eps in (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5):
+            prop = robustness_property(x, label, eps, 3).to(graph.dtype)
+            worst = []
+            for rule in ("chord", "tangent"):
+                r.SIGMOID.rule = r.TANH.rule = rule
+                boxes = b.linear_boxes(graph, prop.lower, prop.upper)
+                worst.append(b.spec_lower(graph, boxes, prop.spec)[0].amin(1))
+            r.SIGMOID.rule = r.TANH.rule = "tangent"
+            diff = worst[1] - worst[0]
+            counts = [int((w > 0).sum()) for w in worst]
+            print(f"{name} eps {eps}: certified chord {counts[0]} tangent {counts[1]} of 30;"
+                  f" tangent - chord mean {float(diff.mean()):+.4f} min {float(diff.min()):+.4f}"
+                  f" max {float(diff.max()):+.4f}")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", type=int, default=1211)
     parser.add_argument("--lirpa", default="", help="a Python that imports auto_LiRPA")
+    parser.add_argument(
+        "--all-specs", action="store_true", help="CROWN's margin by rule on every eran spec"
+    )
+    parser.add_argument("--test-nets", action="store_true", help="CROWN by rule, tests' nets")
     parser.add_argument(
         "--whole",
         type=int,
@@ -138,6 +215,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.test_nets:
+        test_nets()
+        return
     net = load_network(ERAN / "nets" / NET)
     graph = net.graph
     vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"
@@ -166,9 +246,11 @@ def main() -> None:
                layer2_width(graph, boxes, theirs))  # fmt: skip
         ours = exact(fn, lo, hi, theirs[0], theirs[2])
         report("auto_LiRPA's slopes, exact b", fn, lo, hi, ours, layer2_width(graph, boxes, ours))
+    if args.all_specs:
+        crown_margins(graph, net.shape)
     if args.whole >= 0:
-        for rule in ("chord", "tangent"):
-            whole_net(graph, prop, rule, args.whole)
+        for rule, start in (("chord", "chord"), ("tangent", "chord"), ("tangent", "tangent")):
+            whole_net(graph, prop, rule, args.whole, start)
 
 
 if __name__ == "__main__":

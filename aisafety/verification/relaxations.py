@@ -164,7 +164,7 @@ class SShapeRelaxation(Relaxation):
     def initial_alpha(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """The chord's slope as a position in ``slope_range``, for both lines (B, 2, ...):
         the search's start. CROWN's own slopes (``tangent_slopes``) start it worse (eran
-        1211, 20 steps: -5.47 against -3.23; docs/certification.md)."""
+        1211, 20 steps: -5.47 against -3.14; docs/certification.md)."""
         lo, hi = lo.double(), hi.double()
         least, most = self.slope_range(lo, hi)
         span = most - least
