@@ -3,6 +3,8 @@ them, and what ``bab``/``complete`` answer on such networks (#33)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -50,9 +52,14 @@ def check_lines(fn, lines, lower, upper) -> tuple[torch.Tensor, torch.Tensor]:
     return below.amin(-1), above.amin(-1)
 
 
+@pytest.mark.parametrize("rule", ["tangent", "chord"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize(("relaxation", "fn"), FUNCTIONS)
-def test_the_chord_lines_are_below_and_above_f_on_dense_samples_and_touch_it(relaxation, fn, dtype):
+def test_crowns_lines_are_below_and_above_f_on_dense_samples_and_touch_it(
+    relaxation, fn, dtype, rule
+):
+    """CROWN's default lines (``tangent_slopes``) and the chord's, on 3,000 intervals."""
+    relaxation = dataclasses.replace(relaxation, rule=rule)
     lower, upper = intervals(3000, seed=1)
     lower, upper = lower.to(dtype), upper.to(dtype)
     below, above = check_lines(fn, relaxation.lines(lower, upper), lower, upper)
@@ -78,6 +85,50 @@ def test_any_searched_slope_gives_sound_lines_per_row(relaxation, fn, dtype):
     wide = [t.expand(3, 4, 200) for t in (lower.unsqueeze(1), upper.unsqueeze(1))]
     below, above = check_lines(fn, lines, *wide)
     assert (below >= 0).all() and (above >= 0).all()
+
+
+# auto_LiRPA a050a3d's ``BoundSigmoid``/``BoundTanh`` CROWN slopes (lower, upper) on these
+# intervals: convex, concave, and across 0 with each of its cases (the chord where it does
+# not cross f, the tangent through the far end, the middle's tangent); its tangent points
+# lie on a 0.01 grid, rounded away from 0, so its slopes differ from the exact ones by <0.4%
+REFERENCE_INTERVALS = ([-3.0, 1.0, -1.0, -0.5, -4.0, -6.0, -0.3, -2.5, 0.2],
+                       [-1.0, 3.0, 2.0, 4.0, 0.5, 1.0, 0.4, 5.0, 0.3])  # fmt: skip
+LIRPA_SLOPES = {
+    "sigmoid": ([0.105, 0.1108, 0.2037, 0.1343, 0.1261, 0.0701, 0.2474, 0.125, 0.2461],
+                [0.1108, 0.105, 0.235, 0.1261, 0.1343, 0.1041, 0.2485, 0.1731, 0.2461]),
+    "tanh": ([0.0707, 0.1167, 0.5797, 0.3248, 0.1138, 0.0266, 0.9604, 0.2953, 0.9394],
+             [0.1167, 0.0707, 0.7864, 0.1138, 0.3248, 0.2517, 0.9768, 0.2804, 0.94]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("relaxation", [SIGMOID, TANH])
+def test_crowns_slopes_are_auto_lirpas(relaxation):
+    lower, upper = (torch.tensor(v, dtype=torch.float64) for v in REFERENCE_INTERVALS)
+    down, up = relaxation.tangent_slopes(lower, upper)
+    want_down, want_up = (
+        torch.tensor(v, dtype=torch.float64) for v in LIRPA_SLOPES[relaxation.name]
+    )
+    assert torch.allclose(down, want_down, rtol=4e-3, atol=1e-4)
+    assert torch.allclose(up, want_up, rtol=4e-3, atol=1e-4)
+    # by hand: on [-3, -1] (convex) the tangent at the middle below, the chord above
+    assert down[0] == relaxation.derivative(torch.tensor(-2.0, dtype=torch.float64))
+    assert up[0] == relaxation.chord(lower[:1], upper[:1])[0]
+
+
+@pytest.mark.parametrize("relaxation", [SIGMOID, TANH])
+def test_a_tangent_through_the_far_end_passes_through_it(relaxation):
+    """Across 0, where neither the chord nor the middle's tangent is taken, the lower line
+    is the tangent through (u, f(u)): with its exact intercept, it meets f there."""
+    lower, upper = intervals(3000, seed=8)
+    across = (lower < -0.1) & (upper > 0.1) & (upper - lower < 50)
+    lower, upper = lower[across], upper[across]
+    down, _ = relaxation.tangent_slopes(lower, upper)
+    _, lb, _, _ = relaxation.lines(lower, upper)
+    chord, mid = relaxation.chord(lower, upper), relaxation.derivative((lower + upper) / 2)
+    tangent = (down != chord) & (down != mid)
+    assert tangent.sum() > 50
+    gap = relaxation.fn(upper) - (down * upper + lb)
+    assert (gap[tangent] >= 0).all() and gap[tangent].max() < 1e-6
 
 
 def test_the_initial_slopes_are_the_chords():

@@ -9,12 +9,13 @@
   u or where f'(z) = k, which has a closed form for both functions (at most two points,
   +-z*). So a line is sound whatever its slope, and needs no case analysis of convex and
   concave parts; computed in float64, widened by 1e-7 relative (float64's own rounding of
-  f and z* is ~1e-16) and rounded outwards to the lines' dtype. CROWN (and IBP's
-  intermediate passes) take the chord's slope for both lines; alpha-CROWN searches one
-  lower and one upper slope per row and neuron between the least and largest f' on
-  [l, u]. CROWN's own tangent lines (Zhang et al. 2018: the tangent at the middle on a
-  convex or concave interval, the tangent through an endpoint on a mixed one) were
-  measured looser on the eran sigmoid net (docs/certification.md) and are not used.
+  f and z* is ~1e-16) and rounded outwards to the lines' dtype. CROWN (and every
+  intermediate pass) takes CROWN's slopes as auto_LiRPA picks them (``tangent_slopes``:
+  Zhang et al. 2018's tangents and chords, with auto_LiRPA's "smoothness enhancement" on
+  intervals across 0); on the eran sigmoid net they are far tighter than the chord's
+  slope for both lines (docs/certification.md, bench/sigmoid_lines.py). alpha-CROWN
+  searches one lower and one upper slope per row and neuron between the least and
+  largest f' on [l, u], starting from the chord.
 """
 
 from __future__ import annotations
@@ -84,15 +85,16 @@ class SShapeRelaxation(Relaxation):
     derivative: Callable[[torch.Tensor], torch.Tensor]
     stationary: Callable[[torch.Tensor], torch.Tensor]  # z* >= 0 with f'(+-z*) = k
     safety: float = 1e-7  # absorbs the float64 rounding of f and of the closed forms
+    rule: str = "tangent"  # CROWN's slopes (``tangent_slopes``), or "chord" for both lines
 
     def lines(self, lower, upper, lower_slope=None) -> Lines:
-        """Both lines with the chord's slope or, given ``lower_slope`` (B, K, 2, ...): one
+        """Both lines with ``default_slopes`` or, given ``lower_slope`` (B, K, 2, ...): one
         lower and one upper slope per row as positions in [0, 1] (``slope_range``). In
         ``lower``'s dtype; computed in float64 from the slopes as stored in that dtype, the
         intercepts rounded outwards."""
         dtype, lo, hi = lower.dtype, lower.double(), upper.double()
         if lower_slope is None:
-            down = up = self.chord(lo, hi).to(dtype)
+            down, up = (t.to(dtype) for t in self.default_slopes(lo, hi))
         else:
             lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)
             least, most = self.slope_range(lo, hi)
@@ -102,12 +104,56 @@ class SShapeRelaxation(Relaxation):
         _, high_gap = self.gaps(lo, hi, up.double())
         return down, -_outwards(-low_gap, dtype), up, _outwards(high_gap, dtype)
 
+    def default_slopes(
+        self, lo: torch.Tensor, hi: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """CROWN's lower and upper slope (float64) by ``rule``."""
+        if self.rule == "chord":
+            chord = self.chord(lo, hi)
+            return chord, chord
+        return self.tangent_slopes(lo, hi)
+
     def chord(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """The chord's slope (float64); the derivative at the middle of (almost) points."""
         width = hi - lo
         narrow = width < 1e-9
         chord = (self.fn(hi) - self.fn(lo)) / torch.where(narrow, 1.0, width)
         return torch.where(narrow, self.derivative((lo + hi) / 2), chord).clamp(min=0)
+
+    def tangent_slopes(
+        self, lo: torch.Tensor, hi: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """CROWN's slopes (float64), lower and upper line, as auto_LiRPA's ``BoundSShaped``
+        picks them: on a convex (u <= 0) interval the tangent at the middle below and the
+        chord above, the mirror image on a concave one (l >= 0); on a mixed one each line
+        is the chord where the chord does not cross f, else the tangent through the far
+        end (touching f at d), or the tangent at the middle m where d is on the far side of
+        m (auto_LiRPA's "smoothness enhancement"). Only tightness depends on this choice."""
+        chord, mid = self.chord(lo, hi), self.derivative((lo + hi) / 2)
+        low_d, up_d = self._touch(lo, hi, hi), self._touch(lo, hi, lo)
+        m = (lo + hi) / 2
+        low_mixed = torch.where(chord < self.derivative(lo), chord,
+                                self.derivative(torch.minimum(low_d, m)))  # fmt: skip
+        up_mixed = torch.where(chord < self.derivative(hi), chord,
+                               self.derivative(torch.maximum(up_d, m)))  # fmt: skip
+        down = torch.where(hi <= 0, mid, torch.where(lo >= 0, chord, low_mixed))
+        up = torch.where(hi <= 0, chord, torch.where(lo >= 0, mid, up_mixed))
+        return down, up
+
+    def _touch(self, lo: torch.Tensor, hi: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        """The point d between 0 and the end opposite ``anchor`` whose tangent passes
+        through (anchor, f(anchor)), the one nearest 0 whose tangent stays on f's side there
+        (bisection, 50 halvings; 0 when none is inside)."""
+        below = anchor is hi  # a lower line's tangent point, in [lo, 0]
+        far = lo.clamp(max=0) if below else hi.clamp(min=0)
+        near = torch.zeros_like(far)  # the inflection point: invalid unless the box is one-sided
+        target = self.fn(anchor)
+        for _ in range(50):
+            d = (far + near) / 2
+            line = self.fn(d) + self.derivative(d) * (anchor - d)
+            valid = line <= target if below else line >= target
+            far, near = torch.where(valid, d, far), torch.where(valid, near, d)
+        return far
 
     def slope_range(self, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The least and largest f' on [lo, hi] (f' is even and falls away from 0): the
@@ -116,7 +162,9 @@ class SShapeRelaxation(Relaxation):
         return least, self.derivative(torch.where(lo * hi <= 0, 0.0, lo.abs().minimum(hi.abs())))
 
     def initial_alpha(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-        """The chord's slope as a position in ``slope_range``, for both lines (B, 2, ...)."""
+        """The chord's slope as a position in ``slope_range``, for both lines (B, 2, ...):
+        the search's start. CROWN's own slopes (``tangent_slopes``) start it worse (eran
+        1211, 20 steps: -5.47 against -3.14; docs/certification.md)."""
         lo, hi = lo.double(), hi.double()
         least, most = self.slope_range(lo, hi)
         span = most - least
