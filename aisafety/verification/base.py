@@ -30,7 +30,7 @@ from aisafety.memory_budget import size as size_text
 from aisafety.verification.bounds import LINEAR_KINDS
 from aisafety.verification.budget import GIB, box_bytes, current_budget, memory_limit, refuse
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
-from aisafety.verification.falsify import Model, pgd_on_rows, replay
+from aisafety.verification.falsify import Model, into_box, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
 from aisafety.verification.result import Verdict, VerificationResult
@@ -224,10 +224,10 @@ class Verifier(ABC):
             bounds, coeff = self._progress if self._progress is not None else (None, None)
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
         falsified = broken.clone()
-        counter[broken] = point[broken].float()
-        if broken.any():
+        if broken.any():  # the points ``replay`` checked: in float32, inside the box
+            counter[broken] = into_box(point[broken], prop[broken])
             with torch.no_grad():
-                rows = prop[broken].rows(model(point[broken].float()).double())
+                rows = prop[broken].rows(model(counter[broken]).double())
             margins[broken] = rows.amin(1).to(margins.dtype)
         if bounds is not None:
             sub = prop[todo]
@@ -235,7 +235,7 @@ class Verifier(ABC):
             certified[todo] = margins[todo] > 0
             for candidate in self._candidates(sub, bounds, coeff):
                 hit = ~certified[todo] & ~falsified[todo] & replay(model, sub, candidate)
-                counter[todo[hit]] = candidate[hit].float()
+                counter[todo[hit]] = into_box(candidate[hit], sub[hit])
                 falsified[todo[hit]] = True
         seconds = torch.full((n,), (deadline.clock() - began) / max(1, n))
         why = ["timeout" if out_of_time else "bounds too loose"] * n

@@ -31,7 +31,7 @@ from pydantic import Field
 from aisafety.verification import bounds as b
 from aisafety.verification.bab import BabConfig, BabVerifier
 from aisafety.verification.deadline import WALL_BACKSTOP, Deadline, OutOfTime, time_limit
-from aisafety.verification.falsify import Model, replay
+from aisafety.verification.falsify import Model, into_box, replay
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.milp import decide_row, encode, minimise_row
 from aisafety.verification.property import Property
@@ -149,10 +149,11 @@ class CompleteVerifier(BabVerifier):
 
     def _one(self, graph, prop, boxes, bound, attacked, attack_point, model, deadline: Deadline):
         """One sample: (verdict, margin, counterexample or None, why not settled)."""
-        if attacked:
+        if attacked:  # the point ``replay`` checked: in float32, inside the box
+            point = into_box(attack_point[None], prop)
             with torch.no_grad():
-                value = prop.rows(model(attack_point[None].float()).double()).min()
-            return Verdict.FALSIFIED, float(value), attack_point.float(), ""
+                value = prop.rows(model(point).double()).min()
+            return Verdict.FALSIFIED, float(value), point[0], ""
         if bound.min() > 0:
             return Verdict.CERTIFIED, float(bound.min()), None, ""
         if deadline.passed():
@@ -198,7 +199,7 @@ class CompleteVerifier(BabVerifier):
             if point is not None and value <= 0:
                 candidate = torch.from_numpy(point).reshape(prop.lower.shape)
                 if replay(model, prop, candidate)[0]:
-                    return Verdict.FALSIFIED, value, candidate.float()[0], ""
+                    return Verdict.FALSIFIED, value, into_box(candidate, prop)[0], ""
             if proved[k] <= 0:
                 if out_of_time:
                     return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
