@@ -76,12 +76,14 @@ class PostgresServer:
         return self.url(name)
 
     def pause(self) -> None:
-        """Stop the server, keeping its data (``resume`` starts it again on the same port)."""
-        self._run("pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop")
+        """Stop the server, keeping its data (``resume`` starts it again on the same port).
+        ``-t``: pg_ctl's own wait (60 s by default) can run out on a loaded machine."""
+        self._run("pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "-t", "300", "stop")
 
     def resume(self) -> None:
         log = str(self.datadir.parent / "log")
-        self._run("pg_ctl", "-D", str(self.datadir), "-o", self.options, "-l", log, "-w", "start")
+        self._run("pg_ctl", "-D", str(self.datadir), "-o", self.options, "-l", log, "-w", "-t",
+                  "300", "start")  # fmt: skip
 
     def stop(self) -> None:
         self._run("pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop", check=False)
@@ -91,7 +93,12 @@ class PostgresServer:
         command = [str(self.bindir / tool), *args]
         if self.as_postgres:
             command = ["runuser", "-u", USER, "--", *command]
-        return subprocess.run(command, capture_output=True, text=True, check=check, timeout=120)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=360)
+        if check and done.returncode:  # what pg_ctl said, not only its exit status
+            raise RuntimeError(
+                f"{' '.join(command)} exited {done.returncode}: {done.stdout} {done.stderr}"
+            )
+        return done
 
 
 def start_postgres() -> PostgresServer:
@@ -118,8 +125,8 @@ def start_postgres() -> PostgresServer:
         server._run(
             "pg_ctl", "-D", str(datadir), "-o", options, "-l", str(root / "log"), "-w", "start"
         )
-    except subprocess.CalledProcessError as exc:
+    except RuntimeError as exc:
         log = (root / "log").read_text() if (root / "log").exists() else ""
         shutil.rmtree(root, ignore_errors=True)
-        raise RuntimeError(f"PostgreSQL did not start: {exc.stderr}\n{log}") from None
+        raise RuntimeError(f"PostgreSQL did not start: {exc}\n{log}") from None
     return server
