@@ -368,7 +368,8 @@ class Search:
         lowest open bound rose by less than ``STALLED`` of its gap to 0."""
         graph, config = self.graph, self.config
         self.open_s: SDomains | None = None
-        cap = max(1, int(config.max_memory_mb * 2**20 / max(1, todo.nbytes(graph))))
+        memory = domain_memory(config.max_memory_mb, self.prop.lower.device)
+        cap = max(1, int(memory / max(1, todo.nbytes(graph))))
         cap = min(cap, config.max_domains)
         why, low, flat = "", None, 0
         try:
