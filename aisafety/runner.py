@@ -50,7 +50,7 @@ from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.watch import before_exit_on_hang
 from aisafety.progress import RunProgress
-from aisafety.store.interruption import terminate_as_interrupt
+from aisafety.store.interruption import interrupts_deferred, terminate_as_interrupt
 from aisafety.store.results import ResultStore, Subject
 from aisafety.unit_cost import CostMeter
 from aisafety.version import __version__
@@ -209,9 +209,10 @@ class Runner:
         values: list[MetricValue] = []
         failed: list[str] = []
         resumed = 0
-        run_id = self.store.start_run(plan, __version__, str(prepared.device))
-        status, completed = "failed", False
+        run_id, status, completed = None, "failed", False
         try:  # from start_run on: whatever happens, finish_run stops the run's heartbeat
+            with interrupts_deferred():  # a signal here is raised once the row exists
+                run_id = self.store.start_run(plan, __version__, str(prepared.device))
             units = self.work_units(prepared.subject)
             progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
             current: list[WorkUnit] = []  # the unit computing now, for a stuck forward pass
@@ -240,11 +241,12 @@ class Runner:
             status = "interrupted"
             raise
         except Exception as exc:
-            if getattr(exc, "failed_in", None) is not None:  # its traceback, kept
-                self._record_crash(run_id, exc)
+            if run_id is not None and getattr(exc, "failed_in", None) is not None:
+                self._record_crash(run_id, exc)  # its traceback, kept
             raise
         finally:
-            self._finish_run(run_id, status, completed)
+            if run_id is not None:
+                self._finish_run(run_id, status, completed)
         return RunRecord(
             run_id=run_id,
             plan=plan,

@@ -112,3 +112,24 @@ def test_a_run_whose_process_vanishes_is_marked_by_the_next_run(tmp_path):
     Runner(EvaluationPlan(metrics=(), device="cpu", dataset={"limit": 8}), ResultStore(url),
            quiet=True).run()  # fmt: skip
     assert [status for status, _ in _runs(tmp_path / "r.db")] == ["interrupted", "finished"]
+
+
+def test_a_signal_while_the_run_row_is_written_still_marks_it_interrupted(tmp_path, monkeypatch):
+    """SIGTERM right after ``start_run`` committed the row, before the run's own handler is
+    in place (a window a busy machine widens: the fresh-clone check saw the row stay
+    'running' once): the signal is held until the row exists, then the run is marked."""
+    from aisafety.store.interruption import terminate_as_interrupt
+
+    store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
+    start_run = store.start_run
+
+    def start_then_signal(*args, **kwargs):
+        run_id = start_run(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered before start_run returns
+        return run_id
+
+    monkeypatch.setattr(store, "start_run", start_then_signal)
+    plan = EvaluationPlan(metrics=(), device="cpu", dataset={"limit": 8})
+    with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt):
+        Runner(plan, store, quiet=True).run()
+    assert _runs(tmp_path / "r.db") == [("interrupted", 0)]

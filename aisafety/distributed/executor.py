@@ -30,7 +30,7 @@ from aisafety.interfaces import EvaluationPlan, ExecutorSpec, MetricValue, RunRe
 from aisafety.progress import RunProgress
 from aisafety.runner import Runner, WorkUnit
 from aisafety.store.engine import sqlite_file
-from aisafety.store.interruption import terminate_as_interrupt
+from aisafety.store.interruption import interrupts_deferred, terminate_as_interrupt
 from aisafety.version import __version__
 
 # A progress line at least this often while the cluster works on units of minutes or hours
@@ -79,9 +79,10 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
             failed.append(f"{unit.description}: {error.splitlines()[0][:300]}")
             progress.fail(unit.key, error.splitlines()[0][:120])
 
-    run_id = runner.store.start_run(plan, __version__, f"ray:{info['device']}"[:16])
-    status = "failed"
+    run_id, status = None, "failed"
     try:  # from start_run on: whatever happens, finish_run stops the run's heartbeat
+        with interrupts_deferred():  # a signal here is raised once the row exists
+            run_id = runner.store.start_run(plan, __version__, f"ray:{info['device']}"[:16])
         submit = _Submitter(plan, url, cwd, run_id, logits_ref, options)
         progress = RunProgress(
             [(u.key, u.description) for u in units], enabled=not runner.quiet,
@@ -97,7 +98,8 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
         status = "interrupted"
         raise
     finally:
-        runner.store.finish_run(run_id, status)
+        if run_id is not None:
+            runner.store.finish_run(run_id, status)
     values: list[MetricValue] = []
     for u in units:
         values += runner.store.unit_values(u.key) if u.key in done else computed.get(u.key, [])

@@ -37,6 +37,27 @@ def terminate_as_interrupt() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Within the block, SIGINT/SIGTERM/SIGHUP are held and raised as KeyboardInterrupt
+    when it ends (main thread only): for a step whose effect must be complete before an
+    interruption can be handled, e.g. writing a run's row and starting its heartbeat, so
+    that the handler finds a row to mark 'interrupted'."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    chosen = [s for s in (signal.SIGINT, *_SIGNALS) if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {s: signal.signal(s, lambda signum, _frame: held.append(signum)) for s in chosen}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if held:
+        raise KeyboardInterrupt(f"received {signal.Signals(held[0]).name}")
+
+
 # Read by prediction/watch.py (which cannot import this layer): "1" lets its watchdog end
 # the process when a forward pass is stuck past its deadline; unset, it only warns.
 HANG_ENDS_PROCESS = "AISAFETY_END_PROCESS_ON_HANG"
