@@ -26,22 +26,20 @@ from pathlib import Path
 
 import torch
 
+from aisafety.verification import bounds as b
+from aisafety.verification import relaxations as r
+from aisafety.verification.vnncomp import _property, load_network
+from aisafety.verification.vnnlib import read_disjuncts
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bab_speed import cpu_model  # noqa: E402
-
-from aisafety.verification import bounds as b  # noqa: E402
-from aisafety.verification import relaxations as r  # noqa: E402
-from aisafety.verification.vnncomp import _property, load_network  # noqa: E402
-from aisafety.verification.vnnlib import read_disjuncts  # noqa: E402
-
 ERAN = ROOT.parent / "shared" / "data" / "vnncomp2021_eran"
 NET = "ffnnSIGMOID__Point_6x200.onnx"
 
 
 def bisection_touch(self, lo, hi, anchor):
-    """The replaced ``_touch`` (#33's eighth session): 50 halvings between the far end and
-    0, on every interval, keeping the valid end."""
+    """The replaced ``_touch`` (#33's eighth session), verbatim: 50 halvings between the far
+    end and 0, on every interval, keeping the valid end. Also the reference of
+    tests/test_sshape_touch.py."""
     below = anchor is hi
     far = lo.clamp(max=0) if below else hi.clamp(min=0)
     near = torch.zeros_like(far)
@@ -99,6 +97,9 @@ def main() -> None:
     parser.add_argument("--spec", type=int, default=1211)
     parser.add_argument("--pairs", type=int, default=15)
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bab_speed import cpu_model  # (here: tests/test_sshape_touch.py imports this file)
+
     torch.set_num_threads(1)
     net = load_network(ERAN / "nets" / NET)
     vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"

@@ -11,7 +11,7 @@ import torch
 from tests.test_contract import _smooth_net
 from tests.test_sshape_relaxation import sshape_net
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))
 import sigmoid_lines  # noqa: E402
 
 
