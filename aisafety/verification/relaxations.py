@@ -158,7 +158,7 @@ class SShapeRelaxation(Relaxation):
         anchor = torch.cat([hi[i], lo[j]])
         far = torch.cat([lo[i], hi[j]])
         start = torch.cat([torch.maximum(lo[i], -reach[i]), torch.minimum(hi[j], reach[j])])
-        below = torch.arange(len(anchor)) < len(i)
+        below = torch.arange(len(anchor), device=anchor.device) < len(i)
         d = self._tangent_points(anchor, far, start, below)
         low_d, up_d = torch.zeros_like(lo), torch.zeros_like(lo)
         low_d[i], up_d[j] = d[: len(i)], d[len(i) :]
@@ -178,6 +178,7 @@ class SShapeRelaxation(Relaxation):
         target = self.fn(anchor)
         zero = torch.zeros_like(far)
         left, right = torch.where(below, far, zero), torch.where(below, zero, far)
+        side = torch.where(below, 1.0, -1.0).to(far)  # |a - d| = side (a - d), |d| = -side d
         x, done = start, torch.zeros_like(below)
         for _ in range(TOUCH_STEPS):
             if done.all():
@@ -188,9 +189,10 @@ class SShapeRelaxation(Relaxation):
             g = y + k * gap - target
             step = x - g / (curve * gap + 2 * g / gap)
             left, right = torch.where(g <= 0, x, left), torch.where(g <= 0, right, x)
-            # f' from f can cancel (1 - y^2 near y = -1): an absolute error of eps, times gap
-            noise = 16 * _EPS64 * (y.abs() + (k * gap).abs() + target.abs() + gap.abs())
-            now = ((step - x).abs() <= 1e-12 * (1 + x.abs())) | (g.abs() <= noise)
+            # g's terms round by eps times |f(d)| + |f(a)| <= 2 and f' |a - d| (f' >= 0), and
+            # f' from f can cancel (1 - y^2 near y = -1): eps absolute, times |a - d|
+            noise = 16 * _EPS64 * (2 + (1 + k) * side * gap)
+            now = ((step - x).abs() <= 1e-12 * (1 - side * x)) | (g.abs() <= noise)
             inside = (step >= left) & (step <= right)
             halve = torch.where(now, x, (left + right) / 2)  # converged: no halving
             x = torch.where(done, x, torch.where(inside, step, halve))
