@@ -33,7 +33,7 @@ from pydantic import Field
 from aisafety.verification import bounds as b
 from aisafety.verification.bab import BabConfig, BabVerifier
 from aisafety.verification.deadline import WALL_BACKSTOP, Deadline, OutOfTime, time_limit
-from aisafety.verification.falsify import Model, into_box, replay
+from aisafety.verification.falsify import Model, checked, replay
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.milp import decide_row, encode, minimise_row
 from aisafety.verification.property import Property
@@ -212,9 +212,6 @@ class CompleteVerifier(BabVerifier):
 
 
 def _checked(model: Model, prop: Property, candidate: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """A falsified sample's margin and counterexample: the point ``replay`` checked (float32,
-    inside the box) and the lowest row's value there, whichever search found it."""
-    point = into_box(candidate, prop)
-    with torch.no_grad():
-        value = prop.rows(model(point).double()).min()
-    return float(value), point[0]
+    """One sample's margin and counterexample at the point ``replay`` checked."""
+    points, values = checked(model, prop, candidate)
+    return float(values[0]), points[0]
