@@ -11,6 +11,7 @@ from torch import nn
 
 from aisafety.plugins import default_registry
 from aisafety.verification import bounds as b
+from aisafety.verification import budget
 from aisafety.verification import joint_alpha as ja
 from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import AlphaCrownVerifier
@@ -127,3 +128,21 @@ def test_never_certifies_a_sample_an_attack_breaks():
     assert broken.any() and (~broken).any()  # both kinds of sample are there
     for v, hit in zip(result.verdicts, broken.tolist(), strict=True):
         assert not (hit and v == Verdict.CERTIFIED)
+
+
+def test_falls_back_to_layerwise_when_a_joint_step_does_not_fit_the_budget():
+    net = sshape_net()
+    graph = build_graph(net, (1, 4, 4), "sshape")
+    _, prop = around(net, 0.2)
+    p = prop.to(graph.dtype)
+    crown_boxes = b.linear_boxes(graph, p.lower, p.upper)
+    need = ja.joint_bytes(graph, len(p), ja.targets(graph, crown_boxes), p.spec.shape[1])
+    with budget.memory_limit(need - 1):
+        assert ja.joint_alpha(graph, crown_boxes, p.spec, STEPS, 0.1, 0.01) is None
+        verifier = AlphaCrownVerifier(steps=STEPS, joint=True)
+        result = verifier.verify(graph, prop, net)
+        layer = AlphaCrownVerifier(steps=STEPS).verify(graph, prop, net)
+    assert "over the memory budget" in verifier.fallback
+    assert torch.equal(result.margins, layer.margins)  # the layerwise search's bound
+    assert all("over the memory budget" in n for n, v in zip(result.notes, result.verdicts,
+               strict=True) if v == Verdict.UNKNOWN)  # fmt: skip

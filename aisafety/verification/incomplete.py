@@ -126,9 +126,9 @@ class AlphaCrownVerifier(CrownVerifier):
     ``search_work`` allows per sample (CROWN's bounds before that: ``search_plan.py``), then
     the spec rows (one slope per row). alpha-CROWN as Xu et al. (2021) optimises the
     intermediate slopes jointly for the final bound (so does auto_LiRPA's
-    ``CROWN-Optimized``); ours optimises each intermediate bound for its own tightness,
-    which is as sound and, with the spec rows optimised last, never looser than CROWN:
-    CROWN's bound is kept where it is higher."""
+    ``CROWN-Optimized``); by default ours optimises each intermediate bound for its own
+    tightness, which is as sound; ``joint`` runs the joint search (``joint_alpha.py``).
+    Either way CROWN's bound is kept where it is higher."""
 
     name = "alpha-crown"
     description = (
