@@ -64,9 +64,7 @@ class ReluRelaxation(Relaxation):
         active = (lower >= 0).to(lower.dtype)
         width = (upper - lower).clamp(min=1e-12)
         uw = torch.where(unstable, upper / width, active)
-        # rounding could put the chord below relu; a joint search's pass (boxes with
-        # gradients, re-bounded soundly after: joint_alpha.py) only casts
-        if lower.dtype == torch.float32 and not lower.requires_grad:
+        if lower.dtype == torch.float32:  # rounding could put the chord below relu
             ub = torch.where(unstable, _chord_intercept(lower, upper, uw), 0.0)
         else:
             ub = torch.where(unstable, -uw * lower, torch.zeros_like(lower))
