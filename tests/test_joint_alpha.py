@@ -12,6 +12,7 @@ from torch import nn
 from aisafety.plugins import default_registry
 from aisafety.verification import bounds as b
 from aisafety.verification import budget
+from aisafety.verification import deadline as d
 from aisafety.verification import joint_alpha as ja
 from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import AlphaCrownVerifier
@@ -19,6 +20,7 @@ from aisafety.verification.registry import make_verifier
 from aisafety.verification.result import Verdict
 from tests.test_sshape_bab import node_values
 from tests.test_sshape_relaxation import around, sampled_minimum, sshape_net
+from tests.test_verification_deadline import easy_instances
 
 STEPS = 15
 
@@ -166,3 +168,41 @@ def test_falls_back_to_layerwise_when_a_joint_step_does_not_fit_the_budget():
     assert torch.equal(result.margins, layer.margins)  # the layerwise search's bound
     assert all("over the memory budget" in n for n, v in zip(result.notes, result.verdicts,
                strict=True) if v == Verdict.UNKNOWN)  # fmt: skip
+
+
+def test_a_million_joint_steps_end_at_the_limit_with_what_crown_proved():
+    """The joint search checks the limit every step and pass (``deadline.py``): out of
+    time, the batch answers with CROWN's recorded bound, never the unfinished search's."""
+    graph, prop, net = easy_instances()
+    crown = make_verifier(default_registry(), "crown").verify(graph, prop, net)
+    config = {"steps": 1_000_000, "joint": True, "timeout": 1.0, "clock": "cpu",
+              "batch_size": 2, "attack_steps": 0}  # fmt: skip
+    began = d.CLOCKS["cpu"]()
+    slow = AlphaCrownVerifier(config).verify(graph, prop, net)
+    assert slow.verdicts == crown.verdicts
+    assert torch.allclose(slow.margins, crown.margins)
+    assert d.CLOCKS["cpu"]() - began < 300  # a hang guard: a million steps take hours
+
+
+def test_complete_with_a_joint_root_never_contradicts_the_samples():
+    """``complete`` (its ``bab`` on sigmoid/tanh) with ``joint``: its root bound is the
+    joint one; every certified sample has a positive sampled minimum above its margin, every
+    falsified one a replayed counterexample."""
+    net = sshape_net()
+    graph = build_graph(net, (1, 4, 4), "sshape")
+    for eps in (0.2, 0.5):
+        x, prop = around(net, eps)
+        config = {"timeout": 1.0, "clock": "cpu", "joint": True, "alpha_steps": STEPS}
+        result = make_verifier(default_registry(), "complete", config).verify(graph, prop, net)
+        true = sampled_minimum(net, x, prop).amin(1)
+        for s, verdict in enumerate(result.verdicts):
+            if verdict is Verdict.CERTIFIED:
+                assert true[s] > 0 and result.margins[s] <= true[s] + 1e-6
+            if verdict is Verdict.FALSIFIED:
+                with torch.no_grad():
+                    point = result.counterexamples[s : s + 1]
+                    assert prop[s : s + 1].rows(net(point).double()).min() <= 0
+        if eps == 0.5:
+            assert Verdict.FALSIFIED in result.verdicts
+        else:
+            assert Verdict.CERTIFIED in result.verdicts
