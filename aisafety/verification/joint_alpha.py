@@ -189,8 +189,9 @@ def search(
             bound = pass_bound(end, a, boxes, alphas[-1])
             # the slopes' gradients only: a float32 graph's weights may require grad too
             grads = torch.autograd.grad(-bound.sum(), params, allow_unused=True)
-        for s, g in zip(params, grads, strict=True):
-            s.grad = torch.zeros_like(s) if g is None else g
+        for s, g in zip(params, grads, strict=True):  # a NaN (0/0 in a line's closed
+            # form on a degenerate interval) would poison Adam's moments for good
+            s.grad = torch.zeros_like(s) if g is None else g.nan_to_num(0.0, 0.0, 0.0)
         total = bound.detach().sum(1)
         better = total > top
         top = torch.where(better, total, top)
