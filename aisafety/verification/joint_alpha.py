@@ -1,0 +1,237 @@
+"""Joint alpha-CROWN: every layer's slopes optimised together for the final bound.
+
+Xu et al. (2021) and auto_LiRPA's ``CROWN-Optimized`` optimise the slopes of every
+intermediate bound for the *output's* bound: each Adam step recomputes every activation
+input's box by CROWN with the current slopes (one slope set per bounded layer, row and
+relaxed neuron), then bounds the spec rows on those boxes; the loss is minus the sum of the
+spec rows' bounds, so its gradient flows through the intermediate boxes. The layerwise
+search (``bounds.linear_boxes``) instead tightens each box for its own sake with the earlier
+boxes fixed; on eran's sigmoid net it ends far lower (docs/certification.md).
+
+Soundness: the search runs in float32 without rounding margins (its ReLU chord intercept
+and sigmoid/tanh intercepts are only cast, so they carry gradients). Its result is never
+reported: the slopes of each sample's best step are clamped to [0, 1] and bounded again by
+``sound_backward`` (exact outward-rounded intercepts and the passes' rounding margins),
+layer by layer, each box intersected with CROWN's; every slope in [0, 1] is sound, so
+that pass is a sound bound whatever Adam produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from aisafety.verification import bounds as b
+from aisafety.verification import budget
+from aisafety.verification.deadline import check_time
+from aisafety.verification.graph import BoundGraph
+from aisafety.verification.ops import Box
+from aisafety.verification.relaxations import RELU, SShapeRelaxation
+
+Slopes = dict[int, dict[int, torch.Tensor]]  # bounded node -> activation node -> slopes
+DECAY = 0.98  # the learning rate's factor per step (auto_LiRPA's default)
+Bound = Callable[[int, torch.Tensor, list[Box], dict[int, torch.Tensor]], torch.Tensor]
+
+
+@dataclass
+class Target:
+    """An activation's input node and, per sample, the neurons a pass bounds: a ReLU's
+    unstable ones (padded to the batch's most; ``valid`` False on padding), every neuron
+    of a sigmoid or tanh."""
+
+    node: int
+    chunk: torch.Tensor  # (B, m) flat neuron indices
+    valid: torch.Tensor  # (B, m)
+
+    def rows(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The rows (B, 2m, *shape): each neuron, then its negation."""
+        b, m = self.chunk.shape
+        eye = torch.zeros(b, m, budget.numel(shape), dtype=dtype)
+        eye.scatter_(2, self.chunk.unsqueeze(2), 1.0)
+        return torch.cat([eye, -eye], 1).reshape(b, 2 * m, *shape)
+
+
+def targets(graph: BoundGraph, boxes: list[Box]) -> list[Target]:
+    """The activation inputs CROWN bounds (``linear_boxes``' nodes), in graph order."""
+    deep, found = b.depends_on_activation(graph), []
+    for op in graph.ops:
+        j = op.inputs[0] if op.kind == "activation" else None
+        if j is None or not deep[j] or any(t.node == j for t in found):
+            continue
+        lo, hi = (t.reshape(t.shape[0], -1) for t in boxes[j])
+        relu = op.relaxation is RELU
+        wanted = (lo < 0) & (hi > 0) if relu else torch.ones_like(lo, dtype=torch.bool)
+        m = int(wanted.sum(1).max())
+        if m > 0:
+            order = torch.argsort(wanted.to(torch.int8), dim=1, descending=True, stable=True)
+            chunk = order[:, :m]
+            found.append(Target(j, chunk, wanted.gather(1, chunk)))
+    return found
+
+
+def joint_bytes(graph: BoundGraph, batch: int, found: list[Target], rows: int) -> int:
+    """Peak bytes of one search step: every pass's autograd state is alive until the
+    step's backward (``budget.row_bytes`` with ``grad``), plus the boxes and best slopes."""
+    total = 3 * budget.box_bytes(graph, batch)
+    total += rows * budget.row_bytes(graph, len(graph.ops) - 1, batch, grad=True)
+    for t in found:
+        total += 2 * t.chunk.shape[1] * budget.row_bytes(graph, t.node, batch, grad=True)
+    return total
+
+
+def joint_alpha(
+    graph: BoundGraph,
+    crown: list[Box],
+    spec: torch.Tensor,
+    steps: int,
+    lr: float,
+    sshape_lr: float,
+) -> tuple[torch.Tensor, torch.Tensor, list[Box]] | None:
+    """The sound bound (B, K), its input coefficients and the boxes of the best step of
+    ``steps`` of joint Adam from CROWN's boxes ``crown`` (learning rate ``lr`` for ReLU
+    slopes, ``sshape_lr`` for sigmoid/tanh slope positions); None when one step would not
+    fit the memory budget (the caller falls back to the layerwise search)."""
+    found = targets(graph, crown)
+    if joint_bytes(graph, spec.shape[0], found, spec.shape[1]) > budget.current_budget():
+        return None
+    chosen = search(graph, found, crown, spec, steps, (lr, sshape_lr))
+    sound = lambda node, a, boxes, slopes: b.sound_backward(  # noqa: E731
+        graph, node, a, boxes, slopes=slopes, cast=False
+    )[0]
+    slopes = {
+        n: {i: s.clamp(0, 1).to(graph.dtype) for i, s in d.items()} for n, d in chosen.items()
+    }
+    with torch.no_grad():
+        boxes = passes(graph, found, list(crown), crown, slopes, sound, graph.dtype)
+        a = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape).to(graph.dtype)
+        bound, coeff = b.sound_backward(graph, len(graph.ops) - 1, a, boxes, slopes=slopes[-1])
+    return bound, coeff, boxes
+
+
+def passes(
+    graph: BoundGraph,
+    found: list[Target],
+    boxes: list[Box],
+    guards: list[Box],
+    slopes: Slopes,
+    bound: Bound,
+    dtype: torch.dtype,
+) -> list[Box]:
+    """Every target's box bounded in graph order with its own slopes, its bounded neurons
+    intersected with ``guards`` (sound when both are), IBP re-run after it (intersected)."""
+    for t in found:
+        shape = graph.ops[t.node].out_shape
+        low = bound(t.node, t.rows(shape, dtype), boxes, slopes[t.node])
+        boxes[t.node] = _narrowed(boxes[t.node], t, low, guards[t.node])
+        boxes = b.forward_from(graph, boxes, t.node)
+    return boxes
+
+
+def _narrowed(box: Box, t: Target, low: torch.Tensor, guard: Box) -> Box:
+    """``box`` with the bounds ``low`` (B, 2m: neurons, then negations) of ``t``'s valid
+    neurons, intersected with ``guard`` (no in-place op: the search differentiates this).
+    The sound pass guards with CROWN's boxes; the search with IBP's, not CROWN's: a box
+    kept from CROWN would pass no gradient to the slopes that made it, and IBP's keeps a
+    diverging step's boxes finite."""
+    lo, hi = box
+    flat_lo, flat_hi = lo.reshape(lo.shape[0], -1), hi.reshape(hi.shape[0], -1)
+    m = t.chunk.shape[1]
+    old_lo, old_hi = flat_lo.gather(1, t.chunk), flat_hi.gather(1, t.chunk)
+    floor = guard[0].reshape(lo.shape[0], -1).gather(1, t.chunk).to(lo.dtype)
+    ceiling = guard[1].reshape(hi.shape[0], -1).gather(1, t.chunk).to(hi.dtype)
+    new_lo = torch.maximum(floor, low[:, :m].to(lo.dtype))
+    new_hi = torch.minimum(ceiling, -low[:, m:].to(hi.dtype))
+    new_lo, new_hi = torch.where(t.valid, new_lo, old_lo), torch.where(t.valid, new_hi, old_hi)
+    return (flat_lo.scatter(1, t.chunk, new_lo).reshape(lo.shape),
+            flat_hi.scatter(1, t.chunk, new_hi).reshape(hi.shape))  # fmt: skip
+
+
+def search(
+    graph: BoundGraph,
+    found: list[Target],
+    crown: list[Box],
+    spec: torch.Tensor,
+    steps: int,
+    lrs: tuple[float, float],
+    decay: float = DECAY,
+) -> Slopes:
+    """Per sample, the slopes of the step whose spec rows' sum was highest (-1: the spec
+    rows' slopes), over ``steps`` of Adam in ``bounds.SEARCH_DTYPE`` (``lrs``: ReLU's,
+    sigmoid's and tanh's, times ``decay`` per step), clamped to [0, 1] after each."""
+    search_graph = graph.in_dtype(b.SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
+    cast = search_graph.dtype
+    start = [(lo.detach().to(cast), hi.detach().to(cast)) for lo, hi in crown]
+    with torch.no_grad():
+        ibp = b.interval_boxes(search_graph, crown[0][0].to(cast), crown[0][1].to(cast))
+    end = len(graph.ops) - 1
+    a = spec.detach().to(cast).reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
+    alphas = initial_slopes(search_graph, found, start, spec.shape[1])
+    chosen = {n: {i: s.detach().clone() for i, s in d.items()} for n, d in alphas.items()}
+    groups = [[s for d in alphas.values() for i, s in d.items()
+               if (graph.ops[i].relaxation is RELU) == relu] for relu in (True, False)]  # fmt: skip
+    params = groups[0] + groups[1]
+    if not params or steps <= 0:
+        return chosen
+    top = torch.full(spec.shape[:1], -torch.inf, dtype=cast)
+    optimiser = torch.optim.Adam(
+        [{"params": g, "lr": lr} for g, lr in zip(groups, lrs, strict=True) if g]
+    )
+    schedule = torch.optim.lr_scheduler.ExponentialLR(optimiser, decay)
+    pass_bound = lambda node, rows, boxes, slopes: b.backward(  # noqa: E731
+        search_graph, node, rows, boxes, slopes=slopes
+    )[0]
+    for _ in range(steps):
+        check_time()
+        with torch.enable_grad():
+            boxes = passes(search_graph, found, list(start), ibp, alphas, pass_bound, cast)
+            bound = pass_bound(end, a, boxes, alphas[-1])
+            # the slopes' gradients only: a float32 graph's weights may require grad too
+            grads = torch.autograd.grad(-bound.sum(), params, allow_unused=True)
+        for s, g in zip(params, grads, strict=True):  # a NaN (0/0 in a line's closed
+            # form on a degenerate interval) would poison Adam's moments for good
+            s.grad = torch.zeros_like(s) if g is None else g.nan_to_num(0.0, 0.0, 0.0)
+        total = bound.detach().sum(1)
+        better = total > top
+        top = torch.where(better, total, top)
+        _keep(chosen, alphas, better)
+        optimiser.step()
+        schedule.step()
+        with torch.no_grad():
+            for s in params:
+                s.nan_to_num_(0.5).clamp_(0, 1)
+    return chosen
+
+
+def _keep(chosen: Slopes, alphas: Slopes, better: torch.Tensor) -> None:
+    for n, d in alphas.items():
+        for i, s in d.items():
+            keep = better.reshape(-1, *([1] * (s.dim() - 1)))
+            chosen[n][i] = torch.where(keep, s.detach(), chosen[n][i])
+
+
+def initial_slopes(graph: BoundGraph, found: list[Target], boxes: list[Box], rows: int) -> Slopes:
+    """CROWN's slopes on CROWN's boxes for every pass, one copy per row: a ReLU's adaptive
+    lower slope, a sigmoid's or tanh's two CROWN slopes (``tangent_slopes``) as positions
+    in ``slope_range``, so the first step is CROWN's bound."""
+    slopes: Slopes = {}
+    for node, count in [(t.node, 2 * t.chunk.shape[1]) for t in found] + [(-1, rows)]:
+        start = len(graph.ops) - 1 if node == -1 else node
+        slopes[node] = b._initial_slopes(graph, start, boxes, count)
+        for i, s in slopes[node].items():
+            relaxation = graph.ops[i].relaxation
+            if isinstance(relaxation, SShapeRelaxation):
+                at = crown_positions(relaxation, *boxes[graph.ops[i].inputs[0]]).unsqueeze(1)
+                s.data.copy_(at.expand_as(s))
+    return slopes
+
+
+def crown_positions(relaxation: SShapeRelaxation, lo: torch.Tensor, hi: torch.Tensor):
+    """CROWN's lower and upper slopes as positions in ``slope_range`` (B, 2, ...)."""
+    lo64, hi64 = lo.double(), hi.double()
+    least, most = relaxation.slope_range(lo64, hi64)
+    span = torch.where(most - least > 0, most - least, 1.0)
+    down, up = relaxation.tangent_slopes(lo64, hi64)
+    at = torch.stack([(down - least) / span, (up - least) / span], 1)
+    return at.clamp(0, 1).to(lo.dtype)
