@@ -415,8 +415,14 @@ def check_verifier_contract(registry, name: str, problems: list[VerifierProblem]
                 problem.graph, problem.prop, problem.predictor.logits
             )
             settled = ~result.timeouts & ~theirs.timeouts
-            gap = (theirs.margins - result.margins)[settled]
-            assert (gap <= NESTING_SLACK * (1 + theirs.margins[settled].abs())).all(), (
+            assert not (settled & theirs.certified & ~result.certified).any(), (
+                f"{name} declares itself at least as tight as {other} but leaves open a "
+                f"sample {other} certifies ({problem.graph.model})"
+            )
+            # a falsified sample's margin is its counterexample's value, not a bound
+            bounded = settled & ~result.falsified & ~theirs.falsified
+            gap = (theirs.margins - result.margins)[bounded]
+            assert (gap <= NESTING_SLACK * (1 + theirs.margins[bounded].abs())).all(), (
                 f"{name} declares itself at least as tight as {other} but is looser by "
                 f"{gap.max():.3g} ({problem.graph.model})"
             )
