@@ -92,6 +92,9 @@ def main() -> None:
     torch.set_num_threads(1)
     from aisafety.plugins import default_registry
 
+    # before any instance's clock: its first build (0.29 s of CPU, importing the plugins)
+    # ran after ``start`` when it was an argument, and read as setup outside the limit
+    registry = default_registry()
     recorder = Recorder()
     recorder.install()
     print(f"{args.suite}, {args.verifier}, timeout {args.timeout:g} s of CPU, 1 thread")
@@ -102,7 +105,7 @@ def main() -> None:
         recorder.reads, recorder.batch_at = [], None
         start = time.process_time()
         result = vnncomp.verify_instance(
-            default_registry(), onnx_path, spec, args.verifier, args.timeout, {"clock": "cpu"}
+            registry, onnx_path, spec, args.verifier, args.timeout, {"clock": "cpu"}
         )
         end = time.process_time()
         part = split(recorder, start, end, args.timeout)
