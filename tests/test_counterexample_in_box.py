@@ -48,3 +48,48 @@ def test_the_counterexample_is_inside_the_box_and_violates_the_property(name):
     with torch.no_grad():
         assert (prop.rows(model(point)) <= 0).any()
     assert float(result.margins[0]) <= 0
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_the_milps_counterexample_is_reported_with_its_own_margin(monkeypatch, exact):
+    """``complete``'s MILP path (box-PGD made to find nothing): the margin is the value of
+    the rows at the float32 point returned (the one ``replay`` checked), as on the attack
+    path, not the MILP's value at its own float64 point."""
+    net, graph, prop = _instance()
+    model = lambda x: net(x.float())  # noqa: E731
+    verifier = make_verifier(
+        default_registry(), "complete", {"timeout": 30, "clock": "cpu", "exact": exact}
+    )
+    assert verifier.engine(graph) == "milp"
+    monkeypatch.setattr(
+        verifier, "attack", lambda g, p, m: (torch.zeros(len(p), dtype=torch.bool), p.lower)
+    )
+    result = verifier.verify(graph, prop, model)
+    assert result.verdicts[0] is Verdict.FALSIFIED
+    point = result.counterexamples
+    assert prop.inside(point).all()
+    with torch.no_grad():
+        value = prop.rows(model(point).double()).min()
+    assert value <= 0
+    assert float(result.margins[0]) == float(value.float())
+
+
+@pytest.mark.parametrize("name", ["crown", "alpha-crown", "bab"])
+def test_a_point_found_after_the_bounds_is_reported_with_its_own_margin(monkeypatch, name):
+    """The box's centre and the bound's worst corner, tried after the bounds (box-PGD made
+    to find nothing): the margin is the rows' value at the point returned, as box-PGD's is,
+    not the (lower, rounded) bound."""
+    net, graph, prop = _instance()
+    model = lambda x: net(x.float())  # noqa: E731
+    verifier = make_verifier(default_registry(), name, {"timeout": 30, "clock": "cpu"})
+    monkeypatch.setattr(
+        verifier, "attack", lambda g, p, m: (torch.zeros(len(p), dtype=torch.bool), p.lower)
+    )
+    result = verifier.verify(graph, prop, model)
+    assert result.verdicts[0] is Verdict.FALSIFIED
+    point = result.counterexamples
+    assert prop.inside(point).all()
+    with torch.no_grad():
+        value = prop.rows(model(point).double()).min()
+    assert value <= 0
+    assert float(result.margins[0]) == float(value.float())

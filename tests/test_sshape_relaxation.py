@@ -11,13 +11,13 @@ from torch import nn
 
 from aisafety.plugins import default_registry
 from aisafety.verification import bounds as b
-from aisafety.verification.bab import _stalled
 from aisafety.verification.falsify import pgd_on_rows
 from aisafety.verification.graph import build_graph
 from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import make_verifier
 from aisafety.verification.relaxations import SIGMOID, TANH
 from aisafety.verification.result import Verdict
+from aisafety.verification.sshape_search import stalled as _stalled
 
 FUNCTIONS = [(SIGMOID, torch.sigmoid), (TANH, torch.tanh)]
 

@@ -22,19 +22,27 @@ def _raise_interrupt(signum: int, _frame) -> None:
 
 
 @contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM/SIGHUP raise KeyboardInterrupt (main thread only)."""
+def _handling(signals, handler) -> Iterator[None]:
+    """Within the block, ``handler`` for each of ``signals`` that is not ignored (SIGHUP
+    under nohup stays ignored), the previous handlers restored after; in a thread other
+    than the main one (where Python cannot install handlers) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    # A signal already ignored (SIGHUP under nohup) stays ignored.
-    chosen = [s for s in _SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
-    previous = {s: signal.signal(s, _raise_interrupt) for s in chosen}
+    chosen = [s for s in signals if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {s: signal.signal(s, handler) for s in chosen}
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, before in previous.items():
+            signal.signal(s, before)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM/SIGHUP raise KeyboardInterrupt (main thread only)."""
+    with _handling(_SIGNALS, _raise_interrupt):
+        yield
 
 
 @contextmanager
@@ -43,17 +51,9 @@ def interrupts_deferred() -> Iterator[None]:
     when it ends (main thread only): for a step whose effect must be complete before an
     interruption can be handled, e.g. writing a run's row and starting its heartbeat, so
     that the handler finds a row to mark 'interrupted'."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     held: list[int] = []
-    chosen = [s for s in (signal.SIGINT, *_SIGNALS) if signal.getsignal(s) is not signal.SIG_IGN]
-    previous = {s: signal.signal(s, lambda signum, _frame: held.append(signum)) for s in chosen}
-    try:
+    with _handling((signal.SIGINT, *_SIGNALS), lambda signum, _frame: held.append(signum)):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     if held:
         raise KeyboardInterrupt(f"received {signal.Signals(held[0]).name}")
 

@@ -20,9 +20,9 @@ beta-CROWN pass (no optimisation) and splits the one whose worse child is highes
 network with at most ``input_split_max`` inputs the input box is split instead, at the
 middle of the dimension with the largest ``|coefficient| * width``.
 
-On a network with sigmoid or tanh activations: rounds of alpha-CROWN on every bound
-(``_slope_rounds``), then branch and bound over those neurons, each split cutting one
-neuron's input interval in two (``sshape_split.py``).
+On a network with sigmoid or tanh activations, after the root: rounds of alpha-CROWN on
+every bound, then branch and bound over those neurons, each split cutting one neuron's
+input interval in two (``sshape_search.py``, ``sshape_split.py``).
 
 Intermediate bounds: by default every domain is bounded on the root's intermediate boxes
 with its split neurons cut; ``intermediate_bounds: true`` re-bounds by CROWN, per domain,
@@ -47,8 +47,6 @@ from aisafety.memory_budget import current_budget
 from aisafety.verification import budget
 from aisafety.verification.bounds import (
     CROWN_KINDS,
-    linear_boxes,
-    optimise_slopes,
     search_slopes,
     sound_backward,
 )
@@ -67,13 +65,7 @@ from aisafety.verification.split_bounds import (
     relu_nodes,
     root_domains,
 )
-from aisafety.verification.sshape_split import (
-    SDomains,
-    bound_sdomains,
-    branch_scores,
-    root_sdomains,
-    split_sdomains,
-)
+from aisafety.verification.sshape_search import SShapeSearch
 
 # the root's slope search may take this share of a sample's time; cut short, the search
 # starts from CROWN's slopes with the rest
@@ -259,7 +251,6 @@ class Search:
             return Outcome(self.proved, None, "")
         rows, spec, offset = rows[keep], spec[keep], offset[keep]
         slopes = {i: t[keep] for i, t in slopes.items()}
-        self.stuck: list[torch.Tensor] = []  # bounds of domains that cannot be split
         if not self.graph.relu_only:  # sigmoid or tanh: their own domains and splits
             return self._sshape(root_bound, rows, spec, offset)
         todo = root_domains(self.graph, self.root, spec, offset, rows, slopes)
@@ -314,149 +305,11 @@ class Search:
         return torch.cat(bounds) + offset, slopes
 
     def _sshape(self, root_bound, rows, spec, offset) -> Outcome:
-        """A network with sigmoid or tanh activations: rounds of slope search on the whole
-        box (``_slope_rounds``) for ``SLOPE_SHARE`` of the time or until they stall, then
-        branch and bound over its S-shape neurons (``sshape_split.py``) on their boxes."""
-        share = Deadline(
-            min(self.deadline.at, self.deadline.clock() + SLOPE_SHARE * self.deadline.left()),
-            self.deadline.clock,
-        )
-        best, boxes = self._slope_rounds(root_bound, rows, spec, offset, share)
-        self.proved[best > 0] = best[best > 0]
-        keep = best[rows] <= 0
-        if not keep.any() or self.deadline.passed():
-            return self._slopes_outcome(best, "timeout")
-        rows, spec, offset = rows[keep], spec[keep], offset[keep]
-        todo = root_sdomains(boxes, spec, offset, rows)
-        todo.bound = best[rows].clone()
-        return self._sshape_bab(todo)
-
-    def _slope_rounds(self, root_bound, rows, spec, offset, deadline: Deadline):
-        """Rounds of alpha-CROWN with twice the last round's Adam steps on every intermediate
-        bound (the intermediate boxes decide these bounds: more output steps alone left
-        them unchanged, docs/certification.md), each box intersected with the last, then
-        ``root_steps`` on the open rows, until every row is proved, ``deadline`` passes, or
-        a round closes less than ``STALLED`` of every open row's gap to 0 (each round costs
-        twice the last). The best bound per row (every round's is sound) and the last
-        boxes, sound on the whole box."""
-        graph, config, boxes = self.graph, self.config, self.root
-        best, steps, before = root_bound.clone(), max(1, config.steps), None
-        try:
-            with time_limit(deadline):
-                while (best[rows] <= 0).any():
-                    if before is not None and _stalled(before, best[rows]):
-                        break
-                    before = best[rows].clone()
-                    steps *= 2
-                    box = self.prop.lower, self.prop.upper
-                    fresh = linear_boxes(graph, *box, "adaptive", steps)
-                    boxes = [(lo.maximum(was[0]), hi.minimum(was[1]))
-                             for (lo, hi), was in zip(fresh, boxes, strict=True)]  # fmt: skip
-                    bound, _ = optimise_slopes(graph, boxes, spec.unsqueeze(0).to(graph.dtype),
-                                               config.root_steps, config.root_lr)  # fmt: skip
-                    best[rows] = torch.maximum(best[rows], (bound[0] + offset).to(best.dtype))
-        except OutOfTime:
-            pass
-        return best, boxes
-
-    def _sshape_bab(self, todo: SDomains) -> Outcome:
-        """Best-first branch and bound over S-shape neurons: each round splits the
-        ``domain_batch`` lowest open domains (``branch_scores``, ``split_sdomains``) and
-        bounds the children in one batch; a child above 0 is pruned, a replayed corner
-        that violates the property ends the search. Stops when no domain is left, out of
-        time, at the memory cap, or after ``SSHAPE_STALL_ROUNDS`` rounds in which the
-        lowest open bound rose by less than ``STALLED`` of its gap to 0."""
-        graph, config = self.graph, self.config
-        self.open_s: SDomains | None = None
-        memory = domain_memory(config.max_memory_mb, self.prop.lower.device)
-        cap = max(1, int(memory / max(1, todo.nbytes(graph))))
-        cap = min(cap, config.max_domains)
-        why, low, flat = "", None, 0
-        try:
-            with time_limit(self.deadline):
-                while todo is not None:
-                    self._inflight_s = todo
-                    bound, coeff, at_act = bound_sdomains(graph, todo, self.steps, config.bab_lr)
-                    self._inflight_s = None
-                    todo.bound = torch.maximum(todo.bound, bound.to(todo.bound.dtype))
-                    todo.bound[empty_domains(todo.boxes)] = torch.inf
-                    point = self._replay_corners(todo, coeff)
-                    if point is not None:  # the bounds stay those of every domain left
-                        self.open_s = SDomains.cat([p for p in (self.open_s, todo) if p])
-                        return Outcome(self._sshape_outcome("").bounds, point, "")
-                    self._keep_open(todo, at_act)
-                    if self.open_s is None:
-                        break
-                    now = float(self.open_s.bound.min())
-                    if low is None or now - low >= STALLED * -low:
-                        low, flat = now, 0
-                    else:
-                        flat += 1
-                    if flat >= SSHAPE_STALL_ROUNDS:
-                        why = "not split further (stalled)"
-                        break
-                    if len(self.open_s) > cap:
-                        why = "domain limit"
-                        break
-                    self.rounds += 1
-                    order = torch.argsort(self.open_s.bound)
-                    n = min(config.domain_batch, len(order))
-                    parents, rest = self.open_s.take(order[:n]), self.open_s.take(order[n:])
-                    self.open_s = rest if len(rest) else None
-                    todo = split_sdomains(graph, parents)
-        except OutOfTime:
-            why = "timeout"
-            if self._inflight_s is not None:
-                self.open_s = SDomains.cat([d for d in (self.open_s, self._inflight_s)
-                                            if d is not None])  # fmt: skip
-        return self._sshape_outcome(why)
-
-    _inflight_s: SDomains | None = None
-
-    def _replay_corners(self, d: SDomains, coeff: torch.Tensor) -> torch.Tensor | None:
-        """The input corner minimising each domain's linear bound, replayed."""
-        lo, hi = d.boxes[0]
-        corner = torch.where(coeff > 0, lo, hi)
-        hit = replay(self.model, _repeat(self.prop, len(d)), corner)
-        return corner[hit][0] if hit.any() else None
-
-    def _keep_open(self, d: SDomains, at_act) -> None:
-        """Prune the proved domains (their bounds count for their rows), and keep the rest
-        with their branching choice; a domain with nothing left to split is stuck."""
-        proved = d.bound > 0
-        leaves = torch.nonzero(proved).flatten()
-        self.proved.scatter_reduce_(0, d.row[leaves], d.bound[leaves].to(self.proved.dtype),
-                                    "amin")  # fmt: skip
-        keep = torch.nonzero(~proved).flatten()
-        if not len(keep):
-            return
-        rest = d.take(keep)
-        node, index, _ = branch_scores(self.graph, rest, {i: a[keep] for i, a in at_act.items()})
-        stuck = node < 0
-        if stuck.any():
-            gone = rest.take(torch.nonzero(stuck).flatten())
-            self.stuck.append(torch.stack([gone.row.double(), gone.bound.double()], 1))
-        live = torch.nonzero(~stuck).flatten()
-        rest = rest.take(live)
-        rest.branch = torch.stack([node[live], index[live]], 1)
-        parts = [p for p in (self.open_s, rest) if p is not None and len(p)]
-        self.open_s = SDomains.cat(parts) if parts else None
-
-    def _sshape_outcome(self, why: str) -> Outcome:
-        bounds = self.proved.clone()
-        if self.open_s is not None and len(self.open_s):
-            d = self.open_s
-            bounds.scatter_reduce_(0, d.row, d.bound.to(bounds.dtype), "amin")
-        if self.stuck:
-            stuck = torch.cat(self.stuck)
-            bounds.scatter_reduce_(0, stuck[:, 0].long(), stuck[:, 1], "amin")
-            why = why or "not split further"
-        return Outcome(bounds, None, why if (bounds <= 0).any() else "")
-
-    def _slopes_outcome(self, best: torch.Tensor, why: str) -> Outcome:
-        self.proved[best > 0] = best[best > 0]
-        bounds = torch.minimum(self.proved, best)
-        return Outcome(bounds, None, "" if (bounds > 0).all() else why)
+        """A network with sigmoid or tanh activations: ``sshape_search.py``'s search."""
+        memory = domain_memory(self.config.max_memory_mb, self.prop.lower.device)
+        search = SShapeSearch(self.config, self.graph, self.prop, self.root, self.model,
+                              self.deadline, self.proved, memory, self.steps)  # fmt: skip
+        return Outcome(*search.run(root_bound, rows, spec, offset))
 
     def _outcome_at_root(self, root_bound: torch.Tensor) -> Outcome:
         """Out of time before the root's slopes: the bound it was given stands."""
@@ -571,14 +424,14 @@ class Search:
     def _corners(self, done: Domains, coeff: torch.Tensor) -> torch.Tensor | None:
         """The corner minimising each domain's linear bound, replayed: the first violation."""
         corner = torch.where(coeff[:, 0] > 0, done.lower, done.upper)
-        prop = _repeat(self.prop, len(done))
+        prop = self.prop.expand(len(done))
         hit = replay(self.model, prop, corner)
         return corner[hit][0] if hit.any() else None
 
     def _attack_from(self, picked: Domains) -> torch.Tensor | None:
         """Box-PGD on the whole box from the centres of the most promising domains."""
         best = picked.take(torch.arange(min(4, len(picked))))
-        prop = _repeat(self.prop, len(best))
+        prop = self.prop.expand(len(best))
         start = (best.lower + best.upper) / 2
         forward = lambda x: self.graph.forward(x.to(self.graph.dtype))  # noqa: E731
         point = pgd_on_rows(forward, prop, max(1, self.config.attack_steps // 2), 0, start=start)
@@ -659,19 +512,6 @@ class Search:
         return cand.gather(1, reduced.argmax(1, keepdim=True))[:, 0]
 
 
-STALLED = 0.01  # of an open row's gap to 0 closed by one round of slope search
-# the sigmoid/tanh slope rounds' share of a sample's time; the splits get the rest
-SLOPE_SHARE = 0.5
-# rounds of S-shape splitting in a row whose lowest open bound rose by less than STALLED
-SSHAPE_STALL_ROUNDS = 10
-
-
-def _stalled(before: torch.Tensor, now: torch.Tensor) -> bool:
-    """No open row (``before`` <= 0) rose by ``STALLED`` of its gap to 0 in the round."""
-    open_ = before <= 0
-    return bool(((now - before)[open_] < STALLED * -before[open_]).all())
-
-
 def round_steps(config: BabConfig, graph: BoundGraph) -> int:
     """Adam steps per round: ``bab_steps``, or by default fewer on a convolutional network,
     whose rounds measured no tighter with more (``CONV_BAB_STEPS``)."""
@@ -692,11 +532,6 @@ def _pre_activation_bias(op, n: int) -> torch.Tensor:
     if op.kind == "elementwise":
         return (op.shift * torch.ones(shape, dtype=op.shift.dtype)).reshape(n)
     return torch.zeros(n)
-
-
-def _repeat(prop: Property, n: int) -> Property:
-    return Property(*(t.expand(n, *t.shape[1:]) for t in (prop.lower, prop.upper, prop.spec,
-                                                          prop.offset)))  # fmt: skip
 
 
 def _split(d: Domains, input_split: bool) -> Domains:

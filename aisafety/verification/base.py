@@ -13,7 +13,8 @@ from the box's centre, corners and random points, before any bound work (within
 bound pass that completes is ``record``-ed, so a batch out of time returns the strongest
 verdict reached (certified where a completed bound is > 0, else ``timeout`` with that
 bound as margin); ``timeout`` with margin -inf only
-when no bound completed.
+when no bound completed. A falsified sample's margin is the lowest row at its counterexample
+(the float32 point inside the box that the replay checked), whichever search found it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from aisafety.memory_budget import size as size_text
 from aisafety.verification.bounds import LINEAR_KINDS
 from aisafety.verification.budget import GIB, box_bytes, current_budget, memory_limit, refuse
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
-from aisafety.verification.falsify import Model, into_box, pgd_on_rows, replay
+from aisafety.verification.falsify import Model, checked, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
 from aisafety.verification.result import Verdict, VerificationResult
@@ -225,17 +226,17 @@ class Verifier(ABC):
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
         falsified = broken.clone()
         if broken.any():  # the points ``replay`` checked: in float32, inside the box
-            counter[broken] = into_box(point[broken], prop[broken])
-            with torch.no_grad():
-                rows = prop[broken].rows(model(counter[broken]).double())
-            margins[broken] = rows.amin(1).to(margins.dtype)
+            counter[broken], value = checked(model, prop[broken], point[broken])
+            margins[broken] = value.to(margins.dtype)
         if bounds is not None:
             sub = prop[todo]
             margins[todo] = (bounds + sub.offset).amin(1).to(margins.dtype)
             certified[todo] = margins[todo] > 0
             for candidate in self._candidates(sub, bounds, coeff):
                 hit = ~certified[todo] & ~falsified[todo] & replay(model, sub, candidate)
-                counter[todo[hit]] = into_box(candidate[hit], sub[hit])
+                if hit.any():  # the margin at the point, not the bound (as box-PGD's)
+                    counter[todo[hit]], value = checked(model, sub[hit], candidate[hit])
+                    margins[todo[hit]] = value.to(margins.dtype)
                 falsified[todo[hit]] = True
         seconds = torch.full((n,), (deadline.clock() - began) / max(1, n))
         why = ["timeout" if out_of_time else "bounds too loose"] * n

@@ -16,7 +16,9 @@ phase: the batch's alpha-CROWN and box-PGD share B limits (their seconds are cha
 equally), the rest of a sample's own limit goes to its refinement and MILPs, and a sample
 out of time is ``timeout``. A row
 is proved when HiGHS finds no point with ``row <= 1e-5`` (or, with ``exact``, when its
-optimum or dual bound is > 0); a point it finds is replayed through the predictor.
+optimum or dual bound is > 0); a point it finds is replayed through the predictor. A
+falsified sample's margin is the lowest row at the point returned (float32, inside the
+box: the one the replay checked), whether box-PGD or the MILP found it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pydantic import Field
 from aisafety.verification import bounds as b
 from aisafety.verification.bab import BabConfig, BabVerifier
 from aisafety.verification.deadline import WALL_BACKSTOP, Deadline, OutOfTime, time_limit
-from aisafety.verification.falsify import Model, into_box, replay
+from aisafety.verification.falsify import Model, checked, replay
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.milp import decide_row, encode, minimise_row
 from aisafety.verification.property import Property
@@ -149,11 +151,8 @@ class CompleteVerifier(BabVerifier):
 
     def _one(self, graph, prop, boxes, bound, attacked, attack_point, model, deadline: Deadline):
         """One sample: (verdict, margin, counterexample or None, why not settled)."""
-        if attacked:  # the point ``replay`` checked: in float32, inside the box
-            point = into_box(attack_point[None], prop)
-            with torch.no_grad():
-                value = prop.rows(model(point).double()).min()
-            return Verdict.FALSIFIED, float(value), point[0], ""
+        if attacked:
+            return Verdict.FALSIFIED, *_checked(model, prop, attack_point[None]), ""
         if bound.min() > 0:
             return Verdict.CERTIFIED, float(bound.min()), None, ""
         if deadline.passed():
@@ -198,8 +197,8 @@ class CompleteVerifier(BabVerifier):
             proved[k] = max(float(proved[k]), low)
             if point is not None and value <= 0:
                 candidate = torch.from_numpy(point).reshape(prop.lower.shape)
-                if replay(model, prop, candidate)[0]:
-                    return Verdict.FALSIFIED, value, into_box(candidate, prop)[0], ""
+                if replay(model, prop, candidate)[0]:  # not the MILP's value: the point's
+                    return Verdict.FALSIFIED, *_checked(model, prop, candidate), ""
             if proved[k] <= 0:
                 if out_of_time:
                     return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
@@ -210,3 +209,9 @@ class CompleteVerifier(BabVerifier):
                 )
                 return Verdict.UNKNOWN, float(proved.min()), None, why
         return Verdict.CERTIFIED, float(proved.min()), None, ""
+
+
+def _checked(model: Model, prop: Property, candidate: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """One sample's margin and counterexample at the point ``replay`` checked."""
+    points, values = checked(model, prop, candidate)
+    return float(values[0]), points[0]

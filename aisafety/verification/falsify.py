@@ -29,6 +29,16 @@ def into_box(x: torch.Tensor, prop: Property) -> torch.Tensor:
     return x32
 
 
+def checked(model: Model, prop: Property, candidates: torch.Tensor):
+    """Per sample, the point ``replay`` checks (float32, inside the box) and the lowest
+    row's value there: a falsified sample's counterexample and margin, whichever search
+    found the point, so the margin printed is the one at the point printed."""
+    points = into_box(candidates, prop)
+    with torch.no_grad():
+        values = prop.rows(model(points).to(torch.float64)).amin(1)
+    return points, values
+
+
 def replay(model: Model, prop: Property, candidates: torch.Tensor) -> torch.Tensor:
     """True per sample where the candidate is in the box and violates the property."""
     x = into_box(candidates, prop)

@@ -28,6 +28,11 @@ class Property:
     def __getitem__(self, index) -> Property:
         return Property(self.lower[index], self.upper[index], self.spec[index], self.offset[index])
 
+    def expand(self, n: int) -> Property:
+        """``n`` views of a one-sample property, to replay ``n`` candidates against it."""
+        return Property(*(t.expand(n, *t.shape[1:])
+                          for t in (self.lower, self.upper, self.spec, self.offset)))  # fmt: skip
+
     def to(self, dtype: torch.dtype) -> Property:
         return Property(*(t.to(dtype) for t in (self.lower, self.upper, self.spec, self.offset)))
 

@@ -283,7 +283,7 @@ def bound_domains(
     chosen_a = {i: t.detach().clone() for i, t in alpha.items()}
     chosen_b = {i: t.detach().clone() for i, t in beta.items()}
     top = torch.full((len(domains),), -torch.inf, dtype=cast)
-    if steps > 0:
+    if steps > 0 and (alpha or beta):  # no slope and no split: nothing to optimise
         alpha_lr = lr if lr_alpha is None else lr_alpha
         groups = [{"params": list(beta.values())},
                   {"params": list(alpha.values()), "lr": alpha_lr}]  # fmt: skip

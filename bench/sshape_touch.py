@@ -1,0 +1,130 @@
+"""CROWN on the eran sigmoid net with the tangent points found by Newton (as shipped) and by
+the 50-step bisection it replaced, one thread.
+
+    python bench/sshape_touch.py [--spec 1211] [--pairs 15]
+
+``SShapeRelaxation.tangent_slopes`` (CROWN's slopes; on intervals across 0, tangents
+through an end) runs on every S-shape layer of every backward pass. Each pair runs one
+whole CROWN pass (``linear_boxes`` and the spec's bound) with the shipped one and with
+the one it replaced (kept here: the bisection on every interval), interleaved, the order
+alternating. Printed: each one's median CPU seconds per pass, the paired median ratio,
+``tangent_slopes``' share of a pass with each (its own CPU, summed over the pass), and the
+largest difference between the two passes' bounds (the slopes agree to about 1e-12, so
+the bounds should too). Work is bounded by pairs, not time; the CPU model and the load
+are printed with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from aisafety.verification import bounds as b
+from aisafety.verification import relaxations as r
+from aisafety.verification.vnncomp import _property, load_network
+from aisafety.verification.vnnlib import read_disjuncts
+
+ROOT = Path(__file__).resolve().parents[1]
+ERAN = ROOT.parent / "shared" / "data" / "vnncomp2021_eran"
+NET = "ffnnSIGMOID__Point_6x200.onnx"
+
+
+def bisection_touch(self, lo, hi, anchor):
+    """The replaced ``_touch`` (#33's eighth session), verbatim: 50 halvings between the far
+    end and 0, on every interval, keeping the valid end. Also the reference of
+    tests/test_sshape_touch.py."""
+    below = anchor is hi
+    far = lo.clamp(max=0) if below else hi.clamp(min=0)
+    near = torch.zeros_like(far)
+    target = self.fn(anchor)
+    for _ in range(50):
+        d = (far + near) / 2
+        line = self.fn(d) + self.derivative(d) * (anchor - d)
+        valid = line <= target if below else line >= target
+        far, near = torch.where(valid, d, far), torch.where(valid, near, d)
+    return far
+
+
+def bisection_slopes(self, lo, hi):
+    """The replaced ``tangent_slopes``, with the bisection's tangent points."""
+    chord, mid = self.chord(lo, hi), self.derivative((lo + hi) / 2)
+    low_d, up_d = bisection_touch(self, lo, hi, hi), bisection_touch(self, lo, hi, lo)
+    m, derivative = (lo + hi) / 2, self.derivative
+    low_mixed = torch.where(chord < derivative(lo), chord, derivative(torch.minimum(low_d, m)))
+    up_mixed = torch.where(chord < derivative(hi), chord, derivative(torch.maximum(up_d, m)))
+    down = torch.where(hi <= 0, mid, torch.where(lo >= 0, chord, low_mixed))
+    up = torch.where(hi <= 0, chord, torch.where(lo >= 0, mid, up_mixed))
+    return down, up
+
+
+def timed(slopes, spent: list[float]):
+    """``slopes`` adding its own CPU seconds to ``spent``."""
+
+    def run(self, lo, hi):
+        began = time.process_time()
+        out = slopes(self, lo, hi)
+        spent.append(time.process_time() - began)
+        return out
+
+    return run
+
+
+def one_pass(graph, prop, slopes) -> tuple[float, float, torch.Tensor]:
+    """One CROWN pass with ``slopes``: CPU seconds, their share of it, the bounds."""
+    spent: list[float] = []
+    saved = r.SShapeRelaxation.tangent_slopes
+    r.SShapeRelaxation.tangent_slopes = timed(slopes, spent)
+    try:
+        began = time.process_time()
+        lower, upper = prop.lower.to(graph.dtype), prop.upper.to(graph.dtype)
+        boxes = b.linear_boxes(graph, lower, upper)
+        bound, _ = b.spec_lower(graph, boxes, prop.spec.to(graph.dtype))
+        cpu = time.process_time() - began
+    finally:
+        r.SShapeRelaxation.tangent_slopes = saved
+    return cpu, sum(spent) / cpu, bound.double() + prop.offset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", type=int, default=1211)
+    parser.add_argument("--pairs", type=int, default=15)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bab_speed import cpu_model  # (here: tests/test_sshape_touch.py imports this file)
+
+    torch.set_num_threads(1)
+    net = load_network(ERAN / "nets" / NET)
+    vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"
+    box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
+    prop = _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
+    ways = {"newton": r.SShapeRelaxation.tangent_slopes, "bisection": bisection_slopes}
+    for slopes in ways.values():  # warm-up
+        one_pass(net.graph, prop, slopes)
+    cpu = {k: [] for k in ways}
+    share = {k: [] for k in ways}
+    bounds = {}
+    for i in range(args.pairs):
+        for name in list(ways)[:: 1 if i % 2 == 0 else -1]:
+            seconds, part, bounds[name] = one_pass(net.graph, prop, ways[name])
+            cpu[name].append(seconds)
+            share[name].append(part)
+    ratio = statistics.median(o / n for n, o in zip(cpu["newton"], cpu["bisection"], strict=True))
+    print(f"eran {NET} spec {args.spec}, CROWN, {args.pairs} interleaved pairs, one thread; "
+          f"CPU {cpu_model()}; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    for name in ways:
+        print(f"{name:9s} median {statistics.median(cpu[name]) * 1e3:7.1f} ms CPU per pass; "
+              f"tangent_slopes {statistics.median(share[name]):.1%} of it")  # fmt: skip
+    print(f"bisection / newton, paired median: {ratio:.2f}x; largest bound difference "
+          f"{float((bounds['newton'] - bounds['bisection']).abs().max()):.2e}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
