@@ -94,11 +94,18 @@ class PostgresServer:
         if self.as_postgres:
             command = ["runuser", "-u", USER, "--", *command]
         done = subprocess.run(command, capture_output=True, text=True, timeout=360)
-        if check and done.returncode:  # what pg_ctl said, not only its exit status
+        if check and done.returncode:  # what pg_ctl and the server said, not only the status
             raise RuntimeError(
-                f"{' '.join(command)} exited {done.returncode}: {done.stdout} {done.stderr}"
+                f"{' '.join(command)} exited {done.returncode}: {done.stdout} {done.stderr}\n"
+                f"server log (last lines):\n{self.log_tail()}"
             )
         return done
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the server's log (why it did not start or stop)."""
+        log = self.datadir.parent / "log"
+        text = log.read_text(errors="replace") if log.exists() else "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
 
 
 def start_postgres() -> PostgresServer:
@@ -125,8 +132,7 @@ def start_postgres() -> PostgresServer:
         server._run(
             "pg_ctl", "-D", str(datadir), "-o", options, "-l", str(root / "log"), "-w", "start"
         )
-    except RuntimeError as exc:
-        log = (root / "log").read_text() if (root / "log").exists() else ""
+    except RuntimeError as exc:  # its message has the server log's last lines
         shutil.rmtree(root, ignore_errors=True)
-        raise RuntimeError(f"PostgreSQL did not start: {exc}\n{log}") from None
+        raise RuntimeError(f"PostgreSQL did not start: {exc}") from None
     return server

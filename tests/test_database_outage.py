@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import text
 
 from aisafety.errors import AISafetyWarning, StoreError
 from aisafety.interfaces import EvaluationPlan
@@ -37,30 +36,24 @@ def own_server():
     server.stop()
 
 
-def _units(url: str) -> int:
-    with ResultStore(url).engine.connect() as connection:
-        return connection.execute(text("SELECT COUNT(*) FROM units")).scalar_one()
+def _outage_after_first_unit(server, store: ResultStore, monkeypatch, down_s: float):
+    """Stop the server as soon as ``store`` has written the run's first unit, in the run's
+    own thread (the next write finds it down), and start it again ``down_s`` later from a
+    thread, which is returned. A thread polling for the first unit raced the run: its other
+    units took 0.2-0.3 s, and a stop that came later found nothing left to wait for (no
+    warning; the fixture's teardown then stopped the server under the thread's pg_ctl)."""
+    record_unit = store.record_unit
+    resume = threading.Thread(target=lambda: (time.sleep(down_s), server.resume()), daemon=True)
 
+    def record_then_stop(*args, **kwargs):
+        written = record_unit(*args, **kwargs)
+        if resume.ident is None:  # the first unit: not started yet
+            server.pause()
+            resume.start()
+        return written
 
-def _outage_after_first_unit(server, url: str, down_s: float) -> threading.Thread:
-    """Stop the server once the first unit is stored; start it again ``down_s`` later."""
-
-    def outage() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if _units(url) >= 1:
-                    break
-            except Exception:  # noqa: BLE001 - the tables may not exist yet
-                pass
-            time.sleep(0.02)
-        server.pause()
-        time.sleep(down_s)
-        server.resume()
-
-    thread = threading.Thread(target=outage, daemon=True)
-    thread.start()
-    return thread
+    monkeypatch.setattr(store, "record_unit", record_then_stop)
+    return resume
 
 
 def test_a_short_outage_is_waited_for_and_changes_nothing(own_server, tmp_path, monkeypatch):
@@ -69,7 +62,7 @@ def test_a_short_outage_is_waited_for_and_changes_nothing(own_server, tmp_path, 
     Runner(PLAN, ResultStore(sqlite_url), quiet=True).run()
     url = own_server.create_database()
     store = ResultStore(url)
-    thread = _outage_after_first_unit(own_server, url, down_s=3.0)
+    thread = _outage_after_first_unit(own_server, store, monkeypatch, down_s=3.0)
     with pytest.warns(
         AISafetyWarning, match="results database is unreachable .* waiting up to 60 s"
     ):
@@ -87,10 +80,11 @@ def test_an_outage_longer_than_the_grace_ends_the_run_with_the_original_error(
     grace = 2.0
     monkeypatch.setenv("AISAFETY_DB_GRACE_S", str(grace))
     url = own_server.create_database()
-    thread = _outage_after_first_unit(own_server, url, down_s=8.0)
+    store = ResultStore(url)
+    thread = _outage_after_first_unit(own_server, store, monkeypatch, down_s=8.0)
     start = time.monotonic()
     with pytest.warns(AISafetyWarning), pytest.raises(StoreError) as raised:
-        Runner(PLAN, ResultStore(url), quiet=True).run()
+        Runner(PLAN, store, quiet=True).run()
     message = str(raised.value)
     assert "unreachable for 2 s, the grace period, AISAFETY_DB_GRACE_S" in message
     assert "rerun the same command with --resume" in message

@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import children
 import pytest
 
 from aisafety.interfaces import EvaluationPlan
@@ -62,12 +63,12 @@ def test_sigterm_before_the_first_unit_is_an_interruption(tmp_path, moment):
     if moment == "while loading":
         time.sleep(0.5)  # parsing done, the plan, plugins and model still loading
     else:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + children.HANG_LIMIT  # a hang guard, not a time limit
         while not _runs(db) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _runs(db) == [("running", 0)]
     child.send_signal(signal.SIGTERM)
-    _, err = child.communicate(timeout=120)
+    _, err = child.communicate(timeout=children.HANG_LIMIT)
     assert child.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     if moment != "while loading":
@@ -105,8 +106,8 @@ def test_a_run_whose_process_vanishes_is_marked_by_the_next_run(tmp_path):
          "metrics": ["robust-accuracy"], "device": "cpu"}
     )  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(VANISHING), url,
-                           plan.model_dump_json()], env=env, timeout=300)  # fmt: skip
+    command = [sys.executable, "-c", textwrap.dedent(VANISHING), url, plan.model_dump_json()]
+    done = subprocess.run(command, env=env, timeout=children.HANG_LIMIT)
     assert done.returncode == 0  # what os._exit(0) leaves: nothing to see in the exit code
     assert _runs(tmp_path / "r.db") == [("running", 0)]
     Runner(EvaluationPlan(metrics=(), device="cpu", dataset={"limit": 8}), ResultStore(url),

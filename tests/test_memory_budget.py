@@ -6,6 +6,7 @@ estimate when one image does not fit, and answer under an address-space limit se
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from aisafety.unit_cost import reset_peak_rss, status_bytes
 
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
+import children  # noqa: E402
 from cifar_resnets import random_resnet  # noqa: E402
 
 
@@ -169,8 +171,13 @@ FINITE = "print('finite', bool(torch.isfinite(out).all()), tuple(out.shape))\n"
 
 
 def _run(script: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    """``script`` in a fresh process, its time bounded only by the hang guard (a fixed 600 s
+    of wall clock can run out on a loaded machine), the memory ledger off: the default budget
+    there is half of the address space left (or of MemAvailable), whatever other processes of
+    the test run have claimed."""
+    env = {**os.environ, "AISAFETY_MEMORY_LEDGER": "0"}
+    return children.run([sys.executable, "-c", script], what="the address-space script",
+                        capture_output=True, text=True, env=env)  # fmt: skip
 
 
 @pytest.mark.parametrize(
