@@ -206,3 +206,18 @@ def test_complete_with_a_joint_root_never_contradicts_the_samples():
             assert Verdict.FALSIFIED in result.verdicts
         else:
             assert Verdict.CERTIFIED in result.verdicts
+
+
+def test_joint_auto_is_joint_on_sigmoid_tanh_nets_and_layerwise_on_relu_ones():
+    """``joint: auto`` picks the joint search exactly where the graph has an S-shape
+    activation: its margins equal ``joint: true``'s there and ``joint: false``'s on ReLU."""
+    for kind, joint in (("sshape", True), ("relu", False)):
+        make, eps = NETS[kind]
+        net = make()
+        graph = build_graph(net, (1, 4, 4), kind)
+        _, prop = around(net, eps)
+        auto = AlphaCrownVerifier(steps=STEPS, joint="auto").verify(graph, prop, net)
+        same = AlphaCrownVerifier(steps=STEPS, joint=joint).verify(graph, prop, net)
+        other = AlphaCrownVerifier(steps=STEPS, joint=not joint).verify(graph, prop, net)
+        assert torch.equal(auto.margins, same.margins)
+        assert not torch.equal(auto.margins, other.margins)  # the two searches differ here

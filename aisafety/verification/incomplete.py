@@ -6,6 +6,8 @@ None can prove a violation; a falsified verdict comes from a replayed counterexa
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from pydantic import Field
 
@@ -104,12 +106,13 @@ class AlphaCrownConfig(AttackFirstConfig):
         "pass) of intermediate bounds' slope searches, deepest layer first; the other "
         "layers keep CROWN's bounds (search_plan.py); null: search every layer",
     )
-    joint: bool = Field(
+    joint: bool | Literal["auto"] = Field(
         default=False,
         description="optimise every layer's slopes together for the spec rows' bound (Xu et "
         "al.'s and auto_LiRPA's alpha-CROWN: each step re-bounds every intermediate layer, "
-        "joint_alpha.py) instead of layer by layer; falls back to layer by layer when one "
-        "step does not fit the memory budget",
+        "joint_alpha.py) instead of layer by layer; auto: joint on networks with sigmoid or "
+        "tanh activations, layer by layer on ReLU-only ones; falls back to layer by layer "
+        "when one step does not fit the memory budget",
     )
     joint_lr: float = Field(
         default=0.03,
@@ -192,7 +195,7 @@ class AlphaCrownVerifier(CrownVerifier):
         crown = torch.maximum(crown, b.ibp_spec_lower(graph, crown_boxes, prop.spec))
         self.record(crown, crown_coeff)
         joint, self.fallback = None, ""
-        if self.config.joint:
+        if self.config.joint is True or (self.config.joint == "auto" and not graph.relu_only):
             lrs = self.alpha_lr, self.config.joint_lr
             joint = joint_alpha(graph, crown_boxes, prop.spec, self.alpha_steps, *lrs)
             if joint is None:

@@ -1,0 +1,70 @@
+"""``alpha-crown`` layer by layer (the default) against ``joint: true`` on the tests' small
+sigmoid/tanh nets: margins and CPU time, paired (#33: should ``joint`` default on for
+S-shape nets?).
+
+    python bench/joint_alpha_small.py [--repeats 3] [--steps 20 75]
+
+Nets: ``tests/test_contract.py``'s ``_smooth_net`` (sigmoid, tanh; eps 0.05, as in the
+verifier contract) and ``tests/test_sshape_relaxation.py``'s ``sshape_net`` (sigmoid,
+tanh, sigmoid; eps 0.1, 0.2, 0.3), 6 samples each. Per net, eps and step count the two
+modes run interleaved ``--repeats`` times; printed: certified samples, the sum and least of
+the margins (the verifier's sound bounds) and the median CPU seconds of each, and their
+ratio. Run it alone with OMP_NUM_THREADS=1 (one thread is set here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' nets
+
+from aisafety.verification.graph import build_graph  # noqa: E402
+from aisafety.verification.incomplete import AlphaCrownVerifier  # noqa: E402
+from tests.test_contract import _smooth_net  # noqa: E402
+from tests.test_sshape_relaxation import around, sshape_net  # noqa: E402
+
+CASES = [(_smooth_net, 0.05), (sshape_net, 0.1), (sshape_net, 0.2), (sshape_net, 0.3)]
+
+
+def timed(net, graph, prop, steps: int, joint: bool) -> tuple[torch.Tensor, int, float]:
+    """Margins, certified count and CPU seconds of one ``alpha-crown`` run."""
+    began = time.process_time()
+    result = AlphaCrownVerifier(steps=steps, joint=joint).verify(graph, prop, net)
+    return result.margins, int(result.certified.sum()), time.process_time() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, nargs="*", default=[20, 75])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warm = sshape_net().eval()  # the first run pays for lazy imports and allocations
+    timed(warm, build_graph(warm, (1, 4, 4), "warm"), around(warm, 0.1)[1], 2, True)
+    print(f"{'net':<12} {'eps':>4} {'steps':>5}  mode       cert  sum margin  least   CPU s")
+    for make, eps in CASES:
+        net = make().eval()
+        graph = build_graph(net, (1, 4, 4), make.__name__)
+        _, prop = around(net, eps)
+        for steps in args.steps:
+            runs = {False: [], True: []}
+            for _ in range(args.repeats):
+                for joint in (False, True):  # interleaved: the load hits both alike
+                    runs[joint].append(timed(net, graph, prop, steps, joint))
+            cpu = {j: statistics.median(r[2] for r in runs[j]) for j in runs}
+            for joint, name in ((False, "layerwise"), (True, "joint")):
+                margins, certified, _ = runs[joint][0]
+                print(f"{make.__name__:<12} {eps:>4} {steps:>5}  {name:<10} {certified:>4}"
+                      f" {float(margins.sum()):+10.4f} {float(margins.min()):+7.4f}"
+                      f" {cpu[joint]:7.2f}")  # fmt: skip
+            print(f"{'':<24}joint / layerwise CPU: {cpu[True] / cpu[False]:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
