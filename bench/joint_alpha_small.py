@@ -4,12 +4,15 @@ S-shape nets?).
 
     python bench/joint_alpha_small.py [--repeats 3] [--steps 20 75]
 
-Nets: ``tests/test_contract.py``'s ``_smooth_net`` (sigmoid, tanh; eps 0.05, as in the
-verifier contract) and ``tests/test_sshape_relaxation.py``'s ``sshape_net`` (sigmoid,
-tanh, sigmoid; eps 0.1, 0.2, 0.3), 6 samples each. Per net, eps and step count the two
-modes run interleaved ``--repeats`` times; printed: certified samples, the sum and least of
-the margins (the verifier's sound bounds) and the median CPU seconds of each, and their
-ratio. Run it alone with OMP_NUM_THREADS=1 (one thread is set here).
+Nets: the tests' two, as ``bench/sigmoid_lines.small_nets`` rebuilds them (weights checked
+equal by tests/test_sigmoid_lines_bench.py): ``tests/test_contract.py``'s ``_smooth_net``
+(sigmoid, tanh; eps 0.05, as in the verifier contract) and
+``tests/test_sshape_relaxation.py``'s ``sshape_net`` (sigmoid, tanh, sigmoid; eps 0.1,
+0.2, 0.3), 6 samples each (the tests' ``around``: uniform images, seed 6). Per net, eps
+and step count the two modes run interleaved ``--repeats`` times; printed: certified
+samples, the sum and least of the margins (the verifier's sound bounds) and the median CPU
+seconds of each, and their ratio. Run it alone with OMP_NUM_THREADS=1 (one thread is set
+here).
 """
 
 from __future__ import annotations
@@ -22,14 +25,24 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' nets
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sigmoid_lines, beside this
+
+from sigmoid_lines import small_nets  # noqa: E402
 
 from aisafety.verification.graph import build_graph  # noqa: E402
 from aisafety.verification.incomplete import AlphaCrownVerifier  # noqa: E402
-from tests.test_contract import _smooth_net  # noqa: E402
-from tests.test_sshape_relaxation import around, sshape_net  # noqa: E402
+from aisafety.verification.property import robustness_property  # noqa: E402
 
-CASES = [(_smooth_net, 0.05), (sshape_net, 0.1), (sshape_net, 0.2), (sshape_net, 0.3)]
+NETS = small_nets()
+CASES = [("contract _smooth_net", 0.05)] + [("sshape_net", eps) for eps in (0.1, 0.2, 0.3)]
+
+
+def around(net: torch.nn.Module, eps: float, n: int = 6):
+    """The tests' samples: ``n`` uniform 4x4 images (seed 6), labelled by the net."""
+    x = torch.rand(n, 1, 4, 4, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    return x, robustness_property(x, y, eps, 3)
 
 
 def timed(net, graph, prop, steps: int, joint: bool) -> tuple[torch.Tensor, int, float]:
@@ -45,12 +58,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs="*", default=[20, 75])
     args = parser.parse_args()
     torch.set_num_threads(1)
-    warm = sshape_net().eval()  # the first run pays for lazy imports and allocations
+    warm = NETS["sshape_net"]  # the first run pays for lazy imports and allocations
     timed(warm, build_graph(warm, (1, 4, 4), "warm"), around(warm, 0.1)[1], 2, True)
     print(f"{'net':<12} {'eps':>4} {'steps':>5}  mode       cert  sum margin  least   CPU s")
-    for make, eps in CASES:
-        net = make().eval()
-        graph = build_graph(net, (1, 4, 4), make.__name__)
+    for net_name, eps in CASES:
+        net = NETS[net_name]
+        graph = build_graph(net, (1, 4, 4), net_name)
         _, prop = around(net, eps)
         for steps in args.steps:
             runs = {False: [], True: []}
@@ -60,7 +73,7 @@ def main() -> None:
             cpu = {j: statistics.median(r[2] for r in runs[j]) for j in runs}
             for joint, name in ((False, "layerwise"), (True, "joint")):
                 margins, certified, _ = runs[joint][0]
-                print(f"{make.__name__:<12} {eps:>4} {steps:>5}  {name:<10} {certified:>4}"
+                print(f"{net_name.split()[-1]:<12} {eps:>4} {steps:>5}  {name:<10} {certified:>4}"
                       f" {float(margins.sum()):+10.4f} {float(margins.min()):+7.4f}"
                       f" {cpu[joint]:7.2f}")  # fmt: skip
             print(f"{'':<24}joint / layerwise CPU: {cpu[True] / cpu[False]:.2f}", flush=True)
