@@ -61,17 +61,7 @@ def test_the_milps_counterexample_is_reported_with_its_own_margin(monkeypatch, e
         default_registry(), "complete", {"timeout": 30, "clock": "cpu", "exact": exact}
     )
     assert verifier.engine(graph) == "milp"
-    monkeypatch.setattr(
-        verifier, "attack", lambda g, p, m: (torch.zeros(len(p), dtype=torch.bool), p.lower)
-    )
-    result = verifier.verify(graph, prop, model)
-    assert result.verdicts[0] is Verdict.FALSIFIED
-    point = result.counterexamples
-    assert prop.inside(point).all()
-    with torch.no_grad():
-        value = prop.rows(model(point).double()).min()
-    assert value <= 0
-    assert float(result.margins[0]) == float(value.float())
+    _assert_falsified_with_its_own_margin(monkeypatch, verifier, graph, prop, model)
 
 
 @pytest.mark.parametrize("name", ["crown", "alpha-crown", "bab"])
@@ -82,6 +72,12 @@ def test_a_point_found_after_the_bounds_is_reported_with_its_own_margin(monkeypa
     net, graph, prop = _instance()
     model = lambda x: net(x.float())  # noqa: E731
     verifier = make_verifier(default_registry(), name, {"timeout": 30, "clock": "cpu"})
+    _assert_falsified_with_its_own_margin(monkeypatch, verifier, graph, prop, model)
+
+
+def _assert_falsified_with_its_own_margin(monkeypatch, verifier, graph, prop, model) -> None:
+    """With box-PGD made to find nothing, ``verifier`` falsifies the instance with a point
+    inside the box, reported with the rows' value at that point as its margin."""
     monkeypatch.setattr(
         verifier, "attack", lambda g, p, m: (torch.zeros(len(p), dtype=torch.bool), p.lower)
     )

@@ -18,11 +18,22 @@ from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import AlphaCrownVerifier
 from aisafety.verification.registry import make_verifier
 from aisafety.verification.result import Verdict
+from tests.test_split_rounding import Residual  # conv, ReLU, conv, plus its input
 from tests.test_sshape_bab import node_values
 from tests.test_sshape_relaxation import around, sampled_minimum, sshape_net
 from tests.test_verification_deadline import easy_instances
 
 STEPS = 15
+
+
+def _sshape_at(eps: float):
+    """The sigmoid/tanh net, its six samples and their property at ``eps``, its graph, the
+    property in the graph's dtype and CROWN's boxes: the joint search's inputs."""
+    net = sshape_net()
+    graph = build_graph(net, (1, 4, 4), "sshape")
+    x, prop = around(net, eps)
+    p = prop.to(graph.dtype)
+    return net, x, prop, graph, p, b.linear_boxes(graph, p.lower, p.upper)
 
 
 def relu_net() -> nn.Module:
@@ -35,17 +46,6 @@ def relu_net() -> nn.Module:
         for p in net.parameters():
             p.mul_(2)
     return net
-
-
-class Residual(nn.Module):
-    """conv -> ReLU -> conv, added to its input: a skip branch as in the CIFAR ResNets."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Conv2d(3, 3, 3, padding=1), nn.Conv2d(3, 3, 3, padding=1)
-
-    def forward(self, x):
-        return x + self.b(torch.relu(self.a(x)))
 
 
 def conv_net() -> nn.Module:
@@ -89,11 +89,7 @@ def test_joint_bound_and_boxes_hold_at_sampled_points(kind, dtype):
 
 
 def test_boxes_are_never_looser_than_crowns():
-    net = sshape_net()
-    graph = build_graph(net, (1, 4, 4), "sshape")
-    _, prop = around(net, 0.2)
-    p = prop.to(graph.dtype)
-    crown_boxes = b.linear_boxes(graph, p.lower, p.upper)
+    _, _, _, graph, p, crown_boxes = _sshape_at(0.2)
     _, _, boxes = ja.joint_alpha(graph, crown_boxes, p.spec, STEPS, 0.1, 0.01)
     for (lo, hi), (c_lo, c_hi) in zip(boxes, crown_boxes, strict=True):
         assert (lo >= c_lo).all() and (hi <= c_hi).all()
@@ -102,11 +98,7 @@ def test_boxes_are_never_looser_than_crowns():
 def test_rebound_of_wild_slopes_is_still_sound():
     """Whatever the search returns (here: random slopes, some out of [0, 1]), the reported
     bound is the clamped slopes' sound pass."""
-    net = sshape_net()
-    graph = build_graph(net, (1, 4, 4), "sshape")
-    x, prop = around(net, 0.2)
-    p = prop.to(graph.dtype)
-    crown_boxes = b.linear_boxes(graph, p.lower, p.upper)
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.2)
     g = torch.Generator().manual_seed(4)
 
     def wild(*args, **kwargs):
@@ -153,11 +145,7 @@ def test_never_certifies_a_sample_an_attack_breaks():
 
 
 def test_falls_back_to_layerwise_when_a_joint_step_does_not_fit_the_budget():
-    net = sshape_net()
-    graph = build_graph(net, (1, 4, 4), "sshape")
-    _, prop = around(net, 0.2)
-    p = prop.to(graph.dtype)
-    crown_boxes = b.linear_boxes(graph, p.lower, p.upper)
+    net, _, prop, graph, p, crown_boxes = _sshape_at(0.2)
     need = ja.joint_bytes(graph, len(p), ja.targets(graph, crown_boxes), p.spec.shape[1])
     with budget.memory_limit(need - 1):
         assert ja.joint_alpha(graph, crown_boxes, p.spec, STEPS, 0.1, 0.01) is None
