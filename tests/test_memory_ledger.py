@@ -84,7 +84,9 @@ def test_two_processes_started_together_share_the_free_memory(ledger):
         b = int(done.stdout)
     finally:
         first.communicate("")
-    assert a == 5 * GIB and 2.5 * GIB - (64 << 20) <= b <= 2.5 * GIB, (a, b)
+    # the first's claim counts less its resident growth since the claim (a page for its
+    # print or stdin read: b came out 2 KiB above 2.5 GiB once), so b may exceed half
+    assert a == 5 * GIB and abs(b - 2.5 * GIB) <= 64 << 20, (a, b)
 
 
 def test_the_ledger_can_be_turned_off(monkeypatch, tmp_path):
