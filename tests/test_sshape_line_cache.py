@@ -48,7 +48,7 @@ def counted(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("dtype", [torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_one_crown_pass_computes_each_layers_lines_once(counted, monkeypatch, dtype):
     graph = build_graph(deep_net(), (1, 4, 4), "deep", dtype=dtype)
     x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(1), dtype=dtype)
