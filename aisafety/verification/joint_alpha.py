@@ -73,12 +73,12 @@ def targets(graph: BoundGraph, boxes: list[Box]) -> list[Target]:
 
 # bytes a search step keeps per coefficient element (a row's value at one neuron) of each
 # op a pass crosses, until the step's gradient (bench/joint_bytes.py, docs/memory.md): a
-# sigmoid's or tanh's lines with per-row slopes are float64 arithmetic that autograd keeps
-# (``slope_range``, ``gaps``' four points: 735-791 bytes measured), plus two slopes' state;
-# a ReLU's float32 products and its slope's state; an affine op or a max-pool two float32
-# values (its weights do not require grad: ``build_graph``, ``BoundGraph.in_dtype``)
-SSHAPE_SAVED = 1024 + 2 * 4 * budget.SLOPE_STATE
+# sigmoid's or tanh's lines with per-row slopes, float64 arithmetic that autograd keeps
+# (``budget.SSHAPE_SAVED``), and its slopes' state; a ReLU's float32 products and its
+# slope's state; any other op two float32 values (its weights do not require grad:
+# ``build_graph``, ``BoundGraph.in_dtype``, so an affine op keeps no coefficients)
 RELU_SAVED = 4 * (budget.SAVED + budget.SLOPE_STATE)
+SSHAPE_SAVED = RELU_SAVED + 4 * budget.SSHAPE_SAVED
 OTHER_SAVED = 8
 
 
@@ -106,10 +106,9 @@ def _kept_bytes(graph: BoundGraph, start: int) -> int:
     """What one row of a search pass from node ``start`` keeps until the gradient."""
     total = 0
     for op in graph.ops[: start + 1]:
-        relaxation = getattr(op, "relaxation", None)
         per = OTHER_SAVED
         if op.kind == "activation":
-            per = RELU_SAVED if relaxation is RELU else SSHAPE_SAVED
+            per = SSHAPE_SAVED if budget.is_sshape(op) else RELU_SAVED
         total += per * budget.numel(op.out_shape)
     return total
 
