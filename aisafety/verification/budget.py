@@ -13,8 +13,10 @@ the available memory. Estimates count the
 tensors live at once, per row and sample, at the graph's dtype: ``LIVE`` coefficient-sized
 temporaries inside one op's backward rule, the coefficients pending on other nodes (the
 skip branch of a residual block), and for alpha-CROWN's gradient pass the tensors autograd
-keeps of every op (``SAVED``) and the slopes' Adam state (``SLOPE_STATE``). The constants
-were calibrated against the peak resident size (``tests/test_budget.py``).
+keeps of every op (``SAVED``; a sigmoid's or tanh's float64 lines far more,
+``SSHAPE_SAVED``) and the slopes' Adam state (``SLOPE_STATE``). The constants were
+calibrated against the peak resident size (``tests/test_bound_budget.py``,
+``tests/test_joint_bytes.py``).
 """
 
 from __future__ import annotations
@@ -32,10 +34,15 @@ from aisafety.memory_budget import (  # noqa: F401  (the budget every capability
     size,
 )
 from aisafety.verification.graph import BoundGraph
+from aisafety.verification.relaxations import RELU
 
 LIVE = 24  # coefficient-sized tensors in one backward rule, freed-block reuse included
 SAVED = 9  # per op, kept by autograd for alpha-CROWN (measured: up to 7 with LIVE 6)
 SLOPE_STATE = 5  # per unstable-ReLU slope: value, gradient, two Adam moments, best so far
+# per sigmoid/tanh element with per-row slopes, beside SAVED: its lines' float64 arithmetic
+# that autograd keeps (``slope_range``, ``gaps``' four points; 735-791 bytes measured on
+# sigmoid and tanh MLPs, bench/joint_bytes.py) and its second slope's state
+SSHAPE_SAVED = 256 + SLOPE_STATE
 
 
 def numel(shape: tuple[int, ...]) -> int:
@@ -87,7 +94,13 @@ def _grad_elements(graph: BoundGraph, start: int) -> int:
     ops = graph.ops[: start + 1]
     saved = SAVED * sum(numel(op.out_shape) for op in ops)
     slopes = SLOPE_STATE * sum(numel(op.out_shape) for op in ops if op.kind == "activation")
-    return saved + slopes + _live_elements(graph, start)
+    sshape = SSHAPE_SAVED * sum(numel(op.out_shape) for op in ops if is_sshape(op))
+    return saved + slopes + sshape + _live_elements(graph, start)
+
+
+def is_sshape(op) -> bool:
+    """A sigmoid or tanh: its searched lines keep far more than a ReLU's (``SSHAPE_SAVED``)."""
+    return op.kind == "activation" and op.relaxation is not RELU
 
 
 def crop_pair_bytes(crop: BoundGraph, end: int, grad: bool = False) -> int:

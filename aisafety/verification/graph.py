@@ -70,6 +70,15 @@ class BoundGraph:
             op.to(dtype)
         return self
 
+    def detach(self) -> BoundGraph:
+        """This graph with every stored tensor that requires grad replaced by its detached
+        view (same storage, same in-place version counter: ``memo.py`` still sees updates)."""
+        for op in self.ops:
+            for key, value in vars(op).items():
+                if isinstance(value, torch.Tensor) and value.requires_grad:
+                    setattr(op, key, value.detach())
+        return self
+
     def in_dtype(self, dtype: torch.dtype) -> BoundGraph:
         """This graph with its weights in ``dtype`` (itself when it is already): a copy,
         made once, for work whose result is re-checked in the graph's own dtype."""
@@ -118,15 +127,25 @@ def _unsupported(node: fx.Node, what: str, model: str) -> VerificationError:
 
 
 def build_graph(
-    network: nn.Module, input_shape: Sequence[int], model: str = "model", dtype=torch.float64
+    network: nn.Module,
+    input_shape: Sequence[int],
+    model: str = "model",
+    dtype=torch.float64,
+    trainable: bool = False,
 ) -> BoundGraph:
-    """The bound graph of ``network`` for per-sample inputs of ``input_shape``."""
+    """The bound graph of ``network`` for per-sample inputs of ``input_shape``.
+
+    Its weights are plain tensors (detached; the network's own parameters are untouched),
+    so no bound carries an autograd graph back to them; ``trainable`` keeps the network's
+    parameters in a graph of their dtype, for bounds that training differentiates
+    (``margins.py``)."""
     was_training = network.training
     network.eval()  # BatchNorm and dropout as at inference; restored below
     try:
-        return _build(network, input_shape, model, dtype)
+        graph = _build(network, input_shape, model, dtype)
     finally:
         network.train(was_training)
+    return graph if trainable else graph.detach()
 
 
 def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) -> BoundGraph:
@@ -329,7 +348,7 @@ def _describe(node: fx.Node, target: Any) -> str:
 def _dense(name, inputs, in_shape, out_shape, weight, bias, node, model) -> ops.Dense:
     if len(in_shape) != 1:
         raise _unsupported(node, f"a linear layer applied to a {len(in_shape) + 1}-D input", model)
-    bias = torch.zeros(weight.shape[0]) if bias is None else bias  # trainable: no detach
+    bias = torch.zeros(weight.shape[0]) if bias is None else bias  # build_graph detaches
     return ops.Dense(name, inputs, out_shape, weight=weight, bias=bias)
 
 

@@ -71,13 +71,45 @@ def targets(graph: BoundGraph, boxes: list[Box]) -> list[Target]:
     return found
 
 
+# bytes a search step keeps per coefficient element (a row's value at one neuron) of each
+# op a pass crosses, until the step's gradient (bench/joint_bytes.py, docs/memory.md): a
+# sigmoid's or tanh's lines with per-row slopes, float64 arithmetic that autograd keeps
+# (``budget.SSHAPE_SAVED``), and its slopes' state; a ReLU's float32 products and its
+# slope's state; any other op two float32 values (its weights do not require grad:
+# ``build_graph``, ``BoundGraph.in_dtype``, so an affine op keeps no coefficients)
+RELU_SAVED = 4 * (budget.SAVED + budget.SLOPE_STATE)
+SSHAPE_SAVED = RELU_SAVED + 4 * budget.SSHAPE_SAVED
+OTHER_SAVED = 8
+
+
 def joint_bytes(graph: BoundGraph, batch: int, found: list[Target], rows: int) -> int:
-    """Peak bytes of one search step: every pass's autograd state is alive until the
-    step's backward (``budget.row_bytes`` with ``grad``), plus the boxes and best slopes."""
-    total = 3 * budget.box_bytes(graph, batch)
-    total += rows * budget.row_bytes(graph, len(graph.ops) - 1, batch, grad=True)
-    for t in found:
-        total += 2 * t.chunk.shape[1] * budget.row_bytes(graph, t.node, batch, grad=True)
+    """Peak bytes of one search step (the sum of ``joint_parts``)."""
+    return sum(joint_parts(graph, batch, found, rows).values())
+
+
+def joint_parts(graph: BoundGraph, batch: int, found: list[Target], rows: int) -> dict[str, int]:
+    """One search step's peak in parts: the boxes; what every pass keeps until the step's
+    gradient (autograd state and slopes, ``_kept_bytes`` per row); one pass's temporaries
+    (``budget.row_bytes`` in the search's dtype: the passes run one at a time)."""
+    passes = [(t.node, 2 * t.chunk.shape[1]) for t in found] + [(len(graph.ops) - 1, rows)]
+    search = b.SEARCH_DTYPE if graph.dtype == torch.float64 else graph.dtype
+    scale = search.itemsize / graph.dtype.itemsize
+    temporaries = max(r * budget.row_bytes(graph, start, batch) for start, r in passes)
+    return {
+        "boxes": 3 * budget.box_bytes(graph, batch),
+        "kept": batch * sum(r * _kept_bytes(graph, start) for start, r in passes),
+        "temporaries": int(scale * temporaries),
+    }
+
+
+def _kept_bytes(graph: BoundGraph, start: int) -> int:
+    """What one row of a search pass from node ``start`` keeps until the gradient."""
+    total = 0
+    for op in graph.ops[: start + 1]:
+        per = OTHER_SAVED
+        if op.kind == "activation":
+            per = SSHAPE_SAVED if budget.is_sshape(op) else RELU_SAVED
+        total += per * budget.numel(op.out_shape)
     return total
 
 

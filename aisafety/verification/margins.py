@@ -27,7 +27,7 @@ def network_graph(network: nn.Module, input_shape: tuple[int, ...]) -> BoundGrap
     cached = _GRAPHS.get(network)
     if cached is None or cached[0] != input_shape:
         name = type(network).__name__
-        cached = input_shape, build_graph(network, input_shape, name, dtype=torch.float32)
+        cached = input_shape, build_graph(network, input_shape, name, torch.float32, trainable=True)
         _GRAPHS[network] = cached
     return cached[1]
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from aisafety.verification import memo
+
 Lines = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -92,7 +94,20 @@ class SShapeRelaxation(Relaxation):
         """Both lines with ``default_slopes`` or, given ``lower_slope`` (B, K, 2, ...): one
         lower and one upper slope per row as positions in [0, 1] (``slope_range``). In
         ``lower``'s dtype; computed in float64 from the slopes as stored in that dtype, the
-        intercepts rounded outwards."""
+        intercepts rounded outwards.
+
+        CROWN's lines depend on the box alone, and a CROWN pass on n layers bounds every
+        layer's input by a backward pass through all the layers before it: n (n + 1) / 2
+        computations of the same lines (21 on eran's 6x200) where n are needed. So they are
+        kept on the box while it is unchanged (``memo.py``; callers must not modify them in
+        place); searched slopes (``lower_slope``) differ per pass and are never kept."""
+        if lower_slope is not None:
+            return self._lines(lower, upper, lower_slope)
+        key = f"_sshape_lines{id(self)}_{self.rule}_{self.safety}"
+        return memo.on_tensor(lower, key, (upper, self), lambda: self._lines(lower, upper))
+
+    def _lines(self, lower, upper, lower_slope=None) -> Lines:
+        """``lines``, computed."""
         dtype, lo, hi = lower.dtype, lower.double(), upper.double()
         if lower_slope is None:
             down, up = (t.to(dtype) for t in self.default_slopes(lo, hi))
