@@ -6,10 +6,12 @@ import contextlib
 import gc
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 # Idle OpenMP threads (onnxruntime's, torch's) spin-wait by default and starve each other
 # on 2 cores; set before torch or onnxruntime start their thread pools.
@@ -27,6 +29,9 @@ os.environ.setdefault(
         f"aisafety-memory-test-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}",
     ),
 )
+# testkit/: what the tests share with the benches (the PostgreSQL and Ray launchers, the
+# reference corruptions), beside tests/ so a bench need not import tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 # Every process the suite starts inherits this mark; pytest_sessionfinish finds the survivors
 from children import SESSION_VARIABLE, leftovers  # noqa: E402
 
@@ -155,7 +160,7 @@ def report_db(tmp_path_factory) -> tuple[str, int]:
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """A PostgreSQL server on 127.0.0.1 for the whole session (tests/postgres_server.py);
+    """A PostgreSQL server on 127.0.0.1 for the whole session (testkit/postgres_server.py);
     skips, naming the reason, where PostgreSQL or psycopg is not installed."""
     from postgres_server import find_bindir, start_postgres
 
