@@ -38,6 +38,7 @@ from children import SESSION_VARIABLE, leftovers  # noqa: E402
 os.environ[SESSION_VARIABLE] = f"{os.getpid()}-{uuid.uuid4().hex}"
 
 import pytest
+import torch
 
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
@@ -107,6 +108,23 @@ def zoo_predictor() -> TorchPredictor:
 def embedded_mnist() -> LoadedDataset:
     """The 1,000 MNIST test images shipped in the package (100 per class)."""
     return EmbeddedMnist().load(None, "test")
+
+
+@pytest.fixture(scope="module")
+def linear(embedded_mnist: LoadedDataset) -> TorchPredictor:
+    """A least-squares linear classifier fitted on the embedded MNIST set (fast to query);
+    one per test module, as each module built its own before."""
+    data = embedded_mnist
+    features = torch.cat([data.x.flatten(1), torch.ones(len(data), 1)], 1).double()
+    targets = torch.nn.functional.one_hot(data.y, 10).double()
+    gram = features.T @ features + torch.eye(features.shape[1], dtype=torch.double)
+    solution = torch.linalg.solve(gram, features.T @ targets).float()
+    layer = torch.nn.Linear(784, 10)
+    with torch.no_grad():
+        layer.weight.copy_(solution[:784].T)
+        layer.bias.copy_(solution[784])
+    network = torch.nn.Sequential(torch.nn.Flatten(), layer)
+    return TorchPredictor(network, (1, 28, 28), 10, name="linear")
 
 
 @pytest.fixture(scope="session")
