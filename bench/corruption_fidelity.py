@@ -8,7 +8,7 @@ For every corruption and severity of one severity table, prints
   (bilinear) to 224 px for ``imagenet-c``;
 - the ``mnist-cnn`` zoo model's error on the embedded MNIST test images, ours vs the
   reference's (MNIST as three equal channels through the reference, its luma back).
-The reference is ``tests/corruption_reference.py`` (the hendrycks/robustness functions; needs
+The reference is ``testkit/corruption_reference.py`` (the hendrycks/robustness functions; needs
 the ``test`` extra's OpenCV and, for motion blur and snow, ImageMagick's MagickWand library).
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 
 import corruption_reference as ref  # noqa: E402
 

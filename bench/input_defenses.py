@@ -17,17 +17,20 @@ Every time is the best of ``--repeats`` runs after a warm-up (the machine is sha
 from __future__ import annotations
 
 import argparse
-import io
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-import numpy as np
 import scipy.ndimage as ndimage
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
-from aisafety.database.datasets.embedded import EmbeddedMnist
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+
+from pillow_jpeg import pillow_round_trip  # noqa: E402
+
+from aisafety.database.datasets.embedded import EmbeddedMnist  # noqa: E402
 from aisafety.defense.jpeg_codec import jpeg_round_trip
 from aisafety.defense.median_filter import MedianFilter
 from aisafety.defense.resize_pad import RandomResizePad
@@ -42,18 +45,6 @@ def best_time(run: Callable[[], object], repeats: int) -> float:
         run()
         times.append(time.perf_counter() - started)
     return min(times)
-
-
-def pillow_loop(x: torch.Tensor, quality: int) -> torch.Tensor:
-    out = []
-    for image in (x.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8):
-        buffer = io.BytesIO()
-        Image.fromarray(image[..., 0] if image.shape[2] == 1 else image).save(
-            buffer, format="JPEG", quality=quality
-        )
-        pixels = np.asarray(Image.open(buffer), dtype=np.float32) / 255
-        out.append(pixels.reshape(*pixels.shape[:2], -1))
-    return torch.from_numpy(np.stack(out)).permute(0, 3, 1, 2)
 
 
 def resize_pad_loop(defense: RandomResizePad, x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +79,7 @@ def main() -> None:
     n = len(gray)
     for label, x in (("JPEG q75, MNIST 28x28 gray", gray), ("JPEG q75, 32x32 colour", colour)):
         ours = best_time(lambda x=x: jpeg_round_trip(x, 75), args.repeats)
-        loop = best_time(lambda x=x: pillow_loop(x, 75), args.repeats)
+        loop = best_time(lambda x=x: pillow_round_trip(x, 75), args.repeats)
         report(label, ours, loop, n)
     model = TorchPredictor(torch.nn.Flatten(), (1, 28, 28), 784, name="identity")
     median = MedianFilter(model, {"size": 2})

@@ -308,7 +308,7 @@ def network_cases() -> list[Row]:
 
 def postgres_cases() -> list[Row]:
     """``aisafety query`` against a real PostgreSQL server (skipped where none is installed)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
     from postgres_server import find_bindir, start_postgres
 
     if find_bindir() is None:
@@ -461,7 +461,7 @@ def ray_cases(folder: Path) -> list[Row]:
     except ImportError:
         print("Ray is not installed: the authentication cases are skipped", file=sys.stderr)
         return []
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
     import subprocess
 
     from ray_cluster import start_ray_cluster

@@ -4,7 +4,8 @@
                                        [--only I ...]
 
 The 100 shipped CIFAR-10 images and boxes of ``tests/test_vnncomp_resnets.py`` (x/255, eps
-in pixel space, the benchmark's normalisation in the net). CROWN bounds them all first
+in pixel space, the benchmark's normalisation in the net), read as ``bench/resnet_crown_lirpa.py``
+reads them (a bench does not import tests). CROWN bounds them all first
 (batches of 20); alpha-CROWN (``alpha-crown`` with its box-PGD first, one image at a time)
 then runs on the correctly classified images CROWN leaves open, those with the margin
 nearest 0 first, then on CROWN's certified ones; each image's line (CROWN's and
@@ -24,14 +25,21 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # resnet_crown_lirpa, beside this
 
-from test_vnncomp_resnets import cifar_images, vnncomp_resnet  # noqa: E402
+from resnet_crown_lirpa import MEAN, NETS, STD, cifar_images  # noqa: E402
 
 from aisafety.plugins import default_registry  # noqa: E402
+from aisafety.prediction.onnx_model import load_onnx  # noqa: E402
 from aisafety.verification.graph import build_graph  # noqa: E402
 from aisafety.verification.incomplete import AlphaCrownVerifier, CrownVerifier  # noqa: E402
 from aisafety.verification.property import robustness_property  # noqa: E402
+
+
+def vnncomp_resnet(name: str):
+    """The ONNX net with its external normalisation, as a gradient predictor (as
+    tests/test_vnncomp_resnets.py loads it)."""
+    return load_onnx(NETS / f"{name}.onnx", gradients=True, mean=MEAN, std=STD, name=name)
 
 
 def main() -> None:
@@ -44,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     predictor = vnncomp_resnet(args.net)
-    x, y = cifar_images(args.images)
+    x, y = cifar_images(list(range(args.images)))
     names = torch.tensor(args.only) if args.only else torch.arange(len(x))
     x, y = x[names], y[names]
     graph = build_graph(predictor.network, predictor.input_shape, args.net)
@@ -78,7 +86,7 @@ def main() -> None:
     if gained:
         attack = default_registry().create("attack", "standard", {})
         index = torch.tensor(gained)
-        x, y = cifar_images(args.images)
+        x, y = cifar_images(list(range(args.images)))
         broken = attack(predictor, x[index], y[index], args.eps / 255).success
         print(f"standard breaks {index[broken].tolist()} of them", flush=True)
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from aisafety.database.scaled_mlp import scaled_mlp
 from aisafety.verification import bounds as b
 from aisafety.verification import relaxations as r
 from aisafety.verification.vnncomp import _property, load_network
@@ -167,26 +168,11 @@ def crown_margins(graph, shape) -> None:
     print(f"tangent at least as tight on {tighter} of {len(specs)}")
 
 
-def scaled_mlp(seed: int, scale: float, widths: list[int], acts: list[type]) -> nn.Module:
-    """Flatten, then dense layers of ``widths`` with ``acts`` between them, initialised
-    after ``torch.manual_seed(seed)``, every parameter times ``scale`` (steep enough that
-    the curved parts of f are reached)."""
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = [nn.Flatten()]
-    for i, (n_in, n_out) in enumerate(zip(widths, widths[1:], strict=False)):
-        layers += [nn.Linear(n_in, n_out), *([acts[i]()] if i < len(acts) else [])]
-    net = nn.Sequential(*layers)
-    with torch.no_grad():
-        for parameter in net.parameters():
-            parameter.mul_(scale)
-    return net.eval()
-
-
 def small_nets() -> dict[str, nn.Module]:
-    """The tests' two sigmoid/tanh nets on 4x4 inputs, rebuilt here (a bench does not import
-    tests): ``sshape_net`` of tests/test_sshape_relaxation.py and the contract's
-    ``_smooth_net`` (tests/test_contract.py); tests/test_sigmoid_lines_bench.py checks
-    that they are the same nets, weights included."""
+    """The tests' two sigmoid/tanh nets on 4x4 inputs, built by the same call to the
+    package's ``scaled_mlp`` (a bench does not import tests): ``sshape_net`` of
+    tests/test_sshape_relaxation.py and the contract's ``_smooth_net`` (tests/test_contract.py);
+    tests/test_sigmoid_lines_bench.py checks that they are the same nets, weights included."""
     return {
         "sshape_net": scaled_mlp(5, 4.0, [16, 20, 20, 12, 3], [nn.Sigmoid, nn.Tanh, nn.Sigmoid]),
         "contract _smooth_net": scaled_mlp(1, 3.0, [16, 12, 8, 3], [nn.Sigmoid, nn.Tanh]),

@@ -100,21 +100,6 @@ def batch(mnist_subset):
     return data.x, data.y
 
 
-@pytest.fixture(scope="module")
-def linear(embedded_mnist) -> TorchPredictor:
-    """A least-squares linear classifier fitted on the embedded MNIST set (fast to query)."""
-    data = embedded_mnist
-    features = torch.cat([data.x.flatten(1), torch.ones(len(data), 1)], 1).double()
-    targets = nn.functional.one_hot(data.y, 10).double()
-    gram = features.T @ features + torch.eye(features.shape[1], dtype=torch.double)
-    solution = torch.linalg.solve(gram, features.T @ targets).float()
-    layer = nn.Linear(784, 10)
-    with torch.no_grad():
-        layer.weight.copy_(solution[:784].T)
-        layer.bias.copy_(solution[784])
-    return TorchPredictor(nn.Sequential(nn.Flatten(), layer), (1, 28, 28), 10, name="linear")
-
-
 # Small-budget configurations: (attack factory taking a seed, eps on the linear model).
 SMALL = {
     "spsa": (lambda seed: SPSA(steps=5, samples=16, lr=0.05, seed=seed), 0.1),

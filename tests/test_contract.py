@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from aisafety.database.architectures import build
+from aisafety.database.scaled_mlp import scaled_mlp
 from aisafety.defense.training.base import TrainingStep
 from aisafety.errors import InputError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
@@ -326,19 +327,11 @@ def _scaled(net: torch.nn.Module, factor: float) -> torch.nn.Module:
 
 
 def _relu_net() -> torch.nn.Module:
-    torch.manual_seed(2)
-    return _scaled(torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(16, 10), torch.nn.ReLU(),
-        torch.nn.Linear(10, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3),
-    ), 2.0)  # fmt: skip
+    return scaled_mlp(2, 2.0, [16, 10, 10, 3], [torch.nn.ReLU] * 2)
 
 
 def _smooth_net() -> torch.nn.Module:
-    torch.manual_seed(1)
-    return _scaled(torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Sigmoid(),
-        torch.nn.Linear(12, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3),
-    ), 3.0)  # fmt: skip
+    return scaled_mlp(1, 3.0, [16, 12, 8, 3], [torch.nn.Sigmoid, torch.nn.Tanh])
 
 
 def _pooled_net() -> torch.nn.Module:

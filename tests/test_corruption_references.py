@@ -1,6 +1,6 @@
 """Our corruptions against the reference code, run here.
 
-- 32 px, CIFAR-10-C table: ``tests/corruption_reference.py``, the functions of
+- 32 px, CIFAR-10-C table: ``testkit/corruption_reference.py``, the functions of
   hendrycks/robustness ``make_cifar_c.py`` with their quirks (OpenCV, scikit-image, scipy,
   Pillow and, for motion blur and snow, ImageMagick through Wand).
 - 224 px, ImageNet-C table: the ``imagecorruptions`` package (bethgelab), installed by the

@@ -1,7 +1,7 @@
 """A database server that goes away for less than the grace period is waited for, with a
 message, and the run stores exactly what it would have; longer, the run ends with the
 original error and --resume advice (issue #35, finding 5). Real PostgreSQL servers, stopped
-and started again by the tests (tests/postgres_server.py)."""
+and started again by the tests (testkit/postgres_server.py)."""
 
 from __future__ import annotations
 

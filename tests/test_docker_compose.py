@@ -91,7 +91,7 @@ def test_the_header_commands_agree_with_the_services():
     client_port = _option(head, "--ray-client-server-port")
     assert f"127.0.0.1:{client_port}:{client_port}" in services["ray-head"]["ports"]
     for node in (services["ray-head"], services["ray-worker"]):
-        assert node["environment"]["RAY_AUTH_MODE"] == "token"  # as tests/ray_cluster.py
+        assert node["environment"]["RAY_AUTH_MODE"] == "token"  # as testkit/ray_cluster.py
 
 
 def test_docker_compose_config_accepts_the_file():

@@ -17,6 +17,7 @@ import scipy.ndimage as ndimage
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from pillow_jpeg import pillow_round_trip  # testkit/
 from scipy.stats import binomtest
 from torch import nn
 
@@ -67,18 +68,6 @@ def _smooth_colour(n: int, height: int, width: int, seed: int = 0) -> torch.Tens
     return F.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=False)
 
 
-def _pillow_round_trip(x: torch.Tensor, quality: int) -> torch.Tensor:
-    decoded = []
-    for image in (x.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8):
-        buffer = io.BytesIO()
-        Image.fromarray(image[..., 0] if image.shape[2] == 1 else image).save(
-            buffer, format="JPEG", quality=quality
-        )
-        pixels = np.asarray(Image.open(buffer), dtype=np.float32) / 255
-        decoded.append(pixels.reshape(*pixels.shape[:2], -1))
-    return torch.from_numpy(np.stack(decoded)).permute(0, 3, 1, 2)
-
-
 # --- JPEG ---------------------------------------------------------------------------------
 
 
@@ -99,7 +88,7 @@ def test_jpeg_gray_matches_pillow(embedded_mnist, quality):
     mean difference is about a tenth of a grey level: below 1/10 of what JPEG itself changes
     up to quality 75 (at 95 JPEG changes only half a level, so only the bound applies)."""
     x = embedded_mnist.x[:40]
-    ours, pillow = jpeg_round_trip(x, quality), _pillow_round_trip(x, quality)
+    ours, pillow = jpeg_round_trip(x, quality), pillow_round_trip(x, quality)
     gap = (ours - pillow).abs().mean().item() * 255
     change = (x - pillow).abs().mean().item() * 255
     assert gap < 0.25, gap
@@ -113,7 +102,7 @@ def test_jpeg_colour_matches_pillow(quality, size):
     """Colour adds libjpeg's fixed-point YCbCr and 2x2 chroma arithmetic: 0.4-0.9 levels of
     mean difference (measured), against 4-15 levels of JPEG's own change."""
     x = _smooth_colour(12, *size)
-    ours, pillow = jpeg_round_trip(x, quality), _pillow_round_trip(x, quality)
+    ours, pillow = jpeg_round_trip(x, quality), pillow_round_trip(x, quality)
     gap = (ours - pillow).abs().mean().item() * 255
     change = (x - pillow).abs().mean().item() * 255
     assert gap < 1.25, gap

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from aisafety.database.scaled_mlp import scaled_mlp
 from aisafety.plugins import default_registry
 from aisafety.verification import bounds as b
 from aisafety.verification import budget
@@ -37,15 +38,7 @@ def _sshape_at(eps: float):
 
 
 def relu_net() -> nn.Module:
-    torch.manual_seed(3)
-    net = nn.Sequential(
-        nn.Flatten(), nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 24), nn.ReLU(),
-        nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 3),
-    )  # fmt: skip
-    with torch.no_grad():
-        for p in net.parameters():
-            p.mul_(2)
-    return net
+    return scaled_mlp(3, 2.0, [16, 24, 24, 16, 3], [nn.ReLU] * 3)
 
 
 def conv_net() -> nn.Module:

@@ -12,35 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from aisafety.attack.base import Attack
 from aisafety.attack.pgd import PGDLinf
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.metrics.neuron import NeuronSensitivity, NeuronUncertainty
-from aisafety.interfaces import AttackFamily, AttackSpec, Capability, EvaluationPlan, Norm
+from aisafety.interfaces import AttackSpec, EvaluationPlan
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.runner import Runner
 from aisafety.store.results import ResultStore
-
-
-class FixedAttack(Attack):
-    """Returns the adversarial image chosen in advance for each clean image (looked up by value,
-    so any batching works). Run at l-inf eps 1 (the whole [0, 1] box), the base class's
-    projection keeps the chosen images."""
-
-    name = "fixed"
-    family = AttackFamily.GRADIENT
-    norm = Norm.LINF
-    requires = Capability.SCORES
-
-    def __init__(self, clean: torch.Tensor, adversarial: torch.Tensor):
-        super().__init__()
-        self.clean, self.adversarial = clean, adversarial
-
-    def perturb(self, predictor, x, y, eps, call):
-        table = self.clean.flatten(1)
-        rows = [int(torch.nonzero((table == row).all(1))[0, 0]) for row in x.flatten(1)]
-        return self.adversarial[rows].clone(), torch.ones(len(x), dtype=torch.long)
+from tests.test_metrics import FixedAttack  # adversarial images chosen in advance
 
 
 def pixel_model():

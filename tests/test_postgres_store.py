@@ -1,5 +1,5 @@
 """The results store on a real PostgreSQL server (started by the tests on 127.0.0.1, see
-tests/postgres_server.py): same numbers as SQLite, many concurrent writers, and one unit
+testkit/postgres_server.py): same numbers as SQLite, many concurrent writers, and one unit
 stored once however often a retried task writes it (docs/scale-out.md)."""
 
 from __future__ import annotations

@@ -275,21 +275,6 @@ class _Counting(Predictor):
         return self.inner.logits(x)
 
 
-@pytest.fixture(scope="module")
-def linear() -> TorchPredictor:
-    """A least-squares linear classifier fitted on the embedded MNIST set (fast to query)."""
-    data = EmbeddedMnist().load(None, "test")
-    features = torch.cat([data.x.flatten(1), torch.ones(len(data), 1)], 1).double()
-    targets = nn.functional.one_hot(data.y, 10).double()
-    gram = features.T @ features + torch.eye(features.shape[1], dtype=torch.double)
-    solution = torch.linalg.solve(gram, features.T @ targets).float()
-    layer = nn.Linear(784, 10)
-    with torch.no_grad():
-        layer.weight.copy_(solution[:784].T)
-        layer.bias.copy_(solution[784])
-    return TorchPredictor(nn.Sequential(nn.Flatten(), layer), (1, 28, 28), 10, name="linear")
-
-
 def test_square_properties(linear):
     data = EmbeddedMnist().load(None, "test").balanced_subset(40, seed=2)
     x, y, queries = data.x, data.y, 120

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from aisafety.attack.base import Attack
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError
 from aisafety.evaluation.context import EvaluationContext
@@ -21,8 +20,9 @@ from aisafety.evaluation.metrics.perturbation_sensitivity import (
     local_std,
     perturbation_sensitivity_distance,
 )
-from aisafety.interfaces import AttackFamily, AttackSpec, Capability, Norm
+from aisafety.interfaces import AttackSpec
 from aisafety.prediction.torch_module import TorchPredictor
+from tests.test_metrics import FixedAttack  # adversarial images chosen in advance
 
 
 def reference_psd(x: np.ndarray, x_adv: np.ndarray, min_std: float, inverse: bool) -> float:
@@ -85,22 +85,6 @@ def test_zero_perturbation_is_zero_and_psd_is_linear_in_the_perturbation():
     once = perturbation_sensitivity_distance(x, x + delta)
     twice = perturbation_sensitivity_distance(x, x + 2 * delta)
     torch.testing.assert_close(twice, 2 * once, rtol=1e-5, atol=0)
-
-
-class FixedAttack(Attack):
-    name = "fixed"
-    family = AttackFamily.GRADIENT
-    norm = Norm.LINF
-    requires = Capability.SCORES
-
-    def __init__(self, clean, adversarial):
-        super().__init__()
-        self.clean, self.adversarial = clean, adversarial
-
-    def perturb(self, predictor, x, y, eps, call):
-        table = self.clean.flatten(1)
-        rows = [int(torch.nonzero((table == row).all(1))[0, 0]) for row in x.flatten(1)]
-        return self.adversarial[rows].clone(), torch.ones(len(x), dtype=torch.long)
 
 
 def test_metric_averages_over_successful_examples_only():

@@ -1,7 +1,7 @@
 """``aisafety query`` is read-only by construction and bounded (issue #35, finding 1):
 one statement per call, a read-only session a COMMIT cannot undo, a statement timeout and a
 row limit, rows streamed. PostgreSQL cases run against a real server the tests start
-(tests/postgres_server.py)."""
+(testkit/postgres_server.py)."""
 
 from __future__ import annotations
 

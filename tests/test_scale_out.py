@@ -188,7 +188,7 @@ def test_executor_settings_are_checked(tmp_path):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A head and a worker node (one CPU each) on 127.0.0.1 (tests/ray_cluster.py)."""
+    """A head and a worker node (one CPU each) on 127.0.0.1 (testkit/ray_cluster.py)."""
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
     from ray_cluster import start_ray_cluster
 
@@ -242,7 +242,7 @@ def _stores_what_local_stores(plan, local, ray_cluster, postgres_url, tmp_path) 
 
 
 def _one_slot(address: str, temp_dir: Path) -> tuple[list[str], list[str]]:
-    """The nodes of tests/ray_cluster.py, the worker node without CPUs: one task at a time."""
+    """The nodes of testkit/ray_cluster.py, the worker node without CPUs: one task at a time."""
     from ray_cluster import one_cpu_nodes
 
     head, worker = one_cpu_nodes(address, temp_dir)

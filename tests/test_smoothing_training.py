@@ -7,9 +7,11 @@ import torch
 from scipy.stats import kstest, laplace, norm, uniform
 
 from aisafety.defense.smoothing.noise import Noise, sample_noise
+from aisafety.defense.training.adre import Adre
 from aisafety.defense.training.base import TrainingStep
 from aisafety.defense.training.macer import Macer, soft_radius_hinge
 from aisafety.defense.training.noise_augmentation import LaplaceAugmentation, UniformAugmentation
+from aisafety.defense.training.smoothadv import SmoothAdv
 
 REFERENCE = {
     Noise.GAUSSIAN: norm(scale=0.3),
@@ -34,8 +36,12 @@ def test_soft_radius_hinge_by_hand():
     assert soft_radius_hinge(logits, torch.tensor([0, 0]), 1.0, gamma=0.1).item() == 0.0
 
 
-@pytest.mark.parametrize("defense", [LaplaceAugmentation(), UniformAugmentation(), Macer()])
+@pytest.mark.parametrize(
+    "defense", [LaplaceAugmentation(), UniformAugmentation(), Macer(), SmoothAdv(), Adre()]
+)
 def test_training_losses_train(defense):
+    """Every smoothing training loss (SmoothAdv and ADRE too, whose losses
+    tests/test_smoothing_recipes.py checks by hand) falls on a separable toy problem."""
     torch.manual_seed(0)
     network = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
     x, y = torch.rand(64, 1, 2, 2), torch.randint(0, 2, (64,))

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from aisafety.database.scaled_mlp import scaled_mlp
 from aisafety.plugins import default_registry
 from aisafety.verification import bounds as b
 from aisafety.verification.falsify import pgd_on_rows
@@ -144,15 +145,7 @@ def test_the_initial_slopes_are_the_chords():
 
 def sshape_net() -> nn.Module:
     """Weights 4x PyTorch's default scale: pre-activations reach the curved parts."""
-    torch.manual_seed(5)
-    net = nn.Sequential(
-        nn.Flatten(), nn.Linear(16, 20), nn.Sigmoid(), nn.Linear(20, 20), nn.Tanh(),
-        nn.Linear(20, 12), nn.Sigmoid(), nn.Linear(12, 3),
-    )  # fmt: skip
-    with torch.no_grad():
-        for p in net.parameters():
-            p.mul_(4)
-    return net
+    return scaled_mlp(5, 4.0, [16, 20, 20, 12, 3], [nn.Sigmoid, nn.Tanh, nn.Sigmoid])
 
 
 def around(net: nn.Module, eps: float, n: int = 6):

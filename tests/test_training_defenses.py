@@ -37,19 +37,9 @@ from aisafety.evaluation.metrics.certified import ibp_certified_mask
 from aisafety.plugins import default_registry
 from aisafety.prediction.torch_module import Normalize
 from aisafety.zoo_build import training_defense
+from tests.test_verification import two_layer_net
 
 LN3 = math.log(3)
-
-
-def two_layer_net() -> nn.Sequential:
-    """Linear(2,2) - ReLU - Linear(2,2) with weights small enough to bound by hand."""
-    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
-    with torch.no_grad():
-        net[0].weight.copy_(torch.tensor([[1.0, -1.0], [2.0, 1.0]]))
-        net[0].bias.copy_(torch.tensor([0.0, -1.0]))
-        net[2].weight.copy_(torch.tensor([[1.0, -1.0], [-1.0, 2.0]]))
-        net[2].bias.copy_(torch.tensor([0.5, 0.0]))
-    return net
 
 
 def small_conv_net() -> nn.Sequential:

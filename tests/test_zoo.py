@@ -15,15 +15,12 @@ from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.datasets.idx import MnistDataset
 from aisafety.database.zoo import builtin_zoo, list_models, load_zoo_model
 from aisafety.errors import IntegrityError, UnknownNameError
-
-SHARED_MNIST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+from tests.shared_data import shared_folder
 
 
 def test_shipped_model_reaches_98_percent_on_full_mnist_test():
-    if not SHARED_MNIST.is_dir():
-        pytest.skip(f"full MNIST test set not found at {SHARED_MNIST}")
     predictor = load_zoo_model("mnist-cnn")
-    test = MnistDataset().load(SHARED_MNIST, "test")
+    test = MnistDataset().load(shared_folder("mnist"), "test")
     with torch.inference_mode():
         predictions = torch.cat([predictor.predict(b) for b in test.x.split(2000)])
     accuracy = (predictions == test.y).float().mean().item()
@@ -36,10 +33,13 @@ def test_embedded_subset_is_real_and_class_balanced():
     data = EmbeddedMnist().load(None, "test")
     assert data.x.shape == (1000, 1, 28, 28)
     assert torch.bincount(data.y).tolist() == [100] * 10
-    if SHARED_MNIST.is_dir():  # the first 100 of each class of the real test set
-        full = MnistDataset().load(SHARED_MNIST, "test")
-        index = np.sort(np.concatenate([np.flatnonzero(full.y == c)[:100] for c in range(10)]))
-        assert torch.equal(full.x[index], data.x) and torch.equal(full.y[index], data.y)
+
+
+def test_embedded_subset_is_the_first_100_of_each_class_of_the_real_test_set():
+    data = EmbeddedMnist().load(None, "test")
+    full = MnistDataset().load(shared_folder("mnist"), "test")
+    index = np.sort(np.concatenate([np.flatnonzero(full.y == c)[:100] for c in range(10)]))
+    assert torch.equal(full.x[index], data.x) and torch.equal(full.y[index], data.y)
 
 
 def test_tampered_checkpoint_is_refused(tmp_path, monkeypatch):
@@ -140,9 +140,7 @@ SHIPPED = sorted(json.loads((Path(str(builtin_zoo())) / "manifest.json").read_te
 def _test_set(dataset: str):
     from aisafety.database.datasets.idx import FashionMnistDataset
 
-    folder = SHARED_MNIST.parent / dataset
-    if not folder.is_dir():
-        pytest.skip(f"{dataset} test set not found at {folder}")
+    folder = shared_folder(dataset)
     source = MnistDataset() if dataset == "mnist" else FashionMnistDataset()
     return source.load(folder, "test")
 
@@ -240,13 +238,12 @@ SHIPPED_TRAINING_THREADS = 2
 
 def _reproduce(name: str, out: Path) -> tuple[dict, dict]:
     """``aisafety zoo train --recipe-of name``: the shipped metrics and the retrained ones."""
-    if not SHARED_MNIST.is_dir():
-        pytest.skip(f"MNIST not found at {SHARED_MNIST}")
+    mnist = shared_folder("mnist")
     threads = torch.get_num_threads()
     torch.set_num_threads(SHIPPED_TRAINING_THREADS)
     try:
         code = main(
-            ["zoo", "train", "--recipe-of", name, "--data-dir", str(SHARED_MNIST), "--out",
+            ["zoo", "train", "--recipe-of", name, "--data-dir", str(mnist), "--out",
              str(out), "--quiet"]
         )  # fmt: skip
     finally:

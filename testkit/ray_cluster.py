@@ -1,4 +1,5 @@
-"""A throw-away Ray cluster for tests: a head node and a second worker node on 127.0.0.1.
+"""A throw-away Ray cluster for tests and benches: a head node and a second worker node on
+127.0.0.1.
 
 Each node is one ``ray start --block`` process in its own process group with one CPU, so the
 cluster has two workers on two nodes (as two machines would); stopping kills exactly those

@@ -1,4 +1,5 @@
-"""A throw-away PostgreSQL server for tests: a temporary cluster on 127.0.0.1 and a free port.
+"""A throw-away PostgreSQL server for tests and benches: a temporary cluster on 127.0.0.1 and
+a free port.
 
 Debian's PostgreSQL refuses to run as root, so as root the cluster is made and started as
 the ``postgres`` user (``runuser``); as any other user it runs as that user. The server

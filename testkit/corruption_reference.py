@@ -1,5 +1,6 @@
 """The reference corruptions of ``hendrycks/robustness`` (``ImageNet-C/create_c/``:
-``make_cifar_c.py``, ``make_tinyimagenet_c.py``, ``make_imagenet_c.py``), for the tests.
+``make_cifar_c.py``, ``make_tinyimagenet_c.py``, ``make_imagenet_c.py``), for the tests and
+bench/corruption_fidelity.py.
 
 Each function does what the reference function does, step by step and with the same
 libraries (numpy, scikit-image, scipy, OpenCV, Pillow, ImageMagick through Wand), the same
