@@ -104,8 +104,8 @@ def test_rebound_of_wild_slopes_is_still_sound():
     def wild(*args, **kwargs):
         found = ja.targets(graph, crown_boxes)
         slopes = ja.initial_slopes(graph, found, crown_boxes, p.spec.shape[1])
-        return {n: {i: 3 * torch.rand(s.shape, generator=g, dtype=s.dtype) - 1
-                    for i, s in d.items()} for n, d in slopes.items()}  # fmt: skip
+        yield ja.Best({n: {i: 3 * torch.rand(s.shape, generator=g, dtype=s.dtype) - 1
+                           for i, s in d.items()} for n, d in slopes.items()})  # fmt: skip
 
     saved, ja.search = ja.search, wild
     try:
@@ -209,3 +209,55 @@ def test_joint_auto_is_joint_on_sigmoid_tanh_nets_and_layerwise_on_relu_ones():
         other = AlphaCrownVerifier(steps=STEPS, joint=not joint).verify(graph, prop, net)
         assert torch.equal(auto.margins, same.margins)
         assert not torch.equal(auto.margins, other.margins)  # the two searches differ here
+
+
+def _counted_search(monkeypatch) -> list[int]:
+    """The steps run at each of the joint search's stops (``Best.steps`` per yield)."""
+    seen, real = [], ja.search
+
+    def counted(*args, **kwargs):
+        for best in real(*args, **kwargs):
+            seen.append(best.steps)
+            yield best
+
+    monkeypatch.setattr(ja, "search", counted)
+    return seen
+
+
+def test_early_stop_certifies_in_fewer_steps_and_stays_sound(monkeypatch):
+    """At eps 0.17 CROWN leaves 3 of the 6 samples open and 50 joint steps certify all:
+    with the rows' offset the search stops once every sample's worst row leads its stop
+    margin (measured: after 24 steps), and the sound re-bound of those slopes certifies."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.17)
+    crown, _ = b.spec_lower(graph, crown_boxes, p.spec)
+    assert ((crown + p.offset).amin(1) <= 0).any()  # the search is needed
+    seen = _counted_search(monkeypatch)
+    bound, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+    assert len(seen) == 1 and seen[0] < 50
+    assert ((bound + p.offset).amin(1) > 0).all()
+    assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
+    seen.clear()  # without the offset (no goal) the search runs every step
+    ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01)
+    assert seen == [50]
+
+
+def test_a_stop_the_re_bound_does_not_confirm_resumes_the_search(monkeypatch):
+    """A negative stop margin stops the search before its slopes certify: the re-bound
+    does not, so the search goes on from where it stopped until one that certifies."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.17)
+    monkeypatch.setattr(ja, "ABS_MARGIN", -0.05)
+    seen = _counted_search(monkeypatch)
+    bound, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+    assert len(seen) > 1 and seen == sorted(set(seen)) and seen[-1] < 50
+    assert ((bound + p.offset).amin(1) > 0).all()
+    assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
+def test_searches_stopped_early_by_the_verifier_keep_its_verdicts():
+    """``alpha-crown`` passes the rows' offset: the same samples certified with 50 steps
+    as when the search runs them all (called directly, without the offset)."""
+    net, _, prop, graph, p, crown_boxes = _sshape_at(0.17)
+    result = AlphaCrownVerifier(steps=50, joint=True).verify(graph, prop, net)
+    full, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.03)
+    assert result.verdicts == [Verdict.CERTIFIED] * len(prop)
+    assert ((full + p.offset).amin(1) > 0).all()

@@ -197,7 +197,7 @@ class AlphaCrownVerifier(CrownVerifier):
         joint, self.fallback = None, ""
         if self.config.joint is True or (self.config.joint == "auto" and not graph.relu_only):
             lrs = self.alpha_lr, self.config.joint_lr
-            joint = joint_alpha(graph, crown_boxes, prop.spec, self.alpha_steps, *lrs)
+            joint = joint_alpha(graph, crown_boxes, prop.spec, self.alpha_steps, *lrs, prop.offset)
             if joint is None:
                 self.fallback = "joint alpha-CROWN over the memory budget: layer by layer"
         if joint is not None:
