@@ -152,7 +152,7 @@ def test_falls_back_to_layerwise_when_a_joint_step_does_not_fit_the_budget():
         verifier = AlphaCrownVerifier(steps=STEPS, joint=True)
         result = verifier.verify(graph, prop, net)
         layer = AlphaCrownVerifier(steps=STEPS).verify(graph, prop, net)
-    assert "over the memory budget" in verifier.fallback
+        assert "over the memory budget" in verifier.bounds_and_boxes(graph, p).note
     assert torch.equal(result.margins, layer.margins)  # the layerwise search's bound
     assert all("over the memory budget" in n for n, v in zip(result.notes, result.verdicts,
                strict=True) if v == Verdict.UNKNOWN)  # fmt: skip
@@ -261,3 +261,18 @@ def test_searches_stopped_early_by_the_verifier_keep_its_verdicts():
     full, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.03)
     assert result.verdicts == [Verdict.CERTIFIED] * len(prop)
     assert ((full + p.offset).amin(1) > 0).all()
+
+
+def test_a_fallback_note_stays_with_its_batch():
+    """The note comes back with the bound (``noted_bounds``), not as verifier state: the
+    same verifier's next call, which fits, says nothing of the earlier fallback."""
+    net, _, prop, graph, p, crown_boxes = _sshape_at(0.2)
+    need = ja.joint_bytes(graph, len(p), ja.targets(graph, crown_boxes), p.spec.shape[1])
+    verifier = AlphaCrownVerifier(steps=STEPS, joint=True)
+    with budget.memory_limit(need - 1):
+        _, _, notes = verifier.noted_bounds(graph, p)
+    assert all("over the memory budget" in n for n in notes)
+    assert verifier.bounds_and_boxes(graph, p).note == ""
+    result = verifier.verify(graph, prop, net)
+    assert Verdict.UNKNOWN in result.verdicts
+    assert not any("memory budget" in n for n in result.notes)
