@@ -48,7 +48,9 @@ def around(net: torch.nn.Module, eps: float, n: int = 6):
 def timed(net, graph, prop, steps: int, joint: bool) -> tuple[torch.Tensor, int, float]:
     """Margins, certified count and CPU seconds of one ``alpha-crown`` run."""
     began = time.process_time()
-    result = AlphaCrownVerifier(steps=steps, joint=joint).verify(graph, prop, net)
+    result = AlphaCrownVerifier(steps=steps, joint_steps=steps, joint=joint).verify(
+        graph, prop, net
+    )
     return result.margins, int(result.certified.sum()), time.process_time() - began
 
 

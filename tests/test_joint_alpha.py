@@ -125,8 +125,12 @@ def test_joint_is_at_least_crown_and_beats_layerwise_where_it_is_loose(kind):
     graph = build_graph(net, (1, 4, 4), kind)
     _, prop = around(net, eps)
     crown = make_verifier(default_registry(), "crown").lower_bounds(graph, prop.to(graph.dtype))[0]
-    layer = AlphaCrownVerifier(steps=STEPS).lower_bounds(graph, prop.to(graph.dtype))[0]
-    joint = AlphaCrownVerifier(steps=STEPS, joint=True).lower_bounds(graph, prop.to(graph.dtype))[0]
+    layer = AlphaCrownVerifier(steps=STEPS, joint=False).lower_bounds(graph, prop.to(graph.dtype))[
+        0
+    ]
+    joint = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True).lower_bounds(
+        graph, prop.to(graph.dtype)
+    )[0]
     assert (joint >= crown - 1e-9).all() and (joint > crown + 1e-3).any()
     if kind == "sshape":  # layer by layer is loose there: joint is tighter on every row
         assert (joint >= layer - 1e-9).all() and joint.sum() > layer.sum() + 0.1
@@ -139,7 +143,7 @@ def test_never_certifies_a_sample_an_attack_breaks():
     graph = build_graph(net, (1, 4, 4), "sshape")
     x, prop = around(net, 0.5, n=12)
     found = sampled_minimum(net, x, prop).amin(1)
-    result = AlphaCrownVerifier(steps=STEPS, joint=True).verify(graph, prop, net)
+    result = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True).verify(graph, prop, net)
     broken = found < 0
     assert broken.any() and (~broken).any()  # both kinds of sample are there
     for v, hit in zip(result.verdicts, broken.tolist(), strict=True):
@@ -151,9 +155,9 @@ def test_falls_back_to_layerwise_when_a_joint_step_does_not_fit_the_budget():
     need = ja.joint_bytes(graph, len(p), ja.targets(graph, crown_boxes), p.spec.shape[1])
     with budget.memory_limit(need - 1):
         assert ja.joint_alpha(graph, crown_boxes, p.spec, STEPS, 0.1, 0.01) is None
-        verifier = AlphaCrownVerifier(steps=STEPS, joint=True)
+        verifier = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True)
         result = verifier.verify(graph, prop, net)
-        layer = AlphaCrownVerifier(steps=STEPS).verify(graph, prop, net)
+        layer = AlphaCrownVerifier(steps=STEPS, joint=False).verify(graph, prop, net)
         assert "over the memory budget" in verifier.bounds_and_boxes(graph, p).note
     assert torch.equal(result.margins, layer.margins)  # the layerwise search's bound
     assert all("over the memory budget" in n for n, v in zip(result.notes, result.verdicts,
@@ -165,7 +169,7 @@ def test_a_million_joint_steps_end_at_the_limit_with_what_crown_proved():
     time, the batch answers with CROWN's recorded bound, never the unfinished search's."""
     graph, prop, net = easy_instances()
     crown = make_verifier(default_registry(), "crown").verify(graph, prop, net)
-    config = {"steps": 1_000_000, "joint": True, "timeout": 1.0, "clock": "cpu",
+    config = {"joint_steps": 1_000_000, "joint": True, "timeout": 1.0, "clock": "cpu",
               "batch_size": 2, "attack_steps": 0}  # fmt: skip
     began = d.CLOCKS["cpu"]()
     slow = AlphaCrownVerifier(config).verify(graph, prop, net)
@@ -182,7 +186,7 @@ def test_complete_with_a_joint_root_never_contradicts_the_samples():
     graph = build_graph(net, (1, 4, 4), "sshape")
     for eps in (0.2, 0.5):
         x, prop = around(net, eps)
-        config = {"timeout": 1.0, "clock": "cpu", "joint": True, "alpha_steps": STEPS}
+        config = {"timeout": 1.0, "clock": "cpu", "joint": True, "joint_steps": STEPS}
         result = make_verifier(default_registry(), "complete", config).verify(graph, prop, net)
         true = sampled_minimum(net, x, prop).amin(1)
         for s, verdict in enumerate(result.verdicts):
@@ -206,9 +210,15 @@ def test_joint_auto_is_joint_on_sigmoid_tanh_nets_and_layerwise_on_relu_ones():
         net = make()
         graph = build_graph(net, (1, 4, 4), kind)
         _, prop = around(net, eps)
-        auto = AlphaCrownVerifier(steps=STEPS, joint="auto").verify(graph, prop, net)
-        same = AlphaCrownVerifier(steps=STEPS, joint=joint).verify(graph, prop, net)
-        other = AlphaCrownVerifier(steps=STEPS, joint=not joint).verify(graph, prop, net)
+        auto = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint="auto").verify(
+            graph, prop, net
+        )
+        same = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=joint).verify(
+            graph, prop, net
+        )
+        other = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=not joint).verify(
+            graph, prop, net
+        )
         assert torch.equal(auto.margins, same.margins)
         assert not torch.equal(auto.margins, other.margins)  # the two searches differ here
 
@@ -259,7 +269,7 @@ def test_searches_stopped_early_by_the_verifier_keep_its_verdicts():
     """``alpha-crown`` passes the rows' offset: the same samples certified with 50 steps
     as when the search runs them all (called directly, without the offset)."""
     net, _, prop, graph, p, crown_boxes = _sshape_at(0.17)
-    result = AlphaCrownVerifier(steps=50, joint=True).verify(graph, prop, net)
+    result = AlphaCrownVerifier(joint_steps=50, joint=True).verify(graph, prop, net)
     full, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.03)
     assert result.verdicts == [Verdict.CERTIFIED] * len(prop)
     assert ((full + p.offset).amin(1) > 0).all()
@@ -270,7 +280,7 @@ def test_a_fallback_note_stays_with_its_batch():
     same verifier's next call, which fits, says nothing of the earlier fallback."""
     net, _, prop, graph, p, crown_boxes = _sshape_at(0.2)
     need = ja.joint_bytes(graph, len(p), ja.targets(graph, crown_boxes), p.spec.shape[1])
-    verifier = AlphaCrownVerifier(steps=STEPS, joint=True)
+    verifier = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True)
     with budget.memory_limit(need - 1):
         _, _, notes = verifier.noted_bounds(graph, p)
     assert all("over the memory budget" in n for n in notes)
