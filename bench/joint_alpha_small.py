@@ -1,4 +1,4 @@
-"""``alpha-crown`` layer by layer (the default) against ``joint: true`` on the tests' small
+"""``alpha-crown`` layer by layer (``joint: false``) against ``joint: true`` on the tests' small
 sigmoid/tanh nets: margins and CPU time, paired (#33: should ``joint`` default on for
 S-shape nets?).
 
