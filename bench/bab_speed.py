@@ -56,7 +56,7 @@ def setup(net: str, prop_name: str, config: dict):
     verifier = make_verifier(default_registry(), "bab", config)
     verifier.prepare()
     with torch.no_grad():
-        bound, _, boxes = verifier.bounds_and_boxes(network.graph, prop)
+        bound, _, boxes, _ = verifier.bounds_and_boxes(network.graph, prop)
     return network, prop, (bound[0] + prop.offset[0]).detach(), boxes, verifier.config
 
 

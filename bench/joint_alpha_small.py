@@ -1,8 +1,8 @@
-"""``alpha-crown`` layer by layer (the default) against ``joint: true`` on the tests' small
+"""``alpha-crown`` layer by layer (``joint: false``) against ``joint: true`` on the tests' small
 sigmoid/tanh nets: margins and CPU time, paired (#33: should ``joint`` default on for
 S-shape nets?).
 
-    python bench/joint_alpha_small.py [--repeats 3] [--steps 20 75]
+    python bench/joint_alpha_small.py [--repeats 3] [--steps 20 75] [--defaults] [--samples 6]
 
 Nets: the tests' two, as ``bench/sigmoid_lines.small_nets`` rebuilds them (weights checked
 equal by tests/test_sigmoid_lines_bench.py): ``tests/test_contract.py``'s ``_smooth_net``
@@ -11,8 +11,10 @@ equal by tests/test_sigmoid_lines_bench.py): ``tests/test_contract.py``'s ``_smo
 0.2, 0.3), 6 samples each (the tests' ``around``: uniform images, seed 6). Per net, eps
 and step count the two modes run interleaved ``--repeats`` times; printed: certified
 samples, the sum and least of the margins (the verifier's sound bounds) and the median CPU
-seconds of each, and their ratio. Run it alone with OMP_NUM_THREADS=1 (one thread is set
-here).
+seconds of each, and their ratio. ``--defaults``: the old default (``joint: false``, 20
+steps) against the tenth session's (``joint: auto``: 75 joint steps with the early stop)
+instead of a step count; ``--samples``: samples per case. Run it alone with
+OMP_NUM_THREADS=1 (one thread is set here).
 """
 
 from __future__ import annotations
@@ -46,9 +48,13 @@ def around(net: torch.nn.Module, eps: float, n: int = 6):
 
 
 def timed(net, graph, prop, steps: int, joint: bool) -> tuple[torch.Tensor, int, float]:
-    """Margins, certified count and CPU seconds of one ``alpha-crown`` run."""
+    """Margins, certified count and CPU seconds of one ``alpha-crown`` run (``steps`` 0:
+    the defaults, ``joint: false`` for the layerwise side)."""
+    config = {"steps": steps, "joint_steps": steps, "joint": joint} if steps else {}
+    if not steps and not joint:
+        config["joint"] = False
     began = time.process_time()
-    result = AlphaCrownVerifier(steps=steps, joint=joint).verify(graph, prop, net)
+    result = AlphaCrownVerifier(config).verify(graph, prop, net)
     return result.margins, int(result.certified.sum()), time.process_time() - began
 
 
@@ -56,7 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, nargs="*", default=[20, 75])
+    parser.add_argument("--defaults", action="store_true", help="old default against new")
+    parser.add_argument("--samples", type=int, default=6)
     args = parser.parse_args()
+    steps_list = [0] if args.defaults else args.steps
     torch.set_num_threads(1)
     warm = NETS["sshape_net"]  # the first run pays for lazy imports and allocations
     timed(warm, build_graph(warm, (1, 4, 4), "warm"), around(warm, 0.1)[1], 2, True)
@@ -64,8 +73,8 @@ def main() -> None:
     for net_name, eps in CASES:
         net = NETS[net_name]
         graph = build_graph(net, (1, 4, 4), net_name)
-        _, prop = around(net, eps)
-        for steps in args.steps:
+        _, prop = around(net, eps, args.samples)
+        for steps in steps_list:
             runs = {False: [], True: []}
             for _ in range(args.repeats):
                 for joint in (False, True):  # interleaved: the load hits both alike

@@ -5,6 +5,8 @@ where that is loose, and it never certifies a sample an attack breaks (#32, #33)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -97,8 +99,8 @@ def test_rebound_of_wild_slopes_is_still_sound():
     def wild(*args, **kwargs):
         found = ja.targets(graph, crown_boxes)
         slopes = ja.initial_slopes(graph, found, crown_boxes, p.spec.shape[1])
-        return {n: {i: 3 * torch.rand(s.shape, generator=g, dtype=s.dtype) - 1
-                    for i, s in d.items()} for n, d in slopes.items()}  # fmt: skip
+        yield ja.Best({n: {i: 3 * torch.rand(s.shape, generator=g, dtype=s.dtype) - 1
+                           for i, s in d.items()} for n, d in slopes.items()})  # fmt: skip
 
     saved, ja.search = ja.search, wild
     try:
@@ -116,8 +118,12 @@ def test_joint_is_at_least_crown_and_beats_layerwise_where_it_is_loose(kind):
     graph = build_graph(net, (1, 4, 4), kind)
     _, prop = around(net, eps)
     crown = make_verifier(default_registry(), "crown").lower_bounds(graph, prop.to(graph.dtype))[0]
-    layer = AlphaCrownVerifier(steps=STEPS).lower_bounds(graph, prop.to(graph.dtype))[0]
-    joint = AlphaCrownVerifier(steps=STEPS, joint=True).lower_bounds(graph, prop.to(graph.dtype))[0]
+    layer = AlphaCrownVerifier(steps=STEPS, joint=False).lower_bounds(graph, prop.to(graph.dtype))[
+        0
+    ]
+    joint = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True).lower_bounds(
+        graph, prop.to(graph.dtype)
+    )[0]
     assert (joint >= crown - 1e-9).all() and (joint > crown + 1e-3).any()
     if kind == "sshape":  # layer by layer is loose there: joint is tighter on every row
         assert (joint >= layer - 1e-9).all() and joint.sum() > layer.sum() + 0.1
@@ -130,7 +136,7 @@ def test_never_certifies_a_sample_an_attack_breaks():
     graph = build_graph(net, (1, 4, 4), "sshape")
     x, prop = around(net, 0.5, n=12)
     found = sampled_minimum(net, x, prop).amin(1)
-    result = AlphaCrownVerifier(steps=STEPS, joint=True).verify(graph, prop, net)
+    result = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True).verify(graph, prop, net)
     broken = found < 0
     assert broken.any() and (~broken).any()  # both kinds of sample are there
     for v, hit in zip(result.verdicts, broken.tolist(), strict=True):
@@ -142,10 +148,10 @@ def test_falls_back_to_layerwise_when_a_joint_step_does_not_fit_the_budget():
     need = ja.joint_bytes(graph, len(p), ja.targets(graph, crown_boxes), p.spec.shape[1])
     with budget.memory_limit(need - 1):
         assert ja.joint_alpha(graph, crown_boxes, p.spec, STEPS, 0.1, 0.01) is None
-        verifier = AlphaCrownVerifier(steps=STEPS, joint=True)
+        verifier = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True)
         result = verifier.verify(graph, prop, net)
-        layer = AlphaCrownVerifier(steps=STEPS).verify(graph, prop, net)
-    assert "over the memory budget" in verifier.fallback
+        layer = AlphaCrownVerifier(steps=STEPS, joint=False).verify(graph, prop, net)
+        assert "over the memory budget" in verifier.bounds_and_boxes(graph, p).note
     assert torch.equal(result.margins, layer.margins)  # the layerwise search's bound
     assert all("over the memory budget" in n for n, v in zip(result.notes, result.verdicts,
                strict=True) if v == Verdict.UNKNOWN)  # fmt: skip
@@ -156,7 +162,7 @@ def test_a_million_joint_steps_end_at_the_limit_with_what_crown_proved():
     time, the batch answers with CROWN's recorded bound, never the unfinished search's."""
     graph, prop, net = easy_instances()
     crown = make_verifier(default_registry(), "crown").verify(graph, prop, net)
-    config = {"steps": 1_000_000, "joint": True, "timeout": 1.0, "clock": "cpu",
+    config = {"joint_steps": 1_000_000, "joint": True, "timeout": 1.0, "clock": "cpu",
               "batch_size": 2, "attack_steps": 0}  # fmt: skip
     began = d.CLOCKS["cpu"]()
     slow = AlphaCrownVerifier(config).verify(graph, prop, net)
@@ -173,7 +179,7 @@ def test_complete_with_a_joint_root_never_contradicts_the_samples():
     graph = build_graph(net, (1, 4, 4), "sshape")
     for eps in (0.2, 0.5):
         x, prop = around(net, eps)
-        config = {"timeout": 1.0, "clock": "cpu", "joint": True, "alpha_steps": STEPS}
+        config = {"timeout": 1.0, "clock": "cpu", "joint": True, "joint_steps": STEPS}
         result = make_verifier(default_registry(), "complete", config).verify(graph, prop, net)
         true = sampled_minimum(net, x, prop).amin(1)
         for s, verdict in enumerate(result.verdicts):
@@ -197,8 +203,97 @@ def test_joint_auto_is_joint_on_sigmoid_tanh_nets_and_layerwise_on_relu_ones():
         net = make()
         graph = build_graph(net, (1, 4, 4), kind)
         _, prop = around(net, eps)
-        auto = AlphaCrownVerifier(steps=STEPS, joint="auto").verify(graph, prop, net)
-        same = AlphaCrownVerifier(steps=STEPS, joint=joint).verify(graph, prop, net)
-        other = AlphaCrownVerifier(steps=STEPS, joint=not joint).verify(graph, prop, net)
+        auto = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint="auto").verify(
+            graph, prop, net
+        )
+        same = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=joint).verify(
+            graph, prop, net
+        )
+        other = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=not joint).verify(
+            graph, prop, net
+        )
         assert torch.equal(auto.margins, same.margins)
         assert not torch.equal(auto.margins, other.margins)  # the two searches differ here
+
+
+def _counted_search(monkeypatch) -> list[int]:
+    """The steps run at each of the joint search's stops (``Best.steps`` per yield)."""
+    seen, real = [], ja.search
+
+    def counted(*args, **kwargs):
+        for best in real(*args, **kwargs):
+            seen.append(best.steps)
+            yield best
+
+    monkeypatch.setattr(ja, "search", counted)
+    return seen
+
+
+def test_early_stop_certifies_in_fewer_steps_and_stays_sound(monkeypatch):
+    """At eps 0.17 CROWN leaves 3 of the 6 samples open and 50 joint steps certify all:
+    with the rows' offset the search stops once every sample's worst row leads its stop
+    margin (measured: after 24 steps), and the sound re-bound of those slopes certifies."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.17)
+    crown, _ = b.spec_lower(graph, crown_boxes, p.spec)
+    assert ((crown + p.offset).amin(1) <= 0).any()  # the search is needed
+    seen = _counted_search(monkeypatch)
+    bound, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+    assert len(seen) == 1 and seen[0] < 50
+    assert ((bound + p.offset).amin(1) > 0).all()
+    assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
+    seen.clear()  # without the offset (no goal) the search runs every step
+    ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01)
+    assert seen == [50]
+
+
+def test_a_stop_the_re_bound_does_not_confirm_resumes_the_search(monkeypatch):
+    """A negative stop margin stops the search before its slopes certify: the re-bound
+    does not, so the search goes on from where it stopped until one that certifies."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.17)
+    monkeypatch.setattr(ja, "ABS_MARGIN", -0.05)
+    seen = _counted_search(monkeypatch)
+    bound, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+    assert len(seen) > 1 and seen == sorted(set(seen)) and seen[-1] < 50
+    assert ((bound + p.offset).amin(1) > 0).all()
+    assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
+def test_searches_stopped_early_by_the_verifier_keep_its_verdicts():
+    """``alpha-crown`` passes the rows' offset: the same samples certified with 50 steps
+    as when the search runs them all (called directly, without the offset)."""
+    net, _, prop, graph, p, crown_boxes = _sshape_at(0.17)
+    result = AlphaCrownVerifier(joint_steps=50, joint=True).verify(graph, prop, net)
+    full, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.03)
+    assert result.verdicts == [Verdict.CERTIFIED] * len(prop)
+    assert ((full + p.offset).amin(1) > 0).all()
+
+
+def test_a_fallback_note_stays_with_its_batch():
+    """The note comes back with the bound (``noted_bounds``), not as verifier state: the
+    same verifier's next call, which fits, says nothing of the earlier fallback."""
+    net, _, prop, graph, p, crown_boxes = _sshape_at(0.2)
+    need = ja.joint_bytes(graph, len(p), ja.targets(graph, crown_boxes), p.spec.shape[1])
+    verifier = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True)
+    with budget.memory_limit(need - 1):
+        _, _, notes = verifier.noted_bounds(graph, p)
+    assert all("over the memory budget" in n for n in notes)
+    assert verifier.bounds_and_boxes(graph, p).note == ""
+    result = verifier.verify(graph, prop, net)
+    assert Verdict.UNKNOWN in result.verdicts
+    assert not any("memory budget" in n for n in result.notes)
+
+
+def test_per_row_best_slopes_are_never_below_the_samples_best_step():
+    """The spec rows' slopes kept per (sample, row) (``Best.rows``): the re-bound takes the
+    higher of them and the sample's best step's slopes per row, so no row is below the
+    per-sample choice. On this 2-row spec at eps 0.3 and 5 steps (measured: 4 of 12 rows
+    higher by up to 0.012) some row is higher; alone, per-row slopes can be lower on a
+    row (at eps 0.2: -0.0005), as the boxes they meet are the sample's best step's."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.3)
+    found = ja.targets(graph, crown_boxes)
+    best = list(ja.search(graph, found, crown_boxes, p.spec, 5, (0.1, 0.01)))[-1]
+    assert p.spec.shape[1] > 1 and best.rows is not None
+    per_sample = ja.rebound(graph, found, crown_boxes, p.spec, replace(best, rows=None))[0]
+    per_row = ja.rebound(graph, found, crown_boxes, p.spec, best)[0]
+    assert (per_row >= per_sample).all() and (per_row > per_sample + 1e-3).any()
+    assert (per_row <= sampled_minimum(net, x, prop) + 1e-9).all()

@@ -45,7 +45,7 @@ def node_values(graph, x: torch.Tensor) -> list[torch.Tensor]:
 def alpha(graph, prop, work):
     verifier = AlphaCrownVerifier(steps=STEPS, search_work=work)
     with torch.no_grad():
-        bound, _, boxes = verifier.bounds_and_boxes(graph, prop)
+        bound, _, boxes, _ = verifier.bounds_and_boxes(graph, prop)
     return bound, boxes
 
 

@@ -63,7 +63,7 @@ def pruned_domains(graph, prop, config: dict):
     for s in range(len(prop)):
         one = prop[s : s + 1].to(graph.dtype)
         with torch.no_grad():
-            bound, _, boxes = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
+            bound, _, boxes, _ = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
         deadline = Deadline(CLOCKS["cpu"]() + 60, CLOCKS["cpu"])
         leaves = []
         search = Search(verifier.config, graph, one, boxes, model, deadline, leaves.append)
@@ -160,7 +160,7 @@ def test_a_domain_pruned_as_empty_has_no_point_the_exact_milp_finds(intermediate
     graph, prop = instances(net, (1, 4, 4), 1, 0.2)
     one = prop[0:1].to(graph.dtype)
     with torch.no_grad():
-        _, _, root = AlphaCrownVerifier.bounds_and_boxes(
+        _, _, root, _ = AlphaCrownVerifier.bounds_and_boxes(
             make_verifier(default_registry(), "bab"), graph, one
         )
     rows = torch.arange(one.spec.shape[1])
@@ -357,11 +357,12 @@ def test_what_pgd_breaks_on_resnet_2b_is_sat_from_the_attack_first_step(
     def no_bounds(*args, **kwargs):
         raise AssertionError("a bound pass ran: the attack did not answer first")
 
-    monkeypatch.setattr(base.Verifier, "lower_bounds", no_bounds)
-    monkeypatch.setattr(AlphaCrownVerifier, "lower_bounds", no_bounds)
+    for method in ("lower_bounds", "noted_bounds"):  # ``verify`` calls the second
+        monkeypatch.setattr(base.Verifier, method, no_bounds)
+        monkeypatch.setattr(AlphaCrownVerifier, method, no_bounds)
     for name in ("complete", "bab", "alpha-crown"):
-        monkeypatch.setattr(type(make_verifier(default_registry(), name)), "lower_bounds",
-                            no_bounds)  # fmt: skip
+        for method in ("lower_bounds", "noted_bounds"):
+            monkeypatch.setattr(type(make_verifier(default_registry(), name)), method, no_bounds)
         result = verify_instance(default_registry(), RESNET / "resnet_2b.onnx", spec, name, 300)
         assert result.status == "sat", (name, result)
 
@@ -383,7 +384,7 @@ def test_the_roots_optimised_slopes_bound_is_sound_and_never_looser_than_crown()
     for s in range(len(prop)):
         one = prop[s : s + 1].to(graph.dtype)
         with torch.no_grad():
-            _, _, boxes = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
+            _, _, boxes, _ = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
             crown = spec_lower(graph, boxes, one.spec)[0][0] + one.offset[0]
         deadline = Deadline(CLOCKS["cpu"]() + 60, CLOCKS["cpu"])
         search = Search(verifier.config, graph, one, boxes, model, deadline)
@@ -426,7 +427,7 @@ def random_split_domains():
     one = prop[0:1].to(graph.dtype)
     verifier = make_verifier(default_registry(), "bab")
     with torch.no_grad():
-        _, _, root = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
+        _, _, root, _ = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
     rows = torch.arange(one.spec.shape[1])
     dom = Domains.cat([root_domains(graph, root, one.spec[0], one.offset[0], rows)] * 20)
     gen = torch.Generator().manual_seed(5)
@@ -504,7 +505,7 @@ def test_the_open_domains_fit_half_of_an_enclosing_memory_budget():
     verifier = make_verifier(default_registry(), "bab", {"timeout": 60, "clock": "cpu"})
     one = prop.to(graph.dtype)
     with torch.no_grad():
-        bound, _, boxes = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
+        bound, _, boxes, _ = AlphaCrownVerifier.bounds_and_boxes(verifier, graph, one)
     searches, outcomes = [], []
     for budget in (64 << 30, 4 << 10):  # the default's room, and room for 4 domains
         deadline = Deadline(CLOCKS["cpu"]() + 60, CLOCKS["cpu"])

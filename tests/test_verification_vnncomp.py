@@ -105,17 +105,18 @@ def check_instance(net: Path, spec: Path, verifiers: list[str], timeout: float =
 
 
 def record_bounds(verifier) -> list[torch.Tensor]:
-    """The spec-row lower bounds ``verify`` computes (one tensor per batch), kept for the
-    check instead of bounding the instance a second time."""
+    """The spec-row lower bounds ``verify`` computes (one tensor per batch, from
+    ``noted_bounds``, which ``verify`` calls), kept for the check instead of bounding the
+    instance a second time."""
     found: list[torch.Tensor] = []
-    compute = verifier.lower_bounds
+    compute = verifier.noted_bounds
 
     def recorded(graph, prop):
-        bounds, coeff = compute(graph, prop)
+        bounds, coeff, notes = compute(graph, prop)
         found.append(bounds.detach())
-        return bounds, coeff
+        return bounds, coeff, notes
 
-    verifier.lower_bounds = recorded
+    verifier.noted_bounds = recorded
     return found
 
 

@@ -159,10 +159,12 @@ class BabVerifier(AlphaCrownVerifier):
         self._model = model or (lambda x: graph.forward(x.to(graph.dtype)))
         return super().verify(graph, prop, self._model)
 
-    def lower_bounds(self, graph: BoundGraph, prop: Property):
+    def noted_bounds(self, graph: BoundGraph, prop: Property):
+        """alpha-CROWN's root, then a search on each open sample: its bound, its
+        coefficients and per sample why the search left it open (the root's note if none)."""
         self._found: dict[int, torch.Tensor] = {}  # this batch's, even if it runs out of time
-        self._why: dict[int, str] = {}
-        bounds, coeff, boxes = self.bounds_and_boxes(graph, prop)  # records each bound
+        bounds, coeff, boxes, note = self.bounds_and_boxes(graph, prop)  # records each bound
+        why = [f"bounds too loose ({note})" if note else ""] * len(prop)
         # ``verify`` runs this inside the batch's limit; called directly (the registry-wide
         # contract does), the batch gets the verifier's own limit per sample
         batch = current_deadline() or self.deadline(len(prop))
@@ -178,8 +180,8 @@ class BabVerifier(AlphaCrownVerifier):
             self.record(bounds, coeff)
             if outcome.point is not None:
                 self._found[s] = outcome.point
-            self._why[s] = outcome.why
-        return bounds, coeff
+            why[s] = outcome.why or why[s]
+        return bounds, coeff, why
 
     def _candidates(self, prop: Property, bounds: torch.Tensor, coeff: torch.Tensor | None):
         yield from super()._candidates(prop, bounds, coeff)
@@ -189,10 +191,6 @@ class BabVerifier(AlphaCrownVerifier):
             for s, point in found.items():
                 points[s] = point.to(points.dtype)
             yield points
-
-    def open_notes(self, n: int) -> list[str]:
-        why = getattr(self, "_why", {})
-        return [why.get(s, "") for s in range(n)]
 
     def search(
         self, graph: BoundGraph, prop: Property, boxes: list[Box], bound, deadline: Deadline

@@ -143,6 +143,14 @@ class Verifier(ABC):
         """One-time process setup, before any sample's clock starts (none by default)."""
         return None
 
+    def noted_bounds(
+        self, graph: BoundGraph, prop: Property
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[str]]:
+        """``lower_bounds`` and, per sample, why it may stay open ('' for the default:
+        bounds too loose); returned with the bounds, so no note outlives its batch."""
+        bounds, coeff = self.lower_bounds(graph, prop)
+        return bounds, coeff, [""] * len(prop)
+
     @abstractmethod
     def lower_bounds(
         self, graph: BoundGraph, prop: Property
@@ -210,6 +218,7 @@ class Verifier(ABC):
         margins = torch.full((n,), float("-inf"), dtype=prop.lower.dtype)
         certified, out_of_time = torch.zeros(n, dtype=torch.bool), False
         bounds = coeff = None
+        reasons: list[str] = []
         todo = torch.arange(n)
         self._progress = None
         try:
@@ -219,7 +228,7 @@ class Verifier(ABC):
                     todo = torch.nonzero(~broken).flatten()
                 if len(todo):
                     with torch.no_grad():
-                        bounds, coeff = self.lower_bounds(graph, prop[todo])
+                        bounds, coeff, reasons = self.noted_bounds(graph, prop[todo])
         except OutOfTime:
             out_of_time = True
             bounds, coeff = self._progress if self._progress is not None else (None, None)
@@ -241,7 +250,7 @@ class Verifier(ABC):
         seconds = torch.full((n,), (deadline.clock() - began) / max(1, n))
         why = ["timeout" if out_of_time else "bounds too loose"] * n
         if not out_of_time and bounds is not None:
-            for t, reason in zip(todo.tolist(), self.open_notes(len(todo)), strict=True):
+            for t, reason in zip(todo.tolist(), reasons, strict=True):
                 why[t] = reason or why[t]
         verdicts = [
             Verdict.CERTIFIED if c else Verdict.FALSIFIED if f
@@ -251,11 +260,6 @@ class Verifier(ABC):
         settled = (Verdict.CERTIFIED, Verdict.FALSIFIED)
         notes = ["" if v in settled else w for v, w in zip(verdicts, why, strict=True)]
         return VerificationResult(self.name, verdicts, margins.float(), seconds, counter, notes)
-
-    def open_notes(self, n: int) -> list[str]:
-        """Per bounded sample, why it may be left open ('' for the default: bounds too
-        loose); a search that ran out of its own share of the time says ``timeout``."""
-        return [""] * n
 
     @staticmethod
     def _candidates(prop: Property, bounds: torch.Tensor, coeff: torch.Tensor | None):

@@ -121,7 +121,7 @@ class CompleteVerifier(BabVerifier):
             with time_limit(batch):
                 attacked, attack = self.attack_within(graph, prop, model, batch)  # first
                 with torch.no_grad():  # alpha-CROWN: fewer unstable ReLUs, tighter big-M
-                    bound, _, boxes = self.bounds_and_boxes(graph, prop)
+                    bound, _, boxes, _ = self.bounds_and_boxes(graph, prop)
         except OutOfTime:  # what completed stands (``record``); no time left for a MILP
             bound = self._progress[0] if self._progress is not None else None
         if bound is None:
