@@ -104,7 +104,8 @@ def measure(graph, prop, steps: int) -> tuple[int, int]:
     estimate = ja.joint_bytes(graph, spec.shape[0], found, spec.shape[1])
     reset_peak_rss()
     before = status_bytes("VmRSS")
-    ja.search(graph, found, crown, spec, steps, (0.1, 0.03))
+    for _ in ja.search(graph, found, crown, spec, steps, (0.1, 0.03)):
+        pass  # a generator (it yields at early stops): run it to its last step
     grown = status_bytes("VmHWM") - before
     return estimate, grown, ja.joint_parts(graph, spec.shape[0], found, spec.shape[1])
 

@@ -107,7 +107,8 @@ def measure(name: str, images: int = 2) -> tuple[int, int]:
     if not reset_peak_rss():
         return 0, 0  # the kernel does not let VmHWM be reset
     before = status_bytes("VmRSS")
-    ja.search(graph, found, crown, spec, 2, (0.1, 0.03))
+    for _ in ja.search(graph, found, crown, spec, 2, (0.1, 0.03)):
+        pass  # a generator (it yields at early stops): run it to its last step
     return estimate, status_bytes("VmHWM") - before
 
 
