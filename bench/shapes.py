@@ -104,11 +104,13 @@ class SmallBlock(nn.Module):
         return self.relu2(out + self.shortcut(x))
 
 
-def small_resnet(num_classes: int = 10) -> nn.Module:
-    """Two residual blocks of width 8 and 16 on any 3-channel input size (bench/scale.py)."""
+def small_resnet(num_classes: int = 10, width: int = 8) -> nn.Module:
+    """Two residual blocks of ``width`` and twice it on any 3-channel input size
+    (bench/scale.py; width 16 in bench/resnet_crown_speed.py)."""
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, 1, 1), nn.ReLU(), SmallBlock(8, 8, 1), SmallBlock(8, 16, 2),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes),
+        nn.Conv2d(3, width, 3, 1, 1), nn.ReLU(), SmallBlock(width, width, 1),
+        SmallBlock(width, 2 * width, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(2 * width, num_classes),
     )  # fmt: skip
 
 

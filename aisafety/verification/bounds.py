@@ -149,7 +149,7 @@ def pass_graph(
     """The float32 graph ``sound_backward`` runs ``rows`` rows (batch included) from node
     ``start`` on, or None for the graph's own dtype (``rounding.fast_graph``)."""
     widest = max(budget.numel(op.out_shape) for op in graph.ops[: start + 1])
-    return rounding.fast_graph(graph, rows * widest, small)
+    return rounding.fast_graph(graph, rows * widest, small, start)
 
 
 def depends_on_activation(graph: BoundGraph) -> list[bool]:

@@ -64,16 +64,20 @@ def pass_precision(mode: str) -> Iterator[None]:
         _MODE.reset(token)
 
 
-def fast_graph(graph: BoundGraph, elements: int, small: int = SMALL) -> BoundGraph | None:
+def fast_graph(
+    graph: BoundGraph, elements: int, small: int = SMALL, start: int | None = None
+) -> BoundGraph | None:
     """The float32 copy of a float64 ``graph`` when a pass of ``elements`` coefficients is
     worth running there (at least ``small``) and can soundly: ReLU activations, ops this
-    module bounds, and weights that float32 holds exactly."""
+    module bounds, and weights that float32 holds exactly. ``start``: the pass begins at
+    that node, so only the ops up to it need a bounded rounding (an average pooling after
+    it, which has none, does not send an intermediate pass before it to float64)."""
     mode = _MODE.get()
     if mode == "float64" or (mode == "auto" and elements < small):
         return None
     if graph.dtype != torch.float64 or not graph.relu_only:
         return None
-    if not all(_bounded(op) for op in graph.ops):
+    if not all(_bounded(op) for op in graph.ops[: None if start is None else start + 1]):
         return None
     copy = graph.in_dtype(torch.float32)
     if not hasattr(copy, "exact"):
