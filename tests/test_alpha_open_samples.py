@@ -11,6 +11,7 @@ from aisafety.verification import bounds as b
 from aisafety.verification import incomplete
 from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import AlphaCrownVerifier
+from aisafety.verification.property import Property
 from tests.test_joint_alpha import NETS
 from tests.test_sshape_relaxation import around, sampled_minimum
 
@@ -84,3 +85,67 @@ def test_no_search_when_crown_certifies_every_sample(kind, monkeypatch):
     assert torch.equal(root.bound, crown) and torch.equal(root.coeff, crown_coeff)
     for (lo, hi), (c_lo, c_hi) in zip(root.boxes, crown_boxes, strict=True):
         assert torch.equal(lo, c_lo) and torch.equal(hi, c_hi)
+
+
+def _stops(monkeypatch) -> list[int]:
+    """The steps run at each stop of the layerwise output search (``slope_stops``)."""
+    seen, real = [], b.slope_stops
+
+    def counted(*args, **kwargs):
+        for step, chosen in real(*args, **kwargs):
+            seen.append(step)
+            yield step, chosen
+
+    monkeypatch.setattr(b, "slope_stops", counted)
+    return seen
+
+
+def _certifiable():
+    """relu net at eps 0.15 on alpha-CROWN's boxes, each sample's rows offset so that its
+    threshold lies a quarter of the way from CROWN's worst row to 50 output steps' worst
+    (as a VNN-COMP spec's offsets place it): open to CROWN, certified by the search."""
+    net, x, prop, graph, p, _, _, _ = _setup("relu", 0.15)
+    boxes = AlphaCrownVerifier(steps=20).boxes(graph, p)
+    crown = b.spec_lower(graph, boxes, p.spec)[0].amin(1)
+    full = b.optimise_slopes(graph, boxes, p.spec, 50, 0.1)[0].amin(1)
+    assert (full - crown > 0.04).all()  # room for the stop margin (0.02 + 0.01 |bound|)
+    shift = (-(3 * crown + full) / 4).unsqueeze(1).expand_as(p.offset)
+    moved = Property(p.lower, p.upper, p.spec, p.offset + shift)
+    return net, x, Property(prop.lower, prop.upper, prop.spec, moved.offset), graph, moved, boxes
+
+
+def test_output_search_stops_early_once_every_sample_leads(monkeypatch):
+    """With the rows' offset the output search stops once every sample's worst row leads
+    the stop margin, and the sound pass of those slopes certifies; without, all 50 run."""
+    net, x, prop, graph, p, boxes = _certifiable()
+    seen = _stops(monkeypatch)
+    full, _ = b.optimise_slopes(graph, boxes, p.spec, 50, 0.1)
+    assert seen == [50]
+    assert not (b.spec_lower(graph, boxes, p.spec)[0] + p.offset > 0).all(1).any()
+    seen.clear()
+    early, _ = b.optimise_slopes(graph, boxes, p.spec, 50, 0.1, p.offset)
+    assert len(seen) == 1 and seen[0] < 50
+    assert (early + p.offset > 0).all()
+    assert (early + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
+    assert (full + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
+def test_an_output_stop_the_sound_pass_does_not_confirm_resumes(monkeypatch):
+    """A negative stop margin stops before the slopes certify: the sound pass does not,
+    so the search resumes (same Adam state, margin doubled) until one that certifies."""
+    net, x, prop, graph, p, boxes = _certifiable()
+    monkeypatch.setattr(b, "STOP_ABS", -0.5)
+    seen = _stops(monkeypatch)
+    bound, _ = b.optimise_slopes(graph, boxes, p.spec, 50, 0.1, p.offset)
+    assert len(seen) > 1 and seen == sorted(set(seen)) and seen[-1] < 50
+    assert (bound + p.offset > 0).all()
+    assert (bound + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
+def test_intermediate_searches_keep_all_their_steps(monkeypatch):
+    """Only the output search has a threshold: with the offset given to the verifier, the
+    intermediate bounds' searches still run every step (their yields say ``steps``)."""
+    _, _, _, graph, p, _, _, _ = _setup("relu", 0.07)
+    seen = _stops(monkeypatch)
+    AlphaCrownVerifier(steps=STEPS, joint=False).bounds_and_boxes(graph, p)
+    assert seen[:-1] and all(s == STEPS for s in seen[:-1])  # the last is the output's

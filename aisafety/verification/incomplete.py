@@ -252,7 +252,7 @@ class AlphaCrownVerifier(CrownVerifier):
         else:
             boxes = self.boxes(graph, prop, crown_boxes)
             bound, coeff = b.optimise_slopes(
-                graph, boxes, prop.spec, self.alpha_steps, self.alpha_lr
+                graph, boxes, prop.spec, self.alpha_steps, self.alpha_lr, prop.offset
             )
         ibp = b.ibp_spec_lower(graph, boxes, prop.spec)
         bound = torch.maximum(torch.maximum(bound, crown), ibp)
