@@ -109,7 +109,10 @@ class Root(NamedTuple):
 
 class AlphaCrownConfig(AttackFirstConfig):
     steps: int = Field(
-        default=20, ge=0, description="Adam steps of the layer-by-layer slope search"
+        default=20,
+        ge=0,
+        description="Adam steps of the layer-by-layer slope search; the spec rows' search "
+        "stops early once every row leads its stop margin and the sound pass certifies",
     )
     lr: float = Field(default=0.1, gt=0, description="Adam learning rate of the slopes")
     search_work: float | None = Field(
