@@ -143,9 +143,17 @@ def test_never_certifies_a_sample_an_attack_breaks():
         assert not (hit and v == Verdict.CERTIFIED)
 
 
+def _open_joint_bytes(graph, p, crown_boxes) -> int:
+    """One joint step's bytes for the samples CROWN leaves open (only they are searched)."""
+    crown = b.spec_lower(graph, crown_boxes, p.spec)[0]
+    crown = torch.maximum(crown, b.ibp_spec_lower(graph, crown_boxes, p.spec))
+    n = int((~(crown + p.offset > 0).all(1)).sum())
+    return ja.joint_bytes(graph, n, ja.targets(graph, crown_boxes), p.spec.shape[1])
+
+
 def test_falls_back_to_layerwise_when_a_joint_step_does_not_fit_the_budget():
     net, _, prop, graph, p, crown_boxes = _sshape_at(0.2)
-    need = ja.joint_bytes(graph, len(p), ja.targets(graph, crown_boxes), p.spec.shape[1])
+    need = _open_joint_bytes(graph, p, crown_boxes)
     with budget.memory_limit(need - 1):
         assert ja.joint_alpha(graph, crown_boxes, p.spec, STEPS, 0.1, 0.01) is None
         verifier = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True)
@@ -272,7 +280,7 @@ def test_a_fallback_note_stays_with_its_batch():
     """The note comes back with the bound (``noted_bounds``), not as verifier state: the
     same verifier's next call, which fits, says nothing of the earlier fallback."""
     net, _, prop, graph, p, crown_boxes = _sshape_at(0.2)
-    need = ja.joint_bytes(graph, len(p), ja.targets(graph, crown_boxes), p.spec.shape[1])
+    need = _open_joint_bytes(graph, p, crown_boxes)
     verifier = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True)
     with budget.memory_limit(need - 1):
         _, _, notes = verifier.noted_bounds(graph, p)

@@ -23,7 +23,7 @@ IBP <= CROWN-IBP, CROWN <= alpha-CROWN on every sample.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -36,6 +36,7 @@ from aisafety.verification.relaxations import RELU, SShapeRelaxation, relu_defau
 # the dtype of alpha-CROWN's slope search on a float64 graph (its result is re-bounded in
 # float64, so this decides speed and tightness, never soundness)
 SEARCH_DTYPE = torch.float32
+STOP_ABS, STOP_REL = 0.02, 0.01  # the output search's early stop margin (``stop_lead``)
 
 LINEAR_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "positive-linear", "add",
                 "activation"}  # fmt: skip
@@ -345,13 +346,16 @@ def optimise_slopes(
     spec: torch.Tensor,
     steps: int = 20,
     lr: float = 0.1,
+    offset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """alpha-CROWN: the best bound of ``C f`` over ``steps`` of Adam on the ReLU lower slopes."""
+    """alpha-CROWN: the best bound of ``C f`` over ``steps`` of Adam on the ReLU lower
+    slopes; with the rows' ``offset`` (B, K) it stops early (``optimised_backward``)."""
     a = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
     end = len(graph.ops) - 1
-    return in_chunks(
-        graph, end, a, True, lambda rows: optimised_backward(graph, end, rows, boxes, steps, lr)
+    bound = lambda rows, shift=None: optimised_backward(  # noqa: E731
+        graph, end, rows, boxes, steps, lr, shift
     )
+    return in_chunks(graph, end, a, True, bound, offset)
 
 
 def in_chunks(
@@ -359,21 +363,32 @@ def in_chunks(
     start: int,
     a: torch.Tensor,
     grad: bool,
-    bound: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    bound: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    offset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``bound`` of the rows of ``a`` (B, K, ...) in chunks sized to the memory budget; rows
     are bounded independently (alpha-CROWN's slopes are per row), so chunking changes
-    nothing but the peak."""
+    nothing but the peak. With ``offset`` (B, K), ``bound`` gets each chunk's columns too."""
     per_row = budget.row_bytes(graph, start, a.shape[0], grad)
     step = budget.rows_per_chunk(per_row, a.shape[1], budget.box_bytes(graph, a.shape[0]))
-    if step >= a.shape[1]:
-        return bound(a)
-    parts = [bound(a[:, first : first + step]) for first in range(0, a.shape[1], step)]
+    step = max(1, min(step, a.shape[1]))
+    parts = []
+    for first in range(0, a.shape[1], step):
+        cols = slice(first, first + step)
+        parts.append(bound(a[:, cols]) if offset is None else bound(a[:, cols], offset[:, cols]))
+    if len(parts) == 1:
+        return parts[0]
     return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
 
 def optimised_backward(
-    graph: BoundGraph, start: int, a: torch.Tensor, boxes: list[Box], steps: int, lr: float
+    graph: BoundGraph,
+    start: int,
+    a: torch.Tensor,
+    boxes: list[Box],
+    steps: int,
+    lr: float,
+    offset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``backward`` from node ``start`` with one lower slope per row and unstable ReLU,
     optimised by Adam and clamped to [0, 1]; the best bound per row over the steps.
@@ -381,18 +396,24 @@ def optimised_backward(
     The search runs in float32 (its convolutions are ~3x faster than float64's on a CPU);
     each row's best slopes are then bounded once more in the graph's own dtype, and that
     bound is the result: any slope in [0, 1] is sound, so the search's precision only
-    decides how tight it is. CROWN's bound is kept where it is higher."""
+    decides how tight it is. CROWN's bound is kept where it is higher. With the rows'
+    ``offset`` (B, K) the search stops early (``slope_stops``); a sound bound that then
+    does not certify every sample resumes it."""
     best, coeff = sound_backward(graph, start, a, boxes)
     best, coeff = best.detach(), coeff.detach()
-    chosen = search_slopes(graph, start, a, boxes, steps, lr)
-    if not chosen:
-        return best, coeff
-    slopes = {i: alpha.to(graph.dtype) for i, alpha in chosen.items()}
-    with torch.no_grad():
-        bound, now = sound_backward(graph, start, a, boxes, slopes=slopes)
-    better = bound > best
-    keep = better.reshape(*better.shape, *([1] * (coeff.dim() - 2)))
-    return torch.where(better, bound, best), torch.where(keep, now, coeff)
+    result = best, coeff
+    for _, chosen in slope_stops(graph, start, a, boxes, steps, lr, offset=offset):
+        if not chosen:
+            break
+        slopes = {i: alpha.to(graph.dtype) for i, alpha in chosen.items()}
+        with torch.no_grad():
+            bound, now = sound_backward(graph, start, a, boxes, slopes=slopes)
+        better = bound > best
+        keep = better.reshape(*better.shape, *([1] * (coeff.dim() - 2)))
+        result = torch.where(better, bound, best), torch.where(keep, now, coeff)
+        if offset is not None and bool((result[0] + offset > 0).all()):
+            break
+    return result
 
 
 def search_slopes(
@@ -409,6 +430,33 @@ def search_slopes(
     ``steps`` of Adam (``lr``, times ``decay`` after each step) from ``init`` (CROWN's by
     default), in ``SEARCH_DTYPE``; empty when there is nothing to search. Any slope in
     [0, 1] is sound: the caller bounds the result again by a sound pass."""
+    *_, (_, chosen) = slope_stops(graph, start, a, boxes, steps, lr, decay, init)
+    return chosen  # without an offset it stops only after the last step
+
+
+def stop_lead(rows: torch.Tensor, shift: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Per sample, its worst row's lead over the early stop's margin ``scale`` x
+    (``STOP_ABS`` + ``STOP_REL`` x the row's size): the search's bound is float32 without
+    rounding margins, so it stops a little above 0 for the sound pass to certify."""
+    margin = scale * (STOP_ABS + STOP_REL * rows.abs())
+    return (rows + shift - margin).nan_to_num(-torch.inf).amin(1)
+
+
+def slope_stops(
+    graph: BoundGraph,
+    start: int,
+    a: torch.Tensor,
+    boxes: list[Box],
+    steps: int,
+    lr: float,
+    decay: float = 1.0,
+    init: dict[int, torch.Tensor] | None = None,
+    offset: torch.Tensor | None = None,
+) -> Iterator[tuple[int, dict[int, torch.Tensor]]]:
+    """The steps run and ``search_slopes``' best slopes so far, yielded after the last
+    step and, with the rows' ``offset`` (B, K), whenever every sample's worst row leads its
+    stop margin (``stop_lead``); each such stop doubles the margin, so a caller whose sound
+    pass does not certify resumes the search (same Adam state) for a higher bound."""
     search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search.dtype
     search_a = a.detach().to(cast)
@@ -417,12 +465,14 @@ def search_slopes(
     for i, t in (init or {}).items():
         alphas[i] = t.detach().to(cast).clone().requires_grad_(True)
     if not alphas or steps <= 0:
-        return {}
+        yield 0, {}
+        return
     chosen = {i: alpha.detach().clone() for i, alpha in alphas.items()}
     top = torch.full(a.shape[:2], -torch.inf, dtype=cast)
     optimiser = torch.optim.Adam(list(alphas.values()), lr=lr)
     schedule = torch.optim.lr_scheduler.ExponentialLR(optimiser, decay)
-    for _ in range(steps):
+    scale = 1.0  # the stop margin's factor, doubled after each early stop
+    for step in range(1, steps + 1):
         check_time()
         with torch.enable_grad():
             bound, _ = backward(search, start, search_a, search_boxes, slopes=alphas)
@@ -433,12 +483,16 @@ def search_slopes(
         for i, alpha in alphas.items():
             keep = better.reshape(*better.shape, *([1] * (alpha.dim() - 2)))
             chosen[i] = torch.where(keep, alpha.detach(), chosen[i])
+        if step == steps:
+            yield step, chosen
+        elif offset is not None and bool((stop_lead(top, offset.to(cast), scale) > 0).all()):
+            yield step, chosen  # the caller's sound pass decides; resumed if it does not certify
+            scale *= 2
         optimiser.step()
         schedule.step()
         with torch.no_grad():
             for alpha in alphas.values():
                 alpha.clamp_(0, 1)
-    return chosen
 
 
 def _initial_slopes(

@@ -109,7 +109,10 @@ class Root(NamedTuple):
 
 class AlphaCrownConfig(AttackFirstConfig):
     steps: int = Field(
-        default=20, ge=0, description="Adam steps of the layer-by-layer slope search"
+        default=20,
+        ge=0,
+        description="Adam steps of the layer-by-layer slope search; the spec rows' search "
+        "stops early once every row leads its stop margin and the sound pass certifies",
     )
     lr: float = Field(default=0.1, gt=0, description="Adam learning rate of the slopes")
     search_work: float | None = Field(
@@ -211,11 +214,35 @@ class AlphaCrownVerifier(CrownVerifier):
         """The bound (B, K), its input coefficients, the optimised intermediate boxes and
         a note ('' or why the joint search fell back). CROWN's bound comes first and is
         ``record``-ed, so a sample out of time in the slope search keeps what CROWN proved
-        (never fewer settled than ``crown``)."""
+        (never fewer settled than ``crown``). Samples CROWN already certifies (every row's
+        bound + offset > 0) leave the batch: the slope search runs on the open ones only
+        and the others keep CROWN's bound, coefficients and boxes."""
         crown_boxes = b.linear_boxes(graph, prop.lower, prop.upper, "adaptive")
         crown, crown_coeff = b.spec_lower(graph, crown_boxes, prop.spec, "adaptive")
         crown = torch.maximum(crown, b.ibp_spec_lower(graph, crown_boxes, prop.spec))
         self.record(crown, crown_coeff)
+        open_ = ~(crown + prop.offset > 0).all(1)
+        if not bool(open_.any()):
+            return Root(crown, crown_coeff, crown_boxes, "")
+        if bool(open_.all()):
+            bound, coeff, boxes, note = self.search_open(graph, prop, crown_boxes, crown)
+        else:
+            part = [(lo[open_], hi[open_]) for lo, hi in crown_boxes]
+            found = self.search_open(graph, prop[open_], part, crown[open_])
+            bound, coeff = crown.clone(), crown_coeff.clone()
+            bound[open_], coeff[open_] = found.bound, found.coeff
+            boxes = [(lo.clone(), hi.clone()) for lo, hi in crown_boxes]
+            for (lo, hi), (f_lo, f_hi) in zip(boxes, found.boxes, strict=True):
+                lo[open_], hi[open_] = f_lo, f_hi
+            note = found.note
+        self.record(bound, coeff)
+        return Root(bound, coeff, boxes, note)
+
+    def search_open(
+        self, graph: BoundGraph, prop: Property, crown_boxes: list[Box], crown: torch.Tensor
+    ) -> Root:
+        """The slope search (joint or layer by layer) on ``prop``'s samples from CROWN's
+        boxes; the bound is the highest of the search's, CROWN's ``crown`` and IBP's."""
         joint, note = None, ""
         if self.config.joint is True or (self.config.joint == "auto" and not graph.relu_only):
             lrs = self.alpha_lr, self.config.joint_lr
@@ -228,11 +255,10 @@ class AlphaCrownVerifier(CrownVerifier):
         else:
             boxes = self.boxes(graph, prop, crown_boxes)
             bound, coeff = b.optimise_slopes(
-                graph, boxes, prop.spec, self.alpha_steps, self.alpha_lr
+                graph, boxes, prop.spec, self.alpha_steps, self.alpha_lr, prop.offset
             )
         ibp = b.ibp_spec_lower(graph, boxes, prop.spec)
         bound = torch.maximum(torch.maximum(bound, crown), ibp)
-        self.record(bound, coeff)
         return Root(bound, coeff, boxes, note)
 
 

@@ -34,7 +34,7 @@ from aisafety.verification.relaxations import RELU, SShapeRelaxation
 Slopes = dict[int, dict[int, torch.Tensor]]  # bounded node -> activation node -> slopes
 DECAY = 0.98  # the learning rate's factor per step (auto_LiRPA's default)
 Bound = Callable[[int, torch.Tensor, list[Box], dict[int, torch.Tensor]], torch.Tensor]
-ABS_MARGIN, REL_MARGIN = 0.02, 0.01  # the early stop's margin (``_lead``)
+ABS_MARGIN, REL_MARGIN = b.STOP_ABS, b.STOP_REL  # the early stop's margin (``_lead``)
 
 
 @dataclass
