@@ -18,7 +18,6 @@ model and the load are printed with it.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -29,12 +28,8 @@ import torch
 
 from aisafety.verification import bounds as b
 from aisafety.verification import relaxations as r
-from aisafety.verification.vnncomp import _property, load_network
-from aisafety.verification.vnnlib import read_disjuncts
 
 ROOT = Path(__file__).resolve().parents[1]
-ERAN = ROOT.parent / "shared" / "data" / "vnncomp2021_eran"
-NET = "ffnnSIGMOID__Point_6x200.onnx"
 WAYS = {"kept": r.SShapeRelaxation.lines, "recomputed": r.SShapeRelaxation._lines}
 
 
@@ -95,12 +90,10 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     from bab_speed import cpu_model
+    from sshape_touch import NET, eran_sigmoid_spec
 
     torch.set_num_threads(1)
-    net = load_network(ERAN / "nets" / NET)
-    vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"
-    box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
-    prop = _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
+    net, prop = eran_sigmoid_spec(args.spec)
     print(f"eran {NET} spec {args.spec}, {args.pairs} interleaved pairs, one thread; "
           f"CPU {cpu_model()}; load {os.getloadavg()[0]:.1f}")  # fmt: skip
     cases = {"crown": crown, "alpha-crown": alpha_crown}

@@ -92,6 +92,14 @@ def one_pass(graph, prop, slopes) -> tuple[float, float, torch.Tensor]:
     return cpu, sum(spent) / cpu, bound.double() + prop.offset
 
 
+def eran_sigmoid_spec(spec: int):
+    """eran's sigmoid 6x200 network and its spec ``spec`` at eps 0.012 as one property."""
+    net = load_network(ERAN / "nets" / NET)
+    vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{spec}_eps_0.01200.vnnlib"
+    box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
+    return net, _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", type=int, default=1211)
@@ -101,10 +109,7 @@ def main() -> None:
     from bab_speed import cpu_model  # (here: tests/test_sshape_touch.py imports this file)
 
     torch.set_num_threads(1)
-    net = load_network(ERAN / "nets" / NET)
-    vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"
-    box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
-    prop = _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
+    net, prop = eran_sigmoid_spec(args.spec)
     ways = {"newton": r.SShapeRelaxation.tangent_slopes, "bisection": bisection_slopes}
     for slopes in ways.values():  # warm-up
         one_pass(net.graph, prop, slopes)
