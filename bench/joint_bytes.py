@@ -20,7 +20,6 @@ reused by the next one), alone, one thread.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -56,14 +55,10 @@ def resnet_4b():
 
 
 def eran1211():
-    from aisafety.verification.vnncomp import _property, load_network
-    from aisafety.verification.vnnlib import read_disjuncts
+    from sshape_touch import eran_sigmoid_spec  # bench/ is on sys.path (main)
 
-    eran = DATA / "vnncomp2021_eran"
-    net = load_network(eran / "nets" / "ffnnSIGMOID__Point_6x200.onnx")
-    vnnlib = eran / "specs" / "mnist" / "mnist_spec_idx_1211_eps_0.01200.vnnlib"
-    box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
-    return net.graph, _property(*(x.reshape(1, *net.shape) for x in box), [r[0] for r in rows])
+    net, prop = eran_sigmoid_spec(1211)
+    return net.graph, prop
 
 
 class Residual(nn.Module):

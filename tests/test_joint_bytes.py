@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from aisafety.database.scaled_mlp import scaled_mlp
 from aisafety.unit_cost import reset_peak_rss, status_bytes
 from aisafety.verification import bounds as b
 from aisafety.verification import budget
@@ -46,15 +47,8 @@ def residual_net(width: int) -> nn.Module:
 
 
 def sshape_mlp() -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Flatten()]
-    for i in range(4):
-        layers += [nn.Linear(48 if i == 0 else 100, 100), nn.Sigmoid() if i % 2 else nn.Tanh()]
-    net = nn.Sequential(*layers, nn.Linear(100, 10)).eval()
-    with torch.no_grad():
-        for p in net.parameters():
-            p.mul_(3)
-    return net
+    """Four dense layers of 100, tanh and sigmoid in turn, every parameter times 3."""
+    return scaled_mlp(0, 3.0, [48, 100, 100, 100, 100, 10], [nn.Tanh, nn.Sigmoid] * 2)
 
 
 NETS = {
