@@ -142,6 +142,31 @@ def test_an_output_stop_the_sound_pass_does_not_confirm_resumes(monkeypatch):
     assert (bound + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
 
 
+def test_a_resumed_output_search_keeps_each_rows_highest_sound_bound(monkeypatch):
+    """Every stop's sound pass is a bound: a later one lower on a row (its slopes led by
+    the search's unrounded bound only) must not replace an earlier, higher one. Forced:
+    every sound pass of searched slopes but the second stop's (above CROWN's here; the
+    first is CROWN's slopes) is lowered by 10, so each row keeps the higher of CROWN's
+    and the second stop's."""
+    net, x, prop, graph, p, boxes = _certifiable()
+    monkeypatch.setattr(b, "STOP_ABS", -0.5)  # stops that do not certify: resumes
+    real, seen = b.sound_backward, []
+
+    def lowered(*args, **kwargs):
+        bound, coeff = real(*args, **kwargs)
+        if kwargs.get("slopes") is None:
+            return bound, coeff
+        seen.append(bound)
+        return (bound if len(seen) == 2 else bound - 10.0), coeff
+
+    monkeypatch.setattr(b, "sound_backward", lowered)
+    crown = b.spec_lower(graph, boxes, p.spec)[0]
+    bound, _ = b.optimise_slopes(graph, boxes, p.spec, 50, 0.1, p.offset)
+    assert len(seen) > 2 and (seen[1] > crown).any()
+    assert torch.equal(bound, torch.maximum(crown, seen[1]))
+    assert (bound + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
 def test_intermediate_searches_keep_all_their_steps(monkeypatch):
     """Only the output search has a threshold: with the offset given to the verifier, the
     intermediate bounds' searches still run every step (their yields say ``steps``)."""

@@ -266,6 +266,31 @@ def test_a_stop_the_re_bound_does_not_confirm_resumes_the_search(monkeypatch):
     assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
 
 
+def test_a_resumed_search_keeps_each_row_of_the_best_re_bound(monkeypatch):
+    """Every stop's re-bound is sound: when a later one is lower on a row (its slopes lead
+    by the search's unrounded bound only), the row keeps the earlier, higher value; the
+    boxes are both stops' intersected. Forced here: every re-bound after the first is
+    lowered by 10 (more than any two differ), so every row keeps the first's value."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.17)
+    monkeypatch.setattr(ja, "ABS_MARGIN", -0.05)  # stops that do not certify: resumes
+    real, seen = ja.rebound, []
+
+    def lowered(*args):
+        bound, coeff, boxes = real(*args)
+        seen.append(bound)
+        return (bound - 10.0 if len(seen) > 1 else bound), coeff, boxes
+
+    monkeypatch.setattr(ja, "rebound", lowered)
+    bound, _, boxes = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+    assert len(seen) >= 2
+    assert torch.equal(bound, seen[0])
+    assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
+    noise = torch.rand(2000, *x.shape[1:], generator=torch.Generator().manual_seed(8))
+    for s in range(2):  # the intersected boxes hold at sampled points of the input box
+        points = p.lower[s] + noise.to(p.lower.dtype) * (p.upper[s] - p.lower[s])
+        assert inside(graph, [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes], points)
+
+
 def test_searches_stopped_early_by_the_verifier_keep_its_verdicts():
     """``alpha-crown`` passes the rows' offset: the same samples certified with 50 steps
     as when the search runs them all (called directly, without the offset)."""

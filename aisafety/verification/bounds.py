@@ -401,19 +401,18 @@ def optimised_backward(
     does not certify every sample resumes it."""
     best, coeff = sound_backward(graph, start, a, boxes)
     best, coeff = best.detach(), coeff.detach()
-    result = best, coeff
     for _, chosen in slope_stops(graph, start, a, boxes, steps, lr, offset=offset):
         if not chosen:
             break
         slopes = {i: alpha.to(graph.dtype) for i, alpha in chosen.items()}
         with torch.no_grad():
             bound, now = sound_backward(graph, start, a, boxes, slopes=slopes)
-        better = bound > best
+        better = bound > best  # per row, the highest of CROWN's and every stop's bound
         keep = better.reshape(*better.shape, *([1] * (coeff.dim() - 2)))
-        result = torch.where(better, bound, best), torch.where(keep, now, coeff)
-        if offset is not None and bool((result[0] + offset > 0).all()):
+        best, coeff = torch.where(better, bound, best), torch.where(keep, now, coeff)
+        if offset is not None and bool((best + offset > 0).all()):
             break
-    return result
+    return best, coeff
 
 
 def search_slopes(

@@ -144,11 +144,28 @@ def joint_alpha(
     found = targets(graph, crown)
     if joint_bytes(graph, spec.shape[0], found, spec.shape[1]) > budget.current_budget():
         return None
+    kept = None
     for best in search(graph, found, crown, spec, steps, (lr, sshape_lr), offset):
-        bound, coeff, boxes = rebound(graph, found, crown, spec, best)
-        if best.steps >= steps or offset is None or bool((bound + offset > 0).all()):
+        now = rebound(graph, found, crown, spec, best)
+        kept = now if kept is None else _higher(kept, now)
+        if best.steps >= steps or offset is None or bool((kept[0] + offset > 0).all()):
             break
-    return bound, coeff, boxes
+    return kept
+
+
+def _higher(
+    kept: tuple[torch.Tensor, torch.Tensor, list[Box]],
+    now: tuple[torch.Tensor, torch.Tensor, list[Box]],
+) -> tuple[torch.Tensor, torch.Tensor, list[Box]]:
+    """Per row the higher of two sound re-bounds (with its coefficients), and each box
+    the intersection of both (each holds every reachable value): a later stop's best
+    slopes lead by the search's unrounded bound, so their re-bound may still be lower on
+    a row an earlier stop's re-bound had certified."""
+    higher = now[0] > kept[0]
+    wide = higher.reshape(*higher.shape, *([1] * (kept[1].dim() - 2)))
+    boxes = [(torch.maximum(a_lo, b_lo), torch.minimum(a_hi, b_hi))
+             for (a_lo, a_hi), (b_lo, b_hi) in zip(kept[2], now[2], strict=True)]  # fmt: skip
+    return torch.where(higher, now[0], kept[0]), torch.where(wide, now[1], kept[1]), boxes
 
 
 def rebound(
