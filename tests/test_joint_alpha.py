@@ -405,3 +405,24 @@ def test_leaving_the_search_certifies_at_least_what_the_whole_batch_does(monkeyp
     certified = lambda bound: (bound + p.offset).amin(1) > 0  # noqa: E731
     assert (certified(sliced) | ~certified(whole)).all()
     assert (sliced <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
+def test_stalled_samples_leave_the_search_with_a_sound_bound(monkeypatch):
+    """A sample whose best lead gained at most ``STALL_GAIN`` over ``STALL_STEPS`` steps
+    leaves the search with its re-bound. Forced here at eps 0.3 (none certifies): with any
+    gain a stall every sample leaves after 11 steps (the first with 10 steps behind it);
+    with a gain of 0.05, samples leave one by one (the batch shrinks); with none it runs
+    all 50. Every bound stays below the sampled minima."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.3)
+    seen = _batch_sizes(monkeypatch)
+    runs = {}
+    for gain in (1e9, 0.05, -1e9):
+        monkeypatch.setattr(ja, "STALL_GAIN", gain)
+        seen.clear()
+        bound, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+        runs[gain] = [n for kind, n in seen if kind == "search"]
+        assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
+    assert runs[1e9] == [6] * (ja.STALL_STEPS + 1)
+    assert runs[-1e9] == [6] * 50
+    assert runs[0.05] == sorted(runs[0.05], reverse=True) and len(set(runs[0.05])) > 2
+    assert sum(runs[0.05]) < 6 * 50

@@ -37,6 +37,10 @@ Slopes = dict[int, dict[int, torch.Tensor]]  # bounded node -> activation node -
 DECAY = 0.98  # the learning rate's factor per step (auto_LiRPA's default)
 Bound = Callable[[int, torch.Tensor, list[Box], dict[int, torch.Tensor]], torch.Tensor]
 ABS_MARGIN, REL_MARGIN = b.STOP_ABS, b.STOP_REL  # the early stop's margin (``_lead``)
+# a sample whose best lead gained at most STALL_GAIN over the last STALL_STEPS steps has
+# stalled and leaves the search (``_stalled``); docs/certification.md ("The cost of the
+# default on a batch") has the measurements that chose them
+STALL_STEPS, STALL_GAIN = 10, 3e-3
 
 
 @dataclass
@@ -318,6 +322,7 @@ def search(
     )[0]
     scale = 1.0  # the stop margin's factor, doubled after each early stop
     alive = torch.arange(spec.shape[0])  # the batch's samples still searched
+    history = torch.empty(0, spec.shape[0], dtype=cast)  # best leads of the last steps
     for step in range(1, steps + 1):
         check_time()
         with torch.enable_grad():
@@ -334,15 +339,22 @@ def search(
         _keep(best.slopes, alphas, better)
         row_better = rows > row_top
         row_top = torch.where(row_better, rows, row_top)
+        history = torch.cat([history, _lead(top, shift, 1.0).unsqueeze(0)])[-STALL_STEPS - 1 :]
+        stalled = _stalled(history)
         _keep({-1: best.rows}, {-1: alphas[-1]}, row_better)
         best.steps = step
         if step == steps:
             yield best
-        elif offset is not None and bool((_lead(top, shift, scale) > 0).all()):
+        elif offset is not None and bool(stalled.any() or (_lead(top, shift, scale) > 0).all()):
             still = yield best  # the caller's sound re-bound decides; resumed if it does not
-            scale *= 2  # certify, on the samples it left open (``still``) when it sends them
+            scale *= 2  # certify, on the samples it left open (``still``) when it sends them,
+            if still is not None:  # less those that stalled: they leave with that re-bound
+                still = still & ~stalled
+                if not bool(still.any()):
+                    return
             if still is not None and not bool(still.all()):
                 keep = still.nonzero().squeeze(1)
+                history = history[:, keep]
                 alive, found = alive[keep], [t.take(keep) for t in found]
                 start, ibp = _take_boxes(start, keep), _take_boxes(ibp, keep)
                 a, shift, top, row_top = a[keep], shift[keep], top[keep], row_top[keep]
@@ -377,6 +389,17 @@ def _narrowed_adam(optimiser: torch.optim.Adam, keep: torch.Tensor) -> dict[int,
             }
             group["params"][k] = new[id(old)] = fresh
     return new
+
+
+def _stalled(history: torch.Tensor) -> torch.Tensor:
+    """Per sample, whether its best lead (``history``: the last steps', oldest first)
+    gained at most ``STALL_GAIN`` over ``STALL_STEPS`` steps: more steps would cost the
+    batch and hardly move its bound (the learning rate decays too). Not a projection
+    that the sample cannot certify: that left 15-step bounds below layerwise ones, and a
+    ``complete`` root's bound matters even where it does not certify."""
+    if history.shape[0] <= STALL_STEPS:
+        return torch.zeros(history.shape[1], dtype=torch.bool)
+    return history[-1] - history[0] <= STALL_GAIN
 
 
 def _lead(rows: torch.Tensor, shift: torch.Tensor, scale: float) -> torch.Tensor:
