@@ -290,10 +290,11 @@ def search(
     tanh's, times ``decay`` per step), slopes clamped to [0, 1] after each; yields the best
     slopes so far (``Best``) after the last step and, with ``offset``, whenever every
     sample's best step leads its stop margin (``_lead``); each such stop doubles the margin,
-    so a re-bound that does not certify resumes the search for a higher bound. Sent a mask
-    over the yielded ``Best.samples`` (the caller's re-bound left those open), it goes on
-    with those samples only (``_narrowed_adam``: slopes, gradients and Adam's moments sliced,
-    so their steps are those the whole batch would take), stopping when all of them lead."""
+    so a re-bound that does not certify resumes the search for a higher bound. It also
+    stops when a sample has stalled (``_stalled``). Sent a mask over the yielded
+    ``Best.samples`` (the caller's re-bound left those open), it goes on with those samples
+    only, less the stalled ones (``_narrowed_adam``: slopes, gradients and Adam's moments
+    sliced, so their steps are those the whole batch would take)."""
     search_graph = graph.in_dtype(b.SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search_graph.dtype
     start = [(lo.detach().to(cast), hi.detach().to(cast)) for lo, hi in crown]
@@ -347,8 +348,11 @@ def search(
             yield best
         elif offset is not None and bool(stalled.any() or (_lead(top, shift, scale) > 0).all()):
             still = yield best  # the caller's sound re-bound decides; resumed if it does not
-            scale *= 2  # certify, on the samples it left open (``still``) when it sends them,
-            if still is not None:  # less those that stalled: they leave with that re-bound
+            # certify, on the samples it left open (``still``) when it sends them, less those
+            # that stalled: they leave with that re-bound. Only a stop of leading samples
+            # doubles the margin (a stall's would delay the stop of those still climbing)
+            scale *= 1 if bool(stalled.any()) else 2
+            if still is not None:
                 still = still & ~stalled
                 if not bool(still.any()):
                     return
