@@ -228,10 +228,15 @@ def _counted_search(monkeypatch) -> list[int]:
     """The steps run at each of the joint search's stops (``Best.steps`` per yield)."""
     seen, real = [], ja.search
 
-    def counted(*args, **kwargs):
-        for best in real(*args, **kwargs):
+    def counted(*args, **kwargs):  # passes the caller's sends on (samples leaving)
+        stops, still = real(*args, **kwargs), None
+        while True:
+            try:
+                best = stops.send(still)
+            except StopIteration:
+                return
             seen.append(best.steps)
-            yield best
+            still = yield best
 
     monkeypatch.setattr(ja, "search", counted)
     return seen
@@ -330,3 +335,94 @@ def test_per_row_best_slopes_are_never_below_the_samples_best_step():
     per_row = ja.rebound(graph, found, crown_boxes, p.spec, best)[0]
     assert (per_row >= per_sample).all() and (per_row > per_sample + 1e-3).any()
     assert (per_row <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
+def _unsliced(monkeypatch) -> None:
+    """The search as before certified samples left it: what the caller sends is dropped."""
+    real = ja.search
+
+    def unsliced(*args, **kwargs):
+        for best in real(*args, **kwargs):  # noqa: UP028 (yield from would pass sends on)
+            yield best
+
+    monkeypatch.setattr(ja, "search", unsliced)
+
+
+def _batch_sizes(monkeypatch) -> list[tuple[str, int]]:
+    """Per call of ``passes``: the search's (gradients on) or a re-bound's, and its batch."""
+    seen, real = [], ja.passes
+
+    def spied(graph, found, boxes, *rest):
+        seen.append(("search" if torch.is_grad_enabled() else "rebound", boxes[0][0].shape[0]))
+        return real(graph, found, boxes, *rest)
+
+    monkeypatch.setattr(ja, "passes", spied)
+    return seen
+
+
+def test_samples_a_stop_certifies_leave_the_search(monkeypatch):
+    """A negative stop margin stops the search at every step; the first stop's re-bound
+    certifies some of the 6 samples (measured: 3): the search's next steps and re-bounds
+    run on the open samples only (33 sample-steps against 84 for the whole batch), and
+    every sample ends certified and below the sampled minima."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.17)
+    monkeypatch.setattr(ja, "ABS_MARGIN", -0.05)
+    seen, real = _batch_sizes(monkeypatch), ja.rebound
+    open_after = []
+
+    def counted(graph, found, crown, spec, best):
+        bound, coeff, boxes = real(graph, found, crown, spec, best)
+        at = torch.arange(6) if best.samples is None else best.samples
+        open_after.append(int(((bound + p.offset[at]).amin(1) <= 0).sum()))
+        return bound, coeff, boxes
+
+    monkeypatch.setattr(ja, "rebound", counted)
+    bound, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+    sizes = [n for kind, n in seen if kind == "search"]
+    rebounds = [n for kind, n in seen if kind == "rebound"]
+    assert rebounds[0] == 6 and 0 < open_after[0] < 6  # the first stop certifies k of n
+    assert sizes[0] == 6 and sizes[1] == open_after[0]  # the next step runs on n - k
+    for size, later in zip(rebounds[1:], rebounds[2:], strict=False):
+        assert later <= size
+    assert sum(sizes) < 6 * len(sizes)
+    assert ((bound + p.offset).amin(1) > 0).all()
+    assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
+@pytest.mark.parametrize("eps", [0.17, 0.2])
+@pytest.mark.parametrize("margin", [ja.ABS_MARGIN, -0.05])
+def test_leaving_the_search_certifies_at_least_what_the_whole_batch_does(monkeypatch, eps, margin):
+    """Against the search that keeps every sample (sends dropped): every sample it
+    certifies is certified when certified samples leave, and every bound stays below the
+    sampled minima (the default margin and one that stops at every step)."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(eps)
+    monkeypatch.setattr(ja, "ABS_MARGIN", margin)
+    sliced, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+    _unsliced(monkeypatch)
+    seen = _batch_sizes(monkeypatch)
+    whole, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+    assert {n for _, n in seen} == {6}  # the whole batch throughout
+    certified = lambda bound: (bound + p.offset).amin(1) > 0  # noqa: E731
+    assert (certified(sliced) | ~certified(whole)).all()
+    assert (sliced <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
+def test_stalled_samples_leave_the_search_with_a_sound_bound(monkeypatch):
+    """A sample whose best lead gained at most ``STALL_GAIN`` over ``STALL_STEPS`` steps
+    leaves the search with its re-bound. Forced here at eps 0.3 (none certifies): with any
+    gain a stall every sample leaves after 11 steps (the first with 10 steps behind it);
+    with a gain of 0.05, samples leave one by one (the batch shrinks); with none it runs
+    all 50. Every bound stays below the sampled minima."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.3)
+    seen = _batch_sizes(monkeypatch)
+    runs = {}
+    for gain in (1e9, 0.05, -1e9):
+        monkeypatch.setattr(ja, "STALL_GAIN", gain)
+        seen.clear()
+        bound, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+        runs[gain] = [n for kind, n in seen if kind == "search"]
+        assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
+    assert runs[1e9] == [6] * (ja.STALL_STEPS + 1)
+    assert runs[-1e9] == [6] * 50
+    assert runs[0.05] == sorted(runs[0.05], reverse=True) and len(set(runs[0.05])) > 2
+    assert sum(runs[0.05]) < 6 * 50

@@ -14,7 +14,9 @@ reported: the slopes of each sample's best step are clamped to [0, 1] and bounde
 ``sound_backward`` (exact outward-rounded intercepts and the passes' rounding margins),
 layer by layer, each box intersected with CROWN's; every slope in [0, 1] is sound, so
 that pass is a sound bound whatever Adam produced. So is the early stop: it only decides
-when that re-bound runs, and a re-bound that does not certify resumes the search.
+when that re-bound runs, and a re-bound that does not certify resumes the search, on the
+samples it left open only (``search``'s ``send``): each sample's result is still one of
+its own sound re-bounds.
 """
 
 from __future__ import annotations
@@ -35,17 +37,23 @@ Slopes = dict[int, dict[int, torch.Tensor]]  # bounded node -> activation node -
 DECAY = 0.98  # the learning rate's factor per step (auto_LiRPA's default)
 Bound = Callable[[int, torch.Tensor, list[Box], dict[int, torch.Tensor]], torch.Tensor]
 ABS_MARGIN, REL_MARGIN = b.STOP_ABS, b.STOP_REL  # the early stop's margin (``_lead``)
+# a sample whose best lead gained at most STALL_GAIN over the last STALL_STEPS steps has
+# stalled and leaves the search (``_stalled``); docs/certification.md ("The cost of the
+# default on a batch") has the measurements that chose them
+STALL_STEPS, STALL_GAIN = 10, 3e-3
 
 
 @dataclass
 class Best:
     """The search's slopes: per sample those of the step whose worst spec row led most
     (every layer's, so the boxes and rows stay one step's), per spec row (``rows``) the
-    spec rows' slopes of that row's best step; ``steps`` run so far."""
+    spec rows' slopes of that row's best step; ``steps`` run so far; ``samples``: the
+    batch's samples these slopes are for (None: all), once certified ones left the search."""
 
     slopes: Slopes
     rows: dict[int, torch.Tensor] | None = None
     steps: int = 0
+    samples: torch.Tensor | None = None
 
 
 @dataclass
@@ -64,6 +72,10 @@ class Target:
         eye = torch.zeros(b, m, budget.numel(shape), dtype=dtype)
         eye.scatter_(2, self.chunk.unsqueeze(2), 1.0)
         return torch.cat([eye, -eye], 1).reshape(b, 2 * m, *shape)
+
+    def take(self, samples: torch.Tensor) -> Target:
+        """The target on ``samples`` (indices) of the batch only."""
+        return Target(self.node, self.chunk[samples], self.valid[samples])
 
 
 def targets(graph: BoundGraph, boxes: list[Box]) -> list[Target]:
@@ -144,13 +156,46 @@ def joint_alpha(
     found = targets(graph, crown)
     if joint_bytes(graph, spec.shape[0], found, spec.shape[1]) > budget.current_budget():
         return None
-    kept = None
-    for best in search(graph, found, crown, spec, steps, (lr, sshape_lr), offset):
-        now = rebound(graph, found, crown, spec, best)
-        kept = now if kept is None else _higher(kept, now)
-        if best.steps >= steps or offset is None or bool((kept[0] + offset > 0).all()):
+    kept, stops = None, search(graph, found, crown, spec, steps, (lr, sshape_lr), offset)
+    best = next(stops)
+    while True:
+        at = torch.arange(spec.shape[0]) if best.samples is None else best.samples
+        sliced = [t.take(at) for t in found], _take_boxes(crown, at), spec[at]
+        now = rebound(graph, *sliced, best)
+        kept = now if kept is None else _merged(kept, now, at)
+        if best.steps >= steps or offset is None:
+            break
+        still = (kept[0][at] + offset[at] <= 0).any(1)  # the search's samples left open
+        if not bool(still.any()):
+            break
+        try:  # certified samples leave the search
+            best = stops.send(still)
+        except StopIteration:
             break
     return kept
+
+
+def _take_boxes(boxes: list[Box], samples: torch.Tensor) -> list[Box]:
+    """Every box on ``samples`` (indices) of the batch only."""
+    return [(lo[samples], hi[samples]) for lo, hi in boxes]
+
+
+def _merged(
+    kept: tuple[torch.Tensor, torch.Tensor, list[Box]],
+    now: tuple[torch.Tensor, torch.Tensor, list[Box]],
+    samples: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, list[Box]]:
+    """``kept`` (the whole batch) with ``_higher`` of it and ``now`` (the re-bound of
+    ``samples`` only) on those samples; the other samples keep theirs."""
+    part = _higher((kept[0][samples], kept[1][samples], _take_boxes(kept[2], samples)), now)
+    bound, coeff = kept[0].clone(), kept[1].clone()
+    bound[samples], coeff[samples] = part[0], part[1]
+    boxes = []
+    for (lo, hi), (part_lo, part_hi) in zip(kept[2], part[2], strict=True):
+        lo, hi = lo.clone(), hi.clone()
+        lo[samples], hi[samples] = part_lo, part_hi
+        boxes.append((lo, hi))
+    return bound, coeff, boxes
 
 
 def _higher(
@@ -245,7 +290,11 @@ def search(
     tanh's, times ``decay`` per step), slopes clamped to [0, 1] after each; yields the best
     slopes so far (``Best``) after the last step and, with ``offset``, whenever every
     sample's best step leads its stop margin (``_lead``); each such stop doubles the margin,
-    so a re-bound that does not certify resumes the search for a higher bound."""
+    so a re-bound that does not certify resumes the search for a higher bound. It also
+    stops when a sample has stalled (``_stalled``). Sent a mask over the yielded
+    ``Best.samples`` (the caller's re-bound left those open), it goes on with those samples
+    only, less the stalled ones (``_narrowed_adam``: slopes, gradients and Adam's moments
+    sliced, so their steps are those the whole batch would take)."""
     search_graph = graph.in_dtype(b.SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search_graph.dtype
     start = [(lo.detach().to(cast), hi.detach().to(cast)) for lo, hi in crown]
@@ -273,6 +322,8 @@ def search(
         search_graph, node, rows, boxes, slopes=slopes
     )[0]
     scale = 1.0  # the stop margin's factor, doubled after each early stop
+    alive = torch.arange(spec.shape[0])  # the batch's samples still searched
+    history = torch.empty(0, spec.shape[0], dtype=cast)  # best leads of the last steps
     for step in range(1, steps + 1):
         check_time()
         with torch.enable_grad():
@@ -289,18 +340,70 @@ def search(
         _keep(best.slopes, alphas, better)
         row_better = rows > row_top
         row_top = torch.where(row_better, rows, row_top)
+        history = torch.cat([history, _lead(top, shift, 1.0).unsqueeze(0)])[-STALL_STEPS - 1 :]
+        stalled = _stalled(history)
         _keep({-1: best.rows}, {-1: alphas[-1]}, row_better)
         best.steps = step
         if step == steps:
             yield best
-        elif offset is not None and bool((_lead(top, shift, scale) > 0).all()):
-            yield best  # the caller's sound re-bound decides; resumed if it does not certify
-            scale *= 2
+        elif offset is not None and bool(stalled.any() or (_lead(top, shift, scale) > 0).all()):
+            still = yield best  # the caller's sound re-bound decides; resumed if it does not
+            # certify, on the samples it left open (``still``) when it sends them, less those
+            # that stalled: they leave with that re-bound. Only a stop of leading samples
+            # doubles the margin (a stall's would delay the stop of those still climbing)
+            scale *= 1 if bool(stalled.any()) else 2
+            if still is not None:
+                still = still & ~stalled
+                if not bool(still.any()):
+                    return
+            if still is not None and not bool(still.all()):
+                keep = still.nonzero().squeeze(1)
+                history = history[:, keep]
+                alive, found = alive[keep], [t.take(keep) for t in found]
+                start, ibp = _take_boxes(start, keep), _take_boxes(ibp, keep)
+                a, shift, top, row_top = a[keep], shift[keep], top[keep], row_top[keep]
+                new = _narrowed_adam(optimiser, keep)
+                alphas = {n: {i: new[id(s)] for i, s in d.items()} for n, d in alphas.items()}
+                params = [new[id(s)] for s in params]
+                slopes = {n: {i: s[keep] for i, s in d.items()} for n, d in best.slopes.items()}
+                rows_kept = {i: s[keep] for i, s in best.rows.items()}
+                best = Best(slopes, rows_kept, step, alive)
         optimiser.step()
         schedule.step()
         with torch.no_grad():
             for s in params:
                 s.nan_to_num_(0.5).clamp_(0, 1)
+
+
+def _narrowed_adam(optimiser: torch.optim.Adam, keep: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Every parameter of ``optimiser`` replaced by its samples ``keep`` (the batch
+    dimension, first), with its gradient and Adam's moments sliced alike (the step count
+    and learning rate stay): Adam is elementwise and every sample's bound depends on its
+    own slopes only, so the kept samples step on exactly as in the whole batch. Returns
+    the new parameter of each old one, by ``id``."""
+    new = {}
+    for group in optimiser.param_groups:
+        for k, old in enumerate(group["params"]):
+            fresh = old.detach()[keep].clone().requires_grad_(True)
+            fresh.grad = None if old.grad is None else old.grad[keep].clone()
+            state = optimiser.state.pop(old, {})
+            optimiser.state[fresh] = {
+                key: v[keep].clone() if torch.is_tensor(v) and v.dim() > 0 else v
+                for key, v in state.items()
+            }
+            group["params"][k] = new[id(old)] = fresh
+    return new
+
+
+def _stalled(history: torch.Tensor) -> torch.Tensor:
+    """Per sample, whether its best lead (``history``: the last steps', oldest first)
+    gained at most ``STALL_GAIN`` over ``STALL_STEPS`` steps: more steps would cost the
+    batch and hardly move its bound (the learning rate decays too). Not a projection
+    that the sample cannot certify: that left 15-step bounds below layerwise ones, and a
+    ``complete`` root's bound matters even where it does not certify."""
+    if history.shape[0] <= STALL_STEPS:
+        return torch.zeros(history.shape[1], dtype=torch.bool)
+    return history[-1] - history[0] <= STALL_GAIN
 
 
 def _lead(rows: torch.Tensor, shift: torch.Tensor, scale: float) -> torch.Tensor:
