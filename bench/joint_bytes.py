@@ -13,8 +13,8 @@ first search grows by about 60 MiB once (code and allocator arenas faulted in), 
 its size. The boxes exist before the search, so the growth leaves out what the estimate
 counts for them. Nets: resnet_4b (one CIFAR image, eps 1/255, the benchmark's
 normalisation), eran's sigmoid 6x200 on spec 1211, and a small conv net with a residual
-block (as tests/test_joint_bytes.py's). Run each net in its own process (a freed heap is
-reused by the next one), alone, one thread.
+block (``aisafety/database/small_residual.py``, as tests/test_joint_bytes.py's). Run each
+net in its own process (a freed heap is reused by the next one), alone, one thread.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
+from aisafety.database.small_residual import small_residual
 from aisafety.unit_cost import reset_peak_rss, status_bytes
 from aisafety.verification import bounds as b
 from aisafety.verification import joint_alpha as ja
@@ -59,26 +59,6 @@ def eran1211():
 
     net, prop = eran_sigmoid_spec(1211)
     return net.graph, prop
-
-
-class Residual(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.a = nn.Conv2d(channels, channels, 3, padding=1)
-        self.b = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x):
-        return x + self.b(torch.relu(self.a(x)))
-
-
-def small_residual(width: int = 8) -> nn.Module:
-    """A conv net with a residual block, CIFAR-shaped (3x16x16), ReLU."""
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(), Residual(width), nn.ReLU(),
-        nn.Conv2d(width, width, 4, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
-        nn.Linear(width * 4 * 4, 32), nn.ReLU(), nn.Linear(32, 10),
-    ).eval()  # fmt: skip
 
 
 def small(images: int = 2, eps: float = 0.02, width: int = 8):
