@@ -6,12 +6,12 @@ the 50-step bisection it replaced, one thread.
 ``SShapeRelaxation.tangent_slopes`` (CROWN's slopes; on intervals across 0, tangents
 through an end) runs on every S-shape layer of every backward pass. Each pair runs one
 whole CROWN pass (``linear_boxes`` and the spec's bound) with the shipped one and with
-the one it replaced (kept here: the bisection on every interval), interleaved, the order
-alternating. Printed: each one's median CPU seconds per pass, the paired median ratio,
-``tangent_slopes``' share of a pass with each (its own CPU, summed over the pass), and the
-largest difference between the two passes' bounds (the slopes agree to about 1e-12, so
-the bounds should too). Work is bounded by pairs, not time; the CPU model and the load
-are printed with it.
+the one it replaced (the bisection on every interval, kept in testkit/sshape_bisection.py),
+interleaved, the order alternating. Printed: each one's median CPU seconds per pass, the
+paired median ratio, ``tangent_slopes``' share of a pass with each (its own CPU, summed
+over the pass), and the largest difference between the two passes' bounds (the slopes
+agree to about 1e-12, so the bounds should too). Work is bounded by pairs, not time; the
+CPU model and the load are printed with it.
 """
 
 from __future__ import annotations
@@ -34,34 +34,8 @@ from aisafety.verification.vnnlib import read_disjuncts
 ROOT = Path(__file__).resolve().parents[1]
 ERAN = ROOT.parent / "shared" / "data" / "vnncomp2021_eran"
 NET = "ffnnSIGMOID__Point_6x200.onnx"
-
-
-def bisection_touch(self, lo, hi, anchor):
-    """The replaced ``_touch`` (#33's eighth session), verbatim: 50 halvings between the far
-    end and 0, on every interval, keeping the valid end. Also the reference of
-    tests/test_sshape_touch.py."""
-    below = anchor is hi
-    far = lo.clamp(max=0) if below else hi.clamp(min=0)
-    near = torch.zeros_like(far)
-    target = self.fn(anchor)
-    for _ in range(50):
-        d = (far + near) / 2
-        line = self.fn(d) + self.derivative(d) * (anchor - d)
-        valid = line <= target if below else line >= target
-        far, near = torch.where(valid, d, far), torch.where(valid, near, d)
-    return far
-
-
-def bisection_slopes(self, lo, hi):
-    """The replaced ``tangent_slopes``, with the bisection's tangent points."""
-    chord, mid = self.chord(lo, hi), self.derivative((lo + hi) / 2)
-    low_d, up_d = bisection_touch(self, lo, hi, hi), bisection_touch(self, lo, hi, lo)
-    m, derivative = (lo + hi) / 2, self.derivative
-    low_mixed = torch.where(chord < derivative(lo), chord, derivative(torch.minimum(low_d, m)))
-    up_mixed = torch.where(chord < derivative(hi), chord, derivative(torch.maximum(up_d, m)))
-    down = torch.where(hi <= 0, mid, torch.where(lo >= 0, chord, low_mixed))
-    up = torch.where(hi <= 0, chord, torch.where(lo >= 0, mid, up_mixed))
-    return down, up
+sys.path.insert(0, str(ROOT / "testkit"))
+from sshape_bisection import bisection_slopes  # noqa: E402
 
 
 def timed(slopes, spent: list[float]):
@@ -106,7 +80,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=15)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
-    from bab_speed import cpu_model  # (here: tests/test_sshape_touch.py imports this file)
+    from bab_speed import cpu_model
 
     torch.set_num_threads(1)
     net, prop = eran_sigmoid_spec(args.spec)
