@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
@@ -34,7 +33,8 @@ from aisafety.verification.vnnlib import read_disjuncts
 ROOT = Path(__file__).resolve().parents[1]
 ERAN = ROOT.parent / "shared" / "data" / "vnncomp2021_eran"
 NET = "ffnnSIGMOID__Point_6x200.onnx"
-sys.path.insert(0, str(ROOT / "testkit"))
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "testkit")]
+from paired import interleaved, one_thread, paired_median  # noqa: E402
 from sshape_bisection import bisection_slopes  # noqa: E402
 
 
@@ -79,25 +79,15 @@ def main() -> None:
     parser.add_argument("--spec", type=int, default=1211)
     parser.add_argument("--pairs", type=int, default=15)
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bab_speed import cpu_model
-
-    torch.set_num_threads(1)
+    header = one_thread()
     net, prop = eran_sigmoid_spec(args.spec)
     ways = {"newton": r.SShapeRelaxation.tangent_slopes, "bisection": bisection_slopes}
-    for slopes in ways.values():  # warm-up
-        one_pass(net.graph, prop, slopes)
-    cpu = {k: [] for k in ways}
-    share = {k: [] for k in ways}
-    bounds = {}
-    for i in range(args.pairs):
-        for name in list(ways)[:: 1 if i % 2 == 0 else -1]:
-            seconds, part, bounds[name] = one_pass(net.graph, prop, ways[name])
-            cpu[name].append(seconds)
-            share[name].append(part)
-    ratio = statistics.median(o / n for n, o in zip(cpu["newton"], cpu["bisection"], strict=True))
-    print(f"eran {NET} spec {args.spec}, CROWN, {args.pairs} interleaved pairs, one thread; "
-          f"CPU {cpu_model()}; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    runs = interleaved(list(ways), lambda way: one_pass(net.graph, prop, ways[way]), args.pairs)
+    cpu = {way: [run[0] for run in runs[way]] for way in ways}
+    share = {way: [run[1] for run in runs[way]] for way in ways}
+    bounds = {way: runs[way][-1][2] for way in ways}
+    ratio = paired_median(cpu["bisection"], cpu["newton"])
+    print(f"eran {NET} spec {args.spec}, CROWN, {args.pairs} interleaved pairs, {header}")
     for name in ways:
         print(f"{name:9s} median {statistics.median(cpu[name]) * 1e3:7.1f} ms CPU per pass; "
               f"tangent_slopes {statistics.median(share[name]):.1%} of it")  # fmt: skip
