@@ -13,6 +13,8 @@ from torch import nn
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.in_memory import in_memory_model
+from aisafety.interfaces import ModelSpec
+from aisafety.loading import load_model
 from aisafety.plugins import default_registry
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.verification.graph import VerificationError, build_graph
@@ -57,6 +59,21 @@ def test_a_float64_network_runs_builds_its_graph_and_keeps_its_dtype():
     torch.testing.assert_close(graph.forward(x.double()), scores)
     (predictor, _), spec = in_memory_model(f64.module, SHAPE)  # aisafety.evaluate(model=...)
     assert spec.num_classes == 3 and predictor.logits(x).dtype == torch.float64
+
+
+def test_a_float64_python_factory_loads_and_its_classes_are_probed(tmp_path):
+    """``source: python`` without ``num_classes``: one forward pass on a zero image of the
+    network's dtype tells them (a float32 zero image failed on float64 weights)."""
+    (tmp_path / "f64_factory.py").write_text(
+        "from torch import nn\n\n"
+        "def build():\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(6, 4)).double()\n"
+    )
+    spec = ModelSpec(name="f64", source="python", factory="f64_factory:build",
+                     input_shape=SHAPE, python_path=(tmp_path,))  # fmt: skip
+    predictor, _ = load_model(spec, torch.device("cpu"))
+    assert predictor.num_classes == 4
+    assert predictor.logits(torch.rand(3, *SHAPE)).dtype == torch.float64
 
 
 @pytest.mark.parametrize("verifier", ["crown", "alpha-crown", "complete"])
