@@ -15,7 +15,7 @@ from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.python_factory import build_module, resolve_factory
 from aisafety.prediction.state_dict import load_into, read_state_dict
-from aisafety.prediction.torch_module import TorchPredictor, module_fingerprint
+from aisafety.prediction.torch_module import TorchPredictor, module_fingerprint, weight_dtype
 
 
 def resolve_device(device: str) -> torch.device:
@@ -187,7 +187,7 @@ def _probe_classes(spec: ModelSpec, module: torch.nn.Module) -> int:
     """One forward pass on a zero image tells the number of outputs."""
     try:
         with torch.no_grad():
-            out = module(torch.zeros(1, *spec.input_shape))
+            out = module(torch.zeros(1, *spec.input_shape, dtype=weight_dtype(module)))
     except (RuntimeError, IndexError, AssertionError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ConfigError(

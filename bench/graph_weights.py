@@ -34,6 +34,8 @@ from aisafety.verification import bounds as b
 from aisafety.verification.graph import build_graph
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from paired import interleaved, one_thread, paired_median  # noqa: E402
 
 
 def conv_small() -> nn.Module:
@@ -72,17 +74,11 @@ def compare(name: str, net: nn.Module, images: int, eps: float, pairs: int) -> N
         "kept": build_graph(net, (1, 28, 28), name, torch.float32, trainable=True),
     }
     x = torch.rand(images, 1, 28, 28, generator=torch.Generator().manual_seed(0))
-    for graph in graphs.values():  # warm-up
-        one_pass(graph, x, eps)
-    cpu: dict[str, list[float]] = {k: [] for k in graphs}
-    peak: dict[str, list[float]] = {k: [] for k in graphs}
-    bounds = {}
-    for i in range(pairs):
-        for way in list(graphs)[:: 1 if i % 2 == 0 else -1]:
-            seconds, grown, bounds[way] = one_pass(graphs[way], x, eps)
-            cpu[way].append(seconds)
-            peak[way].append(grown)
-    ratio = statistics.median(d / k for d, k in zip(cpu["detached"], cpu["kept"], strict=True))
+    runs = interleaved(list(graphs), lambda way: one_pass(graphs[way], x, eps), pairs)
+    cpu = {way: [run[0] for run in runs[way]] for way in graphs}
+    peak = {way: [run[1] for run in runs[way]] for way in graphs}
+    bounds = {way: runs[way][-1][2] for way in graphs}
+    ratio = paired_median(cpu["detached"], cpu["kept"])
     same = torch.equal(bounds["detached"], bounds["kept"])
     gap = bounds["kept"].double() - bounds["detached"].double()
     print(f"{name} ({images} images, eps {eps}): detached / kept CPU, paired median "
@@ -98,12 +94,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=11)
     parser.add_argument("--images", type=int, default=4)
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bab_speed import cpu_model
-
-    torch.set_num_threads(1)
-    print(f"{args.pairs} interleaved pairs, one thread; CPU {cpu_model()}; "
-          f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"{args.pairs} interleaved pairs, {one_thread()}")
     compare("conv-small", conv_small(), args.images, 0.02, args.pairs)
     compare("sigmoid/tanh 6x100", sshape_mlp(), args.images, 0.01, args.pairs)
     print(f"load at the end {os.getloadavg()[0]:.1f}")

@@ -1,7 +1,7 @@
 """The joint alpha-CROWN step's memory estimate (``joint_alpha.joint_bytes``) against the
 resident growth the search measures, one thread.
 
-    python bench/joint_bytes.py [--nets resnet_4b eran1211 small] [--steps 2]
+    python bench/joint_bytes.py [--nets resnet_4b eran1211 small] [--steps 2] [--one-process]
 
 Per net: CROWN's boxes first (``linear_boxes``, as ``alpha-crown`` has them before the
 search), then ``VmHWM`` is reset and the joint search (``joint_alpha.search``, ``--steps``
@@ -13,21 +13,23 @@ first search grows by about 60 MiB once (code and allocator arenas faulted in), 
 its size. The boxes exist before the search, so the growth leaves out what the estimate
 counts for them. Nets: resnet_4b (one CIFAR image, eps 1/255, the benchmark's
 normalisation), eran's sigmoid 6x200 on spec 1211, and a small conv net with a residual
-block (as tests/test_joint_bytes.py's). Run each net in its own process (a freed heap is
-reused by the next one), alone, one thread.
+block (``aisafety/database/small_residual.py``, as tests/test_joint_bytes.py's). Each net
+runs in a process of its own (started by this one), since a freed heap is reused by the next
+net (``small`` after ``eran1211`` grew 0.4 MiB instead of 52); ``--one-process`` runs them
+all here. Run it alone, one thread.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
+from aisafety.database.small_residual import small_residual
 from aisafety.unit_cost import reset_peak_rss, status_bytes
 from aisafety.verification import bounds as b
 from aisafety.verification import joint_alpha as ja
@@ -61,26 +63,6 @@ def eran1211():
     return net.graph, prop
 
 
-class Residual(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.a = nn.Conv2d(channels, channels, 3, padding=1)
-        self.b = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x):
-        return x + self.b(torch.relu(self.a(x)))
-
-
-def small_residual(width: int = 8) -> nn.Module:
-    """A conv net with a residual block, CIFAR-shaped (3x16x16), ReLU."""
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(), Residual(width), nn.ReLU(),
-        nn.Conv2d(width, width, 4, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
-        nn.Linear(width * 4 * 4, 32), nn.ReLU(), nn.Linear(32, 10),
-    ).eval()  # fmt: skip
-
-
 def small(images: int = 2, eps: float = 0.02, width: int = 8):
     net = small_residual(width)
     x = torch.rand(images, 3, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -109,17 +91,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nets", nargs="*", default=["small", "eran1211", "resnet_4b"])
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument(
+        "--one-process",
+        action="store_true",
+        help="all nets in this process (a later net's growth is understated)",
+    )
+    parser.add_argument("--net-only", action="store_true", help=argparse.SUPPRESS)  # a child
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
-    from bab_speed import cpu_model
+    from paired import one_thread
 
+    if not args.net_only:
+        print(f"joint search, {args.steps} steps; {one_thread()}", flush=True)
+    if args.one_process or args.net_only:
+        measure_here(args.nets, args.steps)
+        return
+    for name in args.nets:  # each in a fresh process: a freed heap is not reused
+        command = [sys.executable, __file__, "--net-only", "--steps", str(args.steps)]
+        subprocess.run([*command, "--nets", name], check=True)
+
+
+def measure_here(nets: list[str], steps: int) -> None:
+    """Measure ``nets`` one after another in this process, after a tiny warm-up search."""
     torch.set_num_threads(1)
-    print(f"joint search, {args.steps} steps; CPU {cpu_model()}; load {os.getloadavg()[0]:.1f}")
     measure(*small(1, 0.02, width=2), 1)  # warm-up: the first search's one-off growth
     makers = {"small": small, "eran1211": eran1211, "resnet_4b": resnet_4b}
-    for name in args.nets:
+    for name in nets:
         graph, prop = makers[name]()
-        estimate, grown, split = measure(graph, prop, args.steps)
+        estimate, grown, split = measure(graph, prop, steps)
         shown = ", ".join(f"{k} {v / MIB:.1f}" for k, v in split.items())
         print(f"{name}: estimate {estimate / MIB:9.1f} MiB ({shown}); peak resident growth "
               f"{grown / MIB:8.1f} MiB; estimate / growth {estimate / max(grown, 1):.2f}",

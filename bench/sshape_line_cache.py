@@ -30,6 +30,9 @@ from aisafety.verification import bounds as b
 from aisafety.verification import relaxations as r
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from paired import interleaved, one_thread, paired_median  # noqa: E402
+
 WAYS = {"kept": r.SShapeRelaxation.lines, "recomputed": r.SShapeRelaxation._lines}
 
 
@@ -65,15 +68,11 @@ def one_run(case, graph, prop, steps: int, way: str) -> tuple[float, int, torch.
 
 
 def compare(name: str, case, graph, prop, steps: int, pairs: int) -> None:
-    for way in WAYS:  # warm-up
-        one_run(case, graph, prop, steps, way)
-    cpu: dict[str, list[float]] = {way: [] for way in WAYS}
-    counts, bounds = {}, {}
-    for i in range(pairs):
-        for way in list(WAYS)[:: 1 if i % 2 == 0 else -1]:
-            seconds, counts[way], bounds[way] = one_run(case, graph, prop, steps, way)
-            cpu[way].append(seconds)
-    ratio = statistics.median(k / o for k, o in zip(cpu["kept"], cpu["recomputed"], strict=True))
+    runs = interleaved(list(WAYS), lambda way: one_run(case, graph, prop, steps, way), pairs)
+    cpu = {way: [run[0] for run in runs[way]] for way in WAYS}
+    counts = {way: runs[way][-1][1] for way in WAYS}
+    bounds = {way: runs[way][-1][2] for way in WAYS}
+    ratio = paired_median(cpu["kept"], cpu["recomputed"])
     same = torch.equal(bounds["kept"], bounds["recomputed"])
     print(f"{name}: kept / recomputed, paired median {ratio:.3f}x; bit-identical bounds: {same}")
     for way in WAYS:
@@ -88,14 +87,11 @@ def main() -> None:
     parser.add_argument("--alpha-steps", type=int, default=20)
     parser.add_argument("--only", choices=["crown", "alpha-crown"])
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bab_speed import cpu_model
     from sshape_touch import NET, eran_sigmoid_spec
 
-    torch.set_num_threads(1)
+    header = one_thread()
     net, prop = eran_sigmoid_spec(args.spec)
-    print(f"eran {NET} spec {args.spec}, {args.pairs} interleaved pairs, one thread; "
-          f"CPU {cpu_model()}; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"eran {NET} spec {args.spec}, {args.pairs} interleaved pairs, {header}")
     cases = {"crown": crown, "alpha-crown": alpha_crown}
     for name, case in cases.items():
         if args.only in (None, name):

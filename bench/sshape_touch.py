@@ -6,19 +6,18 @@ the 50-step bisection it replaced, one thread.
 ``SShapeRelaxation.tangent_slopes`` (CROWN's slopes; on intervals across 0, tangents
 through an end) runs on every S-shape layer of every backward pass. Each pair runs one
 whole CROWN pass (``linear_boxes`` and the spec's bound) with the shipped one and with
-the one it replaced (kept here: the bisection on every interval), interleaved, the order
-alternating. Printed: each one's median CPU seconds per pass, the paired median ratio,
-``tangent_slopes``' share of a pass with each (its own CPU, summed over the pass), and the
-largest difference between the two passes' bounds (the slopes agree to about 1e-12, so
-the bounds should too). Work is bounded by pairs, not time; the CPU model and the load
-are printed with it.
+the one it replaced (the bisection on every interval, kept in testkit/sshape_bisection.py),
+interleaved, the order alternating. Printed: each one's median CPU seconds per pass, the
+paired median ratio, ``tangent_slopes``' share of a pass with each (its own CPU, summed
+over the pass), and the largest difference between the two passes' bounds (the slopes
+agree to about 1e-12, so the bounds should too). Work is bounded by pairs, not time; the
+CPU model and the load are printed with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
@@ -34,34 +33,9 @@ from aisafety.verification.vnnlib import read_disjuncts
 ROOT = Path(__file__).resolve().parents[1]
 ERAN = ROOT.parent / "shared" / "data" / "vnncomp2021_eran"
 NET = "ffnnSIGMOID__Point_6x200.onnx"
-
-
-def bisection_touch(self, lo, hi, anchor):
-    """The replaced ``_touch`` (#33's eighth session), verbatim: 50 halvings between the far
-    end and 0, on every interval, keeping the valid end. Also the reference of
-    tests/test_sshape_touch.py."""
-    below = anchor is hi
-    far = lo.clamp(max=0) if below else hi.clamp(min=0)
-    near = torch.zeros_like(far)
-    target = self.fn(anchor)
-    for _ in range(50):
-        d = (far + near) / 2
-        line = self.fn(d) + self.derivative(d) * (anchor - d)
-        valid = line <= target if below else line >= target
-        far, near = torch.where(valid, d, far), torch.where(valid, near, d)
-    return far
-
-
-def bisection_slopes(self, lo, hi):
-    """The replaced ``tangent_slopes``, with the bisection's tangent points."""
-    chord, mid = self.chord(lo, hi), self.derivative((lo + hi) / 2)
-    low_d, up_d = bisection_touch(self, lo, hi, hi), bisection_touch(self, lo, hi, lo)
-    m, derivative = (lo + hi) / 2, self.derivative
-    low_mixed = torch.where(chord < derivative(lo), chord, derivative(torch.minimum(low_d, m)))
-    up_mixed = torch.where(chord < derivative(hi), chord, derivative(torch.maximum(up_d, m)))
-    down = torch.where(hi <= 0, mid, torch.where(lo >= 0, chord, low_mixed))
-    up = torch.where(hi <= 0, chord, torch.where(lo >= 0, mid, up_mixed))
-    return down, up
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "testkit")]
+from paired import interleaved, one_thread, paired_median  # noqa: E402
+from sshape_bisection import bisection_slopes  # noqa: E402
 
 
 def timed(slopes, spent: list[float]):
@@ -105,25 +79,15 @@ def main() -> None:
     parser.add_argument("--spec", type=int, default=1211)
     parser.add_argument("--pairs", type=int, default=15)
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bab_speed import cpu_model  # (here: tests/test_sshape_touch.py imports this file)
-
-    torch.set_num_threads(1)
+    header = one_thread()
     net, prop = eran_sigmoid_spec(args.spec)
     ways = {"newton": r.SShapeRelaxation.tangent_slopes, "bisection": bisection_slopes}
-    for slopes in ways.values():  # warm-up
-        one_pass(net.graph, prop, slopes)
-    cpu = {k: [] for k in ways}
-    share = {k: [] for k in ways}
-    bounds = {}
-    for i in range(args.pairs):
-        for name in list(ways)[:: 1 if i % 2 == 0 else -1]:
-            seconds, part, bounds[name] = one_pass(net.graph, prop, ways[name])
-            cpu[name].append(seconds)
-            share[name].append(part)
-    ratio = statistics.median(o / n for n, o in zip(cpu["newton"], cpu["bisection"], strict=True))
-    print(f"eran {NET} spec {args.spec}, CROWN, {args.pairs} interleaved pairs, one thread; "
-          f"CPU {cpu_model()}; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    runs = interleaved(list(ways), lambda way: one_pass(net.graph, prop, ways[way]), args.pairs)
+    cpu = {way: [run[0] for run in runs[way]] for way in ways}
+    share = {way: [run[1] for run in runs[way]] for way in ways}
+    bounds = {way: runs[way][-1][2] for way in ways}
+    ratio = paired_median(cpu["bisection"], cpu["newton"])
+    print(f"eran {NET} spec {args.spec}, CROWN, {args.pairs} interleaved pairs, {header}")
     for name in ways:
         print(f"{name:9s} median {statistics.median(cpu[name]) * 1e3:7.1f} ms CPU per pass; "
               f"tangent_slopes {statistics.median(share[name]):.1%} of it")  # fmt: skip

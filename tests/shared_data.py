@@ -10,13 +10,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACES = (ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data")
-DATA = next((p for p in PLACES if p.is_dir()), PLACES[0])
+
+
+def located(name: str) -> Path | None:
+    """``shared/data/<name>`` in the first place that has it, else None (for a module-level
+    skip mark or parametrisation; a test body calls ``shared_folder``)."""
+    return next((place / name for place in PLACES if (place / name).is_dir()), None)
+
+
+def absent(name: str) -> str:
+    """The skip reason for a missing ``name``: where it was looked for, how to provide it."""
+    looked = " or ".join(str(place / name) for place in PLACES)
+    return f"shared data {name!r} not found at {looked}: put shared/ beside the checkout"
 
 
 def shared_folder(name: str) -> Path:
     """``shared/data/<name>``, or a skip saying where it was looked for and how to provide it."""
-    folder = DATA / name
-    if not folder.is_dir():
-        looked = " or ".join(str(p / name) for p in PLACES)
-        pytest.skip(f"shared data {name!r} not found at {looked}: put shared/ beside the checkout")
+    folder = located(name)
+    if folder is None:
+        pytest.skip(absent(name))
     return folder

@@ -33,6 +33,7 @@ from aisafety.plugins import default_registry
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.unit_cost import reset_peak_rss, status_bytes
 from aisafety.verification.graph import VerificationError
+from tests.shared_data import shared_folder
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -41,7 +42,6 @@ from shapes import build  # noqa: E402
 
 pytestmark = pytest.mark.slow
 N = 2
-IMAGENET = Path(__file__).resolve().parents[1].parent / "shared/data/imagenet-samples-foolbox"
 SMALL = {"steps": 2, "queries": 10, "restarts": 1, "max_steps": 2, "iterations": 2,
          "population": 4, "n_target_classes": 1, "samples": 4, "nb_samples_per_step": 2,
          "eot_iter": 1, "n_iter": 2, "max_iter": 2}  # fmt: skip
@@ -69,9 +69,8 @@ def evaluate(shape: str, plan: dict, tmp_path, own_labels: bool = False):
     label = plan.pop("label")
     net, input_shape, classes = build(shape)
     if shape == "resnet-50":
-        if not IMAGENET.is_dir():
-            pytest.skip("../shared/data/imagenet-samples-foolbox is not beside the checkout")
-        data = LabelledFilesDataset().load(IMAGENET, "test")
+        imagenet = shared_folder("imagenet-samples-foolbox")
+        data = LabelledFilesDataset().load(imagenet, "test")
         extra = {"data": (data.x[:N], data.y[:N])}
     else:
         plan = {**plan, "dataset": {"name": "cifar10-embedded", "limit": N}}

@@ -10,13 +10,14 @@ import pytest
 
 from aisafety.cli import main
 from aisafety.config import load_plan
+from tests.shared_data import absent, located
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "examples" / "cifar10.yaml"
-SHARED = ROOT.parent / "shared" / "data" / "cifar10-models"
+SHARED = located("cifar10-models")
 NETS = ("resnet_2b", "resnet_4b", "pgd_2_3_16", "cifar10_keras_cnn")  # bench/cifar10_table.py
 
-needs_models = pytest.mark.skipif(not SHARED.is_dir(), reason="shared CIFAR-10 models absent")
+needs_models = pytest.mark.skipif(SHARED is None, reason=absent("cifar10-models"))
 
 
 def test_the_plan_validates_and_names_every_capability_of_the_table():

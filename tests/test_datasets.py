@@ -19,8 +19,7 @@ from aisafety.database.datasets.image_folder import ImageFolderDataset
 from aisafety.database.datasets.npz import NpzDataset, image_layout
 from aisafety.database.datasets.svhn import SvhnDataset
 from aisafety.errors import ConfigError
-
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared/data"
+from tests.shared_data import shared_folder
 
 
 def _check_tensors(data: LoadedDataset) -> None:
@@ -323,15 +322,8 @@ def test_npz_errors(tmp_path: Path) -> None:
 # --- Real IDX files --------------------------------------------------------------------------
 
 
-def _shared(name: str) -> Path:
-    folder = SHARED_DATA / name
-    if not folder.is_dir():
-        pytest.skip(f"{folder} is absent: the shared {name} IDX files are not in this checkout")
-    return folder
-
-
 def test_mnist_idx_test_split() -> None:
-    data = MnistDataset().load(_shared("mnist"), "test")
+    data = MnistDataset().load(shared_folder("mnist"), "test")
     _check_tensors(data)
     assert data.x.shape == (10000, 1, 28, 28)
     assert data.y[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
@@ -339,7 +331,7 @@ def test_mnist_idx_test_split() -> None:
 
 
 def test_fashion_mnist_idx_test_split_is_balanced() -> None:
-    data = FashionMnistDataset().load(_shared("fashion-mnist"), "test")
+    data = FashionMnistDataset().load(shared_folder("fashion-mnist"), "test")
     _check_tensors(data)
     assert torch.bincount(data.y, minlength=10).tolist() == [1000] * 10
     assert data.classes[9] == "Ankle boot"
@@ -443,9 +435,7 @@ def test_cifar10_embedded_shape_labels_and_checksum() -> None:
 def test_cifar10_embedded_equals_the_eran_csv() -> None:
     from aisafety.database.datasets.embedded import EmbeddedCifar10
 
-    csv = SHARED_DATA / "eran_test_subsets/cifar10_test.csv"
-    if not csv.is_file():
-        pytest.skip(f"{csv} is not here")
+    csv = shared_folder("eran_test_subsets") / "cifar10_test.csv"
     rows = np.loadtxt(csv, delimiter=",", dtype=np.int64)
     data = EmbeddedCifar10().load(None, "test")
     assert np.array_equal(_uint8_hwc(data), rows[:, 1:].reshape(-1, 32, 32, 3))

@@ -21,6 +21,7 @@ from aisafety.interfaces import Norm
 from aisafety.plugins import default_registry
 from aisafety.runner import Runner
 from aisafety.store.results import ResultStore
+from tests.shared_data import absent, located
 
 # cheap members: a few iterations and queries (the defaults are AutoAttack's 100 and 5,000)
 FAST = {"steps": 5, "queries": 100}
@@ -159,12 +160,7 @@ def test_member_contributions_are_database_rows(tmp_path):
 
 # --- VNN-COMP: the ensemble finds every counterexample any single attack of ours finds ------
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = next(
-    (p / "vnncomp2021_mnistfc" for p in (ROOT.parent / "shared" / "data",
-     ROOT.parents[1] / "shared" / "data") if (p / "vnncomp2021_mnistfc").is_dir()),
-    None,
-)  # fmt: skip
+SHARED = located("vnncomp2021_mnistfc")
 
 
 def _vnncomp_groups():
@@ -214,7 +210,7 @@ def _broken(attack, predictor, x, y, eps, items) -> list[bool]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(SHARED is None, reason="../shared/data/vnncomp2021_mnistfc absent")
+@pytest.mark.skipif(SHARED is None, reason=absent("vnncomp2021_mnistfc"))
 def test_ensemble_finds_every_vnncomp_counterexample_a_single_attack_finds():
     registry = default_registry()
     singles = _single_attacks()

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from aisafety.database.scaled_mlp import scaled_mlp
+from aisafety.database.small_residual import small_residual
 from aisafety.unit_cost import reset_peak_rss, status_bytes
 from aisafety.verification import bounds as b
 from aisafety.verification import budget
@@ -27,33 +28,14 @@ from tests import children
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class Residual(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.a = nn.Conv2d(channels, channels, 3, padding=1)
-        self.b = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x):
-        return x + self.b(torch.relu(self.a(x)))
-
-
-def residual_net(width: int) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(), Residual(width), nn.ReLU(),
-        nn.Conv2d(width, width, 4, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
-        nn.Linear(width * 4 * 4, 32), nn.ReLU(), nn.Linear(32, 10),
-    ).eval()  # fmt: skip
-
-
 def sshape_mlp() -> nn.Module:
     """Four dense layers of 100, tanh and sigmoid in turn, every parameter times 3."""
     return scaled_mlp(0, 3.0, [48, 100, 100, 100, 100, 10], [nn.Tanh, nn.Sigmoid] * 2)
 
 
 NETS = {
-    "residual": lambda: (residual_net(8), (3, 16, 16), 0.02),
-    "tiny": lambda: (residual_net(2), (3, 16, 16), 0.02),
+    "residual": lambda: (small_residual(8), (3, 16, 16), 0.02),
+    "tiny": lambda: (small_residual(2), (3, 16, 16), 0.02),
     "sshape": lambda: (sshape_mlp(), (3, 4, 4), 0.05),
 }
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +13,8 @@ from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricS
 from aisafety.prediction.server import make_server
 from aisafety.runner import Runner
 from aisafety.store.results import ResultStore
+from tests.shared_data import shared_folder
 
-VNN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vnncomp2021_mnistfc"
 DATA = DatasetSpec(limit=30)
 SQUARE = AttackSpec(name="square-linf", config={"queries": 50}, eps=0.2)
 PGD = AttackSpec(name="pgd-linf", config={"steps": 5}, eps=0.2)
@@ -56,10 +55,9 @@ def test_checkpoint_and_torchscript_match_the_zoo_model(tmp_path, zoo_files):
 
 
 def test_onnx_scores_only_model_runs_score_attacks_and_refuses_gradient_ones(tmp_path):
-    if not VNN.is_dir():
-        pytest.skip(f"VNN-COMP networks not found at {VNN}")
+    vnn = shared_folder("vnncomp2021_mnistfc")
     model = ModelSpec(
-        name="net256x2", source="onnx", path=VNN / "mnist-net_256x2.onnx", input_shape=(1, 28, 28)
+        name="net256x2", source="onnx", path=vnn / "mnist-net_256x2.onnx", input_shape=(1, 28, 28)
     )
     values = _run(tmp_path, model, [SQUARE])
     assert 0.9 <= values[("ca", None)] <= 1.0

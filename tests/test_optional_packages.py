@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 
 from aisafety.cli import main
+from tests.shared_data import PLACES, absent, located
 
-ERAN = Path(__file__).resolve().parents[2] / "shared" / "data" / "vnncomp2021_eran"
+ERAN = located("vnncomp2021_eran") or PLACES[0] / "vnncomp2021_eran"
 NET = ERAN / "nets" / "mnist_relu_9_200.onnx"
 
 
 def _spec() -> Path:
     specs = sorted((ERAN / "specs").rglob("*.vnnlib")) if ERAN.is_dir() else []
     if not NET.is_file() or not specs:
-        pytest.skip(f"the VNN-COMP ERAN instances are not in {ERAN}")
+        pytest.skip(absent("vnncomp2021_eran"))
     return specs[0]
 
 

@@ -26,6 +26,7 @@ from aisafety.defense.training.thermometer import ls_pga
 from aisafety.errors import ConfigError
 from aisafety.prediction.torch_module import Normalize, TorchPredictor
 from aisafety.zoo_build import training_defense
+from tests.shared_data import shared_folder
 
 
 def step(seed: int = 0) -> TrainingStep:
@@ -254,13 +255,10 @@ def test_hgd_entry_numbers_and_white_box_pgd_beats_the_papers_oblivious_attack()
 def test_paper_defense_entry_is_reproduced_from_its_recipe(tmp_path, name):
     """``aisafety zoo train --recipe-of NAME``: every recorded accuracy within 1 point."""
     import json
-    from pathlib import Path
 
     from aisafety.cli import main
 
-    mnist = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
-    if not mnist.is_dir():
-        pytest.skip(f"MNIST not found at {mnist}")
+    mnist = shared_folder("mnist")
     code = main(["zoo", "train", "--recipe-of", name, "--data-dir", str(mnist), "--out",
                  str(tmp_path), "--quiet"])  # fmt: skip
     assert code == 0

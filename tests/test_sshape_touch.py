@@ -1,22 +1,18 @@
 """The tangent point through an interval's end (``SShapeRelaxation._touch``), found by a
 safeguarded Newton method, against the 50-step bisection it replaced and against its
 defining equation. The bisection and the ``tangent_slopes`` around it are kept, as they
-were, in bench/sshape_touch.py, which measures the speed against the same reference."""
+were, in testkit/sshape_bisection.py; bench/sshape_touch.py measures the speed against the
+same reference."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from sshape_bisection import bisection_slopes as reference_slopes  # testkit/
 
 from aisafety.verification import relaxations
 from aisafety.verification.relaxations import SIGMOID, TANH
 from tests.test_sshape_relaxation import intervals
-
-sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))
-from sshape_touch import bisection_slopes as reference_slopes  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

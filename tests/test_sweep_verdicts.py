@@ -19,14 +19,12 @@ import pytest
 
 from aisafety.plugins import default_registry
 from aisafety.verification.vnncomp import verify_instance
+from tests.shared_data import absent, located
 
 ROOT = Path(__file__).resolve().parents[1]
 KEPT = ROOT / "bench" / "abcrown" / "verdicts.jsonl"
-SHARED = next(
-    (p for p in (ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data")
-     if (p / "vnncomp2021_mnistfc").is_dir()),
-    None,
-)  # fmt: skip
+MNISTFC = located("vnncomp2021_mnistfc")
+SHARED = MNISTFC.parent if MNISTFC else None
 _spec = importlib.util.spec_from_file_location("sweep_report", ROOT / "bench/sweep_report.py")
 sweep_report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sweep_report)
@@ -67,7 +65,7 @@ FAST = [("mnist-net_256x2", "prop_7_0.03.vnnlib"), ("mnist-net_256x2", "prop_0_0
         ("mnist_relu_9_200", "mnist_spec_idx_8098_eps_0.01500.vnnlib")]  # fmt: skip
 
 
-@pytest.mark.skipif(SHARED is None, reason="../shared/data (VNN-COMP files) absent")
+@pytest.mark.skipif(SHARED is None, reason=absent("vnncomp2021_mnistfc"))
 @pytest.mark.parametrize(("net", "prop"), FAST)
 def test_our_complete_now_never_contradicts_alpha_beta_crowns_kept_verdict(net, prop):
     theirs = [

@@ -26,14 +26,11 @@ from aisafety.verification.graph import build_graph
 from aisafety.verification.registry import make_verifier
 from aisafety.verification.result import Verdict
 from aisafety.verification.vnnlib import read_vnnlib
+from tests.shared_data import absent, located
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = next(
-    (p for p in (ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data")
-     if (p / "vnncomp2021_mnistfc").is_dir()),
-    None,
-)  # fmt: skip
-pytestmark = pytest.mark.skipif(SHARED is None, reason="../shared/data (VNN-COMP files) absent")
+MNISTFC = located("vnncomp2021_mnistfc")
+SHARED = MNISTFC.parent if MNISTFC else None
+pytestmark = pytest.mark.skipif(SHARED is None, reason=absent("vnncomp2021_mnistfc"))
 
 
 def instances() -> list[tuple[Path, Path]]:

@@ -15,17 +15,32 @@ from aisafety.prediction.base import Predictor
 
 
 class Normalize(nn.Module):
-    """Per-channel (x - mean) / std, so attacks work in the [0, 1] pixel scale."""
+    """Per-channel (x - mean) / std, so attacks work in the [0, 1] pixel scale.
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float]):
+    In ``dtype``, the network's own: inputs (float32 by the platform's convention) are cast
+    to it, so a float64 or half-precision network gets inputs of its own dtype."""
+
+    def __init__(
+        self, mean: Sequence[float], std: Sequence[float], dtype: torch.dtype = torch.float32
+    ):
         super().__init__()
         if any(s <= 0 for s in std):
             raise ConfigError(f"normalisation std must be > 0, got {tuple(std)}")
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("mean", torch.tensor(mean, dtype=dtype).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=dtype).view(1, -1, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / self.std
+        return (x.to(self.mean.dtype) - self.mean) / self.std
+
+
+def weight_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype of the module's first floating parameter or buffer (float32 without any):
+    the dtype its layers compute in."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+
+
+HALF = (torch.float16, torch.bfloat16)
 
 
 class TorchPredictor(Predictor):
@@ -49,7 +64,8 @@ class TorchPredictor(Predictor):
         self.num_classes = int(num_classes)
         self.device = torch.device(device)
         channels = self.input_shape[0]
-        norm = Normalize(mean or [0.0] * channels, std or [1.0] * channels)
+        dtype = weight_dtype(module)
+        norm = Normalize(mean or [0.0] * channels, std or [1.0] * channels, dtype)
         self.module = module
         self.network = nn.Sequential(norm, module).to(self.device).eval()
         for p in self.network.parameters():
@@ -59,7 +75,9 @@ class TorchPredictor(Predictor):
         )
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.network(x.to(self.device))
+        scores = self.network(x.to(self.device))
+        # half-precision scores would round every margin a metric reads; float64 ones stay
+        return scores.float() if scores.dtype in HALF else scores
 
     def layer_names(self) -> list[str]:
         """Leaf modules that compute something (ReLUs, convs, linears ...), in call order."""

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from aisafety.errors import ConfigError
+from aisafety.prediction.torch_module import weight_dtype
 from aisafety.verification import ops
 from aisafety.verification.attention import attention_message, product_of_inputs
 from aisafety.verification.relaxations import RELU, SIGMOID, TANH
@@ -139,6 +140,7 @@ def build_graph(
     so no bound carries an autograd graph back to them; ``trainable`` keeps the network's
     parameters in a graph of their dtype, for bounds that training differentiates
     (``margins.py``)."""
+    _check_dtype(network, model)
     was_training = network.training
     network.eval()  # BatchNorm and dropout as at inference; restored below
     try:
@@ -146,6 +148,20 @@ def build_graph(
     finally:
         network.train(was_training)
     return graph if trainable else graph.detach()
+
+
+def _check_dtype(network: nn.Module, model: str) -> None:
+    """Half-precision networks are refused: every bound here is of the network computed in
+    exact arithmetic (float32 passes carry rounding margins for float32 only), and a float16
+    or bfloat16 network's own rounding (2^-11 or 2^-8 of each value, per op) would fall
+    outside it: its certificate could be wrong."""
+    dtype = weight_dtype(network)
+    if dtype in (torch.float16, torch.bfloat16):
+        raise VerificationError(
+            f"model {model!r} has {dtype} weights; verification bounds networks in float32 "
+            f"or float64 and would not cover {dtype}'s rounding. Verify a float32 copy "
+            "(module.float()); its verdicts hold for that copy, not the half-precision model"
+        )
 
 
 def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) -> BoundGraph:
@@ -160,7 +176,7 @@ def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) ->
     product = product_of_inputs(traced.graph, modules)
     if product is not None:  # attention: name it, not the first op that would fail
         raise VerificationError(attention_message(product, traced.graph, modules, model))
-    example = torch.rand(2, *input_shape)
+    example = torch.rand(2, *input_shape, dtype=weight_dtype(network))
     values: dict[fx.Node, Any] = {}
     index: dict[fx.Node, int] = {}  # traced node -> op index, for input-dependent nodes
     graph_ops: list[ops.Op] = []
@@ -303,13 +319,13 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
         return ops.PositiveLinear(name, inputs, out_shape, fn=fn, in_shape=in_shape,
                                   permutation=True)  # fmt: skip
     if type(target).__name__ == "OnnxBatchNorm" and len(traced_inputs) == 1:
-        return _elementwise(node, target, args, inputs, first, out_shape, model)
+        return _elementwise(node, target, args, values, inputs, first, out_shape, model)
     if _is_reshape(node, target) or isinstance(target, nn.Flatten | nn.Unflatten):
         if values[first].numel() != out.numel():
             raise _unsupported(node, "a reshape that changes the number of values", model)
         return ops.Reshape(name, inputs, out_shape, in_shape=in_shape)
     if target is aten.batch_norm.default and not args[5]:  # args[5]: training
-        return _elementwise(node, target, args, inputs, first, out_shape, model)
+        return _elementwise(node, target, args, values, inputs, first, out_shape, model)
     if isinstance(target, nn.BatchNorm1d | nn.BatchNorm2d) or _is_elementwise(target):
         if len(traced_inputs) == 2 and _binary(target) is operator.add:
             return ops.Add(name, [index[n] for n in traced_inputs], out_shape)
@@ -317,7 +333,7 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
             raise _unsupported(node, "the difference of two branches", model)
         if len(traced_inputs) != 1 or in_shape != out_shape:
             raise _unsupported(node, f"{_describe(node, target)} of two traced values", model)
-        return _elementwise(node, target, args, inputs, first, out_shape, model)
+        return _elementwise(node, target, args, values, inputs, first, out_shape, model)
     if target in (F.linear, aten.linear.default):
         weight, bias = args[1], args[2] if len(args) > 2 else node.kwargs.get("bias")
         return _dense(name, inputs, in_shape, out_shape, weight, bias, node, model)
@@ -491,7 +507,7 @@ def _is_elementwise(target: Any) -> bool:
     return _binary(target) is not None or type(target).__name__ == "Normalize"
 
 
-def _elementwise(node, target, args, inputs, first, out_shape, model) -> ops.Elementwise:
+def _elementwise(node, target, args, values, inputs, first, out_shape, model) -> ops.Elementwise:
     """scale and shift of an elementwise affine map, read off by evaluating it at 0 and 1."""
     if isinstance(target, nn.BatchNorm1d | nn.BatchNorm2d):
         if target.training or target.running_mean is None:
@@ -521,7 +537,7 @@ def _elementwise(node, target, args, inputs, first, out_shape, model) -> ops.Ele
                c.dim() == len(out_shape) + 1 for c in constant):  # fmt: skip
             raise _unsupported(node, "an elementwise op with a per-sample constant", model)
     with torch.no_grad():
-        zero = fn(torch.zeros(1, *out_shape))
-        one = fn(torch.ones(1, *out_shape))
+        zero = fn(torch.zeros(1, *out_shape, dtype=values[first].dtype))
+        one = fn(torch.ones(1, *out_shape, dtype=values[first].dtype))
     shift, scale = zero[0].detach().double(), (one - zero)[0].detach().double()
     return ops.Elementwise(node.name, inputs, out_shape, scale=scale, shift=shift)
