@@ -9,9 +9,11 @@ import torch
 
 from aisafety.verification import bounds as b
 from aisafety.verification import incomplete
+from aisafety.verification.complete import CompleteVerifier
 from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import AlphaCrownVerifier
 from aisafety.verification.property import Property
+from aisafety.verification.result import Verdict
 from tests.test_joint_alpha import NETS
 from tests.test_sshape_relaxation import around, sampled_minimum
 
@@ -174,3 +176,22 @@ def test_intermediate_searches_keep_all_their_steps(monkeypatch):
     seen = _stops(monkeypatch)
     AlphaCrownVerifier(steps=STEPS, joint=False).bounds_and_boxes(graph, p)
     assert seen[:-1] and all(s == STEPS for s in seen[:-1])  # the last is the output's
+
+
+def test_completes_refined_search_stops_early_once_the_rows_certify(monkeypatch):
+    """``complete``'s MILP path bounds again on its MILP-refined boxes with the rows'
+    offset, so that search stops once the sound pass certifies (its last yield before
+    ``alpha_steps``); verdict and soundness as with every step. Sample 0 of the relu net at
+    eps 0.1: alpha-CROWN's root leaves it open, its MILP-refined boxes certify it
+    (at the first step: 1 of 10 run; all 10 before #33's fix)."""
+    net, x, prop, graph, _, _, _, _ = _setup("relu", 0.1)
+    one = prop[:1]
+    verifier = CompleteVerifier(engine="milp", refine_share=0.5, alpha_steps=STEPS,
+                                timeout=60, clock="cpu")  # fmt: skip
+    root = verifier.bounds_and_boxes(graph, one.to(graph.dtype))
+    assert float((root.bound + one.offset).min()) < 0  # open at the root: refinement runs
+    seen = _stops(monkeypatch)
+    result = verifier.verify(graph, one, net)
+    assert result.verdicts == [Verdict.CERTIFIED]
+    assert seen[-1] < STEPS  # the refined search's last stop: before its last step
+    assert result.margins[0] <= sampled_minimum(net, x[:1], one).min() + 1e-6

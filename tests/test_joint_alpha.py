@@ -14,9 +14,10 @@ from torch import nn
 from aisafety.database.scaled_mlp import scaled_mlp
 from aisafety.plugins import default_registry
 from aisafety.verification import bounds as b
-from aisafety.verification import budget
+from aisafety.verification import budget, incomplete
 from aisafety.verification import deadline as d
 from aisafety.verification import joint_alpha as ja
+from aisafety.verification.base import HELD_COPIES
 from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import AlphaCrownVerifier
 from aisafety.verification.registry import make_verifier
@@ -151,18 +152,71 @@ def _open_joint_bytes(graph, p, crown_boxes) -> int:
     return ja.joint_bytes(graph, n, ja.targets(graph, crown_boxes), p.spec.shape[1])
 
 
+def _held(prop) -> int:
+    """What ``verify`` holds beside its batches for every sample (``base.HELD_COPIES``)."""
+    return HELD_COPIES * 4 * prop.lower.numel()
+
+
 def test_falls_back_to_layerwise_when_a_joint_step_does_not_fit_the_budget():
     net, _, prop, graph, p, crown_boxes = _sshape_at(0.2)
     need = _open_joint_bytes(graph, p, crown_boxes)
+    verifier = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True)
     with budget.memory_limit(need - 1):
         assert ja.joint_alpha(graph, crown_boxes, p.spec, STEPS, 0.1, 0.01) is None
-        verifier = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS, joint=True)
+        assert "over the memory budget" in verifier.bounds_and_boxes(graph, p).note
+    # ``verify`` splits a batch one joint step does not fit (the test below); it falls back
+    # where not even one sample's step fits
+    one = ja.most_joint_bytes(graph, 1, p.spec.shape[1])
+    with budget.memory_limit(one + _held(prop) - 1):
         result = verifier.verify(graph, prop, net)
         layer = AlphaCrownVerifier(steps=STEPS, joint=False).verify(graph, prop, net)
-        assert "over the memory budget" in verifier.bounds_and_boxes(graph, p).note
     assert torch.equal(result.margins, layer.margins)  # the layerwise search's bound
     assert all("over the memory budget" in n for n, v in zip(result.notes, result.verdicts,
                strict=True) if v == Verdict.UNKNOWN)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(NETS))
+def test_the_estimate_before_any_bound_covers_the_joint_steps_own(kind):
+    """``most_joint_bytes`` (every neuron counted, what batches are sized by) is at least
+    ``joint_bytes`` of the neurons CROWN's boxes leave to bound (what ``joint_alpha``
+    checks), equal where every neuron is bounded (sigmoid/tanh)."""
+    make, eps = NETS[kind]
+    graph = build_graph(make(), (1, 4, 4), kind)
+    _, prop = around(make(), eps)
+    p = prop.to(graph.dtype)
+    found = ja.targets(graph, b.linear_boxes(graph, p.lower, p.upper))
+    rows = p.spec.shape[1]
+    most, own = ja.most_joint_bytes(graph, len(p), rows), ja.joint_bytes(graph, len(p), found, rows)
+    assert most >= own and (most == own) == (kind == "sshape")
+    assert ja.most_joint_bytes(graph, 3, rows) == 3 * ja.most_joint_bytes(graph, 1, rows)
+
+
+def test_a_batch_one_joint_step_does_not_fit_is_split_not_searched_layer_by_layer(
+    monkeypatch,
+):
+    """``alpha-crown`` sizes its batches by the joint step's estimate where the joint search
+    runs (``joint: auto`` on this sigmoid/tanh net): under a budget of two samples' steps
+    the six samples go in batches of at most two, each searched jointly, none falls back.
+    (Sized by the layerwise estimate, all six went in one batch, over the joint step's
+    budget, and fell back to the layerwise search.)"""
+    net, x, prop, graph, p, _ = _sshape_at(0.2)
+    one = ja.most_joint_bytes(graph, 1, p.spec.shape[1])
+    assert one > 3 * AlphaCrownVerifier().peak_bytes(graph, 1, p.spec.shape[1])
+    real, seen = incomplete.joint_alpha, []
+
+    def counted(graph, crown, spec, *args, **kwargs):
+        found = real(graph, crown, spec, *args, **kwargs)
+        seen.append((spec.shape[0], found is not None))
+        return found
+
+    monkeypatch.setattr(incomplete, "joint_alpha", counted)
+    verifier = AlphaCrownVerifier(steps=STEPS, joint_steps=STEPS)
+    with budget.memory_limit(2 * one + _held(prop)):
+        assert verifier.fitting_batch(graph, prop, 2 * one + _held(prop), _held(prop)) == 2
+        result = verifier.verify(graph, prop, net)
+    assert seen and all(n <= 2 and ran for n, ran in seen)
+    assert not any("memory budget" in n for n in result.notes)
+    assert (result.margins.double() <= sampled_minimum(net, x, prop).amin(1) + 1e-6).all()
 
 
 def test_a_million_joint_steps_end_at_the_limit_with_what_crown_proved():

@@ -164,8 +164,8 @@ class CompleteVerifier(BabVerifier):
             boxes = refine_boxes(graph, boxes, refine_by, self.config.refine_neuron_time)
             try:
                 with torch.no_grad(), time_limit(deadline):
-                    again, _ = b.optimise_slopes(
-                        graph, boxes, prop.spec, self.config.alpha_steps, 0.1
+                    again, _ = b.optimise_slopes(  # with the offset: stops once certified
+                        graph, boxes, prop.spec, self.config.alpha_steps, 0.1, prop.offset
                     )
             except OutOfTime:
                 return Verdict.TIMEOUT, float(proved.min()), None, "timeout"

@@ -112,11 +112,31 @@ def joint_bytes(graph: BoundGraph, batch: int, found: list[Target], rows: int) -
     return sum(joint_parts(graph, batch, found, rows).values())
 
 
+def most_joint_bytes(graph: BoundGraph, batch: int, rows: int) -> int:
+    """``joint_bytes`` before CROWN's boxes say which ReLUs are unstable: every neuron of
+    every bounded activation input counted, so at least what ``joint_alpha`` checks on any
+    ``batch`` samples (a sigmoid's or tanh's are all bounded anyway): what a verifier sizes
+    its batches by before any work."""
+    deep, widths = b.depends_on_activation(graph), {}
+    for op in graph.ops:
+        if op.kind == "activation" and deep[op.inputs[0]]:
+            widths[op.inputs[0]] = budget.numel(graph.ops[op.inputs[0]].out_shape)
+    return sum(_step_parts(graph, batch, list(widths.items()), rows).values())
+
+
 def joint_parts(graph: BoundGraph, batch: int, found: list[Target], rows: int) -> dict[str, int]:
-    """One search step's peak in parts: the boxes; what every pass keeps until the step's
-    gradient (autograd state and slopes, ``_kept_bytes`` per row); one pass's temporaries
-    (``budget.row_bytes`` in the search's dtype: the passes run one at a time)."""
-    passes = [(t.node, 2 * t.chunk.shape[1]) for t in found] + [(len(graph.ops) - 1, rows)]
+    """One search step's peak in parts (``_step_parts``) for the neurons of ``found``."""
+    return _step_parts(graph, batch, [(t.node, t.chunk.shape[1]) for t in found], rows)
+
+
+def _step_parts(
+    graph: BoundGraph, batch: int, widths: list[tuple[int, int]], rows: int
+) -> dict[str, int]:
+    """One search step's peak in parts, bounding ``widths`` (node, neurons per sample): the
+    boxes; what every pass keeps until the step's gradient (autograd state and slopes,
+    ``_kept_bytes`` per row); one pass's temporaries (``budget.row_bytes`` in the search's
+    dtype: the passes run one at a time)."""
+    passes = [(node, 2 * m) for node, m in widths] + [(len(graph.ops) - 1, rows)]
     search = b.SEARCH_DTYPE if graph.dtype == torch.float64 else graph.dtype
     scale = search.itemsize / graph.dtype.itemsize
     temporaries = max(r * budget.row_bytes(graph, start, batch) for start, r in passes)
