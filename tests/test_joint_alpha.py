@@ -480,3 +480,39 @@ def test_stalled_samples_leave_the_search_with_a_sound_bound(monkeypatch):
     assert runs[-1e9] == [6] * 50
     assert runs[0.05] == sorted(runs[0.05], reverse=True) and len(set(runs[0.05])) > 2
     assert sum(runs[0.05]) < 6 * 50
+
+
+def _dipped(monkeypatch, end: int) -> list[int]:
+    """Every search step's spec-row bound lowered as Adam's first step lowered eran sigmoid
+    6623's (-62 to -121, then back by +3 to +6 a step): by 30 at step 2, 3 less each step
+    after, none from step 12. The gradients are the search's own. Returns the steps seen
+    (one entry per step)."""
+    steps, real = [], b.backward
+
+    def dipped(graph, node, rows, boxes, *rest, **kwargs):
+        out = real(graph, node, rows, boxes, *rest, **kwargs)
+        if node != end or not torch.is_grad_enabled():
+            return out
+        steps.append(len(steps) + 1)
+        drop = 0.0 if steps[-1] == 1 else min(0.0, -30.0 + 3.0 * (steps[-1] - 2))
+        return (out[0] + drop, *out[1:])
+
+    monkeypatch.setattr(b, "backward", dipped)
+    return steps
+
+
+def test_a_sample_whose_search_climbs_back_to_its_best_has_not_stalled(monkeypatch):
+    """Eran sigmoid 6623 (#33): the best lead stays the first step's for ten steps while
+    the search climbs back from a dip; the stall rule on the best lead alone stopped it
+    there with CROWN's slopes. Forced dip at eps 0.3: the search goes on past step 11
+    (measured: all 50 steps) and every sample's worst row ends above that of the search
+    stopped at step 11; every bound below the sampled minima."""
+    net, x, prop, graph, p, crown_boxes = _sshape_at(0.3)
+    steps = _dipped(monkeypatch, len(graph.ops) - 1)
+    bound, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
+    assert len(steps) > ja.STALL_STEPS + 1
+    steps.clear()
+    early, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 11, 0.1, 0.01, p.offset)
+    assert len(steps) == 11
+    assert ((bound + p.offset).amin(1) > (early + p.offset).amin(1)).all()
+    assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()

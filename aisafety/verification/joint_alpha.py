@@ -37,9 +37,10 @@ Slopes = dict[int, dict[int, torch.Tensor]]  # bounded node -> activation node -
 DECAY = 0.98  # the learning rate's factor per step (auto_LiRPA's default)
 Bound = Callable[[int, torch.Tensor, list[Box], dict[int, torch.Tensor]], torch.Tensor]
 ABS_MARGIN, REL_MARGIN = b.STOP_ABS, b.STOP_REL  # the early stop's margin (``_lead``)
-# a sample whose best lead gained at most STALL_GAIN over the last STALL_STEPS steps has
-# stalled and leaves the search (``_stalled``); docs/certification.md ("The cost of the
-# default on a batch") has the measurements that chose them
+# a sample whose best lead gained at most STALL_GAIN over the last STALL_STEPS steps, and
+# whose last step's lead is within STALL_GAIN of those steps' lowest, has stalled and leaves
+# the search (``_stalled``); docs/certification.md ("Stalled samples leave") has the
+# measurements that chose them
 STALL_STEPS, STALL_GAIN = 10, 3e-3
 
 
@@ -311,10 +312,11 @@ def search(
     slopes so far (``Best``) after the last step and, with ``offset``, whenever every
     sample's best step leads its stop margin (``_lead``); each such stop doubles the margin,
     so a re-bound that does not certify resumes the search for a higher bound. It also
-    stops when a sample has stalled (``_stalled``). Sent a mask over the yielded
-    ``Best.samples`` (the caller's re-bound left those open), it goes on with those samples
-    only, less the stalled ones (``_narrowed_adam``: slopes, gradients and Adam's moments
-    sliced, so their steps are those the whole batch would take)."""
+    stops when a sample has stalled (``_stalled``: neither its best step nor its search
+    climbs). Sent a mask over the yielded ``Best.samples`` (the caller's re-bound left
+    those open), it goes on with those samples only, less the stalled ones
+    (``_narrowed_adam``: slopes, gradients and Adam's moments sliced, so their steps are
+    those the whole batch would take)."""
     search_graph = graph.in_dtype(b.SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search_graph.dtype
     start = [(lo.detach().to(cast), hi.detach().to(cast)) for lo, hi in crown]
@@ -344,6 +346,7 @@ def search(
     scale = 1.0  # the stop margin's factor, doubled after each early stop
     alive = torch.arange(spec.shape[0])  # the batch's samples still searched
     history = torch.empty(0, spec.shape[0], dtype=cast)  # best leads of the last steps
+    trail = history.clone()  # the last steps' own leads
     for step in range(1, steps + 1):
         check_time()
         with torch.enable_grad():
@@ -361,7 +364,8 @@ def search(
         row_better = rows > row_top
         row_top = torch.where(row_better, rows, row_top)
         history = torch.cat([history, _lead(top, shift, 1.0).unsqueeze(0)])[-STALL_STEPS - 1 :]
-        stalled = _stalled(history)
+        trail = torch.cat([trail, _lead(rows, shift, 1.0).unsqueeze(0)])[-STALL_STEPS - 1 :]
+        stalled = _stalled(history, trail)
         _keep({-1: best.rows}, {-1: alphas[-1]}, row_better)
         best.steps = step
         if step == steps:
@@ -378,7 +382,7 @@ def search(
                     return
             if still is not None and not bool(still.all()):
                 keep = still.nonzero().squeeze(1)
-                history = history[:, keep]
+                history, trail = history[:, keep], trail[:, keep]
                 alive, found = alive[keep], [t.take(keep) for t in found]
                 start, ibp = _take_boxes(start, keep), _take_boxes(ibp, keep)
                 a, shift, top, row_top = a[keep], shift[keep], top[keep], row_top[keep]
@@ -415,15 +419,22 @@ def _narrowed_adam(optimiser: torch.optim.Adam, keep: torch.Tensor) -> dict[int,
     return new
 
 
-def _stalled(history: torch.Tensor) -> torch.Tensor:
-    """Per sample, whether its best lead (``history``: the last steps', oldest first)
-    gained at most ``STALL_GAIN`` over ``STALL_STEPS`` steps: more steps would cost the
-    batch and hardly move its bound (the learning rate decays too). Not a projection
-    that the sample cannot certify: that left 15-step bounds below layerwise ones, and a
-    ``complete`` root's bound matters even where it does not certify."""
-    if history.shape[0] <= STALL_STEPS:
-        return torch.zeros(history.shape[1], dtype=torch.bool)
-    return history[-1] - history[0] <= STALL_GAIN
+def _stalled(best: torch.Tensor, leads: torch.Tensor) -> torch.Tensor:
+    """Per sample, whether it has stalled: its best lead (``best``: the last steps', oldest
+    first) gained at most ``STALL_GAIN`` over ``STALL_STEPS`` steps, and its search is not
+    climbing back to it either: the last step's own lead (``leads``: each step's) is within
+    ``STALL_GAIN`` of the window's lowest. More steps would then cost the batch and hardly
+    move its bound (the learning rate decays too). The second test is eran sigmoid 6623's
+    case: Adam's first step dropped its lead from -62 to -121, the next ten climbed back
+    (+3 to +6 a step) without passing the first step's, so its best was flat and it left
+    at step 11 with CROWN's slopes (-56.6) instead of -11.5 after 75 steps
+    (docs/certification.md). Not a projection that the sample cannot certify: that left
+    15-step bounds below layerwise ones, and a ``complete`` root's bound matters even where
+    it does not certify."""
+    if best.shape[0] <= STALL_STEPS:
+        return torch.zeros(best.shape[1], dtype=torch.bool)
+    flat = best[-1] - best[0] <= STALL_GAIN
+    return flat & (leads[-1] - leads.amin(0) <= STALL_GAIN)
 
 
 def _lead(rows: torch.Tensor, shift: torch.Tensor, scale: float) -> torch.Tensor:
