@@ -24,6 +24,7 @@ from aisafety.errors import ConfigError
 from aisafety.interfaces import IN_MEMORY_DATA, EvaluationPlan, ModelSpec
 from aisafety.loading import fingerprint, predictor_fingerprint
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.outputs import output_problem
 from aisafety.prediction.torch_module import TorchPredictor
 
 
@@ -134,10 +135,8 @@ def _module_predictor(module: nn.Module, shape, name: str, mean, std) -> TorchPr
     predictor = TorchPredictor(module, shape, 2, name=name, mean=mean, std=std)
     with torch.no_grad():  # one forward pass tells the number of classes
         out = predictor.network(torch.zeros(1, *predictor.input_shape))
-    if out.dim() != 2 or out.shape[1] < 2:
-        raise ConfigError(
-            f"model {name!r} returns {tuple(out.shape)} for one image of shape "
-            f"{tuple(shape)}; a classifier returns (N, num_classes) logits"
-        )
+    problem = output_problem(name, out)
+    if problem:
+        raise ConfigError(problem)
     predictor.num_classes = int(out.shape[1])
     return predictor
