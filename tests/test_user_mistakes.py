@@ -3,6 +3,8 @@ names the thing, the value and the fix, never a traceback (session 11's walk).""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ import aisafety
 from aisafety.errors import ConfigError
 from aisafety.interfaces import ModelSpec
 from aisafety.loading import load_model
+from aisafety.prediction.state_dict import load_into, read_state_dict
 
 PLAN = {"dataset": {"limit": 2}, "metrics": ["ca"]}
 
@@ -57,3 +60,33 @@ def test_a_module_returning_more_than_logits_is_named_with_the_element_to_return
     with pytest.raises(ConfigError) as caught:
         load_model(spec, torch.device("cpu"))
     assert returns in str(caught.value) and fix in str(caught.value)
+
+
+def _saved(obj: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def test_a_training_scripts_checkpoint_loads_its_one_dict_of_tensors():
+    net = nn.Linear(4, 3)
+    saved = {"net": net.state_dict(), "acc": 93.1, "epoch": 199, "optimizer": {"state": {}}}
+    state = read_state_dict(_saved(saved), "m", "ckpt.pth")  # kuangliu/pytorch-cifar's form
+    other = nn.Linear(4, 3)
+    load_into(other, state, "m", "ckpt.pth")  # was: missing weight, bias; left over net, acc
+    assert torch.equal(other.weight, net.weight) and torch.equal(other.bias, net.bias)
+
+
+def test_a_checkpoint_with_two_state_dicts_names_both_and_the_fix():
+    saved = {"model": nn.Linear(4, 3).state_dict(), "model_ema": nn.Linear(4, 3).state_dict()}
+    with pytest.raises(ConfigError, match=r"several state dicts \('model', 'model_ema'\).*"):
+        read_state_dict(_saved(saved), "m", "ckpt.pth")
+
+
+def test_a_whole_pickled_module_is_refused_with_the_line_that_saves_its_weights():
+    with pytest.raises(ConfigError) as caught:
+        read_state_dict(_saved(nn.Linear(4, 3)), "m", "whole.pt")
+    message = str(caught.value)  # was torch's text cut after "you have two options,"
+    assert "(torch.nn.modules.linear.Linear: a whole module saved by torch.save(model)" in message
+    assert ".state_dict(), 'weights.pt')" in message
+    assert "\x1b" not in message
