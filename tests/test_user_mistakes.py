@@ -11,10 +11,11 @@ import torch
 from torch import nn
 
 import aisafety
-from aisafety.errors import ConfigError
+from aisafety.errors import ConfigError, InputError
 from aisafety.interfaces import ModelSpec
 from aisafety.loading import load_model
 from aisafety.prediction.state_dict import load_into, read_state_dict
+from aisafety.prediction.torch_module import TorchPredictor
 
 PLAN = {"dataset": {"limit": 2}, "metrics": ["ca"]}
 
@@ -90,3 +91,13 @@ def test_a_whole_pickled_module_is_refused_with_the_line_that_saves_its_weights(
     assert "(torch.nn.modules.linear.Linear: a whole module saved by torch.save(model)" in message
     assert ".state_dict(), 'weights.pt')" in message
     assert "\x1b" not in message
+
+
+def test_a_channels_last_input_shape_is_named_with_layout_nhwc():
+    """It said 'add a batch dimension or resize the images' to a (N, 32, 32, 3) ONNX graph."""
+    predictor = TorchPredictor(nn.Flatten(), (4, 4, 3), 10, name="m")
+    with pytest.raises(InputError) as caught:
+        predictor.check_input_layout(torch.rand(2, 3, 4, 4))
+    message = str(caught.value)
+    assert "input_shape (4, 4, 3) is channels-last" in message and "layout: nhwc" in message
+    assert "input_shape [3, 4, 4]" in message and "resize" not in message
