@@ -21,7 +21,7 @@ from torch import nn
 from aisafety.database.datasets.base import LoadedDataset, images_to_tensor
 from aisafety.database.datasets.npz import image_layout
 from aisafety.errors import ConfigError
-from aisafety.interfaces import IN_MEMORY_DATA, EvaluationPlan, ModelSpec
+from aisafety.interfaces import IN_MEMORY_DATA, EvaluationPlan, ModelSpec, mean_problem
 from aisafety.loading import fingerprint, predictor_fingerprint
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.outputs import output_problem
@@ -77,6 +77,9 @@ def in_memory_model(
                 "model= is an nn.Module: give data= too, whose images tell its input shape "
                 "(or wrap it in a TorchPredictor with input_shape)"
             )
+        problem = mean_problem(mean, std, plan=False)
+        if problem:
+            raise ConfigError(f"aisafety.evaluate(mean=...): {problem}")
         predictor = _module_predictor(model, input_shape, name or type(model).__name__, mean, std)
     else:
         raise ConfigError(

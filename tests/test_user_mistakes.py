@@ -93,6 +93,24 @@ def test_a_whole_pickled_module_is_refused_with_the_line_that_saves_its_weights(
     assert "\x1b" not in message
 
 
+MEAN_255, STD_255 = (125.3, 123.0, 113.9), (63.0, 62.1, 66.7)
+
+
+def test_a_mean_in_0_255_units_is_refused_with_the_values_in_0_1_units(tmp_path):
+    """It ran silently at chance accuracy: every [0, 1] image became about -2 after (x - 125)."""
+    with pytest.raises(ValueError) as caught:
+        ModelSpec(name="m", source="onnx", path="m.onnx", mean=MEAN_255, std=STD_255)
+    message = str(caught.value)
+    assert "mean [125.3, 123.0, 113.9] exceeds 1" in message
+    assert "mean [0.4914, 0.4824, 0.4467] and std [0.2471, 0.2435, 0.2616]" in message
+    assert "add scale: 255" in message
+    ModelSpec(name="m", source="onnx", path="m.onnx", mean=MEAN_255, std=STD_255, scale=255)
+    with pytest.raises(ConfigError, match=r"evaluate\(mean=...\): mean \[125.3, 123.0, 113.9\]"):
+        aisafety.evaluate(
+            PLAN, f"sqlite:///{tmp_path}/a.db", model=extra(), data=_images(), mean=MEAN_255
+        )
+
+
 def test_a_channels_last_input_shape_is_named_with_layout_nhwc():
     """It said 'add a batch dimension or resize the images' to a (N, 32, 32, 3) ONNX graph."""
     predictor = TorchPredictor(nn.Flatten(), (4, 4, 3), 10, name="m")
