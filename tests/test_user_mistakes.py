@@ -119,3 +119,16 @@ def test_a_channels_last_input_shape_is_named_with_layout_nhwc():
     message = str(caught.value)
     assert "input_shape (4, 4, 3) is channels-last" in message and "layout: nhwc" in message
     assert "input_shape [3, 4, 4]" in message and "resize" not in message
+
+
+
+def test_a_settings_typo_lists_the_valid_settings_with_their_defaults():
+    """A default_factory field was listed as 'verifier_config=PydanticUndefined'."""
+    from aisafety.plugins import default_registry
+
+    with pytest.raises(ConfigError) as caught:
+        default_registry().create("metric", "certified-accuracy", {"epsilon": 0.01})
+    message = str(caught.value)
+    assert "epsilon: Extra inputs are not permitted" in message
+    assert "verifier_config={}, attack='pgd-linf', attack_config={}" in message
+    assert "PydanticUndefined" not in message
