@@ -132,3 +132,14 @@ def test_a_settings_typo_lists_the_valid_settings_with_their_defaults():
     assert "epsilon: Extra inputs are not permitted" in message
     assert "verifier_config={}, attack='pgd-linf', attack_config={}" in message
     assert "PydanticUndefined" not in message
+
+
+def test_a_certified_eps_on_the_0_255_scale_is_refused_naming_its_0_1_value():
+    """eps: 2 (meaning 2/255) ran: the box covered every image, certified-accuracy 0."""
+    from aisafety.plugins import default_registry
+
+    with pytest.raises(ConfigError) as caught:
+        default_registry().create("metric", "certified-accuracy", {"eps": 2})
+    message = str(caught.value)
+    assert "eps=2 exceeds 1" in message and "on the 0-255 scale 2 is 0.007843" in message
+    default_registry().create("metric", "certified-accuracy", {"eps": 1})
