@@ -4,6 +4,7 @@ names the thing, the value and the fix, never a traceback (session 11's walk).""
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -121,7 +122,6 @@ def test_a_channels_last_input_shape_is_named_with_layout_nhwc():
     assert "input_shape [3, 4, 4]" in message and "resize" not in message
 
 
-
 def test_a_settings_typo_lists_the_valid_settings_with_their_defaults():
     """A default_factory field was listed as 'verifier_config=PydanticUndefined'."""
     from aisafety.plugins import default_registry
@@ -143,3 +143,18 @@ def test_a_certified_eps_on_the_0_255_scale_is_refused_naming_its_0_1_value():
     message = str(caught.value)
     assert "eps=2 exceeds 1" in message and "on the 0-255 scale 2 is 0.007843" in message
     default_registry().create("metric", "certified-accuracy", {"eps": 1})
+
+
+@pytest.mark.parametrize(
+    "mean, std, fix",
+    [(0.0, 1 / 255, "lie in 0..255, and images are in [0, 1]: divide 0..255 values by 255"),
+     (0.5, 0.25, "lie in -2..2, and images are in [0, 1]: normalised images (a data loader's")],
+)  # fmt: skip
+def test_float_images_out_of_range_name_the_range_and_the_fix(tmp_path, mean, std, fix):
+    """It said 'float images must lie in [0, 1]' with neither the range nor the likely cause."""
+    x, y = _images()
+    x[0, 0, 0, 0], x[1, 0, 0, 0] = 0.0, 1.0  # the range is exactly 0..1 before the mistake
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        aisafety.evaluate(
+            PLAN, f"sqlite:///{tmp_path}/a.db", model=extra(), data=((x - mean) / std, y)
+        )
