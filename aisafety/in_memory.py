@@ -11,7 +11,8 @@ nothing of the stored run can be resumed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,21 @@ def in_memory_model(
         num_classes=predictor.num_classes, fingerprint=digest,
     )  # fmt: skip
     return (predictor, digest), spec
+
+
+@contextmanager
+def modes_kept(model: Any) -> Iterator[None]:
+    """Give the module back in the train/eval mode of each submodule it came in.
+
+    The predictor evaluates in eval mode (BatchNorm's running statistics, no dropout); a
+    notebook's net handed in mid-training used to stay in eval mode afterwards, so further
+    training went on silently without dropout and with frozen BatchNorm statistics."""
+    modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 RERUN = (

@@ -158,3 +158,14 @@ def test_float_images_out_of_range_name_the_range_and_the_fix(tmp_path, mean, st
         aisafety.evaluate(
             PLAN, f"sqlite:///{tmp_path}/a.db", model=extra(), data=((x - mean) / std, y)
         )
+
+
+def test_a_module_handed_in_mid_training_gets_its_modes_back(tmp_path):
+    """It was evaluated in eval mode (right) and left there: further training went on
+    without dropout and with frozen BatchNorm statistics."""
+    net = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(48, 10)).train()
+    net[2].eval()  # a frozen head: each submodule's own mode comes back
+    before = [module.training for module in net.modules()]
+    record = aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net, data=_images())
+    assert [module.training for module in net.modules()] == before == [True, True, True, False]
+    assert record.values
