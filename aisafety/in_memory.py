@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,8 +84,15 @@ def in_memory_model(
             raise ConfigError(f"aisafety.evaluate(mean=...): {problem}")
         predictor = _module_predictor(model, input_shape, name or type(model).__name__, mean, std)
     else:
+        file = (
+            f" {str(model)!r}; a model file is named in the plan instead: model: {{source: "
+            "onnx, export, torchscript or python (with factory), path: ...}} (docs/own-model.md)"
+            if isinstance(model, str | Path)
+            else ""
+        )
         raise ConfigError(
-            f"model= takes a torch.nn.Module or an aisafety Predictor, got {type(model).__name__}"
+            "model= takes a torch.nn.Module or an aisafety Predictor, got "
+            f"{type(model).__name__}{file}"
         )
     digest = predictor_fingerprint(predictor)
     spec = ModelSpec(

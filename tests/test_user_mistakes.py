@@ -169,3 +169,11 @@ def test_a_module_handed_in_mid_training_gets_its_modes_back(tmp_path):
     record = aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net, data=_images())
     assert [module.training for module in net.modules()] == before == [True, True, True, False]
     assert record.values
+
+
+def test_a_model_file_given_as_model_points_at_the_plans_model_sources(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model="net.onnx", data=_images())
+    message = str(caught.value)  # it said only: got str
+    assert "got str 'net.onnx'; a model file is named in the plan" in message
+    assert "source: onnx, export, torchscript or python" in message
