@@ -177,3 +177,19 @@ def test_a_model_file_given_as_model_points_at_the_plans_model_sources(tmp_path)
     message = str(caught.value)  # it said only: got str
     assert "got str 'net.onnx'; a model file is named in the plan" in message
     assert "source: onnx, export, torchscript or python" in message
+
+
+def test_labels_beyond_the_models_classes_are_refused_before_any_work(tmp_path):
+    """Labels 1..10 for a 10-class model ran with ca alone (a label 10 never predicted)."""
+    x, _ = _images(4)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 10))
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(
+            {"metrics": ["ca"]},
+            f"sqlite:///{tmp_path}/a.db",
+            model=net,
+            data=(x, np.array([1, 2, 10, 3])),
+        )
+    message = str(caught.value)
+    assert "has labels 1..10, but model 'Sequential' has 10 classes, labels 0..9" in message
+    assert "numbered from 1? give y - 1" in message
