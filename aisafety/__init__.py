@@ -33,6 +33,23 @@ def evaluate(
     NHWC, uint8 or [0, 1] floats) replace the plan's model and dataset, so a notebook's
     objects are evaluated, stored and reported like any run (docs/own-model.md).
     """
+    from aisafety.in_memory import modes_kept
+
+    with modes_kept(model):
+        return _evaluate(plan, db, resume, quiet, model, data, name, mean, std)
+
+
+def _evaluate(
+    plan: EvaluationPlan | str | Path | dict | None,
+    db: str,
+    resume: bool,
+    quiet: bool,
+    model: Any,
+    data: tuple[Any, Any] | None,
+    name: str | None,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+) -> RunRecord:
     from aisafety.config import default_plan, load_plan, plan_from_dict
     from aisafety.execution import run_plan
     from aisafety.in_memory import check_resumable, in_memory_data, in_memory_model

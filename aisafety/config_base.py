@@ -79,5 +79,7 @@ def build_config(owner: str, cls: type[PluginConfig], given: dict[str, Any]) -> 
         return cls(**given)
     except ValidationError as exc:
         problems = "; ".join(describe_errors(exc))
-        fields = ", ".join(f"{k}={v.default!r}" for k, v in cls.model_fields.items())
+        fields = ", ".join(
+            f"{k}={v.get_default(call_default_factory=True)!r}" for k, v in cls.model_fields.items()
+        )  # a default_factory's value, not PydanticUndefined
         raise ConfigError(f"{owner}: {problems}. Valid settings: {fields or '(none)'}") from None

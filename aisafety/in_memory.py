@@ -11,7 +11,9 @@ nothing of the stored run can be resumed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,9 +23,10 @@ from torch import nn
 from aisafety.database.datasets.base import LoadedDataset, images_to_tensor
 from aisafety.database.datasets.npz import image_layout
 from aisafety.errors import ConfigError
-from aisafety.interfaces import IN_MEMORY_DATA, EvaluationPlan, ModelSpec
+from aisafety.interfaces import IN_MEMORY_DATA, EvaluationPlan, ModelSpec, mean_problem
 from aisafety.loading import fingerprint, predictor_fingerprint
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.outputs import output_problem
 from aisafety.prediction.torch_module import TorchPredictor
 
 
@@ -76,10 +79,20 @@ def in_memory_model(
                 "model= is an nn.Module: give data= too, whose images tell its input shape "
                 "(or wrap it in a TorchPredictor with input_shape)"
             )
+        problem = mean_problem(mean, std, plan=False)
+        if problem:
+            raise ConfigError(f"aisafety.evaluate(mean=...): {problem}")
         predictor = _module_predictor(model, input_shape, name or type(model).__name__, mean, std)
     else:
+        file = (
+            f" {str(model)!r}; a model file is named in the plan instead: model: {{source: "
+            "onnx, export, torchscript or python (with factory), path: ...}} (docs/own-model.md)"
+            if isinstance(model, str | Path)
+            else ""
+        )
         raise ConfigError(
-            f"model= takes a torch.nn.Module or an aisafety Predictor, got {type(model).__name__}"
+            "model= takes a torch.nn.Module or an aisafety Predictor, got "
+            f"{type(model).__name__}{file}"
         )
     digest = predictor_fingerprint(predictor)
     spec = ModelSpec(
@@ -87,6 +100,21 @@ def in_memory_model(
         num_classes=predictor.num_classes, fingerprint=digest,
     )  # fmt: skip
     return (predictor, digest), spec
+
+
+@contextmanager
+def modes_kept(model: Any) -> Iterator[None]:
+    """Give the module back in the train/eval mode of each submodule it came in.
+
+    The predictor evaluates in eval mode (BatchNorm's running statistics, no dropout); a
+    notebook's net handed in mid-training used to stay in eval mode afterwards, so further
+    training went on silently without dropout and with frozen BatchNorm statistics."""
+    modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 RERUN = (
@@ -134,10 +162,8 @@ def _module_predictor(module: nn.Module, shape, name: str, mean, std) -> TorchPr
     predictor = TorchPredictor(module, shape, 2, name=name, mean=mean, std=std)
     with torch.no_grad():  # one forward pass tells the number of classes
         out = predictor.network(torch.zeros(1, *predictor.input_shape))
-    if out.dim() != 2 or out.shape[1] < 2:
-        raise ConfigError(
-            f"model {name!r} returns {tuple(out.shape)} for one image of shape "
-            f"{tuple(shape)}; a classifier returns (N, num_classes) logits"
-        )
+    problem = output_problem(name, out)
+    if problem:
+        raise ConfigError(problem)
     predictor.num_classes = int(out.shape[1])
     return predictor

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -68,6 +68,31 @@ class Direction(StrEnum):
     HIGHER = "higher"
     LOWER = "lower"
     NEUTRAL = "neutral"
+
+
+def mean_problem(
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    scale: float = 1.0,
+    plan: bool = True,
+) -> str | None:
+    """Why ``mean`` cannot be a per-channel mean of the fed pixels in [0, scale], or None.
+
+    A mean above ``scale`` is in 0..255 units over [0, 1] images: it would shift every input
+    far off and leave the accuracy at chance, with no other sign of the mistake."""
+    if mean is None or max(mean) <= scale:
+        return None
+    head = (
+        f"mean {list(mean)} exceeds {scale:g}: the network is fed pixels in [0, {scale:g}], "
+        f"so a per-channel mean is at most {scale:g}"
+    )
+    if scale != 1:
+        return f"{head}; give mean and std in the units after scaling"
+    fix = f"mean {[round(m / 255, 4) for m in mean]}"
+    if std:
+        fix += f" and std {[round(s / 255, 4) for s in std]}"
+    keep = "; or keep 0..255 units and add scale: 255 (the network is fed x * 255)"
+    return f"{head}. In [0, 1] units (0..255 values / 255) give {fix}" + (keep if plan else "")
 
 
 class ModelSpec(StrictModel):
@@ -170,6 +195,13 @@ class ModelSpec(StrictModel):
                     f"{field} has {len(value)} values but input_shape {self.input_shape} has "
                     f"{channels} channel(s); give one value per channel"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _mean_in_the_scaled_units(self) -> ModelSpec:
+        problem = mean_problem(self.mean, self.std, self.scale)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

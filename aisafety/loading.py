@@ -13,6 +13,7 @@ from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
 from aisafety.interfaces import DatasetSpec, DefenseSpec, ModelSpec
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.outputs import output_problem
 from aisafety.prediction.python_factory import build_module, resolve_factory
 from aisafety.prediction.state_dict import load_into, read_state_dict
 from aisafety.prediction.torch_module import TorchPredictor, module_fingerprint, weight_dtype
@@ -194,12 +195,9 @@ def _probe_classes(spec: ModelSpec, module: torch.nn.Module) -> int:
             f"model {spec.name!r} does not run on input_shape {spec.input_shape} ({first}); "
             "check input_shape"
         ) from None
-    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[1] < 2:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(
-            f"model {spec.name!r} returns {got} for one image; a classifier returns "
-            "(N, num_classes) logits"
-        )
+    problem = output_problem(spec.name, out)
+    if problem:
+        raise ConfigError(problem)
     return int(out.shape[1])
 
 

@@ -19,6 +19,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from aisafety.errors import ConfigError
+from aisafety.evaluation.metrics.neuron_coverage import NEURON_SHARE
 from aisafety.plugins import Registry, default_registry
 from aisafety.report.data import RunData, load_run
 from aisafety.report.plots import Plot, Series, line_plot
@@ -131,7 +132,7 @@ def coverage_metrics(names: list[str], registry: Registry) -> set[str]:
             cls = registry.get("metric", name)
         except Exception:  # not installed here
             continue
-        if cls.category == "data" and getattr(cls, "unit", None) == "fraction":
+        if cls.category == "data" and getattr(cls, "unit", None) == NEURON_SHARE:
             found.add(name)
     return found
 

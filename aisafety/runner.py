@@ -147,6 +147,21 @@ def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationP
     return plan.model_copy(update={"attacks": tuple(specs)})
 
 
+def _check_labels(data: LoadedDataset, predictor) -> None:
+    """Labels beyond the model's classes, refused before any work: with ``ca`` alone they
+    ran, and a label the model can never predict (1..10 for 0..9) counted as an error."""
+    if not len(data):
+        return
+    low, high, classes = int(data.y.min()), int(data.y.max()), predictor.num_classes
+    if low < 0 or high >= classes:
+        shifted = " (numbered from 1? give y - 1)" if low == 1 and high == classes else ""
+        raise ConfigError(
+            f"dataset {data.name!r} has labels {low}..{high}, but model {predictor.name!r} "
+            f"has {classes} classes, labels 0..{classes - 1}{shifted}; evaluate it on data "
+            "labelled as it was trained"
+        )
+
+
 class Runner:
     def __init__(
         self,
@@ -318,6 +333,7 @@ class Runner:
             if model is not None:  # its unit (prediction/watch.py)
                 model.forward_timeout = plan.limits.forward_seconds
         data = self._data()
+        _check_labels(data, predictor)
         self._check_capabilities(predictor)
         for attack in self.attacks.values():  # bf16 where the device has none: fail now
             attack.search_predictor(predictor)

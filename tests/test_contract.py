@@ -265,7 +265,7 @@ def metric_context(zoo_predictor, mnist_subset):
 
 
 ATTACK = AttackSpec(name="pgd-linf", config={"steps": 3}, eps=0.3)
-BOUNDED = {"fraction", "probability"}
+BOUNDED = {"fraction", "fraction of neurons", "probability"}
 
 
 def _compute(metric: Metric, ctx: EvaluationContext) -> list[MetricValue]:

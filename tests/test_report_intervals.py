@@ -35,3 +35,19 @@ def test_stored_rate_recovers_its_count() -> None:
 def test_rejects_impossible_counts(k: int, n: int) -> None:
     with pytest.raises(ValueError, match="successes"):
         clopper_pearson(k, n)
+
+
+@pytest.mark.parametrize("name", ["kmncov", "nbcov", "snacov", "tkncov"])
+def test_neuron_coverage_gets_no_binomial_interval_in_the_table_or_the_store(name) -> None:
+    """tkncov 0.16 on 3 images was printed and stored with [0, 0.7076], the interval of 0
+    correct images out of 3: coverage is a share of neurons, not of the images."""
+    from aisafety.plugins import default_registry
+    from aisafety.report.table import metric_rows
+    from aisafety.store.results import _interval
+
+    coverage = default_registry().create("metric", name).value(0.1613, 3)
+    _, rows = metric_rows([coverage])
+    assert rows[0][4:6] == (None, None)
+    assert _interval(coverage) == {"ci_low": None, "ci_high": None}
+    accuracy = default_registry().create("metric", "ca").value(0.25, 4)
+    assert metric_rows([accuracy])[1][0][4] is not None  # a rate keeps its interval

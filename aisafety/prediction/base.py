@@ -157,6 +157,18 @@ class Predictor(ABC):
                 "the predictor)"
             )
 
+    def _shape_fix(self, x: torch.Tensor) -> str:
+        """How to make ``x`` fit: a channels-last model is named as such, not 'resize'."""
+        h, w, c = (tuple(self.input_shape) + (0, 0, 0))[:3]
+        if x.dim() == 4 and len(self.input_shape) == 3 and tuple(x.shape[1:]) == (c, h, w):
+            return (
+                f"the model's input_shape ({h}, {w}, {c}) is channels-last (H, W, C), the "
+                "images are (C, H, W) as the platform feeds them: for a channels-last ONNX "
+                f"graph set layout: nhwc; for a module give input_shape [{c}, {h}, {w}] "
+                "(docs/prediction.md)"
+            )
+        return "add a batch dimension or resize the images"
+
     def check_input_layout(self, x: torch.Tensor) -> None:
         """The batch's type, shape and dtype (no look at its values: no synchronisation)."""
         if not isinstance(x, torch.Tensor):
@@ -165,7 +177,7 @@ class Predictor(ABC):
         if x.dim() != 4 or tuple(x.shape[1:]) != tuple(self.input_shape):
             raise InputError(
                 f"model {self.name!r} takes batches of shape (N, {shape}),"
-                f" got {tuple(x.shape)}; add a batch dimension or resize the images"
+                f" got {tuple(x.shape)}; {self._shape_fix(x)}"
             )
         if x.dtype != torch.float32:
             raise InputError(

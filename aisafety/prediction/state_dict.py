@@ -3,13 +3,16 @@
 Training code wraps models: ``nn.DataParallel`` and DistributedDataParallel save keys as
 ``module.conv1.weight``, a PyTorch Lightning module holding the net as ``self.model`` saves
 ``model.conv1.weight`` (inside a checkpoint dict under ``state_dict``), ``torch.compile`` adds
-``_orig_mod.``. We strip such a prefix only where it makes more keys match the module, and
-then load strictly: a key missing, left over or of another shape is an error naming each.
+``_orig_mod.``; a training script's checkpoint holds the weights beside other things
+(``{"net": ..., "acc": ..., "epoch": ...}``). We take the one dict of tensors, strip such a
+prefix only where it makes more keys match the module, and then load strictly: a key
+missing, left over or of another shape is an error naming each.
 """
 
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Mapping
 
 import torch
@@ -28,6 +31,15 @@ def read_state_dict(data: bytes, model: str, path: object) -> dict[str, torch.Te
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
+        pickled = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        if pickled:
+            raise ConfigError(
+                f"model {model!r}: {path} holds pickled Python objects ({pickled[1]}: a whole "
+                "module saved by torch.save(model), or classes of your own), not loaded here: "
+                "unpickling runs code. Where you trust the file, save its weights once: "
+                "torch.save(torch.load(path, weights_only=False).state_dict(), 'weights.pt'), "
+                "and give that file (docs/own-model.md)"
+            ) from None
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
             f"model {model!r}: {path} is not a loadable PyTorch checkpoint "
@@ -41,6 +53,34 @@ def read_state_dict(data: bytes, model: str, path: object) -> dict[str, torch.Te
     for key in NESTED_KEYS:
         if isinstance(state.get(key), Mapping):
             return dict(state[key])
+    return _nested_tensors(state, model, path)
+
+
+def _nested_tensors(state: dict, model: str, path: object) -> dict:
+    """The one dict of tensors inside a checkpoint of other things (``{'net': ..., 'acc': ...}``).
+
+    Training scripts save ``{"net": net.state_dict(), "acc": acc, "epoch": epoch}`` or
+    ``{"model": ..., "optimizer": ...}``; the optimizer's state is no dict of tensors, so the
+    weights are the only candidate. Two candidates (a model and its EMA copy) are not guessed.
+    """
+    if all(isinstance(value, torch.Tensor) for value in state.values()):
+        return state
+    candidates = [
+        key
+        for key, value in state.items()
+        if isinstance(value, Mapping)
+        and value
+        and all(isinstance(tensor, torch.Tensor) for tensor in value.values())
+    ]
+    if len(candidates) == 1:
+        return dict(state[candidates[0]])
+    if len(candidates) > 1:
+        names = ", ".join(repr(key) for key in candidates)
+        raise ConfigError(
+            f"model {model!r}: {path} holds several state dicts ({names}); save the one to "
+            f"evaluate on its own, e.g. torch.save(torch.load(path)[{candidates[0]!r}], "
+            "'weights.pt'), and give that file"
+        )
     return state
 
 

@@ -83,7 +83,16 @@ def images_to_tensor(images: np.ndarray, layout: str) -> torch.Tensor:
         return tensor.float().div_(255.0)
     tensor = tensor.float()
     if tensor.numel() and (tensor.min() < 0 or tensor.max() > 1):
-        raise ConfigError("float images must lie in [0, 1]; store uint8 0..255 or scale them")
+        low, high = tensor.min().item(), tensor.max().item()
+        raise ConfigError(
+            f"float images lie in {low:.4g}..{high:.4g}, and images are in [0, 1]: "
+            + (
+                "normalised images (a data loader's Normalize) go in un-normalised, with the "
+                "model's mean and std given to it"
+                if low < 0
+                else "divide 0..255 values by 255, or pass them as uint8"
+            )
+        )
     return tensor
 
 

@@ -29,7 +29,7 @@ from collections import Counter
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from aisafety.config_base import PluginConfig
 from aisafety.errors import AISafetyError, CapabilityError
@@ -102,6 +102,19 @@ def attack_result(ctx: EvaluationContext, spec: AttackSpec, eps: float, registry
 
 class CertifiedConfig(PluginConfig):
     eps: float = Field(default=0.1, ge=0, description="l-inf radius in [0, 1] pixel units")
+
+    @field_validator("eps")
+    @classmethod
+    def _pixel_scale(cls, eps: float) -> float:
+        """eps 2 meant 2/255: the box then covered every image and certified nothing, silently."""
+        if eps > 1:
+            raise ValueError(
+                f"eps={eps:g} exceeds 1, the largest l-inf distance between two images in "
+                f"[0, 1]; eps is in the [0, 1] pixel scale (on the 0-255 scale {eps:g} is "
+                f"{eps / 255:.4g})"
+            )
+        return eps
+
     verifier: str = Field(default="crown", description="a name from `aisafety list verifiers`")
     verifier_config: dict[str, Any] = Field(default_factory=dict)
     attack: str = Field(default="pgd-linf", description="attack giving the upper bound")

@@ -19,6 +19,8 @@ from aisafety.evaluation.metrics.neuron_base import NeuronDataMetric, NeuronMetr
 from aisafety.evaluation.neurons import NeuronBounds
 from aisafety.interfaces import AttackSpec, Direction, MetricValue
 
+NEURON_SHARE = "fraction of neurons"
+
 
 def covered_sections(outputs: torch.Tensor, bounds: NeuronBounds, k: int) -> torch.Tensor:
     """(N, k) bool: section i of neuron n is hit by some input.
@@ -64,7 +66,9 @@ def top_k_neurons(outputs: torch.Tensor, sizes: tuple[int, ...], k: int) -> torc
 
 class CoverageMetric(NeuronDataMetric):
     direction = Direction.NEUTRAL
-    unit = "fraction"
+    # A share of neurons (or of their sections), not of samples: the unit "fraction" would
+    # give it a binomial interval over the images (intervals.is_rate), which it has not.
+    unit = NEURON_SHARE
     category = "data"
 
     def bounds_and_outputs(self, ctx, attack, eps) -> tuple[NeuronBounds, torch.Tensor]:

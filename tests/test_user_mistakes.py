@@ -1,0 +1,195 @@
+"""A user's first hour with their own CIFAR-10 model: each usual mistake is one message that
+names the thing, the value and the fix, never a traceback (session 11's walk)."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import aisafety
+from aisafety.errors import ConfigError, InputError
+from aisafety.interfaces import ModelSpec
+from aisafety.loading import load_model
+from aisafety.prediction.state_dict import load_into, read_state_dict
+from aisafety.prediction.torch_module import TorchPredictor
+
+PLAN = {"dataset": {"limit": 2}, "metrics": ["ca"]}
+
+
+class Extra(nn.Module):
+    """Logits plus something else, as training code with an auxiliary loss returns them."""
+
+    def __init__(self, as_dict: bool):
+        super().__init__()
+        self.as_dict = as_dict
+        self.fc = nn.Linear(3 * 4 * 4, 10)
+
+    def forward(self, x):
+        logits = self.fc(x.flatten(1))
+        return {"logits": logits, "aux": x.mean()} if self.as_dict else (logits, x.mean())
+
+
+def extra(as_dict: bool = False) -> Extra:
+    return Extra(as_dict)
+
+
+def _images(n: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    return np.random.default_rng(0).random((n, 3, 4, 4), dtype=np.float32), np.zeros(n, int)
+
+
+@pytest.mark.parametrize(
+    "as_dict, returns, fix",
+    [
+        (False, "a tuple (0: tensor (1, 10), 1: tensor ())", "returns net(x)[0]"),
+        (True, "a dict ('logits': tensor (1, 10), 'aux': tensor ())", "returns net(x)['logits']"),
+    ],
+)
+def test_a_module_returning_more_than_logits_is_named_with_the_element_to_return(
+    tmp_path, as_dict, returns, fix
+):
+    with pytest.raises(ConfigError) as caught:  # was AttributeError: 'tuple' has no 'dim'
+        aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=Extra(as_dict), data=_images())
+    assert returns in str(caught.value) and fix in str(caught.value)
+    spec = ModelSpec(
+        name="m", source="python", factory=f"{__name__}:extra", kwargs={"as_dict": as_dict},
+        input_shape=(3, 4, 4),
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        load_model(spec, torch.device("cpu"))
+    assert returns in str(caught.value) and fix in str(caught.value)
+
+
+def _saved(obj: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def test_a_training_scripts_checkpoint_loads_its_one_dict_of_tensors():
+    net = nn.Linear(4, 3)
+    saved = {"net": net.state_dict(), "acc": 93.1, "epoch": 199, "optimizer": {"state": {}}}
+    state = read_state_dict(_saved(saved), "m", "ckpt.pth")  # kuangliu/pytorch-cifar's form
+    other = nn.Linear(4, 3)
+    load_into(other, state, "m", "ckpt.pth")  # was: missing weight, bias; left over net, acc
+    assert torch.equal(other.weight, net.weight) and torch.equal(other.bias, net.bias)
+
+
+def test_a_checkpoint_with_two_state_dicts_names_both_and_the_fix():
+    saved = {"model": nn.Linear(4, 3).state_dict(), "model_ema": nn.Linear(4, 3).state_dict()}
+    with pytest.raises(ConfigError, match=r"several state dicts \('model', 'model_ema'\).*"):
+        read_state_dict(_saved(saved), "m", "ckpt.pth")
+
+
+def test_a_whole_pickled_module_is_refused_with_the_line_that_saves_its_weights():
+    with pytest.raises(ConfigError) as caught:
+        read_state_dict(_saved(nn.Linear(4, 3)), "m", "whole.pt")
+    message = str(caught.value)  # was torch's text cut after "you have two options,"
+    assert "(torch.nn.modules.linear.Linear: a whole module saved by torch.save(model)" in message
+    assert ".state_dict(), 'weights.pt')" in message
+    assert "\x1b" not in message
+
+
+MEAN_255, STD_255 = (125.3, 123.0, 113.9), (63.0, 62.1, 66.7)
+
+
+def test_a_mean_in_0_255_units_is_refused_with_the_values_in_0_1_units(tmp_path):
+    """It ran silently at chance accuracy: every [0, 1] image became about -2 after (x - 125)."""
+    with pytest.raises(ValueError) as caught:
+        ModelSpec(name="m", source="onnx", path="m.onnx", mean=MEAN_255, std=STD_255)
+    message = str(caught.value)
+    assert "mean [125.3, 123.0, 113.9] exceeds 1" in message
+    assert "mean [0.4914, 0.4824, 0.4467] and std [0.2471, 0.2435, 0.2616]" in message
+    assert "add scale: 255" in message
+    ModelSpec(name="m", source="onnx", path="m.onnx", mean=MEAN_255, std=STD_255, scale=255)
+    with pytest.raises(ConfigError, match=r"evaluate\(mean=...\): mean \[125.3, 123.0, 113.9\]"):
+        aisafety.evaluate(
+            PLAN, f"sqlite:///{tmp_path}/a.db", model=extra(), data=_images(), mean=MEAN_255
+        )
+
+
+def test_a_channels_last_input_shape_is_named_with_layout_nhwc():
+    """It said 'add a batch dimension or resize the images' to a (N, 32, 32, 3) ONNX graph."""
+    predictor = TorchPredictor(nn.Flatten(), (4, 4, 3), 10, name="m")
+    with pytest.raises(InputError) as caught:
+        predictor.check_input_layout(torch.rand(2, 3, 4, 4))
+    message = str(caught.value)
+    assert "input_shape (4, 4, 3) is channels-last" in message and "layout: nhwc" in message
+    assert "input_shape [3, 4, 4]" in message and "resize" not in message
+
+
+def test_a_settings_typo_lists_the_valid_settings_with_their_defaults():
+    """A default_factory field was listed as 'verifier_config=PydanticUndefined'."""
+    from aisafety.plugins import default_registry
+
+    with pytest.raises(ConfigError) as caught:
+        default_registry().create("metric", "certified-accuracy", {"epsilon": 0.01})
+    message = str(caught.value)
+    assert "epsilon: Extra inputs are not permitted" in message
+    assert "verifier_config={}, attack='pgd-linf', attack_config={}" in message
+    assert "PydanticUndefined" not in message
+
+
+def test_a_certified_eps_on_the_0_255_scale_is_refused_naming_its_0_1_value():
+    """eps: 2 (meaning 2/255) ran: the box covered every image, certified-accuracy 0."""
+    from aisafety.plugins import default_registry
+
+    with pytest.raises(ConfigError) as caught:
+        default_registry().create("metric", "certified-accuracy", {"eps": 2})
+    message = str(caught.value)
+    assert "eps=2 exceeds 1" in message and "on the 0-255 scale 2 is 0.007843" in message
+    default_registry().create("metric", "certified-accuracy", {"eps": 1})
+
+
+@pytest.mark.parametrize(
+    "mean, std, fix",
+    [(0.0, 1 / 255, "lie in 0..255, and images are in [0, 1]: divide 0..255 values by 255"),
+     (0.5, 0.25, "lie in -2..2, and images are in [0, 1]: normalised images (a data loader's")],
+)  # fmt: skip
+def test_float_images_out_of_range_name_the_range_and_the_fix(tmp_path, mean, std, fix):
+    """It said 'float images must lie in [0, 1]' with neither the range nor the likely cause."""
+    x, y = _images()
+    x[0, 0, 0, 0], x[1, 0, 0, 0] = 0.0, 1.0  # the range is exactly 0..1 before the mistake
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        aisafety.evaluate(
+            PLAN, f"sqlite:///{tmp_path}/a.db", model=extra(), data=((x - mean) / std, y)
+        )
+
+
+def test_a_module_handed_in_mid_training_gets_its_modes_back(tmp_path):
+    """It was evaluated in eval mode (right) and left there: further training went on
+    without dropout and with frozen BatchNorm statistics."""
+    net = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(48, 10)).train()
+    net[2].eval()  # a frozen head: each submodule's own mode comes back
+    before = [module.training for module in net.modules()]
+    record = aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net, data=_images())
+    assert [module.training for module in net.modules()] == before == [True, True, True, False]
+    assert record.values
+
+
+def test_a_model_file_given_as_model_points_at_the_plans_model_sources(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model="net.onnx", data=_images())
+    message = str(caught.value)  # it said only: got str
+    assert "got str 'net.onnx'; a model file is named in the plan" in message
+    assert "source: onnx, export, torchscript or python" in message
+
+
+def test_labels_beyond_the_models_classes_are_refused_before_any_work(tmp_path):
+    """Labels 1..10 for a 10-class model ran with ca alone (a label 10 never predicted)."""
+    x, _ = _images(4)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 10))
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(
+            {"metrics": ["ca"]},
+            f"sqlite:///{tmp_path}/a.db",
+            model=net,
+            data=(x, np.array([1, 2, 10, 3])),
+        )
+    message = str(caught.value)
+    assert "has labels 1..10, but model 'Sequential' has 10 classes, labels 0..9" in message
+    assert "numbered from 1? give y - 1" in message
