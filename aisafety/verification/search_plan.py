@@ -60,5 +60,5 @@ def _searchable(graph: BoundGraph) -> list[int]:
 def pass_elements(graph: BoundGraph, j: int) -> int:
     """Elements of the graph one row's backward pass from node ``j`` runs over."""
     crops = receptive.crops_for(graph, j)
-    chain, end = (graph, j) if crops is None else (crops.graph, j - crops.first)
+    chain, end = (graph, j) if crops is None else (crops.graph, crops.end)
     return sum(numel(op.out_shape) for op in chain.ops[: end + 1])
