@@ -106,6 +106,25 @@ def test_cropped_neurons_equal_the_dense_pass_row_by_row(swap, precision):
     assert compared > 100  # unstable neurons were bounded, not copied from the boxes
 
 
+def test_the_float32_crops_margins_cover_their_rounding():
+    """A float32 cropped pass subtracts its own rounding bound (the sub-window ops add
+    none: copies), so each of its bounds is at or below the exact (float64) bound of the
+    same relaxation on every row, at the image border and through both branches."""
+    graph, lower, upper = case(True)
+    with torch.no_grad(), receptive.dense_passes():
+        boxes = b.linear_boxes(graph, lower, upper)
+    below = 0
+    for j in relu_inputs(graph)[:-1]:
+        crops = receptive.crops_for(graph, j)
+        with torch.no_grad(), rounding.pass_precision("float32"):
+            lo32, hi32 = b._tighten_cropped(crops, j, boxes, "adaptive", 0)
+        with torch.no_grad(), rounding.pass_precision("float64"):
+            lo64, hi64 = b._tighten_dense(graph, j, boxes, "adaptive", True)
+        assert (lo32 <= lo64).all() and (hi32 >= hi64).all(), j
+        below += int((lo32 < lo64).sum())
+    assert below > 100  # the margins were subtracted, not skipped
+
+
 @pytest.mark.parametrize("swap", [False, True])
 def test_cropped_boxes_contain_sampled_values(swap):
     graph, lower, upper = case(swap)
