@@ -10,13 +10,15 @@ the boxes against sampled values.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
 from aisafety.prediction.torch_module import Normalize
 from aisafety.verification import bounds as b
-from aisafety.verification import ops, receptive, rounding
+from aisafety.verification import ops, receptive, rounding, search_plan
 from aisafety.verification.graph import build_graph
 
 
@@ -170,3 +172,15 @@ def test_a_window_passes_coefficients_back_to_the_positions_it_copies():
     (back,), shift = window.backward(a, (x, x))
     assert torch.equal(window.forward(x), x[:, index]) and not shift.any()
     assert torch.equal(back[:, :, index], a) and not back[:, :, [1, 3, 4, 6, 8]].any()
+
+
+def test_alpha_crowns_plan_counts_a_crop_through_an_addition_as_the_graph_up_to_it():
+    """The search plan's work estimate keeps the choice it had before these crops: their
+    element count undercounts their searches (``search_plan.pass_elements``)."""
+    graph, _, _ = case(False)
+    j = relu_inputs(graph)[1]  # the first block's addition
+    assert graph.ops[j].kind == "add" and receptive.crops_for(graph, j) is not None
+    whole = sum(math.prod(op.out_shape) for op in graph.ops[: j + 1])
+    assert search_plan.pass_elements(graph, j) == whole
+    chain = relu_inputs(graph)[0]  # a convolution straight after the input: its crop
+    assert search_plan.pass_elements(graph, chain) < whole

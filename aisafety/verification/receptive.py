@@ -5,16 +5,19 @@ that neuron's receptive field, yet a dense pass carries them over every pixel of
 layer: on the zoo's Conv-Small (28x28 input, two 4x4 stride-2 convolutions) a neuron of
 the second layer sees 10x10 of the 28x28 input pixels and 4x4 of the first layer's 14x14
 positions. auto_LiRPA keeps such coefficients as "patches" (one kernel per output
-position). Here the same saving comes from the dense machinery itself: for a chain of
-convolutions, ReLUs, per-channel affine ops and unpadded max-pools ending at node ``j``
-(after the input's normalisation, reshapes and permutations, which go onto the box), every
-output position of ``j`` is one *sample* of a cropped copy of the chain, whose input is the
-receptive field and whose convolutions have no padding. A max-pool window's field is the
-union of its inputs' fields, so it composes like a convolution whose kernel is the pool's;
-with a max-pool, or a convolution whose dense matrix on the crop is large, the crop keeps
-(C, h, w) windows and the ops themselves, else it runs on flat vectors. ``bounds._tighten``
-then bounds each position's unstable channels on its crop, with the same rules, rounding
-margins and memory budget.
+position). Here the same saving comes from the dense machinery itself: for the ops that
+node ``j`` depends on back to the input's normalisation (convolutions, ReLUs, per-channel
+affine ops, unpadded max-pools and residual additions; the normalisation, reshapes and
+permutations go onto the box), every output position of ``j`` is one *sample* of a cropped
+copy of those ops, whose input is the receptive field and whose convolutions have no
+padding. A max-pool window's field is the union of its inputs' fields, so it composes like
+a convolution whose kernel is the pool's. A node that both branches of a residual block
+read holds the union of the windows they need (they must agree on the stride); the branch
+that needs less reads its sub-window through ``ops.Window`` (a copy). With a max-pool, or a
+convolution whose dense matrix on the crop is large, the crop keeps (C, h, w) windows and
+the ops themselves, else it runs on flat vectors. ``bounds._tighten`` then bounds each
+position's unstable channels on its crop, with the same rules, rounding margins and
+memory budget.
 
 Padding is what needs care. A crop that reaches past the edge of a node covers positions
 that do not exist there; the convolution reading that node pads them with zeros. The crop's
@@ -22,8 +25,11 @@ boxes hold exactly that: the input's padding is the box [0, 0], and a padded ReL
 (the only other node a padded convolution may read here) is [0, 0] with its ReLU input box
 at [-TINY, -TINY], a stably inactive ReLU whose relaxation (slopes 0, intercepts 0) zeroes
 the coefficients there, so the garbage the cropped convolution computes at those positions
-is multiplied by zero. The bound of each neuron is therefore the dense pass's, summed in a
-different order (tests/test_receptive.py).
+is multiplied by zero. Every other op maps an output position inside its node to input
+positions inside theirs, so no other nonzero coefficient reaches past an edge (a node that
+a padded convolution and a ReLU both read would need both fills: kept dense). The bound of
+each neuron is therefore the dense pass's, summed in a different order
+(tests/test_receptive.py, tests/test_receptive_residual.py).
 """
 
 from __future__ import annotations
