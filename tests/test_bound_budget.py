@@ -93,21 +93,27 @@ def test_a_batch_over_the_budget_is_split_into_fewer_samples():
     assert verifier.fitting_batch(graph, prop, 100 * one) == 6
 
 
-MEASURE = """
+# a fresh process's width-16 random CIFAR ResNet, its IBP boxes and the resident sizes
+PRELUDE = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})
 from cifar_resnets import random_resnet
 from aisafety.memory import reuse_freed_memory
-from aisafety.verification import bounds as b, budget
+from aisafety.verification import bounds as b, budget, receptive
 from aisafety.verification.graph import build_graph
 torch.set_num_threads(1)
 graph = build_graph(random_resnet(blocks=(1, 1, 1, 1), width=16), (3, 32, 32), "r10")
-x = torch.rand(2, 3, 32, 32, dtype=torch.float64)
-boxes = b.interval_boxes(graph, x - 1 / 255, x + 1 / 255)
+x = torch.rand({batch}, 3, 32, 32, dtype=torch.float64)
+boxes = b.interval_boxes(graph, x - {eps}, x + {eps})
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
+"""
+
+MEASURE = (
+    PRELUDE
+    + """
 out = []
 for start, rows, grad in {runs!r}:
     n = graph.ops[start].out_shape
@@ -124,6 +130,7 @@ for start, rows, grad in {runs!r}:
     out.append([grown, budget.row_bytes(graph, start, 2, grad) * rows])
 print(json.dumps(out))
 """
+)
 
 
 def test_the_estimate_covers_the_measured_peak_of_a_backward_pass():
@@ -132,12 +139,52 @@ def test_the_estimate_covers_the_measured_peak_of_a_backward_pass():
     the graph and boxes, may be higher than the pass's, and ru_maxrss would then not grow),
     rows enough that the pass dwarfs the allocator's noise."""
     for run in ([(36, 400, False)], [(18, 60, True)]):
-        script = MEASURE.format(tests=str(TESTS), runs=run)
+        script = MEASURE.format(tests=str(TESTS), batch=2, eps="1 / 255", runs=run)
         done = _run(script)
         assert done.returncode == 0, done.stderr[-2000:]
         ((grown, estimate),) = json.loads(done.stdout)
         assert grown > 50 << 20  # the pass is measurable
         assert grown <= estimate, (run, grown, estimate)
+
+
+CROP = (
+    PRELUDE
+    + """
+j = {node!r}
+crops = receptive.crops_for(graph, j)
+lo, hi = boxes[j]
+pairs = int(((lo < 0) & (hi > 0)).any(1).sum())
+open("/proc/self/clear_refs", "w").write("5")
+before = status("VmRSS")
+with reuse_freed_memory(), torch.no_grad():
+    b._tighten_cropped(crops, j, boxes, "adaptive", {steps!r})
+grown = status("VmHWM") - before
+kinds = [op.kind for op in crops.graph.ops]
+estimate = budget.crop_pair_bytes(crops.graph, crops.end, {steps!r} > 0) * pairs
+print(json.dumps([grown, estimate, kinds.count("add"), kinds.count("window")]))
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "node, steps",
+    [
+        (9, 0),
+        pytest.param(18, 0, marks=pytest.mark.slow),
+        pytest.param(9, 2, marks=pytest.mark.slow),
+    ],
+)
+def test_the_crop_estimate_covers_the_measured_peak_through_residual_additions(node, steps):
+    """A residual block's crop holds both branches, their union windows and a sub-window
+    op (``receptive.py``): the pairs' estimate (one chunk: the budget is far above it)
+    covers the growth of the resident size, measured as above. Node 9: the first block's
+    addition; 18: the strided block's (a 1x1 stride-2 shortcut); with alpha-CROWN's slopes."""
+    done = _run(CROP.format(tests=str(TESTS), batch=1, eps="2 / 255", node=node, steps=steps))
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown, estimate, adds, windows = json.loads(done.stdout)
+    assert adds >= 1 and windows >= 1  # the crop passes through an addition
+    assert grown > 20 << 20  # the pass is measurable
+    assert grown <= estimate, (grown, estimate)
 
 
 RESNET18 = """

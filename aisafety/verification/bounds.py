@@ -43,6 +43,8 @@ LINEAR_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "positive-li
 # with max-pooling (ops.MaxPool: DeepPoly's lines; milp_maxpool.py: the MILP and LP rows)
 CROWN_KINDS = LINEAR_KINDS | {"maxpool"}
 IBP_KINDS = CROWN_KINDS
+# the ops of a receptive-field crop graph too (``receptive.py``: a residual branch's window)
+PASS_KINDS = CROWN_KINDS | {"window"}
 
 
 def interval_boxes(graph: BoundGraph, lower: torch.Tensor, upper: torch.Tensor) -> list[Box]:
@@ -90,7 +92,7 @@ def backward(
             back, shift = op.backward(coeff, *in_boxes, lower_slope=slope, constant=not rounded)
         elif rounded and op.kind in {"dense", "conv", "maxpool"}:  # exact_shift: the constant
             back, shift = op.backward(coeff, *in_boxes, constant=False)
-        elif op.kind in CROWN_KINDS:
+        elif op.kind in PASS_KINDS:
             back, shift = op.backward(coeff, *in_boxes)
         else:
             raise VerificationError(
@@ -228,7 +230,7 @@ def _tighten_cropped(
     lo, hi = boxes[j]
     b, c, h, w = lo.shape
     pairs = ((lo < 0) & (hi > 0)).any(1).reshape(b, h * w).nonzero()  # (N, 2): sample, place
-    end = j - crops.first  # node j in the cropped chain
+    end = crops.end
     per_pair = budget.crop_pair_bytes(crops.graph, end, alpha_steps > 0)
     step = budget.rows_per_chunk(per_pair, max(1, pairs.shape[0]), budget.box_bytes(crops.graph, 0))
     out = [t.reshape(b, c, h * w).transpose(1, 2).clone() for t in (lo, hi)]  # (B, places, C)

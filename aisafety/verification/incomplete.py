@@ -70,7 +70,7 @@ class CrownVerifier(Verifier):
         crops = receptive.crops_for(graph, j) if op_is_relu_input(graph, j) else None
         if crops is None:
             return 2 * budget.row_bytes(graph, j, batch, grad)
-        end = j - crops.first
+        end = crops.end
         one = budget.box_bytes(crops.graph, 1) + 2 * budget.row_bytes(crops.graph, end, 1, grad)
         return batch * one
 

@@ -334,3 +334,25 @@ class MaxPool(Op):
         padded = F.pad(x, pads, value=fill)
         cols = F.unfold(padded, self.kernel, self.dilation, 0, self.stride)
         return cols.reshape(x.shape[0], x.shape[1], -1, cols.shape[-1])
+
+
+@dataclass
+class Window(Op):
+    """The input's values at the flat positions ``index`` (one per output element): a
+    receptive-field crop's sub-window of a node that a residual branch reads less of than
+    the other (``receptive.py``). A copy, exact in any dtype."""
+
+    index: torch.Tensor = None  # type: ignore[assignment]
+    kind: str = field(default="window", init=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1).index_select(1, self.index).reshape(-1, *self.out_shape)
+
+    def interval(self, box: Box) -> Box:
+        return self.forward(box[0]), self.forward(box[1])
+
+    def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
+        b, k = a.shape[:2]
+        back = a.new_zeros(b, k, box[0][0].numel())
+        back.index_copy_(2, self.index, a.flatten(2))
+        return [back.reshape(b, k, *box[0].shape[1:])], a.new_zeros(b, k)

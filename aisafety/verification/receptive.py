@@ -5,16 +5,19 @@ that neuron's receptive field, yet a dense pass carries them over every pixel of
 layer: on the zoo's Conv-Small (28x28 input, two 4x4 stride-2 convolutions) a neuron of
 the second layer sees 10x10 of the 28x28 input pixels and 4x4 of the first layer's 14x14
 positions. auto_LiRPA keeps such coefficients as "patches" (one kernel per output
-position). Here the same saving comes from the dense machinery itself: for a chain of
-convolutions, ReLUs, per-channel affine ops and unpadded max-pools ending at node ``j``
-(after the input's normalisation, reshapes and permutations, which go onto the box), every
-output position of ``j`` is one *sample* of a cropped copy of the chain, whose input is the
-receptive field and whose convolutions have no padding. A max-pool window's field is the
-union of its inputs' fields, so it composes like a convolution whose kernel is the pool's;
-with a max-pool, or a convolution whose dense matrix on the crop is large, the crop keeps
-(C, h, w) windows and the ops themselves, else it runs on flat vectors. ``bounds._tighten``
-then bounds each position's unstable channels on its crop, with the same rules, rounding
-margins and memory budget.
+position). Here the same saving comes from the dense machinery itself: for the ops that
+node ``j`` depends on back to the input's normalisation (convolutions, ReLUs, per-channel
+affine ops, unpadded max-pools and residual additions; the normalisation, reshapes and
+permutations go onto the box), every output position of ``j`` is one *sample* of a cropped
+copy of those ops, whose input is the receptive field and whose convolutions have no
+padding. A max-pool window's field is the union of its inputs' fields, so it composes like
+a convolution whose kernel is the pool's. A node that both branches of a residual block
+read holds the union of the windows they need (they must agree on the stride); the branch
+that needs less reads its sub-window through ``ops.Window`` (a copy). With a max-pool, or a
+convolution whose dense matrix on the crop is large, the crop keeps (C, h, w) windows and
+the ops themselves, else it runs on flat vectors. ``bounds._tighten`` then bounds each
+position's unstable channels on its crop, with the same rules, rounding margins and
+memory budget.
 
 Padding is what needs care. A crop that reaches past the edge of a node covers positions
 that do not exist there; the convolution reading that node pads them with zeros. The crop's
@@ -22,8 +25,11 @@ boxes hold exactly that: the input's padding is the box [0, 0], and a padded ReL
 (the only other node a padded convolution may read here) is [0, 0] with its ReLU input box
 at [-TINY, -TINY], a stably inactive ReLU whose relaxation (slopes 0, intercepts 0) zeroes
 the coefficients there, so the garbage the cropped convolution computes at those positions
-is multiplied by zero. The bound of each neuron is therefore the dense pass's, summed in a
-different order (tests/test_receptive.py).
+is multiplied by zero. Every other op maps an output position inside its node to input
+positions inside theirs, so no other nonzero coefficient reaches past an edge (a node that
+a padded convolution and a ReLU both read would need both fills: kept dense). The bound of
+each neuron is therefore the dense pass's, summed in a different order
+(tests/test_receptive.py, tests/test_receptive_residual.py).
 """
 
 from __future__ import annotations
@@ -61,23 +67,38 @@ def dense_passes() -> Iterator[None]:
 
 
 @dataclass
+class Window:
+    """Where a node of the crop graph lies on node ``source`` of the graph: the window of
+    shape ``shape`` (C, h, w) starting at ``position * stride + offset``; positions outside
+    that node hold ``fill``."""
+
+    source: int
+    shape: tuple[int, int, int]
+    stride: tuple[int, int]
+    offset: tuple[int, int]
+    fill: float
+
+
+@dataclass
 class Crops:
-    """The cropped chain from node ``first`` (its input) to node ``j`` (its output), and
-    where each node's window starts (index ``i`` is node ``first + i``)."""
+    """The crop graph of node ``j``'s neurons: ``windows[i]`` says which node of the graph
+    crop node ``i`` windows (node 0 is node ``first``, its input; the last is ``j``)."""
 
     graph: BoundGraph
     first: int
     leading: list[ops.Op]  # the input normalisation before node ``first``: on the box
-    shapes: list[tuple[int, int, int]]  # each node's window
-    stride: list[tuple[int, int]]  # window start = position * stride + offset
-    offset: list[tuple[int, int]]
-    zero_fill: list[bool]  # out-of-range positions are 0 (else -TINY)
+    windows: list[Window]
     flat: bool = True  # the crop graph's nodes are flat vectors (else (C, h, w) windows)
+
+    @property
+    def end(self) -> int:
+        """Node ``j`` in the crop graph."""
+        return len(self.graph.ops) - 1
 
 
 def crops_for(graph: BoundGraph, j: int) -> Crops | None:
     """The crops of node ``j`` when its neurons' receptive fields are small and every op
-    up to it is a chain this module crops exactly (cached on the graph); else None."""
+    up to it is one this module crops exactly (cached on the graph); else None."""
     if not _ENABLED.get():
         return None
     cache = graph.__dict__.setdefault("_crops", {})
@@ -105,25 +126,45 @@ def _moves_values(op: ops.Op) -> bool:
     return op.kind == "reshape" or (op.kind == "positive-linear" and op.permutation)
 
 
-def _croppable(graph: BoundGraph, first: int, j: int) -> bool:
+def _ancestors(graph: BoundGraph, first: int, j: int) -> list[int] | None:
+    """The nodes from ``first`` to ``j`` that ``j`` depends on, in order; None when one of
+    them reads a node before ``first`` (or ``first`` is not among them)."""
+    found, todo = {j}, [j]
+    while todo:
+        i = todo.pop()
+        if i == first:
+            continue
+        for k in graph.ops[i].inputs:
+            if k < first:
+                return None
+            if k not in found:
+                found.add(k)
+                todo.append(k)
+    return sorted(found) if first in found else None
+
+
+def _croppable(graph: BoundGraph, first: int, nodes: list[int]) -> bool:
+    """Every op of the crop is one cropped exactly, and every padded convolution reads the
+    input or a ReLU (the only nodes whose out-of-range fill is what padding reads)."""
+    j = nodes[-1]
     if len(graph.ops[j].out_shape) != 3 or not graph.relu_only or first == j:
         return False
     if len(graph.ops[first].out_shape) != 3:
         return False
-    for i in range(first + 1, j + 1):
+    for i in nodes[1:]:
         op = graph.ops[i]
-        if op.inputs != [i - 1] or op.kind not in {"conv", "activation", "elementwise", "maxpool"}:
+        if op.kind not in {"conv", "activation", "elementwise", "maxpool", "add"}:
             return False
         if op.kind == "elementwise" and not all(_per_channel(t) for t in (op.scale, op.shift)):
             return False
         # a window past the edge of a max-pool's input is -inf there, not a filled value
         if op.kind == "maxpool" and (any(op.padding) or op.ceil_mode):
             return False
-        padded = op.kind == "conv" and any(op.padding)
-        reads = graph.ops[i - 1]
-        relu = reads.kind == "activation" and reads.relaxation is RELU
-        if padded and i - 1 > first and not relu:
-            return False
+        if op.kind == "conv" and any(op.padding):
+            reads = op.inputs[0]
+            relu = graph.ops[reads].kind == "activation" and graph.ops[reads].relaxation is RELU
+            if reads != first and not relu:
+                return False
     return True
 
 
@@ -131,59 +172,153 @@ def _per_channel(t: torch.Tensor) -> bool:
     return t.dim() == 3 and bool((t == t[:, :1, :1]).all())
 
 
+Need = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]  # size, stride, offset
+
+
+def _needs(op: ops.Op, need: Need) -> Need:
+    """The window of an input that ``op`` reads for its output window ``need``."""
+    size, stride, offset = need
+    if op.kind not in {"conv", "maxpool"}:  # elementwise, activation, add: the same window
+        return need
+    # a max-pool window: a kernel = stride convolution's
+    return (
+        _in_size(op, size),
+        tuple(stride[d] * op.stride[d] for d in (0, 1)),
+        tuple(offset[d] * op.stride[d] - op.padding[d] for d in (0, 1)),
+    )
+
+
+def _union(a: Need | None, b: Need) -> Need | None:
+    """The smallest window holding the windows ``a`` and ``b`` (None: their strides differ,
+    so no window of one stride holds both)."""
+    if a is None:
+        return b
+    if a[1] != b[1]:
+        raise _Uncroppable
+    low = tuple(min(a[2][d], b[2][d]) for d in (0, 1))
+    high = tuple(max(a[2][d] + a[0][d], b[2][d] + b[0][d]) for d in (0, 1))
+    return tuple(high[d] - low[d] for d in (0, 1)), a[1], low
+
+
+class _Uncroppable(Exception):
+    """Two branches read one node on grids of different strides."""
+
+
+def _windows_of(graph: BoundGraph, nodes: list[int]) -> dict[int, Need] | None:
+    """Each node's window: what its readers in the crop need, united (a node read by two
+    branches of a residual block holds both branches' windows)."""
+    need: dict[int, Need | None] = {nodes[-1]: ((1, 1), (1, 1), (0, 0))}
+    try:
+        for i in reversed(nodes[1:]):
+            op = graph.ops[i]
+            for k in op.inputs:
+                need[k] = _union(need.get(k), _needs(op, need[i]))
+    except _Uncroppable:
+        return None
+    return need
+
+
+def _fills(graph: BoundGraph, nodes: list[int]) -> dict[int, float] | None:
+    """Each node's out-of-range fill: 0 (the input's padding, a ReLU's output there), or
+    -TINY below a ReLU (stably inactive); None when a node needs both (a padded convolution
+    and a ReLU read it)."""
+    fill = {i: 0.0 for i in nodes}
+    padded = set()
+    for i in nodes[1:]:
+        op = graph.ops[i]
+        if op.kind == "activation":
+            fill[op.inputs[0]] = -TINY
+        if op.kind == "conv" and any(op.padding):
+            padded.add(op.inputs[0])
+    return None if any(fill[k] != 0.0 for k in padded) else fill
+
+
 def _build(graph: BoundGraph, j: int) -> Crops | None:
     first = _leading(graph, j)
-    if not _croppable(graph, first, j):
+    nodes = _ancestors(graph, first, j)
+    if nodes is None or not _croppable(graph, first, nodes):
         return None
-    n = j - first + 1
-    size, stride, offset = [(1, 1)] * n, [(1, 1)] * n, [(0, 0)] * n
-    for i in range(n - 1, 0, -1):
-        op = graph.ops[first + i]
-        size[i - 1], stride[i - 1], offset[i - 1] = size[i], stride[i], offset[i]
-        if op.kind in {"conv", "maxpool"}:  # a max-pool window: a kernel = stride conv's
-            size[i - 1] = _in_size(op, size[i])
-            stride[i - 1] = tuple(stride[i][d] * op.stride[d] for d in (0, 1))
-            offset[i - 1] = tuple(offset[i][d] * op.stride[d] - op.padding[d] for d in (0, 1))
+    need, fill = _windows_of(graph, nodes), _fills(graph, nodes)
+    if need is None or fill is None:
+        return None
+    size = need[first][0]
     whole = graph.ops[first].out_shape[1] * graph.ops[first].out_shape[2]
-    if size[0][0] * size[0][1] > SHARE * whole:
+    if size[0] * size[1] > SHARE * whole:
         return None
-    chain = graph.ops[first : j + 1]
-    shapes = [(op.out_shape[0], *size[i]) for i, op in enumerate(chain)]
-    flat = not _spatial(chain, shapes)
-    make = _flat_op if flat else _spatial_op
-    cropped = [ops.Input("crop", [], (math.prod(shapes[0]),) if flat else shapes[0])]
-    for i, op in enumerate(chain[1:], 1):
-        cropped.append(make(op, shapes[i - 1], shapes[i], i - 1))
-    zero_fill = [True] + [op.kind != "activation" for op in chain[1:]]
-    for i, op in enumerate(chain[1:], 1):
-        if op.kind == "activation":  # its input pads as a stably inactive ReLU
-            zero_fill[i - 1] = False
-    crop = BoundGraph(cropped, graph.model, graph.dtype)
-    leading = graph.ops[1 : first + 1]
-    return Crops(crop, first, leading, shapes, stride, offset, zero_fill, flat)
+    shape = {i: (graph.ops[i].out_shape[0], *need[i][0]) for i in nodes}
+    flat = not _spatial(graph, nodes, shape)
+    crop, windows = _crop_graph(graph, nodes, need, fill, shape, flat)
+    return Crops(crop, first, graph.ops[1 : first + 1], windows, flat)
 
 
-def _spatial(chain: list[ops.Op], shapes: list[tuple[int, int, int]]) -> bool:
+def _crop_graph(
+    graph: BoundGraph,
+    nodes: list[int],
+    need: dict[int, Need],
+    fill: dict[int, float],
+    shape: dict[int, tuple[int, int, int]],
+    flat: bool,
+) -> tuple[BoundGraph, list[Window]]:
+    """The crop graph of ``nodes`` on their windows ``need``, with a sub-window op before
+    each reader that needs less of a node than its window (one per node and window), and
+    where each of its nodes lies on the graph."""
+    first = nodes[0]
+    windows = [Window(first, shape[first], *need[first][1:], fill[first])]
+    at = {first: 0}  # a node's (or a sub-window's: (node, need)) index in the crop graph
+    start = (math.prod(shape[first]),) if flat else shape[first]
+    cropped: list[ops.Op] = [ops.Input("crop", [], start)]
+    for i in nodes[1:]:
+        op, reads, in_shapes = graph.ops[i], [], []
+        for k in op.inputs:
+            wanted = _needs(op, need[i])
+            in_shapes.append((shape[k][0], *wanted[0]))
+            if wanted != need[k] and (k, wanted) not in at:  # a sub-window of node k
+                at[k, wanted] = len(cropped)
+                windows.append(Window(k, in_shapes[-1], *wanted[1:], fill[k]))
+                cropped.append(_sub_window(op.name, at[k], need[k], wanted, shape[k][0], flat))
+            reads.append(at[k] if wanted == need[k] else at[k, wanted])
+        at[i] = len(cropped)
+        windows.append(Window(i, shape[i], *need[i][1:], fill[i]))
+        cropped.append((_flat_op if flat else _spatial_op)(op, in_shapes[0], shape[i], reads))
+    return BoundGraph(cropped, graph.model, graph.dtype), windows
+
+
+def _sub_window(name: str, reads: int, outer: Need, inner: Need, channels: int, flat: bool):
+    """The crop op that picks window ``inner`` out of node ``reads``' window ``outer`` (same
+    stride): a copy of values, exact."""
+    (h, w), (dh, dw) = outer[0], tuple(inner[2][d] - outer[2][d] for d in (0, 1))
+    rows = torch.arange(inner[0][0]) + dh
+    cols = torch.arange(inner[0][1]) + dw
+    grid = (torch.arange(channels)[:, None, None] * h + rows[:, None]) * w + cols
+    shape = (grid.numel(),) if flat else tuple(grid.shape)
+    return ops.Window(name, [reads], shape, index=grid.flatten())
+
+
+def _spatial(graph: BoundGraph, nodes: list[int], shape: dict[int, tuple]) -> bool:
     """Whether the crop keeps its nodes' (C, h, w) shapes and convolutions: with max-pooling,
     or where a convolution's dense matrix on the crop would be larger than ``LARGEST`` (a
     3x3 convolution's is mostly zeros: on a 64-channel 8x8 crop 7x the products of the
     convolution itself). Else the crop runs on flat vectors, its convolutions as dense
     matrices (faster on the small crops of a strided net: one matrix product per layer)."""
-    if any(op.kind == "maxpool" for op in chain):
+    if any(graph.ops[i].kind == "maxpool" for i in nodes):
         return True
-    sizes = [math.prod(shape) for shape in shapes]
-    return any(
-        op.kind == "conv" and sizes[i] * sizes[i + 1] > LARGEST for i, op in enumerate(chain[1:])
-    )
+    for i in nodes[1:]:
+        op = graph.ops[i]
+        if op.kind == "conv":
+            window = _needs(op, (shape[i][1:], (1, 1), (0, 0)))[0]
+            reads = math.prod(window) * shape[op.inputs[0]][0]
+            if reads * math.prod(shape[i]) > LARGEST:
+                return True
+    return False
 
 
 def _spatial_op(
-    op: ops.Op, in_shape: tuple[int, ...], shape: tuple[int, ...], reads: int
+    op: ops.Op, in_shape: tuple[int, ...], shape: tuple[int, ...], reads: list[int]
 ) -> ops.Op:
     """``op`` on the crop, on (C, h, w) windows: a convolution without its padding (the
     crop's boxes hold the padding), a per-channel elementwise op's constants on the window."""
     new = copy.copy(op)
-    new.inputs, new.out_shape = [reads], shape
+    new.inputs, new.out_shape = reads, shape
     if op.kind in {"conv", "maxpool"}:
         new.in_shape = in_shape
     if op.kind == "conv":
@@ -194,7 +329,9 @@ def _spatial_op(
     return new
 
 
-def _flat_op(op: ops.Op, in_shape: tuple[int, ...], shape: tuple[int, ...], reads: int) -> ops.Op:
+def _flat_op(
+    op: ops.Op, in_shape: tuple[int, ...], shape: tuple[int, ...], reads: list[int]
+) -> ops.Op:
     """``op`` on the crop, on flat vectors: a convolution as the dense matrix of its
     unpadded map (every entry a weight or zero, so exact in any dtype that holds them)."""
     n = math.prod(shape)
@@ -202,10 +339,10 @@ def _flat_op(op: ops.Op, in_shape: tuple[int, ...], shape: tuple[int, ...], read
         basis = torch.eye(math.prod(in_shape), dtype=op.weight.dtype).reshape(-1, *in_shape)
         columns = F.conv2d(basis, op.weight.detach(), None, op.stride, 0, op.dilation, op.groups)
         bias = op.bias.detach().repeat_interleave(n // shape[0])
-        return ops.Dense(op.name, [reads], (n,), weight=columns.reshape(-1, n).T.contiguous(),
+        return ops.Dense(op.name, reads, (n,), weight=columns.reshape(-1, n).T.contiguous(),
                          bias=bias)  # fmt: skip
     new = copy.copy(op)
-    new.inputs, new.out_shape = [reads], (n,)
+    new.inputs, new.out_shape = reads, (n,)
     if op.kind == "elementwise":
         new.scale = op.scale[:, :1, :1].expand(shape).reshape(-1)
         new.shift = op.shift[:, :1, :1].expand(shape).reshape(-1)
@@ -221,15 +358,14 @@ def _in_size(op: ops.Op, size: tuple[int, int]) -> tuple[int, int]:
 def crop_boxes(
     crops: Crops, boxes: list[Box], samples: torch.Tensor, positions: torch.Tensor
 ) -> list[Box]:
-    """The boxes of the chain's nodes (flat where the crop is) on the windows of the
+    """The boxes of the crop graph's nodes (flat where the crop is) on the windows of the
     (sample, position of node ``j``) pairs ``samples`` (N,) and ``positions`` (N, 2);
-    out-of-range positions filled as the module docstring says; the first is the input box
-    through the leading ops, widened by their rounding."""
+    out-of-range positions filled as the module docstring says; node ``first``'s is the
+    input box through the leading ops, widened by their rounding."""
     out = []
-    chain = [_normalised(crops, boxes)] + boxes[crops.first + 1 : crops.first + len(crops.stride)]
-    for i, (lo, hi) in enumerate(chain):
-        fill = 0.0 if crops.zero_fill[i] else -TINY
-        args = (samples, positions, crops.stride[i], crops.offset[i], crops.shapes[i][1:], fill)
+    for window in crops.windows:
+        lo, hi = _normalised(crops, boxes) if window.source == crops.first else boxes[window.source]
+        args = (samples, positions, window.stride, window.offset, window.shape[1:], window.fill)
         lo, hi = _windows(lo, *args), _windows(hi, *args)
         out.append((lo.flatten(1), hi.flatten(1)) if crops.flat else (lo, hi))
     return out

@@ -36,7 +36,7 @@ U64 = 2.0**-53
 TINY = 1e-20
 # positive-linear: permutations only (``_bounded``)
 FAST_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "add", "activation", "maxpool",
-              "positive-linear"}  # fmt: skip
+              "positive-linear", "window"}  # fmt: skip
 
 # below this many coefficient elements a pass is cheap in float64, where it is tighter
 SMALL = 1 << 16
@@ -202,7 +202,7 @@ def exact_shift(
     computed in float64, the last term at most ``gamma(n) <|a|, |W| r>`` with ``n`` the
     row's own count of nonzero coefficients (capped by the terms of one of the op's sums)."""
     n = a[0, 0].numel()
-    if wide.kind in {"reshape", "add", "input", "positive-linear"}:  # copies: exact
+    if wide.kind in {"reshape", "add", "input", "positive-linear", "window"}:  # copies: exact
         return a.new_zeros(a.shape[:2], dtype=torch.float64), a.new_zeros((), dtype=torch.float64)
     if wide.kind == "maxpool":
         make = lambda: _pool_columns(wide, boxes[0], n)  # noqa: E731
