@@ -193,3 +193,30 @@ def test_labels_beyond_the_models_classes_are_refused_before_any_work(tmp_path):
     message = str(caught.value)
     assert "has labels 1..10, but model 'Sequential' has 10 classes, labels 0..9" in message
     assert "numbered from 1? give y - 1" in message
+
+
+def _deep(width: int, classes: int = 10) -> nn.Sequential:
+    """ResNet-18's shape of problem: 20 conv + BatchNorm layers, each as wide as ``width``."""
+    layers = [nn.Conv2d(3, width, 3), nn.BatchNorm2d(width)]
+    for _ in range(19):
+        layers += [nn.Conv2d(width, width, 3), nn.BatchNorm2d(width)]
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(width, classes))
+
+
+def test_a_narrower_nets_state_dict_names_the_width_and_a_few_layers_not_every_one():
+    """It was one 7 KB line listing every layer of a narrower ResNet-18."""
+    with pytest.raises(ConfigError) as caught:
+        load_into(_deep(64), _deep(32).state_dict(), "m", "r18.pt")
+    message = str(caught.value)
+    assert "width differs: the file's 0.weight has 32 channels, the model's 64" in message
+    assert "0.weight: file (32, 3, 3, 3), model (64, 3, 3, 3)" in message
+    assert "(and 118 more)" in message and "40.weight" not in message
+    assert len(message) < 700
+
+
+def test_a_state_dict_for_other_classes_names_the_classes():
+    with pytest.raises(ConfigError) as caught:
+        load_into(_deep(8), _deep(8, classes=100).state_dict(), "m", "r18.pt")
+    message = str(caught.value)
+    assert "classes differ: the file's 41.weight has 100 outputs, the model's 10" in message
+    assert "41.bias: file (100,), model (10,)" in message
