@@ -220,3 +220,20 @@ def test_a_state_dict_for_other_classes_names_the_classes():
     message = str(caught.value)
     assert "classes differ: the file's 41.weight has 100 outputs, the model's 10" in message
     assert "41.bias: file (100,), model (10,)" in message
+
+
+def test_a_certified_metrics_label_names_the_verifier_with_its_settings_as_attacks_are():
+    """The label carried the settings' dict repr: ``verifier_config={'clock': 'cpu', ...}``."""
+    from aisafety.plugins import default_registry
+    from aisafety.report.sections import _without_radius
+
+    def label(**config) -> str:
+        return default_registry().create("metric", "certified-accuracy", config).label()
+
+    crown = label(eps=0.0002, verifier_config={"timeout": 60, "clock": "cpu"})
+    assert crown == "certified-accuracy(eps=0.0002,verifier=crown(clock=cpu,timeout=60))"
+    assert label(eps=0.0002, verifier_config={"timeout": 30}) != crown  # two rows stay apart
+    assert label(eps=0.01, verifier="ibp", attack_config={"steps": 10}) == (
+        "certified-accuracy(eps=0.01,verifier=ibp,attack=pgd-linf(steps=10))"
+    )
+    assert _without_radius(crown) == "certified-accuracy(verifier=crown(clock=cpu,timeout=60))"
