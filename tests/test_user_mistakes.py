@@ -237,3 +237,5 @@ def test_a_certified_metrics_label_names_the_verifier_with_its_settings_as_attac
         "certified-accuracy(eps=0.01,verifier=ibp,attack=pgd-linf(steps=10))"
     )
     assert _without_radius(crown) == "certified-accuracy(verifier=crown(clock=cpu,timeout=60))"
+    steps = label(eps=0.01, attack_config={"steps": 7})  # "steps=" holds "eps="
+    assert _without_radius(steps) == "certified-accuracy(attack=pgd-linf(steps=7))"
