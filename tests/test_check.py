@@ -100,7 +100,7 @@ def test_weaker_model_fails_against_adversarially_trained_baseline(gate):
             False,
         "no regression: clean accuracy": True,
         "no regression: certified accuracy (certified-accuracy(eps=0.01,verifier=ibp,"
-        "attack_config={'steps': 10}))": False,
+        "attack=pgd-linf(steps=10)))": False,
     }.items()  # fmt: skip
     assert len(cases) == int(suite.get("tests")) == 5  # and random-noise's, either way
     assert suite.get("failures") == str(sum(not passed for passed in cases.values()))

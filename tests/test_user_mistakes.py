@@ -193,3 +193,49 @@ def test_labels_beyond_the_models_classes_are_refused_before_any_work(tmp_path):
     message = str(caught.value)
     assert "has labels 1..10, but model 'Sequential' has 10 classes, labels 0..9" in message
     assert "numbered from 1? give y - 1" in message
+
+
+def _deep(width: int, classes: int = 10) -> nn.Sequential:
+    """ResNet-18's shape of problem: 20 conv + BatchNorm layers, each as wide as ``width``."""
+    layers = [nn.Conv2d(3, width, 3), nn.BatchNorm2d(width)]
+    for _ in range(19):
+        layers += [nn.Conv2d(width, width, 3), nn.BatchNorm2d(width)]
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(width, classes))
+
+
+def test_a_narrower_nets_state_dict_names_the_width_and_a_few_layers_not_every_one():
+    """It was one 7 KB line listing every layer of a narrower ResNet-18."""
+    with pytest.raises(ConfigError) as caught:
+        load_into(_deep(64), _deep(32).state_dict(), "m", "r18.pt")
+    message = str(caught.value)
+    assert "width differs: the file's 0.weight has 32 channels, the model's 64" in message
+    assert "0.weight: file (32, 3, 3, 3), model (64, 3, 3, 3)" in message
+    assert "(and 118 more)" in message and "40.weight" not in message
+    assert len(message) < 700
+
+
+def test_a_state_dict_for_other_classes_names_the_classes():
+    with pytest.raises(ConfigError) as caught:
+        load_into(_deep(8), _deep(8, classes=100).state_dict(), "m", "r18.pt")
+    message = str(caught.value)
+    assert "classes differ: the file's 41.weight has 100 outputs, the model's 10" in message
+    assert "41.bias: file (100,), model (10,)" in message
+
+
+def test_a_certified_metrics_label_names_the_verifier_with_its_settings_as_attacks_are():
+    """The label carried the settings' dict repr: ``verifier_config={'clock': 'cpu', ...}``."""
+    from aisafety.plugins import default_registry
+    from aisafety.report.sections import _without_radius
+
+    def label(**config) -> str:
+        return default_registry().create("metric", "certified-accuracy", config).label()
+
+    crown = label(eps=0.0002, verifier_config={"timeout": 60, "clock": "cpu"})
+    assert crown == "certified-accuracy(eps=0.0002,verifier=crown(clock=cpu,timeout=60))"
+    assert label(eps=0.0002, verifier_config={"timeout": 30}) != crown  # two rows stay apart
+    assert label(eps=0.01, verifier="ibp", attack_config={"steps": 10}) == (
+        "certified-accuracy(eps=0.01,verifier=ibp,attack=pgd-linf(steps=10))"
+    )
+    assert _without_radius(crown) == "certified-accuracy(verifier=crown(clock=cpu,timeout=60))"
+    steps = label(eps=0.01, attack_config={"steps": 7})  # "steps=" holds "eps="
+    assert _without_radius(steps) == "certified-accuracy(attack=pgd-linf(steps=7))"

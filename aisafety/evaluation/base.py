@@ -67,8 +67,14 @@ class Metric(ABC):
         return None  # most metrics evaluate any model meeting ``requires``
 
     def label(self) -> str:
-        """Name plus non-default settings, e.g. ``ald(p=2)``: two configs, two rows."""
+        """Name plus non-default settings, e.g. ``ald(p=2)``: two configs, two rows. A
+        plugin's settings (``verifier_config``) go with its name as attacks are labelled:
+        ``verifier=crown(timeout=60)``, not the whole dict's repr (the plan keeps it)."""
         extra = self.config.model_dump(exclude_defaults=True)
+        full = self.config.model_dump()
+        for key in [k for k in extra if k.endswith("_config") and k[: -len("_config")] in full]:
+            plugin = key[: -len("_config")]
+            extra[plugin] = plugin_label(full[plugin], extra.pop(key))
         return (
             f"{self.name}({','.join(f'{k}={v}' for k, v in extra.items())})" if extra else self.name
         )
@@ -100,6 +106,11 @@ class Metric(ABC):
             verdicts=tuple(verdicts),
             smoothing_certificates=smoothing_certificates,
         )
+
+
+def plugin_label(name: str, config: dict[str, Any]) -> str:
+    """``crown(clock=cpu,timeout=60)``: as ``AttackSpec.label`` writes an attack."""
+    return f"{name}({','.join(f'{k}={v}' for k, v in sorted(config.items()))})"
 
 
 class CleanMetric(Metric):

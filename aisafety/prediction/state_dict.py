@@ -24,6 +24,7 @@ PREFIXES = ("module.", "model.", "_orig_mod.", "net.")
 # Keys under which training loops store the weights in a larger checkpoint dict.
 NESTED_KEYS = ("state_dict", "model_state_dict")
 SHOWN = 8  # missing or left-over keys listed; the rest are counted
+SHOWN_SHAPES = 3  # differing shapes listed (after the likely cause); the rest are counted
 
 
 def read_state_dict(data: bytes, model: str, path: object) -> dict[str, torch.Tensor]:
@@ -103,20 +104,50 @@ def _strip(key: str, prefix: str) -> str:
     return key[len(prefix) :] if key.startswith(prefix) else key
 
 
+def shape_mismatch(shapes: list[tuple[str, tuple, tuple]], own_keys: list[str]) -> str:
+    """The first few differing shapes, a count of the rest and the likely cause: a narrower
+    ResNet-18 listed all of its 100 layers in one 7 KB line, which hid the one fact that
+    matters (the width, or the number of classes, differs)."""
+    listed = [f"{key}: file {file}, model {model}" for key, file, model in shapes[:SHOWN_SHAPES]]
+    more = len(shapes) - SHOWN_SHAPES
+    rest = f" (and {more} more)" if more > 0 else ""
+    return f"{likely_cause(shapes, own_keys)}; shape mismatch: {'; '.join(listed)}{rest}"
+
+
+def likely_cause(shapes: list[tuple[str, tuple, tuple]], own_keys: list[str]) -> str:
+    """What the first differing tensor says: its output size (the width, or the classes
+    where it is the model's last layer) or its input size."""
+    key, file, model = shapes[0]
+    if len(file) != len(model):
+        return f"layer types differ: the file's {key} has shape {file}, the model's {model}"
+    dim = next(i for i, (a, b) in enumerate(zip(file, model, strict=True)) if a != b)
+    layer = key.rsplit(".", 1)[0]
+    if dim == 0 and layer == own_keys[-1].rsplit(".", 1)[0]:
+        return (
+            f"classes differ: the file's {key} has {file[0]} outputs, the model's "
+            f"{model[0]} (num_classes)"
+        )
+    if dim == 0:
+        return f"width differs: the file's {key} has {file[0]} channels, the model's {model[0]}"
+    if dim == 1:
+        return f"input size differs: the file's {key} takes {file[1]}, the model's {model[1]}"
+    return f"kernel size differs: the file's {key} has shape {file}, the model's {model}"
+
+
 def load_into(module: nn.Module, state: Mapping[str, object], model: str, path: object) -> None:
     """Load ``state`` strictly into ``module``; every mismatch is named in one error."""
     own = module.state_dict()
     state = strip_prefixes(state, set(own))
     problems = []
     shapes = [
-        f"{key}: file {tuple(value.shape)}, model {tuple(own[key].shape)}"
+        (key, tuple(value.shape), tuple(own[key].shape))
         for key, value in state.items()
         if key in own and isinstance(value, torch.Tensor) and value.shape != own[key].shape
     ]
     missing = [key for key in own if key not in state]
     unexpected = [key for key in state if key not in own]
-    if shapes:  # every layer: which ones differ tells which setting (width, classes) is off
-        problems.append(f"shape mismatch: {'; '.join(shapes)}")
+    if shapes:
+        problems.append(shape_mismatch(shapes, list(own)))
     for label, items in (
         ("missing from the file", missing),
         ("in the file but not in the model", unexpected),

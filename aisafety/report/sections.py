@@ -266,13 +266,14 @@ class Corruptions(ReportSection):
         return report.template("plots.html.j2", plots=plots, note="")
 
 
-RADIUS = re.compile(r"(?:eps|radius|sigma)=([0-9.eE+-]+)")
+# a whole setting name: ``steps=7`` (an attack's setting in the label) holds ``eps=``
+RADIUS = re.compile(r"(?<=[(,])(?:eps|radius|sigma)=([0-9.eE+-]+)")
 
 
 def _without_radius(label: str) -> str:
     """``certified-accuracy(eps=0.1,verifier=ibp)`` -> ``certified-accuracy(verifier=ibp)``:
     one curve per metric and settings, its points the radii."""
-    inner = re.sub(r"(?:eps|radius)=[^,)]*,?", "", label).replace(",)", ")")
+    inner = re.sub(r"(?<=[(,])(?:eps|radius)=[^,)]*,?", "", label).replace(",)", ")")
     return inner.replace("()", "")
 
 
