@@ -17,7 +17,7 @@ import torch
 from aisafety.verification import bounds as b
 from aisafety.verification import receptive, rounding
 from aisafety.verification.graph import build_graph
-from tests.test_receptive_residual import resnet
+from tests.test_receptive_residual import node_values, resnet
 
 
 def rows_and_columns(batch: int, k: int, n: int, seed: int = 0):
@@ -104,8 +104,5 @@ def test_crowns_cropped_float32_boxes_contain_sampled_values(monkeypatch):
         )
     u = torch.rand(200, *x.shape, generator=torch.Generator().manual_seed(6), dtype=x.dtype)
     for point in lower + (upper - lower) * u:
-        values = [point]
-        for op in graph.ops[1:]:
-            values.append(op.forward(*(values[i] for i in op.inputs)))
-        for value, (lo, hi) in zip(values, boxes, strict=True):
+        for value, (lo, hi) in zip(node_values(graph, point), boxes, strict=True):
             assert (value >= lo).all() and (value <= hi).all()
