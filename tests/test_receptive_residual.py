@@ -59,6 +59,14 @@ def case(swap: bool):
     return graph, (x - 0.03).clamp(0, 1), (x + 0.03).clamp(0, 1)
 
 
+def node_values(graph, point: torch.Tensor) -> list[torch.Tensor]:
+    """Every node's value at ``point``, to check the boxes against."""
+    values = [point]
+    for op in graph.ops[1:]:
+        values.append(op.forward(*(values[i] for i in op.inputs)))
+    return values
+
+
 def relu_inputs(graph) -> list[int]:
     return [op.inputs[0] for op in graph.ops if op.kind == "activation"]
 
@@ -137,10 +145,7 @@ def test_cropped_boxes_contain_sampled_values(swap):
     assert (boxes[j][0] > ibp[j][0] + 1e-6).any()  # tightened by the crops
     u = torch.rand(200, *lower.shape, generator=torch.Generator().manual_seed(6), dtype=lower.dtype)
     for point in lower + (upper - lower) * u:
-        values = [point]
-        for op in graph.ops[1:]:
-            values.append(op.forward(*(values[i] for i in op.inputs)))
-        for value, (lo, hi) in zip(values, boxes, strict=True):
+        for value, (lo, hi) in zip(node_values(graph, point), boxes, strict=True):
             assert (value >= lo - 1e-12).all() and (value <= hi + 1e-12).all()
 
 

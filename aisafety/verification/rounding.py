@@ -127,6 +127,9 @@ def unstable_magnitude(box: Box) -> torch.Tensor:
 
 
 CHUNK = 1 << 18  # elements of a row chunk cast to float64 at once (2 MiB: few calls, in cache)
+# a sample's rows below this many elements go through ``bmm`` over chunks of samples; at or
+# above it one product per sample is faster (bench in docs/certification.md)
+BATCHED_ROWS = 1 << 14
 
 
 def dots(
@@ -135,11 +138,17 @@ def dots(
     """``<a, signed[..., m]>`` and ``<|a|, absolute[..., m]>`` per row (B, K, m), in float64
     (float32 products are exact there) with ``signed`` and ``absolute`` per sample (B, n, m)
     float64; the rows go through in cache-sized chunks so the float64 copy stays small.
-    One row per sample (branch and bound's domains) goes through as one batched product
-    per chunk of samples, not one product per sample."""
+    A sample's rows that are small (one row: branch and bound's domains; a few short ones:
+    cropped passes' thousands of (image, position) samples) go through as one batched
+    product per chunk of samples, not a Python loop over samples. The path and the chunk
+    depend only on a sample's row shape, never on the batch, so a sample's result does not
+    depend on the others in its batch. Paths sum in different orders; ``_float64_error``'s
+    ``gamma(n, U64)`` bounds the error of any order (Higham eq. 3.5), so each is sound."""
     b, k = a.shape[:2]
-    if k == 1 and b > 1:
-        rows = a.reshape(b, k, -1)
+    rows = a.reshape(b, k, -1)
+    if k == 1 and b == 1:  # bmm of one 1-row matrix equals the per-sample product
+        return per_sample_dots(a, signed, absolute)
+    if k == 1 or k * rows.shape[2] < BATCHED_ROWS:
         out_s = rows.new_empty(b, k, signed.shape[2], dtype=torch.float64)
         out_a = rows.new_empty(b, k, absolute.shape[2], dtype=torch.float64)
         _batched_dots(rows, signed, absolute, out_s, out_a)
@@ -150,8 +159,8 @@ def dots(
 def per_sample_dots(
     a: torch.Tensor, signed: torch.Tensor, absolute: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``dots`` with one product per sample and chunk of rows: its path for several rows per
-    sample, and the reference the batched path must equal bit for bit."""
+    """``dots`` with one product per sample and chunk of rows: its path for samples with
+    many rows, and the reference the batched path of one row per sample equals bit for bit."""
     b, k = a.shape[:2]
     rows = a.reshape(b, k, -1)
     out_s = rows.new_empty(b, k, signed.shape[2], dtype=torch.float64)
@@ -167,11 +176,17 @@ def per_sample_dots(
 
 
 def _batched_dots(rows, signed, absolute, out_s, out_a) -> None:
-    """``dots`` for (B, 1, n) rows: ``bmm`` over chunks of at least two samples (a chunk of
-    one would take ``bmm``'s single-matrix path, which MKL sums in another order than the
-    per-sample product, and the results must not depend on the chunking)."""
+    """``dots`` for (B, K, n) rows: ``bmm`` over chunks of at least two samples (a chunk of
+    one would take ``bmm``'s single-matrix path, which MKL sums in another order than a
+    batch, and the results must not depend on the chunking). A lone sample is paired with
+    a copy of itself for the same reason."""
     b = rows.shape[0]
-    step = max(2, CHUNK // rows.shape[2])
+    if b == 1:
+        s, a = _batched_pair(rows, signed, absolute)
+        out_s.copy_(s[:1])
+        out_a.copy_(a[:1])
+        return
+    step = max(2, CHUNK // rows[0].numel())
     starts = list(range(0, b, step))
     if len(starts) > 1 and b - starts[-1] == 1:  # no chunk of one: the one left over
         starts.pop()  # joins the chunk before it
@@ -180,6 +195,15 @@ def _batched_dots(rows, signed, absolute, out_s, out_a) -> None:
         torch.bmm(part, signed[first:end], out=out_s[first:end])
         if absolute.shape[2]:
             torch.bmm(part.abs_(), absolute[first:end], out=out_a[first:end])
+
+
+def _batched_pair(rows, signed, absolute) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sample's ``_batched_dots`` as a batch of two copies of it."""
+    two = lambda t: t.expand(2, *t.shape[1:]).contiguous()  # noqa: E731
+    out_s = rows.new_empty(2, rows.shape[1], signed.shape[2], dtype=torch.float64)
+    out_a = rows.new_empty(2, rows.shape[1], absolute.shape[2], dtype=torch.float64)
+    _batched_dots(two(rows), two(signed), two(absolute), out_s, out_a)
+    return out_s, out_a
 
 
 def _columns(*vectors: torch.Tensor) -> torch.Tensor:
