@@ -112,12 +112,14 @@ class SquareLinf(Attack):
         )
 
     def image_memory(self, predictor: Predictor) -> int:
-        """The passes' memory, and on the device the ring of draws each sample keeps there."""
+        """The passes' memory, and on the device the ring of draws each sample keeps there
+        and its two signed images (``x + eps`` and ``x - eps``, float32)."""
         c = predictor.input_shape[0]
-        ring = 0
+        extra = 0
         if self._draws_on_device(predictor.device, c):
-            ring = DeviceDraws.sample_bytes(2 + c, c, self.config.max_resamples - 1)
-        return super().image_memory(predictor) + ring
+            extra = DeviceDraws.sample_bytes(2 + c, c, self.config.max_resamples - 1)
+            extra += 2 * math.prod(predictor.input_shape) * 4
+        return super().image_memory(predictor) + extra
 
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
@@ -132,8 +134,10 @@ class SquareLinf(Attack):
             draws = None
             if self._draws_on_device(x.device, c):
                 draws = DeviceDraws(call.streams, 2 + c, c, cfg.max_resamples - 1, x.device)
-                # windows are flat indices into contiguous images
-                start, x_flat = start.contiguous(), x.reshape(n, -1)
+                # windows are flat indices into contiguous images; both signs' images are
+                # made once (a query gathers its windows from them)
+                start = start.contiguous()
+                x_signed = (x.reshape(n, -1) + steps.view(2, 1, 1)).clamp(0, 1)
             search = ScoreSearch(predictor, y, start)
             redraws = REDRAWS or ("device" if x.device.type == "cuda" else "host")
             redraws = "host" if redraws == "device" and draws is None else redraws
@@ -147,7 +151,7 @@ class SquareLinf(Attack):
                 if draws is not None:
                     draws.prepare(rows)
                     proposal, flat, window, before = self._propose_on_device(
-                        x_flat, current, side, steps, draws, active
+                        x_signed, current, side, draws, active
                     )
                     margin = search.query(proposal, active)
                     search.update_windows(rows, active, flat, window, before, margin)
@@ -159,10 +163,9 @@ class SquareLinf(Attack):
 
     def _propose_on_device(
         self,
-        x_flat: torch.Tensor,
+        x_signed: torch.Tensor,
         current: torch.Tensor,
         side: int,
-        steps: torch.Tensor,
         draws: DeviceDraws,
         rows: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
@@ -177,9 +180,10 @@ class SquareLinf(Attack):
         m, c, h, w = current.shape
         u = draws.draw(rows)  # corner, signs, then every redraw's signs
         flat = _flat_window(u[:, :2], c, h, w, side)  # (m, c * side * side)
-        x_window = x_flat[rows[:, None], flat].view(m, c, -1)
         before = current.view(m, -1).gather(1, flat)
-        signed = (x_window + steps.view(2, 1, 1, 1)).clamp(0, 1)  # (2, m, c, side * side)
+        # each sign's window (2, m, c, side * side) from the images ``x + eps``, ``x - eps``
+        # clamped into [0, 1] (``x_signed``, (2, n, c * h * w)), the bits of ``_propose``'s
+        signed = x_signed[:, rows[:, None], flat].view(2, m, c, -1)
         # how far each sign moves each channel's window (2, m, c), then each candidate's
         # window (m, 1 + redraws): unchanged below 1e-7, as in ``_propose``
         change = (signed - before.view(m, c, -1)).abs().amax(3)
