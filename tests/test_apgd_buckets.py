@@ -5,8 +5,11 @@ batch (on a GPU they may: cuDNN can pick another algorithm per batch size)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 import aisafety.attack.apgd as apgd
 from aisafety.attack.apgd import APGDCE, APGDT
@@ -70,3 +73,22 @@ def test_next_batch_keeps_the_batch_until_its_open_rows_fit_a_smaller_power():
     fooled[[17]] = False
     rows, live = apgd._next_batch(idx, fooled, False)
     assert rows.tolist() == [17] and live is None
+
+
+def test_buckets_read_no_more_values_back_than_the_cut_at_every_step(
+    zoo_predictor, mnist_subset, monkeypatch
+):
+    """A GPU waits at every value read back (``nonzero``, ``item``): the buckets' count of
+    open rows replaces the mask's ``nonzero``, so a run waits no more often with them."""
+    data = mnist_subset(32)
+
+    def reads(buckets: bool) -> int:
+        monkeypatch.setattr(apgd, "BUCKETS", buckets)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            result = APGDCE(steps=20, early_stop=True, seed=0)(zoo_predictor, data.x, data.y, 0.1)
+        assert int(result.steps.max()) == 20  # some row moved at every step
+        calls = Counter(event.name for event in prof.events())
+        return calls["aten::nonzero"] + calls["aten::_local_scalar_dense"]
+
+    cut, kept = reads(False), reads(True)
+    assert kept <= cut, (kept, cut)
