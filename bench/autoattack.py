@@ -33,7 +33,9 @@ time would count only the host's share), and the floor's passes are timed the sa
 Before the rounds both sides run once, untimed, on ``--warmup`` images with tiny budgets:
 CUDA loads kernels and cuDNN initialises on first use, which otherwise lands on whichever
 side runs first (ours, and in it APGD-CE). ``--square-redraws host`` times our Square with
-its host-side redraws instead of the device's (a GPU's default), for an A/B on one card.
+its host-side redraws instead of the device's (a GPU's default), for an A/B on one card;
+``--apgd-buckets off`` runs our APGD's early stop with a new batch size at every step instead
+of its buckets (a GPU's default: few batch sizes, so few cuDNN plans).
 
 Target (issue 16): ours <= 1/3 of torchattacks' time at equal or better robust accuracy.
 """
@@ -49,6 +51,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+import aisafety.attack.apgd as apgd_module
 import aisafety.attack.square as square_module
 from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
@@ -158,6 +161,12 @@ def main() -> None:
         default="auto",
         help="where our Square decides its redraws (auto: device on a GPU)",
     )
+    parser.add_argument(
+        "--apgd-buckets",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="whether our APGD's early stop keeps its batch in buckets (auto: on a GPU)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -170,6 +179,7 @@ def main() -> None:
     predictor = load_zoo_model(args.model, device=device)
     net = predictor.network.eval()
     square_module.REDRAWS = None if args.square_redraws == "auto" else args.square_redraws
+    apgd_module.BUCKETS = {"auto": None, "on": True, "off": False}[args.apgd_buckets]
     config = {"steps": args.steps, "queries": args.queries}
     ours = default_registry().create("attack", "standard", config)
     ours_seconds: dict[str, float] = {}
@@ -213,7 +223,7 @@ def main() -> None:
     print(f"{args.model}, {args.images} images, l-inf {eps}, {args.threads} thread(s), "
           f"steps {args.steps}, queries {args.queries}, torch {torch.__version__}, "
           f"{device} ({where}), times in {unit} s, warm-up on {args.warmup} images, Square's "
-          f"redraws {args.square_redraws}")  # fmt: skip
+          f"redraws {args.square_redraws}, APGD's buckets {args.apgd_buckets}")  # fmt: skip
     print(f"floor per sample robust on both sides: {fb_passes} forward+backward and "
           f"{f_passes} forward passes")  # fmt: skip
     ratios: dict[str, list[float]] = {"ours/theirs": [], "ours/floor": [], "theirs/floor": []}

@@ -81,3 +81,26 @@ def test_a_row_fooled_already_is_left_as_it_is_and_its_query_not_counted():
     assert float(search.margin[1]) == -0.25 and torch.equal(search.best[1], x[1])
     assert torch.equal(search.best[0], proposal[0]) and torch.equal(search.best[2], proposal[2])
     assert search.finish()[1].tolist() == [2, 1, 2]
+
+
+def test_writing_back_windows_keeps_the_points_of_whole_images():
+    """Square's device path writes back only each proposal's window (``update_windows``):
+    the same best points, margins and counts as ``update`` with whole images, a stale row
+    (fooled by an earlier query) left as it is."""
+    predictor = _predictor(10**6)
+    x = torch.rand((3, 3, 8, 8), generator=torch.Generator().manual_seed(3))
+    y = predictor.predict(x)
+    whole, windows = ScoreSearch(predictor, y, x.clone()), ScoreSearch(predictor, y, x.clone())
+    for search in (whole, windows):
+        search.margin[1] = -0.25
+    rows, active = torch.arange(3).numpy(), torch.arange(3)
+    flat = torch.tensor([[0, 5, 70, 191], [1, 2, 3, 4], [64, 100, 128, 190]])
+    window = torch.rand((3, 4), generator=torch.Generator().manual_seed(4))
+    proposal = x.clone().view(3, -1).scatter(1, flat, window).view_as(x)
+    new = torch.tensor([-1.0, -2.0, float(whole.margin[2]) + 1])  # 0 improves, 2 does not
+    whole.update(rows, active, proposal, x.clone(), new)
+    before = x.reshape(3, -1).gather(1, flat)
+    windows.update_windows(rows, active, flat, window, before, new)
+    assert torch.equal(whole.best, windows.best) and torch.equal(whole.margin, windows.margin)
+    assert torch.equal(whole.best[0], proposal[0]) and torch.equal(whole.best[1:], x[1:])
+    assert torch.equal(whole.finish()[1], windows.finish()[1])

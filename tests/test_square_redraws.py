@@ -154,8 +154,9 @@ def test_device_draws_serve_the_streams_numbers():
 
 
 def test_the_memory_estimate_counts_the_ring_the_device_path_keeps(monkeypatch):
-    """On the device path each sample keeps a ring of draws there: the estimate per image
-    grows by exactly the ring's bytes, and by nothing where redraws stay on the host."""
+    """On the device path each sample keeps a ring of draws there and its two signed images:
+    the estimate per image grows by exactly their bytes, and by nothing where redraws stay
+    on the host."""
     predictor, attack = _cifar_net(), SquareLinf(seed=2)
     monkeypatch.setattr(square, "REDRAWS", "host")
     on_host = attack.image_memory(predictor)
@@ -163,4 +164,6 @@ def test_the_memory_estimate_counts_the_ring_the_device_path_keeps(monkeypatch):
     streams = SampleStreams(3, torch.arange(4))
     redraws = attack.config.max_resamples - 1
     ring = DeviceDraws(streams, 2 + 3, 3, redraws, torch.device("cpu")).ring
-    assert attack.image_memory(predictor) - on_host == ring.numel() * ring.element_size() // 4
+    signed = 2 * 3 * 32 * 32 * 4  # x + eps and x - eps, float32
+    grown = attack.image_memory(predictor) - on_host
+    assert grown == ring.numel() * ring.element_size() // 4 + signed

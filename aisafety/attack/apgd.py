@@ -44,6 +44,10 @@ from aisafety.attack.work import counted
 from aisafety.interfaces import AttackFamily, Capability, Norm
 from aisafety.prediction.base import Predictor
 
+# Whether the early stop keeps its batch in buckets (``_next_batch``): None for a GPU only, where
+# each new batch size costs cuDNN plans; on the CPU the rows riding along would be extra work
+BUCKETS: bool | None = None
+
 
 class APGDConfig(AttackConfig):
     steps: int = Field(default=100, gt=0, description="iterations per restart (N_iter)")
@@ -167,9 +171,10 @@ class _APGD(Attack):
         moves = torch.zeros(n, dtype=torch.long, device=device)
         marks, last_mark = set(checkpoints(cfg.steps)), 0
 
-        idx = torch.arange(n, device=device)
+        idx, live = torch.arange(n, device=device), None
+        buckets = cfg.early_stop and (BUCKETS if BUCKETS is not None else device.type == "cuda")
         if cfg.early_stop:
-            idx = idx[~fooled]
+            idx, live = _next_batch(idx, fooled, buckets)
         for k in counted("iteration", cfg.steps):
             if not len(idx):
                 break
@@ -183,16 +188,21 @@ class _APGD(Attack):
                 predictor, x_new, y[idx], loss_fn, aim(idx), cfg.eot_iter
             )
             grad[idx] = g
-            moves[idx] += 1
+            moves[idx] += 1 if live is None else live
 
             # the bookkeeping by ``where`` over the active rows: a boolean mask would cost a
-            # device synchronisation each (seven a step on a GPU, docs/gpu.md)
+            # device synchronisation each (seven a step on a GPU, docs/gpu.md). Rows fooled
+            # already (``live`` False) ride along: their state moves, their results do not
             wrong = logits.argmax(1) != y[idx]
+            if live is not None:
+                wrong &= live
             x_found[idx] = torch.where(per_sample(wrong, x_new), x_new, x_found[idx])
             fooled[idx] = fooled[idx] | wrong
             increases[idx] += (current > loss_prev[idx]).float()
             loss_prev[idx] = current
             better = current > loss_best[idx]
+            if live is not None:
+                better &= live
             kept = per_sample(better, x_new)
             x_best[idx] = torch.where(kept, x_new, x_best[idx])
             grad_best[idx] = torch.where(kept, g, grad_best[idx])
@@ -210,8 +220,31 @@ class _APGD(Attack):
                 increases[idx] = 0
                 last_mark = k + 1
             if cfg.early_stop:
-                idx = idx[~fooled[idx]]
+                idx, live = _next_batch(idx, fooled, buckets)
         return x_best, x_found, fooled, loss_best, moves
+
+
+def _next_batch(
+    idx: torch.Tensor, fooled: torch.Tensor, buckets: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The early stop's next batch and which of its rows still move (None: all).
+
+    Without ``buckets`` the rows not fooled yet, a new batch size at almost every step. With
+    them the batch is kept until its open rows fit a power of two below its size, then cut
+    to that power: the open rows, then fooled ones riding along (frozen: ``_run`` writes
+    none of their results). A GPU then meets few batch sizes, shared across runs and
+    targets, each a cuDNN plan per convolution and direction (docs/gpu.md)."""
+    open_ = ~fooled[idx]
+    if not buckets:
+        return idx[open_], None
+    count = int(open_.sum())  # the one synchronisation a step, as the mask's nonzero
+    size = 1 << max(count - 1, 0).bit_length()  # the smallest power of two >= count
+    if count == 0:
+        return idx[:0], open_[:0]
+    if size >= len(idx):
+        return idx, open_
+    order = torch.argsort(open_.byte(), descending=True, stable=True)[:size]
+    return idx[order], open_[order]
 
 
 class APGDCE(_APGD):

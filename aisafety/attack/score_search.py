@@ -117,13 +117,30 @@ class ScoreSearch:
     ) -> None:  # fmt: skip
         """Keep each row's proposal where its margin went down; count the query (rows
         fooled already are left as they are)."""
+        improved = self._count(on_device, new_margin)
+        self.best[on_device] = torch.where(improved[:, None, None, None], proposal, current)
+
+    def update_windows(
+        self, rows: np.ndarray, on_device: torch.Tensor, flat: torch.Tensor,
+        window: torch.Tensor, before: torch.Tensor, new_margin: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """``update`` for proposals that differ from the rows' best points only at the flat
+        indices ``flat`` (m, k) of contiguous images (new values ``window``, old ``before``):
+        only those are written back, the same points as ``update``'s."""
+        improved = self._count(on_device, new_margin)
+        kept = torch.where(improved[:, None], window, before)
+        self.best.view(len(self.best), -1)[on_device[:, None], flat] = kept
+
+    def _count(self, on_device: torch.Tensor, new_margin: torch.Tensor) -> torch.Tensor:
+        """Keep the margins that went down and count the query of each open row; the rows
+        whose margin went down."""
         old = self.margin[on_device]
         open_ = old > 0
         improved = (new_margin < old) & open_
         self.margin[on_device] = torch.where(improved, new_margin, old)
-        self.best[on_device] = torch.where(improved[:, None, None, None], proposal, current)
         self.used.index_add_(0, on_device, open_.long())
         self.flags.push(self.margin > 0)
+        return improved
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The best points and query counts, once every score was seen to be finite."""

@@ -112,12 +112,14 @@ class SquareLinf(Attack):
         )
 
     def image_memory(self, predictor: Predictor) -> int:
-        """The passes' memory, and on the device the ring of draws each sample keeps there."""
+        """The passes' memory, and on the device the ring of draws each sample keeps there
+        and its two signed images (``x + eps`` and ``x - eps``, float32)."""
         c = predictor.input_shape[0]
-        ring = 0
+        extra = 0
         if self._draws_on_device(predictor.device, c):
-            ring = DeviceDraws.sample_bytes(2 + c, c, self.config.max_resamples - 1)
-        return super().image_memory(predictor) + ring
+            extra = DeviceDraws.sample_bytes(2 + c, c, self.config.max_resamples - 1)
+            extra += 2 * math.prod(predictor.input_shape) * 4
+        return super().image_memory(predictor) + extra
 
     def perturb(
         self, predictor: Predictor, x: torch.Tensor, y: torch.Tensor, eps: float, call: AttackCall
@@ -126,12 +128,17 @@ class SquareLinf(Attack):
         n, c, h, w = x.shape
         with torch.inference_mode():
             stripes = call.streams.signs((n, c, 1, w)) * eps
-            search = ScoreSearch(predictor, y, (x + stripes).clamp(0, 1))
+            start = (x + stripes).clamp(0, 1)
             side_max = max(min(h, w) - 1, 1)
             steps = torch.tensor([eps, -eps], device=x.device).view(2, 1, 1, 1, 1)
             draws = None
             if self._draws_on_device(x.device, c):
                 draws = DeviceDraws(call.streams, 2 + c, c, cfg.max_resamples - 1, x.device)
+                # windows are flat indices into contiguous images; both signs' images are
+                # made once (a query gathers its windows from them)
+                start = start.contiguous()
+                x_signed = (x.reshape(n, -1) + steps.view(2, 1, 1)).clamp(0, 1)
+            search = ScoreSearch(predictor, y, start)
             redraws = REDRAWS or ("device" if x.device.type == "cuda" else "host")
             redraws = "host" if redraws == "device" and draws is None else redraws
             for iteration in counted("query", cfg.queries - 1):
@@ -143,45 +150,55 @@ class SquareLinf(Attack):
                 current = search.best[active]
                 if draws is not None:
                     draws.prepare(rows)
-                    proposal = self._propose_on_device(
-                        x[active], current, side, steps, draws, active
+                    proposal, flat, window, before = self._propose_on_device(
+                        x_signed, current, side, draws, active
                     )
-                else:
-                    streams = call.streams[rows]
-                    proposal = self._propose(x[active], current, side, steps, streams, redraws)
+                    margin = search.query(proposal, active)
+                    search.update_windows(rows, active, flat, window, before, margin)
+                    continue
+                streams = call.streams[rows]
+                proposal = self._propose(x[active], current, side, steps, streams, redraws)
                 search.update(rows, active, proposal, current, search.query(proposal, active))
         return search.finish()
 
     def _propose_on_device(
         self,
-        x: torch.Tensor,
-        best: torch.Tensor,
+        x_signed: torch.Tensor,
+        current: torch.Tensor,
         side: int,
-        steps: torch.Tensor,
         draws: DeviceDraws,
         rows: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, ...]:
         """``_propose``'s proposal, from every candidate sign drawn at once on the device: the
         first that changes the window is taken (the last one if none does), and each
-        sample's stream moves past the draws used. Nothing is asked of the device, and the
-        window is one gather per tensor (fewer launches than an advanced index)."""
-        m, c, h, w = x.shape
+        sample's stream moves past the draws used. Nothing is asked of the device, and
+        every step works on the windows (few launches a query: docs/gpu.md).
+
+        ``current`` (the rows' best points, a copy) becomes the proposal in place; returned
+        with the windows' flat indices, new values and values before, for
+        ``ScoreSearch.update_windows``."""
+        m, c, h, w = current.shape
         u = draws.draw(rows)  # corner, signs, then every redraw's signs
         flat = _flat_window(u[:, :2], c, h, w, side)  # (m, c * side * side)
-        x_window = x.reshape(m, -1).gather(1, flat).view(m, c, -1)
-        best_window = best.reshape(m, -1).gather(1, flat).view(m, c, -1)
-        signed = (x_window + steps.view(2, 1, 1, 1)).clamp(0, 1)  # (2, m, c, side * side)
-        same = ((signed - best_window).abs() < 1e-7).all(3)  # (2, m, c)
+        before = current.view(m, -1).gather(1, flat)
+        # each sign's window (2, m, c, side * side) from the images ``x + eps``, ``x - eps``
+        # clamped into [0, 1] (``x_signed``, (2, n, c * h * w)), the bits of ``_propose``'s
+        signed = x_signed[:, rows[:, None], flat].view(2, m, c, -1)
+        # how far each sign moves each channel's window (2, m, c), then each candidate's
+        # window (m, 1 + redraws): unchanged below 1e-7, as in ``_propose``
+        change = (signed - before.view(m, c, -1)).abs().amax(3)
         positive = u[:, 2:].view(m, -1, c) < 0.5  # (m, 1 + redraws, c)
-        unchanged = torch.where(positive, same[0][:, None], same[1][:, None]).all(2)
-        # the leading candidates that leave the window as it is are redrawn
-        used = unchanged.int().cumprod(1).sum(1).clamp_max_(positive.shape[1] - 1)
+        moved = torch.where(positive, change[0][:, None], change[1][:, None]).amax(2)
+        # the first candidate that changes the window, the last one if none does: every
+        # change >= 1e-7 clamps to the same float32 value, the largest; argmax takes the
+        # first largest (the leading unchanged candidates are the redraws)
+        moved[:, -1].fill_(torch.inf)
+        used = moved.clamp_max_(1e-7).argmax(1)
         draws.advance(rows, used)
         chosen = positive.gather(1, used.view(m, 1, 1).expand(m, 1, c)).view(m, c, 1)
-        proposal = best.clone(memory_format=torch.contiguous_format)
-        window = torch.where(chosen, signed[0], signed[1])
-        proposal.view(m, -1).scatter_(1, flat, window.view(m, -1))
-        return proposal
+        window = torch.where(chosen, signed[0], signed[1]).view(m, -1)
+        current.view(m, -1).scatter_(1, flat, window)
+        return current, flat, window, before
 
     def _propose(
         self,

@@ -64,8 +64,8 @@ class DeviceDraws:
         self.position = torch.from_numpy(positions).to(device)  # in buffers 0, 1, ... in turn
         self.lowest = np.zeros(n, dtype=np.int64)  # the oldest buffer each ring holds
         self.seen = LaggedCopy(self.position)
-        # a query's numbers, counted in its stream from its first draw's start (before a skip)
-        self.pattern = torch.arange(first + redraws * redraw, device=device)
+        self.table = self.offsets(first, redraw, redraws).to(device)
+        self.span = first + redraws * redraw
 
     def prepare(self, rows: np.ndarray) -> None:
         """Before a query of ``rows``: refill the slots their samples have moved past; where a
@@ -120,25 +120,38 @@ class DeviceDraws:
         its redraws on the host otherwise."""
         return max(first, redraw) <= BUFFER // 2 and redraws <= BUFFER // redraw
 
+    @staticmethod
+    def offsets(first: int, redraw: int, redraws: int) -> torch.Tensor:
+        """Per position in a buffer (BUFFER, first + redraws * redraw + redraws + 1): where
+        a query's numbers lie from there, then where the sample is after 0 .. ``redraws``
+        redraws used. The streams' rule depends on the position's offset in its buffer
+        only, so it is worked out once here and a query looks it up (a few launches on a
+        GPU instead of some twenty small ones a query)."""
+        offset = torch.arange(BUFFER)[:, None]
+        # the first draw starts the next buffer if it does not fit in this one's rest
+        start = (offset > BUFFER - first) * (BUFFER - offset)
+        # the redraws follow it up to the buffer's end, then (past the ``skip`` numbers
+        # that cannot hold one) in the next buffer: from ``threshold`` on in ``pattern``
+        room = BUFFER - (offset + start + first) % BUFFER
+        skip = room % redraw
+        threshold = room - skip + first
+        pattern = torch.arange(first + redraws * redraw)  # counted from the first draw's start
+        at = start + pattern + (pattern >= threshold) * skip
+        end = torch.arange(redraws + 1) * redraw + first  # past the first draw and the redraws
+        after = start + end + (end > threshold) * skip
+        return torch.cat([at, after], 1)
+
     def draw(self, rows: torch.Tensor) -> torch.Tensor:
         """For the samples ``rows``: the first draw and every redraw after it, one after the
         other (m, first + redraws * redraw); ``advance`` then moves past those used."""
         position = self.position[rows]
-        offset = position % BUFFER
-        # the first draw starts the next buffer if it does not fit in this one's rest
-        start = position + (offset > BUFFER - self.first) * (BUFFER - offset)
-        # the redraws follow it up to the buffer's end, then (past the ``skip`` numbers
-        # that cannot hold one) in the next buffer: from ``threshold`` on in ``pattern``
-        room = BUFFER - (start + self.first) % BUFFER
-        skip = room % self.redraw
-        threshold = room - skip + self.first
-        self._cursor = start, threshold, skip
-        at = start[:, None] + self.pattern + (self.pattern >= threshold[:, None]) * skip[:, None]
+        ahead = self.table[position % BUFFER]
+        self._cursor = position, ahead[:, self.span :]
+        at = position[:, None] + ahead[:, : self.span]
         return self.ring[rows[:, None], at % self.ring.shape[1]]
 
     def advance(self, rows: torch.Tensor, used: torch.Tensor) -> None:
         """Move each sample of the last ``draw`` past its first draw and ``used`` redraws."""
-        start, threshold, skip = self._cursor
-        end = used * self.redraw + self.first
-        self.position[rows] = start + end + (end > threshold) * skip
+        position, after = self._cursor
+        self.position[rows] = position + after.gather(1, used[:, None]).squeeze(1)
         self.seen.push(self.position)
