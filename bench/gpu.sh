@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# One prepared run on a GPU machine (issue 32), at most 8 minutes: the CUDA tests (every
-# capability family with device: cuda against the same plan on the CPU), PGD-40 at the WRN-28-10
-# and ResNet-50 shapes against torchattacks and the card's floor per precision, and our
-# `standard` against torchattacks' AutoAttack at equal budgets. Each step has a time limit of its
-# own, so one slow step cannot eat the others' time. Logs go to $OUT (or /tmp/aisafety-gpu).
+# One prepared run on a GPU machine (issue 32), at most 10 minutes: the CUDA tests (every
+# capability family with device: cuda against the same plan on the CPU) and our `standard`
+# against torchattacks' AutoAttack at equal budgets (with APGD's buckets on and off); with
+# --speed also PGD-40 at the WRN-28-10 and ResNet-50 shapes against torchattacks and the card's
+# floor per precision. Each step has a time limit of its own, so one slow step cannot eat the
+# others' time. Logs go to $OUT (or /tmp/aisafety-gpu).
 #
 #     bash bench/gpu.sh            # on the GPU machine, from the repository root
+#     bash bench/gpu.sh --speed    # the same, then PGD-40's speed (2.5 minutes more)
 #     bash bench/gpu.sh --smoke    # tiny sizes, any machine: checks the script itself
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,8 +34,19 @@ if [ "$smoke" = --smoke ]; then
     step 600 autoattack python3 bench/autoattack.py --images 20 --rounds 1 --steps 2 --queries 20
     exit 0
 fi
-TAIL=25 step 200 cuda-tests python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py \
-    -s --durations=10
-step 150 gpu-speed python3 bench/gpu_speed.py --rounds 2
-step 90 autoattack python3 bench/autoattack.py --device cuda --images 1000 --steps 100 \
+# `standard` against AutoAttack first, while the host is quiet (the must-show most sensitive
+# to host load: a small model is launch-bound), then the same with APGD's buckets off (the A/B
+# of std-12's change on the same card), then the CUDA tests, the verifiers' comparison (the
+# longest, ~150-190 s) last. PGD-40 against the floor (`bench/gpu_speed.py`) only with --speed:
+# its code is unchanged since the last card's rows (docs/gpu.md).
+step 95 autoattack python3 bench/autoattack.py --device cuda --images 1000 --steps 100 \
     --rounds 1
+step 95 autoattack-buckets-off python3 bench/autoattack.py --device cuda --images 1000 \
+    --steps 100 --rounds 1 --apgd-buckets off
+TAIL=25 step 150 cuda-tests python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py \
+    -k "not verifiers" -s --durations=10
+TAIL=25 step 220 cuda-verifiers python3 -m pytest -q -p no:cacheprovider -m cuda \
+    tests/test_cuda.py -k verifiers -s --durations=5
+if [ "$smoke" = --speed ]; then
+    step 150 gpu-speed python3 bench/gpu_speed.py --rounds 2
+fi
