@@ -34,18 +34,19 @@ if [ "$smoke" = --smoke ]; then
     step 600 autoattack python3 bench/autoattack.py --images 20 --rounds 1 --steps 2 --queries 20
     exit 0
 fi
-# `standard` against AutoAttack first, while the host is quiet (the must-show most sensitive
-# to host load: a small model is launch-bound), then the same with APGD's buckets off (the A/B
-# of std-12's change on the same card), then the CUDA tests, the verifiers' comparison (the
-# longest, ~150-190 s) last. PGD-40 against the floor (`bench/gpu_speed.py`) only with --speed:
-# its code is unchanged since the last card's rows (docs/gpu.md).
+# `standard` against AutoAttack first, while the host is quiet (a small model is launch-bound,
+# so host load moves its time), then the same with APGD's buckets off (the A/B on one card),
+# then the CUDA tests, the verifiers' comparison last (the longest: 163 s alone on an H200's
+# host, 2026-11-27). PGD-40 against the floor (`bench/gpu_speed.py`) only with --speed: its
+# code is unchanged since the last card's rows (docs/gpu.md). Needs: torchattacks, and
+# `aisafety.data` importable (an install, or `ln -s ../database aisafety/data` in a copy).
 step 95 autoattack python3 bench/autoattack.py --device cuda --images 1000 --steps 100 \
     --rounds 1
 step 95 autoattack-buckets-off python3 bench/autoattack.py --device cuda --images 1000 \
     --steps 100 --rounds 1 --apgd-buckets off
-TAIL=25 step 150 cuda-tests python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py \
+TAIL=25 step 90 cuda-tests python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py \
     -k "not verifiers" -s --durations=10
-TAIL=25 step 220 cuda-verifiers python3 -m pytest -q -p no:cacheprovider -m cuda \
+TAIL=25 step 300 cuda-verifiers python3 -m pytest -q -p no:cacheprovider -m cuda \
     tests/test_cuda.py -k verifiers -s --durations=5
 if [ "$smoke" = --speed ]; then
     step 150 gpu-speed python3 bench/gpu_speed.py --rounds 2
