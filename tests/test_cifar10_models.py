@@ -14,13 +14,12 @@ from aisafety.plugins import default_registry
 from aisafety.runner import Runner
 from aisafety.store.results import ResultStore
 from tests.eran_cifar import write_npz
-from tests.shared_data import shared_folder
+from tests.shared_data import relocated
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-ROOT = Path(__file__).resolve().parents[1]
-PLANS = ROOT / "examples" / "cifar10-models"
+PLANS = Path(__file__).resolve().parents[1] / "examples" / "cifar10-models"
 # README section 6, "acc ERAN-100"
 MEASURED = {
     "resnet_2b": 0.77, "resnet_4b": 0.81, "cifar10_small": 0.61, "cifar10_medium": 0.77,
@@ -29,22 +28,9 @@ MEASURED = {
 PUBLISHED_PGD_2B = 0.5482  # resnet_2b, PGD at 2/255, full test set (benchmark README)
 
 
-def shared_model(path: Path) -> Path:
-    """The plan's model file where tests/shared_data.py finds shared data. A plan names it
-    relative to itself for a checkout beside shared/ (``../../../shared/data/<name>/...``,
-    asserted here); a clone one folder further down has the data one level up (a skip names
-    both places when neither has it)."""
-    parts = path.parts
-    at = next(i for i in range(len(parts) - 1) if parts[i : i + 2] == ("shared", "data"))
-    name, rest = parts[at + 2], parts[at + 3 :]
-    beside_the_checkout = ROOT.parent / "shared" / "data" / name
-    assert path.resolve() == beside_the_checkout.joinpath(*rest).resolve(), path
-    return shared_folder(name).joinpath(*rest)
-
-
 def run_plan(name: str, tmp_path: Path, metrics: tuple[str, ...] | None = None) -> dict:
     plan = load_plan(PLANS / f"{name}.yaml")
-    model = plan.model.model_copy(update={"path": shared_model(plan.model.path)})
+    model = plan.model.model_copy(update={"path": relocated(plan.model.path)})
     plan = plan.model_copy(update={"model": model})
     if not model.path.is_file():
         pytest.skip(f"{model.path} is not here")
