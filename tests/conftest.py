@@ -202,7 +202,7 @@ def _ray_clusters():
     session's end (a run stopped early, -x)."""
     started: dict = {}
     yield started
-    if started:
+    if "cluster" in started:
         started.pop("cluster").stop()
 
 
@@ -215,8 +215,14 @@ def ray_cluster(request: pytest.FixtureRequest, _ray_clusters: dict):
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
     from documented_cluster import start_documented_cluster
 
+    if "failed" in _ray_clusters:  # a start that failed is not retried (up to 300 s each)
+        raise _ray_clusters["failed"]
     if "cluster" not in _ray_clusters:
-        _ray_clusters["cluster"] = start_documented_cluster()
+        try:
+            _ray_clusters["cluster"] = start_documented_cluster()
+        except Exception as exc:
+            _ray_clusters["failed"] = exc
+            raise
     yield _ray_clusters["cluster"]
     items = request.session.items
     later = items[items.index(request.node) + 1 :]
