@@ -7,7 +7,7 @@
 
 The CPU counterpart of ``bench/gpu_speed.py``. It prints the CPU (model, torch's and the
 kernel's AVX512-BF16 / AMX flags, what ``precision: auto`` picks), the threads and the load,
-then for each network (random weights, ``bench/shapes.py``; ``mnist-cnn`` is the zoo's
+then for each network (random weights, ``testkit/shapes.py``; ``mnist-cnn`` is the zoo's
 architecture) and a batch of random images times in turn, round after round (A B C ... A B
 C ...: what else the machine does falls on all alike):
 
@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 from shapes import build  # noqa: E402
 
 import aisafety.attack.precision as precision  # noqa: E402

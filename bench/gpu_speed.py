@@ -3,7 +3,7 @@
     python bench/gpu_speed.py [--device cuda] [--nets wrn-28-10 resnet-50] [--rounds 3]
                               [--batch wrn-28-10=256 resnet-50=64] [--steps 40] [--smoke]
 
-For each network shape (random weights, ``bench/shapes.py``: the time of a pass does not
+For each network shape (random weights, ``testkit/shapes.py``: the time of a pass does not
 depend on the weights' values) and a batch of random images, it times in turn, round after
 round (A B C ... A B C ...: whatever else the device does falls on all alike):
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 from shapes import build  # noqa: E402
 
 from aisafety.attack.pgd import PGDLinf  # noqa: E402

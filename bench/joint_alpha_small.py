@@ -4,10 +4,10 @@ S-shape nets?).
 
     python bench/joint_alpha_small.py [--repeats 3] [--steps 20 75] [--defaults] [--samples 6]
 
-Nets: the tests' two, as ``bench/sigmoid_lines.small_nets`` rebuilds them (weights checked
-equal by tests/test_sigmoid_lines_bench.py): ``tests/test_contract.py``'s ``_smooth_net``
-(sigmoid, tanh; eps 0.05, as in the verifier contract) and
-``tests/test_sshape_relaxation.py``'s ``sshape_net`` (sigmoid, tanh, sigmoid; eps 0.1,
+Nets: the tests' two, built by the same calls (aisafety/database/scaled_mlp.py,
+``bench/sigmoid_lines.small_nets``): the contract's ``smooth_net`` (tests/test_contract.py;
+sigmoid, tanh; eps 0.05, as in the verifier contract) and ``sshape_net``
+(tests/test_sshape_relaxation.py; sigmoid, tanh, sigmoid; eps 0.1,
 0.2, 0.3), 6 samples each (the tests' ``around``: uniform images, seed 6). Per net, eps
 and step count the two modes run interleaved ``--repeats`` times; printed: certified
 samples, the sum and least of the margins (the verifier's sound bounds) and the median CPU

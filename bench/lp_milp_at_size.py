@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 from shapes import build  # noqa: E402
 
 from aisafety.errors import MemoryBudgetError  # noqa: E402

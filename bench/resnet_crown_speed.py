@@ -8,7 +8,7 @@ bench/bound_speed.py does this for chains (MNIST MLPs, Conv-Small); these nets h
 residual additions. Networks: the VNN-COMP 2021 ``resnet_2b`` and ``resnet_4b`` (ours as
 ``aisafety`` loads the ONNX file, the benchmark's mean/std in the graph; auto_LiRPA on
 ``bench/resnet_crown_lirpa.py``'s torch rebuild, checked against onnxruntime, with the box
-normalised outside) and the benches' random-weight ``small-resnet`` (``bench/shapes.py``,
+normalised outside) and the benches' random-weight ``small-resnet`` (``testkit/shapes.py``,
 width 8, and width 16 as ``small-resnet-16``: the same module for both). The box is
 ``[x - eps, x + eps]`` clipped to [0, 1] on the first ``--images`` shipped CIFAR-10 test
 images, eps in 1/255; the spec the margin rows ``f_y - f_j``.
@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benches beside this one
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "testkit"))  # shapes
 from bound_speed import setting  # noqa: E402
 from resnet_crown_lirpa import MEAN, NETS, STD, OnnxResNet, cifar_images  # noqa: E402
 from shapes import small_resnet  # noqa: E402

@@ -4,7 +4,7 @@ forward and backward pass of the bare model, and how time grows with the number 
     OMP_NUM_THREADS=1 nice -n 15 python bench/scale.py [--images 64] [--rounds 3]
         [--shape small-resnet-32] [--only ratios|linearity] [--linear 64 1024] [--skip crown]
 
-Small random-weight nets (``bench/shapes.py``: ``small-cnn`` at 1x28x28, ``small-resnet``
+Small random-weight nets (``testkit/shapes.py``: ``small-cnn`` at 1x28x28, ``small-resnet``
 at 3x32x32 and 3x224x224), so the whole bench runs in minutes on one CPU thread; the ratios
 say what a capability costs in model passes, which carries over to a larger net of the same
 input size. For each shape, round after round (the capabilities in turn, then again: what
@@ -69,7 +69,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 from shapes import build  # noqa: E402
 
 from aisafety.attack.fgsm import FGSM  # noqa: E402

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aisafety.database.scaled_mlp import scaled_mlp
+from aisafety.database.scaled_mlp import smooth_net, sshape_net
 from aisafety.verification import bounds as b
 from aisafety.verification import relaxations as r
 from aisafety.verification.vnncomp import _property, load_network
@@ -169,14 +169,10 @@ def crown_margins(graph, shape) -> None:
 
 
 def small_nets() -> dict[str, nn.Module]:
-    """The tests' two sigmoid/tanh nets on 4x4 inputs, built by the same call to the
-    package's ``scaled_mlp`` (a bench does not import tests): ``sshape_net`` of
-    tests/test_sshape_relaxation.py and the contract's ``_smooth_net`` (tests/test_contract.py);
-    tests/test_sigmoid_lines_bench.py checks that they are the same nets, weights included."""
-    return {
-        "sshape_net": scaled_mlp(5, 4.0, [16, 20, 20, 12, 3], [nn.Sigmoid, nn.Tanh, nn.Sigmoid]),
-        "contract _smooth_net": scaled_mlp(1, 3.0, [16, 12, 8, 3], [nn.Sigmoid, nn.Tanh]),
-    }
+    """The tests' two sigmoid/tanh nets on 4x4 inputs (aisafety/database/scaled_mlp.py):
+    ``sshape_net`` (tests/test_sshape_relaxation.py and others) and the contract's smooth
+    net (tests/test_contract.py)."""
+    return {"sshape_net": sshape_net(), "contract _smooth_net": smooth_net()}
 
 
 def test_nets() -> None:

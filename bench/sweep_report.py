@@ -21,6 +21,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from verdict_contradictions import contradictions  # noqa: E402
+
 
 def read_rows(paths: list[str]) -> list[dict]:
     rows = []
@@ -46,24 +49,6 @@ def settled_table(rows: list[dict], cpu_limit: float) -> list[str]:
         lines.append(f"{net:<30} {tool:<13} {len(group):>3} {sat:>4} {unsat:>5} "
                      f"{len(done):>12} {median:>7.1f} {max(cpu):>6.1f}")  # fmt: skip
     return lines
-
-
-def contradictions(rows: list[dict]) -> tuple[list[str], list[str]]:
-    """Instances where one tool's unsat meets another's (replayed) sat; and alpha-beta-CROWN
-    sats whose counterexample did not replay."""
-    verdicts: dict[tuple[str, str], dict[str, set]] = {}
-    unreplayed = []
-    for row in rows:
-        status = row["status"]
-        if status == "sat" and row.get("cex_replays") is False:
-            unreplayed.append(f"{row['net']} {row['property']} ({row['tool']})")
-            continue
-        if status in ("sat", "unsat"):
-            key = (row["net"], row["property"])
-            verdicts.setdefault(key, {}).setdefault(status, set()).add(row["tool"])
-    found = [f"{net} {prop}: unsat by {sorted(v['unsat'])}, sat by {sorted(v['sat'])}"
-             for (net, prop), v in sorted(verdicts.items()) if len(v) == 2]  # fmt: skip
-    return found, unreplayed
 
 
 def attack_unsat(rows: list[dict]) -> list[dict]:

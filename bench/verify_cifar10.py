@@ -17,60 +17,16 @@ printed and counted, not raised.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import resource
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from vnncomp_cifar10 import instances, replays  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-models"
-
-
-def instances(root: Path = DATA) -> list[tuple[Path, Path, float]]:
-    """(network, property, VNN-COMP timeout) per row; the CSV keeps the origin's folders
-    (``onnx/x.onnx``, ``specs/y.vnnlib``, ``folder/file.vnnlib``) that were flattened here."""
-    found = []
-    for table in sorted(root.glob("*/instances.csv")):
-        folder = table.parent
-        with table.open() as f:
-            for row in csv.reader(f):
-                if not row:
-                    continue
-                network = folder / Path(row[0]).name
-                parts = Path(row[1]).parts
-                spec = folder / "vnnlib" / "__".join(parts[-2:])
-                if not spec.is_file():
-                    spec = folder / "vnnlib" / parts[-1]
-                found.append((network, spec, float(row[2])))
-    return found
-
-
-def replays(network: Path, spec: Path, counterexample: str) -> bool:
-    """The counterexample lies in the box and violates the property under onnxruntime."""
-    import onnxruntime as ort
-    import torch
-
-    from aisafety.verification.vnnlib import read_disjuncts
-
-    values = dict(
-        (name, float(v)) for name, v in (line.strip("() \n").split() for line in
-                                          counterexample.splitlines() if line.strip("() \n"))
-    )  # fmt: skip
-    session = ort.InferenceSession(str(network), providers=["CPUExecutionProvider"])
-    graph_input = session.get_inputs()[0]
-    shape = [d if isinstance(d, int) and d > 0 else 1 for d in graph_input.shape]
-    n = math.prod(shape)
-    x = np.array([values[f"X_{i}"] for i in range(n)], np.float32)
-    y = session.run(None, {graph_input.name: x.reshape(shape)})[0].reshape(-1)
-    (lower, upper), disjuncts = read_disjuncts(spec, n, len(y))
-    inside = bool(
-        ((torch.from_numpy(x).double() >= lower) & (torch.from_numpy(x).double() <= upper)).all()
-    )
-    out = torch.from_numpy(y).double()
-    violated = any(all(float(c @ out + d) <= 0 for c, d in rows) for rows in disjuncts)
-    return inside and violated
 
 
 def broken_by_pgd(network: Path, spec: Path) -> bool:
@@ -115,7 +71,7 @@ def main() -> None:
 
     registry = default_registry()
     counts: dict[tuple[str, str], int] = {}
-    for network, spec, _ in instances():
+    for network, spec, _ in instances(DATA):
         if args.nets and network.stem not in args.nets:
             continue
         wall, cpu = time.perf_counter(), time.process_time()

@@ -4,7 +4,7 @@
 Each node is one ``ray start --block`` process in its own process group with one CPU, so the
 cluster has two workers on two nodes (as two machines would); stopping kills exactly those
 process groups (never ``ray stop``, which would stop every Ray on the machine). Use it through
-the ``ray_cluster`` fixture of tests/test_scale_out.py: ``cluster.address`` goes to
+the ``ray_cluster`` fixture of tests/conftest.py: ``cluster.address`` goes to
 ``aisafety evaluate --executor ray --address ...``.
 """
 

@@ -194,3 +194,37 @@ def postgres_server():
 def postgres_url(postgres_server) -> str:
     """A fresh, empty database on the session's PostgreSQL server: its SQLAlchemy URL."""
     return postgres_server.create_database()
+
+
+@pytest.fixture(scope="session")
+def _ray_clusters():
+    """Where ``ray_cluster`` keeps the session's cluster; stops one still running at the
+    session's end (a run stopped early, -x)."""
+    started: dict = {}
+    yield started
+    if "cluster" in started:
+        started.pop("cluster").stop()
+
+
+@pytest.fixture
+def ray_cluster(request: pytest.FixtureRequest, _ray_clusters: dict):
+    """docs/scale-out.md's two-node Ray cluster on 127.0.0.1 (tests/documented_cluster.py),
+    one for the whole run: started for the first test that takes it (~15-19 s), stopped after
+    the last one, not at the session's end, so its nodes do not idle beside every later test.
+    tests/test_scale_out.py and tests/test_scale_out_docs.py each started their own before."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
+    from documented_cluster import start_documented_cluster
+
+    if "failed" in _ray_clusters:  # a start that failed is not retried (up to 300 s each)
+        raise _ray_clusters["failed"]
+    if "cluster" not in _ray_clusters:
+        try:
+            _ray_clusters["cluster"] = start_documented_cluster()
+        except Exception as exc:
+            _ray_clusters["failed"] = exc
+            raise
+    yield _ray_clusters["cluster"]
+    items = request.session.items
+    later = items[items.index(request.node) + 1 :]
+    if not any("ray_cluster" in getattr(item, "fixturenames", ()) for item in later):
+        _ray_clusters.pop("cluster").stop()

@@ -30,3 +30,15 @@ def shared_folder(name: str) -> Path:
     if folder is None:
         pytest.skip(absent(name))
     return folder
+
+
+def relocated(path: Path) -> Path:
+    """A file an example plan names in shared data, where this checkout finds it. The plans
+    name it relative to themselves for a checkout beside shared/ (``.../shared/data/<name>/
+    ...``, asserted here, so an example stays right for its users); a clone one folder
+    further down has the data one level up (a skip names both places when neither has it)."""
+    parts = path.parts
+    at = next(i for i in range(len(parts) - 1) if parts[i : i + 2] == ("shared", "data"))
+    name, rest = parts[at + 2], parts[at + 3 :]
+    assert path.resolve() == PLACES[0].joinpath(name, *rest).resolve(), path
+    return shared_folder(name).joinpath(*rest)

@@ -1,6 +1,6 @@
 """Every registered capability at the sizes users run (issue 32), slow: the WRN-28-10 shape
 (36.5 M weights, 3x32x32) on the shipped CIFAR-10 subset and the ResNet-50 shape (25.6 M,
-3x224x224) on foolbox's ImageNet samples, random weights (``bench/shapes.py``: the mechanics
+3x224x224) on foolbox's ImageNet samples, random weights (``testkit/shapes.py``: the mechanics
 and memory do not depend on the weights' values), two images and few iterations.
 
 Each run must end without a failed unit and store finite values (a verifier's ``timeout``
@@ -17,11 +17,11 @@ the refusal is printed."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from at_size_plan import METRICS, metric_plan
+from shapes import build
 
 import aisafety
 from aisafety.corruption import CORRUPTIONS
@@ -34,11 +34,6 @@ from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.unit_cost import reset_peak_rss, status_bytes
 from aisafety.verification.graph import VerificationError
 from tests.shared_data import shared_folder
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-from metrics_at_size import METRICS, metric_plan  # noqa: E402
-from shapes import build  # noqa: E402
 
 pytestmark = pytest.mark.slow
 N = 2
@@ -149,8 +144,9 @@ def test_every_metric(shape, tmp_path):
     verifier_metrics = {"certified-accuracy", "ibp-certified-accuracy", "average-certified-radius"}
     assert names | verifier_metrics == set(REGISTRY.names("metric"))
     # the plan, with the per-metric parameters of a user at this size, is shared with
-    # bench/metrics_at_size.py (the CPU seconds and peak of each metric, docs/scale.md)
-    plan = {"label": "metrics", **metric_plan(shape)}
+    # bench/metrics_at_size.py (testkit/at_size_plan.py; the CPU seconds and peak of each
+    # metric, docs/scale.md)
+    plan = {"label": "metrics", **metric_plan(shape, shared_folder("imagenet-samples-foolbox"))}
     record = evaluate(shape, plan, tmp_path, own_labels=True)
     valued = {v.metric.split("(")[0] for v in record.values}  # 'mfr(n_frames=2,...)' is mfr
     assert names <= valued, f"no value from {sorted(names - valued)}"

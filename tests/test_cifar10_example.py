@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from aisafety.cli import main
 from aisafety.config import load_plan
-from tests.shared_data import absent, located
+from tests.shared_data import absent, located, relocated
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "examples" / "cifar10.yaml"
@@ -38,8 +39,13 @@ def test_the_plan_validates_and_names_every_capability_of_the_table():
 @needs_models
 @pytest.mark.slow
 def test_the_example_runs_on_two_images_and_the_report_has_its_units(tmp_path):
+    """The plan as written, its model where tests/shared_data.py finds it."""
+    raw = yaml.safe_load(PLAN.read_text())
+    raw["model"]["path"] = str(relocated(load_plan(PLAN).model.path))
+    plan = tmp_path / "cifar10.yaml"
+    plan.write_text(yaml.safe_dump(raw))
     db = f"sqlite:///{tmp_path / 'c.db'}"
-    assert main(["evaluate", str(PLAN), "--db", db, "--limit", "2", "--quiet"]) == 0
+    assert main(["evaluate", str(plan), "--db", db, "--limit", "2", "--quiet"]) == 0
     out = tmp_path / "report.html"
     assert main(["report", "--db", db, "-o", str(out)]) == 0
     html = out.read_text()

@@ -14,6 +14,7 @@ from aisafety.plugins import default_registry
 from aisafety.runner import Runner
 from aisafety.store.results import ResultStore
 from tests.eran_cifar import write_npz
+from tests.shared_data import relocated
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -29,8 +30,10 @@ PUBLISHED_PGD_2B = 0.5482  # resnet_2b, PGD at 2/255, full test set (benchmark R
 
 def run_plan(name: str, tmp_path: Path, metrics: tuple[str, ...] | None = None) -> dict:
     plan = load_plan(PLANS / f"{name}.yaml")
-    if not plan.model.path.is_file():
-        pytest.skip(f"{plan.model.path} is not here")
+    model = plan.model.model_copy(update={"path": relocated(plan.model.path)})
+    plan = plan.model_copy(update={"model": model})
+    if not model.path.is_file():
+        pytest.skip(f"{model.path} is not here")
     if "cifar10-embedded" not in default_registry().names("dataset"):
         data = DatasetSpec(name="npz", path=write_npz(tmp_path / "cifar.npz"))
         plan = plan.model_copy(update={"dataset": data})

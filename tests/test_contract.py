@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from aisafety.database.architectures import build
-from aisafety.database.scaled_mlp import scaled_mlp
+from aisafety.database.scaled_mlp import scaled_mlp, smooth_net
 from aisafety.defense.training.base import TrainingStep
 from aisafety.errors import InputError
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric
@@ -331,10 +331,6 @@ def _relu_net() -> torch.nn.Module:
     return scaled_mlp(2, 2.0, [16, 10, 10, 3], [torch.nn.ReLU] * 2)
 
 
-def _smooth_net() -> torch.nn.Module:
-    return scaled_mlp(1, 3.0, [16, 12, 8, 3], [torch.nn.Sigmoid, torch.nn.Tanh])
-
-
 def _pooled_net() -> torch.nn.Module:
     """Conv-ReLU-max-pool: the LP/MILP max-pooling rows and its DeepPoly lines (issue 32)."""
     torch.manual_seed(4)
@@ -379,7 +375,7 @@ class VerifierProblem:
 @pytest.fixture(scope="module")
 def verifier_problems() -> list[VerifierProblem]:
     # radii with certified, falsified and unknown samples for most verifiers
-    problems = [(_relu_net, 0.05), (_relu_net, 0.1), (_smooth_net, 0.05), (_pooled_net, 0.05)]
+    problems = [(_relu_net, 0.05), (_relu_net, 0.1), (smooth_net, 0.05), (_pooled_net, 0.05)]
     return [VerifierProblem(make, eps) for make, eps in problems]
 
 

@@ -101,3 +101,32 @@ def test_a_half_precision_network_is_attacked_but_refused_by_the_verifiers(dtype
     metric = default_registry().create("metric", "certified-accuracy", {"verifier": "crown"})
     with pytest.raises(VerificationError, match=str(dtype)):
         metric.compute(context(half))
+
+
+def test_a_float64_network_is_not_searched_in_bf16_under_a_bf16_label(monkeypatch):
+    """autocast leaves float64 ops in float64, so ``precision: bf16`` on a float64 network
+    ran its search in float64 under a bf16 label: now refused, naming the dtype and the fix
+    (through an input defense too); ``auto`` is the network's own float64 (no view: fp32's
+    result exactly). A float32 network is still searched under autocast."""
+    import aisafety.attack.precision as precision
+    from aisafety.attack.pgd import PGDLinf
+    from aisafety.defense.bit_depth import BitDepthReduction
+    from aisafety.errors import ConfigError
+
+    monkeypatch.setattr(precision, "fast_precisions", lambda device: ("bf16",))
+    f32, f64 = predictors(torch.float64)
+    x = torch.rand(6, *SHAPE, generator=torch.Generator().manual_seed(3))
+    y = f64.logits(x).argmax(1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # what makes bf16 a no-op here
+        assert f64.network(x).dtype == torch.float64 and f32.network(x).dtype == torch.bfloat16
+    for model in (f64, BitDepthReduction(f64, bits=8)):
+        with pytest.raises(ConfigError) as refused:
+            PGDLinf(steps=2, precision="bf16")(model, x, y, 0.1)
+        message = str(refused.value)
+        assert "attack 'pgd-linf': precision 'bf16'" in message and "float64" in message
+        assert "precision: fp32 or auto" in message and "module.float()" in message
+    auto = PGDLinf(steps=2, precision="auto")(f64, x, y, 0.1)
+    fp32 = PGDLinf(steps=2)(f64, x, y, 0.1)
+    assert torch.equal(auto.x_adv, fp32.x_adv) and torch.equal(auto.success, fp32.success)
+    searcher = PGDLinf(precision="bf16").search_predictor(f32)
+    assert isinstance(searcher, precision.ReducedPrecision)

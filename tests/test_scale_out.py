@@ -186,19 +186,10 @@ def test_executor_settings_are_checked(tmp_path):
 # -- on a Ray cluster with PostgreSQL -------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A head and a worker node (one CPU each) on 127.0.0.1 (testkit/ray_cluster.py)."""
-    pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
-    from ray_cluster import start_ray_cluster
-
-    cluster = start_ray_cluster()
-    yield cluster
-    cluster.stop()
-
-
-# In the default suite, so CI runs the real cluster and server: ~50 s at load 3-4, 17 s of it
-# the start of the two Ray nodes (shared with the fault test below).
+# ray_cluster (tests/conftest.py): docs/scale-out.md's two nodes, one CPU each, on 127.0.0.1,
+# one cluster for these tests and tests/test_scale_out_docs.py.
+# In the default suite, so CI runs the real cluster and server: ~50 s at load 3-4, 15-19 s of
+# it the start of the two Ray nodes (shared with the fault test below and the docs' tests).
 def test_a_plan_on_ray_and_postgresql_stores_what_a_local_run_stores_in_sqlite(
     ray_cluster, postgres_url, tmp_path
 ):

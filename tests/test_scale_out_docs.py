@@ -1,33 +1,23 @@
-"""docs/scale-out.md's commands run as written: the block "Starting the cluster" (its
-``export`` lines and both ``ray start`` lines) makes a real two-node Ray cluster on
-127.0.0.1, and the block "Running a plan on a cluster" (``aisafety evaluate plan.yaml
---executor ray --address auto --db ...``) runs a plan on it into PostgreSQL. A driver
-without the token, or with another one, is refused with exit 2 and a message naming the
-variables and the fix.
-
-What is changed in the documented lines, and why: the port 6379 becomes a free one and
-``HEAD_IP`` 127.0.0.1 (other clusters may run on this machine); each node gets ``--block``
-(so that it is one process group, killed by the test, never ``ray stop``), a temporary
-directory, one CPU and a small object store; the driver's ``--db`` is the test server's
-database, and ``auto`` finds the cluster through ``RAY_ADDRESS`` (on a real node, through
-the address file ``ray start`` writes in the default temporary directory).
+"""docs/scale-out.md's commands run as written: the suite's Ray cluster (``ray_cluster``,
+tests/conftest.py) is the one the block "Starting the cluster" starts (its ``export`` lines
+and both ``ray start`` lines, tests/documented_cluster.py), and the block "Running a plan on a
+cluster" (``aisafety evaluate plan.yaml --executor ray --address auto --db ...``) runs a plan
+on it into PostgreSQL. A driver without the token, or with another one, is refused with exit
+2 and a message naming the variables and the fix. What the tests change in the documented
+lines, and why: tests/documented_cluster.py.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import secrets
-import shlex
-import sys
 from pathlib import Path
 
 import children
 import pytest
 import yaml
-from docs_blocks import REPO, blocks, shell_commands
+from documented_cluster import block, documented_driver, documented_environment
 
-SCALE_OUT = REPO / "docs" / "scale-out.md"
 TINY_PLAN = {
     "dataset": {"name": "mnist-embedded", "limit": 20},
     "attacks": [{"name": "fgsm", "eps": [0.1]}],
@@ -36,71 +26,16 @@ TINY_PLAN = {
 }
 
 
-def _block(containing: str) -> list[str]:
-    """The commands of the one shell block of docs/scale-out.md that contains ``containing``."""
-    found = [b for b in blocks(SCALE_OUT) if b.lang == "bash" and containing in b.body]
-    assert len(found) == 1, f"{len(found)} bash blocks of {SCALE_OUT} contain {containing!r}"
-    return shell_commands(found[0].body)
-
-
-def _documented_environment() -> dict[str, str]:
-    """The block's ``export NAME=VALUE`` lines, the token ``...`` replaced by a fresh one."""
-    env = {}
-    for line in _block("ray start --head"):
-        if line.startswith("export "):
-            name, _, value = line.removeprefix("export ").partition("=")
-            env[name] = secrets.token_hex(32) if value == "..." else value
-    return env
-
-
-def _documented_nodes(address: str, temp_dir: Path) -> tuple[list[str], list[str]]:
-    """The block's two ``ray start`` lines for 127.0.0.1 (see the module's docstring)."""
-    port = address.rsplit(":", 1)[1]
-    lines = [c for c in _block("ray start --head") if c.startswith("ray start")]
-    head, worker = (
-        shlex.split(line.replace("6379", port).replace("HEAD_IP", "127.0.0.1"))[1:]
-        for line in lines
-    )
-    common = ["--num-cpus=1", "--object-store-memory=200000000", "--node-ip-address=127.0.0.1",
-              "--block", "--disable-usage-stats"]  # fmt: skip
-    head = [*head, f"--temp-dir={temp_dir}", "--include-dashboard=false", *common]
-    return head, [*worker, *common]
-
-
-def _documented_driver(plan: Path, url: str) -> list[str]:
-    """The block's ``aisafety evaluate`` line as arguments, its ``--db`` the test's database."""
-    (line,) = [c for c in _block("aisafety evaluate plan.yaml") if c.startswith("aisafety")]
-    args = shlex.split(line)[1:]
-    assert args[1] == "plan.yaml"
-    args[1] = str(plan)
-    args[args.index("--db") + 1] = url
-    return [sys.executable, "-m", "aisafety.cli", *args]
-
-
 def test_the_documented_commands_have_the_shape_this_test_runs():
     """Token authentication on for every node, the worker joining the head's port, the
     driver going to the cluster this machine joined: what the slow test below relies on."""
-    env = _documented_environment()
+    env = documented_environment()
     assert env.keys() == {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"} and env["RAY_AUTH_MODE"] == "token"
-    lines = [c for c in _block("ray start --head") if c.startswith("ray ")]
+    lines = [c for c in block("ray start --head") if c.startswith("ray ")]
     assert lines == ["ray start --head --port=6379", "ray start --address=HEAD_IP:6379"]
-    driver = _documented_driver(Path("plan.yaml"), "sqlite://")
+    driver = documented_driver(Path("plan.yaml"), "sqlite://")
     assert driver[driver.index("--address") + 1] == "auto"
     assert driver[driver.index("--executor") + 1] == "ray"
-
-
-@pytest.fixture(scope="module")
-def documented_cluster():
-    pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
-    from ray_cluster import start_ray_cluster
-
-    cluster = start_ray_cluster(
-        timeout=300,
-        nodes=_documented_nodes,
-        env={"OMP_NUM_THREADS": "1", **_documented_environment()},
-    )
-    yield cluster
-    cluster.stop()
 
 
 def _drive(
@@ -116,7 +51,7 @@ def _drive(
         if value is not None:
             environment[name] = value
     return children.run(
-        _documented_driver(plan, url), capture_output=True, text=True, env=environment,
+        documented_driver(plan, url), capture_output=True, text=True, env=environment,
         cwd=tmp_path, what="the documented 'aisafety evaluate' on the documented cluster",
     )  # fmt: skip
 
@@ -151,9 +86,9 @@ def test_ray_s_refusals_are_told_apart_from_an_unreachable_cluster(monkeypatch):
 
 
 def test_the_documented_cluster_runs_the_documented_driver_command(
-    documented_cluster, postgres_url, tmp_path
+    ray_cluster, postgres_url, tmp_path
 ):
-    driver = _drive(documented_cluster, postgres_url, tmp_path)
+    driver = _drive(ray_cluster, postgres_url, tmp_path)
     assert driver.returncode == 0, driver.stderr[-3000:]
     assert "2/2 units done" in driver.stderr
 
@@ -175,12 +110,12 @@ SLOW_REFUSAL = pytest.mark.slow
     ids=["wrong-token", "no-token", "no-mode"],
 )
 def test_a_driver_refused_for_authentication_says_so(
-    documented_cluster, change, why, postgres_url, tmp_path
+    ray_cluster, change, why, postgres_url, tmp_path
 ):
-    driver = _drive(documented_cluster, postgres_url, tmp_path, **change)
+    driver = _drive(ray_cluster, postgres_url, tmp_path, **change)
     assert driver.returncode == 2, driver.stderr[-3000:]
     message = driver.stderr.strip().splitlines()[-1]
     assert "refused this driver's authentication" in message and why in message
     assert "export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=" in message
     assert "Traceback" not in driver.stderr
-    assert not re.search(documented_cluster.env["RAY_AUTH_TOKEN"], driver.stderr)
+    assert not re.search(ray_cluster.env["RAY_AUTH_TOKEN"], driver.stderr)

@@ -1,12 +1,12 @@
-"""``scaled_mlp`` builds the nets the tests and benches share: checked against the same net
-written out layer by layer (the tests' former ``sshape_net``), weights bit for bit."""
+"""``scaled_mlp`` builds the nets the tests and benches share: ``sshape_net`` checked against
+the same net written out layer by layer (the tests' former copy), weights bit for bit."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from aisafety.database.scaled_mlp import scaled_mlp
+from aisafety.database.scaled_mlp import scaled_mlp, sshape_net
 
 
 def _written_out() -> nn.Module:
@@ -22,7 +22,7 @@ def _written_out() -> nn.Module:
 
 
 def test_scaled_mlp_is_the_net_written_out():
-    ours = scaled_mlp(5, 4.0, [16, 20, 20, 12, 3], [nn.Sigmoid, nn.Tanh, nn.Sigmoid])
+    ours = sshape_net()  # the named net the tests and benches build
     want = _written_out()
     assert [type(m) for m in ours] == [type(m) for m in want]
     assert ours.state_dict().keys() == want.state_dict().keys()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from aisafety.database.scaled_mlp import scaled_mlp
+from aisafety.database.scaled_mlp import sshape_net
 from aisafety.plugins import default_registry
 from aisafety.verification import bounds as b
 from aisafety.verification.falsify import pgd_on_rows
@@ -141,11 +141,6 @@ def test_the_initial_slopes_are_the_chords():
     chord = SIGMOID.chord(lower, upper)
     assert torch.allclose(lw[0, 0], chord, rtol=1e-4, atol=1e-15)
     assert torch.allclose(uw[0, 0], chord, rtol=1e-4, atol=1e-15)
-
-
-def sshape_net() -> nn.Module:
-    """Weights 4x PyTorch's default scale: pre-activations reach the curved parts."""
-    return scaled_mlp(5, 4.0, [16, 20, 20, 12, 3], [nn.Sigmoid, nn.Tanh, nn.Sigmoid])
 
 
 def around(net: nn.Module, eps: float, n: int = 6):

@@ -4,18 +4,19 @@ alpha-beta-CROWN (8250d5f, its CPU branch and bound, 60 s of CPU per instance) r
 beside our ``complete`` (``bench/abcrown/run.py``, ``bench/verification.py --out``); the
 verdicts of both are kept in ``bench/abcrown/verdicts.jsonl``, each alpha-beta-CROWN ``sat``
 with whether its counterexample replayed under onnxruntime. ``bench/sweep_report.py``
-checks a sweep: no ``unsat`` beside a replayed ``sat``. Here: that check on hand-made rows,
-on the kept sweep, and live, our ``complete`` now against alpha-beta-CROWN's kept verdicts
-on three instances it settles fast (one ``sat``, two ``unsat``).
+checks a sweep: no ``unsat`` beside a replayed ``sat`` (testkit/verdict_contradictions.py).
+Here: that check on hand-made rows, on the kept sweep, and live, our ``complete`` now
+against alpha-beta-CROWN's kept verdicts on three instances it settles fast (one ``sat``,
+two ``unsat``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from verdict_contradictions import contradictions
 
 from aisafety.plugins import default_registry
 from aisafety.verification.vnncomp import verify_instance
@@ -25,9 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 KEPT = ROOT / "bench" / "abcrown" / "verdicts.jsonl"
 MNISTFC = located("vnncomp2021_mnistfc")
 SHARED = MNISTFC.parent if MNISTFC else None
-_spec = importlib.util.spec_from_file_location("sweep_report", ROOT / "bench/sweep_report.py")
-sweep_report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep_report)
 
 
 def kept_rows() -> list[dict]:
@@ -39,13 +37,13 @@ def row(tool: str, status: str, prop: str = "p", **extra) -> dict:
 
 
 def test_the_check_flags_an_unsat_beside_a_replayed_sat_and_nothing_else():
-    found, _ = sweep_report.contradictions([row("ours", "unsat"), row("abcrown", "sat")])
+    found, _ = contradictions([row("ours", "unsat"), row("abcrown", "sat")])
     assert found == ["n p: unsat by ['ours'], sat by ['abcrown']"]
     agreeing = [row("ours", "unsat"), row("abcrown", "unsat"), row("ours", "sat", "q"),
                 row("abcrown", "timeout", "q"), row("box-pgd", "unknown")]  # fmt: skip
-    assert sweep_report.contradictions(agreeing) == ([], [])
+    assert contradictions(agreeing) == ([], [])
     # a sat whose counterexample did not replay refutes nothing; it is listed apart
-    found, unreplayed = sweep_report.contradictions(
+    found, unreplayed = contradictions(
         [row("ours", "unsat"), row("abcrown", "sat", cex_replays=False)]
     )
     assert found == [] and unreplayed == ["n p (abcrown)"]
@@ -54,7 +52,7 @@ def test_the_check_flags_an_unsat_beside_a_replayed_sat_and_nothing_else():
 def test_the_kept_sweep_has_no_contradiction_and_every_sat_of_alpha_beta_crown_replays():
     rows = kept_rows()
     assert {r["tool"] for r in rows} >= {"abcrown", "complete"}
-    found, unreplayed = sweep_report.contradictions(rows)
+    found, unreplayed = contradictions(rows)
     assert found == [] and unreplayed == []
     assert all(
         r.get("cex_replays") for r in rows if r["tool"] == "abcrown" and r["status"] == "sat"
@@ -79,5 +77,5 @@ def test_our_complete_now_never_contradicts_alpha_beta_crowns_kept_verdict(net, 
     spec = next(folder.rglob(prop))
     ours = verify_instance(default_registry(), network, spec, "complete", 30.0, {"clock": "cpu"})
     rows = theirs + [{"net": net, "property": prop, "tool": "complete", "status": ours.status}]
-    assert sweep_report.contradictions(rows) == ([], []), (ours.status, ours.note)
+    assert contradictions(rows) == ([], []), (ours.status, ours.note)
     assert ours.status == theirs[0]["status"], "both settle it well within the limit"

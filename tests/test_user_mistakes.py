@@ -239,3 +239,54 @@ def test_a_certified_metrics_label_names_the_verifier_with_its_settings_as_attac
     assert _without_radius(crown) == "certified-accuracy(verifier=crown(clock=cpu,timeout=60))"
     steps = label(eps=0.01, attack_config={"steps": 7})  # "steps=" holds "eps="
     assert _without_radius(steps) == "certified-accuracy(attack=pgd-linf(steps=7))"
+
+
+def _tiny_onnx(path) -> None:
+    """A 4-input, 3-output ONNX network (one Gemm), written with onnx's helper."""
+    onnx = pytest.importorskip("onnx", reason="onnx is not installed: pip install 'aisafety[onnx]'")
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    bias = np.zeros(3, np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "b"], ["y"], transB=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "b")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def _property(path, inputs: int, outputs: int) -> str:
+    """A box over ``inputs`` X_i and the atom Y_1 >= Y_0, declaring ``outputs`` Y_j."""
+    lines = [f"(declare-const X_{i} Real)" for i in range(inputs)]
+    lines += [f"(declare-const Y_{j} Real)" for j in range(outputs)]
+    lines += [f"(assert (>= X_{i} 0.0))\n(assert (<= X_{i} 0.1))" for i in range(inputs)]
+    path.write_text("\n".join([*lines, "(assert (>= Y_1 Y_0))\n"]))
+    return str(path)
+
+
+def test_verify_refuses_a_property_written_for_another_network(tmp_path, capsys):
+    """A property of a 10-class net beside a 3-output net of the same input size was
+    verified (its atoms read the first outputs); other input counts got 'X_4 ... is not
+    supported' or 'missing bounds'; the arguments swapped, onnxruntime's traceback."""
+    from aisafety.cli import main
+
+    net = str(tmp_path / "net.onnx")
+    _tiny_onnx(net)
+    own = _property(tmp_path / "own.vnnlib", 4, 3)
+    assert main(["verify", net, own, "--verifier", "crown"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] in ("sat", "unsat")
+    for inputs, outputs, what in ((4, 10, "declares 10 outputs (Y_0 .. Y_9), but network "
+                                   "'net.onnx' has 3"),
+                                  (6, 3, "declares 6 inputs (X_0 .. X_5), but network "
+                                   "'net.onnx' takes 4"),
+                                  (2, 3, "declares 2 inputs")):  # fmt: skip
+        other = _property(tmp_path / "other.vnnlib", inputs, outputs)
+        assert main(["verify", net, other, "--verifier", "crown"]) == 2
+        err = capsys.readouterr().err
+        assert what in err and "written for another network" in err, err
+        assert "instances.csv" in err and "Traceback" not in err
+    assert main(["verify", own, net]) == 2
+    err = capsys.readouterr().err
+    assert "the network comes first" in err and f"aisafety verify {net} {own}" in err

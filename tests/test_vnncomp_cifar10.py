@@ -1,4 +1,4 @@
-"""`aisafety verify` on the CIFAR-10 VNN-COMP instances (../shared/data/cifar10-models): boxes
+"""`aisafety verify` on the CIFAR-10 VNN-COMP instances (shared/data/cifar10-models): boxes
 in the networks' own input spaces (normalised for the ResNets, channels-last [0, 1] for the
 Marabou nets), conjunctions of output atoms (Marabou's targeted properties), answers that
 are never an error, and every ``sat`` replayed through onnxruntime on the original file.
@@ -6,23 +6,19 @@ The sweep over all 144 instances is ``bench/verify_cifar10.py`` (docs/certificat
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from vnncomp_cifar10 import instances, replays
 
 from aisafety.cli import main
 from aisafety.plugins import default_registry
 from aisafety.verification.graph import VerificationError
 from aisafety.verification.vnncomp import verify_instance
 from aisafety.verification.vnnlib import read_disjuncts, read_vnnlib
+from tests.shared_data import absent, located
 
 pytest.importorskip("onnxruntime")
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("verify_cifar10", ROOT / "bench/verify_cifar10.py")
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
+SHARED = located("cifar10-models")
 
 HEADER = "".join(f"(declare-const X_{i} Real)\n" for i in range(2)) + "".join(
     f"(declare-const Y_{j} Real)\n" for j in range(3)
@@ -56,8 +52,8 @@ def test_asserted_atoms_are_one_conjunction_and_or_of_ands_a_disjunction(tmp_pat
         read_disjuncts(mixed, 2, 3)
 
 
-INSTANCES = sweep.instances()
-pytestmark = pytest.mark.skipif(not INSTANCES, reason="../shared/data/cifar10-models absent")
+INSTANCES = instances(SHARED) if SHARED else []
+pytestmark = pytest.mark.skipif(not INSTANCES, reason=absent("cifar10-models"))
 FIRST = {}
 for _net, _spec_path, _ in INSTANCES:
     FIRST.setdefault(_net.stem, (_net, _spec_path))
@@ -73,7 +69,7 @@ def test_verify_answers_on_each_network_in_its_own_input_space(name, capsys):
     assert code == 0 and status in ("sat", "unsat", "timeout", "unknown")
     if status == "sat":
         counterexample = out.split("\n", 1)[1].rsplit("\n#", 1)[0]
-        assert sweep.replays(network, spec, counterexample)
+        assert replays(network, spec, counterexample)
 
 
 def test_a_targeted_marabou_property_is_falsified_only_where_the_target_wins():
@@ -87,7 +83,7 @@ def test_a_targeted_marabou_property_is_falsified_only_where_the_target_wins():
         result = verify_instance(default_registry(), network, spec, "crown", 20)
         results.append(result.status)
         if result.status == "sat":
-            assert sweep.replays(network, spec, result.counterexample)
+            assert replays(network, spec, result.counterexample)
             target = int(spec.stem.split("target")[1].split("_")[0])
             lines = result.counterexample.splitlines()
             y = [float(ln.split()[1].rstrip(")")) for ln in lines if "Y_" in ln]

@@ -31,7 +31,12 @@ from tqdm import tqdm
 from aisafety import randomness
 from aisafety.attack.call import AttackCall
 from aisafety.attack.layout import channels_last_view
-from aisafety.attack.precision import ReducedPrecision, compute_dtype, search_layout
+from aisafety.attack.precision import (
+    ReducedPrecision,
+    autocast_applies,
+    compute_dtype,
+    search_layout,
+)
 from aisafety.attack.projection import project
 from aisafety.attack.result import AttackResult
 from aisafety.attack.streams import SampleStreams
@@ -298,12 +303,14 @@ class Attack(ABC):
     ) -> Predictor:
         """The predictor ``perturb`` searches with: ``predictor`` itself, or a view of it
         under autocast when the ``precision`` option asks for a reduced precision (a
-        ConfigError where the device has no fast unit for it). With ``probe`` (an image and
+        ConfigError where the device has no fast unit for it, or, asked by name, where the
+        network computes in float64, which autocast leaves alone). With ``probe`` (an image and
         its fp32 logits), a convolutional network runs channels-last where
         ``search_layout`` says so and a copy in that layout reproduces the probe."""
         precision = getattr(self.config, "precision", "fp32")
-        dtype = compute_dtype(precision, predictor.device, f"attack {self.name!r}")
-        if dtype is None:
+        owner = f"attack {self.name!r}"
+        dtype = compute_dtype(precision, predictor.device, owner)
+        if dtype is None or not autocast_applies(precision, predictor, owner):
             return predictor
         if probe is not None and search_layout(predictor.device, dtype) is torch.channels_last:
             predictor = channels_last_view(predictor, *probe)

@@ -22,6 +22,7 @@ import torch
 from aisafety.errors import ConfigError
 from aisafety.interfaces import Precision
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.torch_module import weight_dtype
 from aisafety.prediction.view import PredictorView
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -117,6 +118,37 @@ def compute_dtype(precision: str, device: torch.device, owner: str) -> torch.dty
             "precision the device has, fp32 here) or precision: fp32"
         )
     return DTYPES[precision]
+
+
+def network_dtype(predictor: Predictor) -> torch.dtype | None:
+    """The dtype a PyTorch predictor's network computes in (its first floating tensor:
+    ``TorchPredictor``'s normalisation is in the network's dtype), through input defenses
+    (their ``inner``); None without a ``network`` module (ONNX Runtime, a server: autocast
+    does not reach them)."""
+    while not isinstance(getattr(predictor, "network", None), torch.nn.Module):
+        predictor = getattr(predictor, "inner", None)
+        if predictor is None:
+            return None
+    return weight_dtype(predictor.network)
+
+
+def autocast_applies(precision: str, predictor: Predictor, owner: str) -> bool:
+    """Whether autocast would change ``predictor``'s passes: not for a float64 network, whose
+    ops autocast leaves in float64 (it casts only float32, float16 and bfloat16). ``auto``
+    then means the network's own float64; ``bf16``/``fp16`` asked for by name are a
+    ConfigError naming ``owner``, the dtype and the fix, as on a device without them: the
+    search would run in float64 while its label said bf16."""
+    if network_dtype(predictor) is not torch.float64:
+        return True
+    if precision == "auto":
+        return False
+    raise ConfigError(
+        f"{owner}: precision {precision!r} runs the model's passes under torch.autocast, which "
+        f"leaves float64 layers in float64: model {predictor.name!r} computes in float64, so "
+        f"the search would run in float64, not {precision}. Use precision: fp32 or auto (the "
+        f"model's own float64), or give the model in float32 (module.float()) for a "
+        f"{precision} search"
+    )
 
 
 class ReducedPrecision(PredictorView):

@@ -21,3 +21,16 @@ def scaled_mlp(seed: int, scale: float, widths: list[int], acts: list[type]) -> 
         for parameter in net.parameters():
             parameter.mul_(scale)
     return net.eval()
+
+
+def sshape_net() -> nn.Module:
+    """Sigmoid, tanh, sigmoid on 4x4 inputs, weights 4x PyTorch's default scale, so that
+    pre-activations reach the curved parts: the S-shape verifiers' tests
+    (tests/test_sshape_relaxation.py) and benches (bench/sigmoid_lines.py)."""
+    return scaled_mlp(5, 4.0, [16, 20, 20, 12, 3], [nn.Sigmoid, nn.Tanh, nn.Sigmoid])
+
+
+def smooth_net() -> nn.Module:
+    """Sigmoid, tanh on 4x4 inputs, weights 3x: the verifier contract's smooth net
+    (tests/test_contract.py) and the benches that measure it."""
+    return scaled_mlp(1, 3.0, [16, 12, 8, 3], [nn.Sigmoid, nn.Tanh])

@@ -28,7 +28,7 @@ from aisafety.prediction.onnx_model import OnnxRuntimePredictor, load_onnx
 from aisafety.verification.base import VerifierConfig
 from aisafety.verification.deadline import CLOCKS, OutOfTime, time_limit
 from aisafety.verification.falsify import into_box, pgd_on_rows
-from aisafety.verification.graph import BoundGraph, build_graph
+from aisafety.verification.graph import BoundGraph, VerificationError, build_graph
 from aisafety.verification.property import Property
 from aisafety.verification.registry import PluginRegistry, make_verifier
 from aisafety.verification.result import Verdict
@@ -87,12 +87,15 @@ def verify_instance(
     began = time.perf_counter()
     clock = CLOCKS[(config or {}).get("clock", VerifierConfig.model_fields["clock"].default)]
     start = clock()
+    _check_order(network, spec)
     net = load_network(str(network))
+    box, disjuncts = read_disjuncts(
+        spec, math.prod(net.shape), net.reference.num_classes, f"network {Path(network).name!r}"
+    )  # before any work: a property of another network is refused at once
     settings = {**(config or {}), "timeout": timeout}
     checker = make_verifier(registry, verifier, settings)
     checker.check(net.graph)  # before any work
     checker.prepare()  # its one-time imports (alpha-CROWN's Adam: torch._dynamo), counted
-    box, disjuncts = read_disjuncts(spec, math.prod(net.shape), net.reference.num_classes)
     lower, upper = (b.reshape(1, *net.shape) for b in box)
     settings["timeout"] = timeout - (clock() - start)
     if settings["timeout"] <= 0:
@@ -107,6 +110,17 @@ def verify_instance(
     result.how = engine(net.graph) if engine is not None else verifier
     result.seconds = time.perf_counter() - began
     return result
+
+
+def _check_order(network: str | Path, spec: str | Path) -> None:
+    """``aisafety verify SPEC.vnnlib NET.onnx`` (the VNN-COMP order is network first) would
+    fail inside onnxruntime reading a text file as a protobuf."""
+    if Path(network).suffix.lower() == ".vnnlib":
+        raise VerificationError(
+            f"{str(network)!r} is a VNN-LIB property, given where the ONNX network goes: the "
+            f"network comes first (aisafety verify NET.onnx SPEC.vnnlib)"
+            + (f": aisafety verify {spec} {network}" if Path(spec).suffix == ".onnx" else "")
+        )
 
 
 def _property(lower: torch.Tensor, upper: torch.Tensor, rows: list[Row]) -> Property:
@@ -203,11 +217,14 @@ def _runtime(network: str | Path) -> OnnxRuntimePredictor:
     """onnxruntime's predictor; a graph taking flat vectors gets a (1, 1, n) layout."""
     try:
         return OnnxRuntimePredictor(network)
-    except ConfigError:  # not (N, C, H, W), or no onnxruntime (then this says so, exit 2)
+    except ConfigError as refused:  # not (N, C, H, W), or no onnxruntime (this says so)
         from aisafety.prediction.onnx_model import _import
 
         ort = _import("onnxruntime", "onnxruntime")
-        dims = ort.InferenceSession(str(network)).get_inputs()[0].shape
+        try:
+            dims = ort.InferenceSession(str(network)).get_inputs()[0].shape
+        except Exception:  # onnxruntime's own types: not a file it loads; the refusal says why
+            raise refused from None
         size = math.prod(d for d in dims[1:] if isinstance(d, int) and d > 0)
         return OnnxRuntimePredictor(network, input_shape=(1, 1, size))
 

@@ -47,9 +47,11 @@ def _parse(text: str) -> list:
     return stack[0]
 
 
-def read_vnnlib(path: str | Path, n_inputs: int, n_outputs: int) -> Property:
+def read_vnnlib(
+    path: str | Path, n_inputs: int, n_outputs: int, network: str = "the network"
+) -> Property:
     """The property of a ``.vnnlib`` file as a one-sample ``Property`` over flat inputs."""
-    box, disjuncts = read_disjuncts(path, n_inputs, n_outputs)
+    box, disjuncts = read_disjuncts(path, n_inputs, n_outputs, network)
     if any(len(rows) != 1 for rows in disjuncts):
         raise VerificationError(
             f"VNN-LIB file {Path(path).name!r}: a conjunction of several output constraints in "
@@ -64,10 +66,11 @@ Row = tuple[torch.Tensor, float]
 
 
 def read_disjuncts(
-    path: str | Path, n_inputs: int, n_outputs: int
+    path: str | Path, n_inputs: int, n_outputs: int, network: str = "the network"
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[list[Row]]]:
     """The input box (lower, upper) and, per disjunct, its spec rows (c, d): the property is
-    violated where, for some disjunct, ``c.Y + d <= 0`` for all its rows."""
+    violated where, for some disjunct, ``c.Y + d <= 0`` for all its rows. ``network``: the
+    network's name, for the refusal of a property declaring other input or output counts."""
     path = Path(path)
     if not path.is_file():
         raise VerificationError(f"VNN-LIB file {str(path)!r} does not exist")
@@ -75,6 +78,7 @@ def read_disjuncts(
         expressions = _parse(path.read_text())
     except ValueError as exc:
         raise VerificationError(f"VNN-LIB file {path.name!r} is malformed: {exc}") from None
+    _check_declared(expressions, path.name, {"X": n_inputs, "Y": n_outputs}, network)
     lower = torch.full((n_inputs,), float("-inf"), dtype=torch.float64)
     upper = torch.full((n_inputs,), float("inf"), dtype=torch.float64)
     disjuncts: list[list[Row]] = []
@@ -150,6 +154,30 @@ def read_disjuncts(
     if not disjuncts or not all(disjuncts):
         raise fail("a property without output constraints")
     return (lower, upper), disjuncts
+
+
+def _check_declared(expressions: list, name: str, counts: dict[str, int], network: str) -> None:
+    """A property declares the variables of the network it was written for: ``Y_0..Y_9`` of
+    a 10-class net. Paired with another network of the same input size, its atoms would read
+    the first of that network's outputs, and the answer would be about another question; so
+    declared counts that differ from the network's are refused. A file declaring none of a
+    kind is checked by use only (an index beyond the network's is refused where it is read)."""
+    declared: dict[str, set[int]] = {"X": set(), "Y": set()}
+    for expression in expressions:
+        name_of = expression[1] if isinstance(expression, list) and len(expression) > 1 else None
+        is_declaration = isinstance(name_of, str) and expression[0] == "declare-const"
+        if is_declaration and (m := VARIABLE.match(name_of)):
+            declared[m[1]].add(int(m[2]))
+    for kind, what, verb in (("X", "inputs", "takes"), ("Y", "outputs", "has")):
+        found, wanted = len(declared[kind]), counts[kind]
+        if found and found != wanted:
+            raise VerificationError(
+                f"VNN-LIB file {name!r} declares {found} {what} ({kind}_0 .. "
+                f"{kind}_{max(declared[kind])}), but {network} {verb} {wanted}: the property "
+                "was written for another network. Verify it with the network it was written "
+                "for (a VNN-COMP benchmark's instances.csv pairs each property with its "
+                f"network), or write one with {wanted} {what}"
+            )
 
 
 def _flip(op: str) -> str:
