@@ -92,14 +92,20 @@ def test_the_crops_pass_through_every_residual_addition(swap):
     assert any(op.kind == "window" for op in sub.graph.ops)
 
 
+@pytest.mark.parametrize("layout", ["flat", "spatial"])
 @pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("precision", ["float64", "float32"])
-def test_cropped_neurons_equal_the_dense_pass_row_by_row(swap, precision):
+def test_cropped_neurons_equal_the_dense_pass_row_by_row(swap, precision, layout, monkeypatch):
     """Same boxes in, every unstable neuron's two bounds out: the crop sums the same
-    nonzero products as the dense pass, in another order (flat matrices against
-    convolutions), so float64 agrees to rounding; float32 to the margins' difference
-    (each pass subtracts its own bound on its own rounding)."""
+    nonzero products as the dense pass, in another order (flat matrices or convolutions on
+    windows, each forced here), so float64 agrees to rounding; float32 to the margins'
+    difference (each pass subtracts its own bound on its own rounding)."""
+    ratio = float("inf") if layout == "flat" else 0.0
+    monkeypatch.setattr(receptive, "SPATIAL_RATIO", ratio)
     graph, lower, upper = case(swap)
+    assert {receptive.crops_for(graph, j).flat for j in relu_inputs(graph)[:-1]} == {
+        layout == "flat"
+    }
     with torch.no_grad(), receptive.dense_passes():
         boxes = b.linear_boxes(graph, lower, upper)
     tol = 1e-12 if precision == "float64" else 1e-5
