@@ -304,7 +304,7 @@ def _spatial(graph: BoundGraph, nodes: list[int], shape: dict[int, tuple]) -> bo
     where a convolution's dense matrix on the crop would be larger than ``LARGEST``, or where
     the dense matrices take ``SPATIAL_RATIO`` times the convolutions' products (a 3x3
     convolution's matrix is mostly zeros: on resnet_4b's 23x23-pixel crops 18.8x its
-    products, and the spatial crop 2.5x faster). Else the crop runs on flat vectors, its
+    products, and the spatial crop ~2.5x faster). Else the crop runs on flat vectors, its
     convolutions as dense matrices (faster on the small crops of a strided net: one matrix
     product per layer; Conv-Small's matrices take 2.8x the products)."""
     if any(graph.ops[i].kind == "maxpool" for i in nodes):
