@@ -122,10 +122,13 @@ def test_cropped_neurons_equal_the_dense_pass_row_by_row(swap, precision, layout
     assert compared > 100  # unstable neurons were bounded, not copied from the boxes
 
 
-def test_the_float32_crops_margins_cover_their_rounding():
+@pytest.mark.parametrize("layout", ["flat", "spatial"])
+def test_the_float32_crops_margins_cover_their_rounding(layout, monkeypatch):
     """A float32 cropped pass subtracts its own rounding bound (the sub-window ops add
     none: copies), so each of its bounds is at or below the exact (float64) bound of the
-    same relaxation on every row, at the image border and through both branches."""
+    same relaxation on every row, at the image border and through both branches, whether
+    the crop runs on flat matrices or on convolutions."""
+    monkeypatch.setattr(receptive, "SPATIAL_RATIO", float("inf") if layout == "flat" else 0.0)
     graph, lower, upper = case(True)
     with torch.no_grad(), receptive.dense_passes():
         boxes = b.linear_boxes(graph, lower, upper)
