@@ -163,3 +163,39 @@ def test_cropped_alpha_crown_intermediate_bounds_match_the_dense_ones_on_average
         for mine, theirs in ((lo, dlo), (dhi, hi)):
             assert float((mine - theirs).abs().max()) < 2e-2
             assert abs(float((mine - theirs).mean())) < 2e-4
+
+
+class Block(nn.Module):
+    """A ResNet block: ``relu(conv(relu(conv(x))) + shortcut(x))``, 3x3 convolutions, a 1x1
+    convolution as the shortcut where the stride or the width changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.branch = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1), nn.ReLU(), nn.Conv2d(cout, cout, 3, 1, 1)
+        )
+        self.shortcut = nn.Conv2d(cin, cout, 1, stride) if stride > 1 else nn.Identity()
+
+    def forward(self, x):
+        return torch.relu(self.branch(x) + self.shortcut(x))
+
+
+def test_a_field_over_half_the_input_is_cropped_and_keeps_its_convolutions():
+    """resnet_4b's shape (32x32 input, a stride-2 stem and a stride-2 block, 3x3
+    convolutions): the second block's first convolution sees 23x23 input pixels, over half
+    the input. Its crop's dense matrices would take 18.8x its convolutions' products (a flat
+    crop ran no faster than the dense pass), so it keeps them on (C, h, w) windows (2.5x
+    faster than the dense pass, docs/certification.md); the stem's 7x7 crop stays flat."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), Block(16, 32, 2), Block(32, 32, 1),
+        nn.Flatten(), nn.Linear(32 * 8 * 8, 10),
+    ).eval()  # fmt: skip
+    graph = build_graph(net, (3, 32, 32), "resnet_4b-shaped")
+    relu_inputs = [op.inputs[0] for op in graph.ops if op.kind == "activation"]
+    stem, _, second, last = relu_inputs[1:5]  # the first block's convolution and addition
+    assert receptive.crops_for(graph, stem).flat
+    crops = receptive.crops_for(graph, second)
+    assert graph.ops[second].kind == "conv" and crops is not None and not crops.flat
+    assert crops.windows[0].shape == (3, 23, 23)
+    assert receptive.crops_for(graph, last) is None  # 31x31 pixels: dense

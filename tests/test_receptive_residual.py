@@ -92,14 +92,20 @@ def test_the_crops_pass_through_every_residual_addition(swap):
     assert any(op.kind == "window" for op in sub.graph.ops)
 
 
+@pytest.mark.parametrize("layout", ["flat", "spatial"])
 @pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("precision", ["float64", "float32"])
-def test_cropped_neurons_equal_the_dense_pass_row_by_row(swap, precision):
+def test_cropped_neurons_equal_the_dense_pass_row_by_row(swap, precision, layout, monkeypatch):
     """Same boxes in, every unstable neuron's two bounds out: the crop sums the same
-    nonzero products as the dense pass, in another order (flat matrices against
-    convolutions), so float64 agrees to rounding; float32 to the margins' difference
-    (each pass subtracts its own bound on its own rounding)."""
+    nonzero products as the dense pass, in another order (flat matrices or convolutions on
+    windows, each forced here), so float64 agrees to rounding; float32 to the margins'
+    difference (each pass subtracts its own bound on its own rounding)."""
+    ratio = float("inf") if layout == "flat" else 0.0
+    monkeypatch.setattr(receptive, "SPATIAL_RATIO", ratio)
     graph, lower, upper = case(swap)
+    assert {receptive.crops_for(graph, j).flat for j in relu_inputs(graph)[:-1]} == {
+        layout == "flat"
+    }
     with torch.no_grad(), receptive.dense_passes():
         boxes = b.linear_boxes(graph, lower, upper)
     tol = 1e-12 if precision == "float64" else 1e-5
@@ -116,10 +122,13 @@ def test_cropped_neurons_equal_the_dense_pass_row_by_row(swap, precision):
     assert compared > 100  # unstable neurons were bounded, not copied from the boxes
 
 
-def test_the_float32_crops_margins_cover_their_rounding():
+@pytest.mark.parametrize("layout", ["flat", "spatial"])
+def test_the_float32_crops_margins_cover_their_rounding(layout, monkeypatch):
     """A float32 cropped pass subtracts its own rounding bound (the sub-window ops add
     none: copies), so each of its bounds is at or below the exact (float64) bound of the
-    same relaxation on every row, at the image border and through both branches."""
+    same relaxation on every row, at the image border and through both branches, whether
+    the crop runs on flat matrices or on convolutions."""
+    monkeypatch.setattr(receptive, "SPATIAL_RATIO", float("inf") if layout == "flat" else 0.0)
     graph, lower, upper = case(True)
     with torch.no_grad(), receptive.dense_passes():
         boxes = b.linear_boxes(graph, lower, upper)

@@ -13,11 +13,11 @@ copy of those ops, whose input is the receptive field and whose convolutions hav
 padding. A max-pool window's field is the union of its inputs' fields, so it composes like
 a convolution whose kernel is the pool's. A node that both branches of a residual block
 read holds the union of the windows they need (they must agree on the stride); the branch
-that needs less reads its sub-window through ``ops.Window`` (a copy). With a max-pool, or a
-convolution whose dense matrix on the crop is large, the crop keeps (C, h, w) windows and
-the ops themselves, else it runs on flat vectors. ``bounds._tighten`` then bounds each
-position's unstable channels on its crop, with the same rules, rounding margins and
-memory budget.
+that needs less reads its sub-window through ``ops.Window`` (a copy). With a max-pool, or
+convolutions whose dense matrices on the crop are large or mostly zeros (``_spatial``), the
+crop keeps (C, h, w) windows and the ops themselves, else it runs on flat vectors.
+``bounds._tighten`` then bounds each position's unstable channels on its crop, with the
+same rules, rounding margins and memory budget.
 
 Padding is what needs care. A crop that reaches past the edge of a node covers positions
 that do not exist there; the convolution reading that node pads them with zeros. The crop's
@@ -51,8 +51,13 @@ from aisafety.verification.relaxations import RELU
 
 TINY = 1e-30  # a padded ReLU input: stably inactive, and float32 holds it
 # crop only where a neuron's receptive field is at most this share of the input
-SHARE = 0.5
+SHARE = 0.75
 LARGEST = 1 << 22  # elements of a cropped convolution's dense matrix
+# a crop keeps its convolutions where their dense matrices take this many times their
+# products (a convolution on a small window runs ~5x slower per product than a matrix
+# product; at 8 small-resnet's crops would change layout too, moving its bounds by
+# rounding either way: docs/certification.md)
+SPATIAL_RATIO = 16
 _ENABLED: ContextVar[bool] = ContextVar("receptive_crops", default=True)
 
 
@@ -296,20 +301,25 @@ def _sub_window(name: str, reads: int, outer: Need, inner: Need, channels: int, 
 
 def _spatial(graph: BoundGraph, nodes: list[int], shape: dict[int, tuple]) -> bool:
     """Whether the crop keeps its nodes' (C, h, w) shapes and convolutions: with max-pooling,
-    or where a convolution's dense matrix on the crop would be larger than ``LARGEST`` (a
-    3x3 convolution's is mostly zeros: on a 64-channel 8x8 crop 7x the products of the
-    convolution itself). Else the crop runs on flat vectors, its convolutions as dense
-    matrices (faster on the small crops of a strided net: one matrix product per layer)."""
+    where a convolution's dense matrix on the crop would be larger than ``LARGEST``, or where
+    the dense matrices take ``SPATIAL_RATIO`` times the convolutions' products (a 3x3
+    convolution's matrix is mostly zeros: on resnet_4b's 23x23-pixel crops 18.8x its
+    products, and the spatial crop ~2.5x faster). Else the crop runs on flat vectors, its
+    convolutions as dense matrices (faster on the small crops of a strided net: one matrix
+    product per layer; Conv-Small's matrices take 2.8x the products)."""
     if any(graph.ops[i].kind == "maxpool" for i in nodes):
         return True
+    matrices = products = 0
     for i in nodes[1:]:
         op = graph.ops[i]
         if op.kind == "conv":
             window = _needs(op, (shape[i][1:], (1, 1), (0, 0)))[0]
-            reads = math.prod(window) * shape[op.inputs[0]][0]
-            if reads * math.prod(shape[i]) > LARGEST:
+            entries = math.prod(window) * shape[op.inputs[0]][0] * math.prod(shape[i])
+            if entries > LARGEST:
                 return True
-    return False
+            matrices += entries
+            products += math.prod(shape[i]) * op.weight[0].numel()
+    return matrices > SPATIAL_RATIO * products
 
 
 def _spatial_op(
