@@ -308,3 +308,96 @@ def test_bf16_pgd_robust_accuracy_is_within_half_a_point_of_fp32(fast_bf16, mnis
 def test_bf16_pgd_robust_accuracy_on_1000_images(fast_bf16, mnist_subset):
     fp32, bf16 = _robust_accuracy_gap(1000, mnist_subset)
     assert abs(bf16 - fp32) <= 0.005 + 1e-9, (fp32, bf16)
+
+
+# --- models autocast cannot reach ----------------------------------------------------------
+
+
+def onnxruntime_model() -> Predictor:
+    """A two-by-two image to three scores, run by ONNX Runtime (no PyTorch code)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from aisafety.prediction.onnx_model import OnnxRuntimePredictor
+
+    weight = numpy_helper.from_array(torch.eye(3, 4).numpy(), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])
+    nodes = [
+        helper.make_node("Flatten", ["x"], ["f"]),
+        helper.make_node("Gemm", ["f", "w"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(nodes, "g", [x], [y], initializer=[weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return OnnxRuntimePredictor(model.SerializeToString(), name="tiny.onnx")
+
+
+def remote_model() -> Predictor:
+    """A served model; nothing listens at the address, and nothing may be asked of it."""
+    from aisafety.prediction.remote import RemotePredictor
+
+    return RemotePredictor("http://127.0.0.1:9", "m", (1, 2, 2), 3, input_name="x", retries=0)
+
+
+class OwnScores(Predictor):
+    """A user's own predictor with no PyTorch ``network`` (its code is its own business)."""
+
+    name, num_classes, input_shape = "own", 3, (1, 2, 2)
+    capabilities = frozenset({Capability.SCORES, Capability.LABELS})
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("a refused search must not ask the model")
+
+
+def defended_onnxruntime_model() -> Predictor:
+    from aisafety.defense.bit_depth import BitDepthReduction
+
+    return BitDepthReduction(onnxruntime_model(), bits=8)
+
+
+UNREACHED = {
+    "onnxruntime": (onnxruntime_model, "an ONNX Runtime model"),
+    "remote": (remote_model, "a remote model"),
+    "own predictor": (OwnScores, "a predictor of class OwnScores, with no PyTorch network"),
+    "onnxruntime behind a defense": (defended_onnxruntime_model, "an ONNX Runtime model"),
+}
+
+
+@pytest.mark.parametrize("kind", UNREACHED)
+def test_bf16_on_a_model_autocast_cannot_reach_is_refused_and_auto_is_fp32(kind, monkeypatch):
+    """autocast reaches PyTorch code only, so ``precision: bf16`` on these ran in fp32 under
+    a stored bf16 label: now a ConfigError before any query, naming the model's kind, the
+    precision and the fix; ``auto`` searches the model itself (fp32), with no view."""
+    monkeypatch.setattr(precision, "fast_precisions", lambda device: ("bf16", "fp16"))
+    build, words = UNREACHED[kind]
+    model = build()
+    x, y = torch.rand(2, 1, 2, 2), torch.tensor([0, 1])
+    for asked in ("bf16", "fp16"):
+        with pytest.raises(ConfigError) as refused:
+            returns_input(precision=asked)(model, x, y, 0.1)
+        message = str(refused.value)
+        assert f"attack 'returns-input': precision {asked!r}" in message, message
+        assert words in message and repr(model.name) in message, message
+        assert f"run in fp32, not {asked}" in message and "precision: fp32 or auto" in message
+    assert getattr(model, "requests_sent", 0) == 0
+    assert returns_input(precision="auto").search_predictor(model) is model
+
+
+def test_torchscript_and_exported_programs_do_run_in_bf16(fast_bf16):
+    """They are PyTorch code, so autocast reaches them (not refused): their bf16 search
+    view rounds the disagreeing point to the other class, as the eager module's does."""
+    from aisafety.prediction.exported import ExportedPredictor
+    from aisafety.prediction.torchscript import TorchScriptPredictor
+
+    module = disagreeing_model().module
+    batch = {0: torch.export.Dim("batch")}
+    two = DISAGREEING_X.expand(2, -1, -1, -1)  # a batch of one would fix the batch size
+    program = torch.export.export(module, (two,), dynamic_shapes=(batch,))
+    for model in (
+        TorchScriptPredictor(torch.jit.trace(module, DISAGREEING_X), (1, 1, 2), 2),
+        ExportedPredictor(program, (1, 1, 2), 2),
+    ):
+        searcher = returns_input(precision="bf16").search_predictor(model)
+        assert isinstance(searcher, ReducedPrecision)
+        assert model.logits(DISAGREEING_X).argmax(1).tolist() == [0]
+        assert searcher.logits(DISAGREEING_X).argmax(1).tolist() == [1]

@@ -303,8 +303,9 @@ class Attack(ABC):
     ) -> Predictor:
         """The predictor ``perturb`` searches with: ``predictor`` itself, or a view of it
         under autocast when the ``precision`` option asks for a reduced precision (a
-        ConfigError where the device has no fast unit for it, or, asked by name, where the
-        network computes in float64, which autocast leaves alone). With ``probe`` (an image and
+        ConfigError where the device has no fast unit for it, or, asked by name, where
+        autocast would not reach the model: ONNX Runtime, a server, a float64 network;
+        ``autocast_applies``). With ``probe`` (an image and
         its fp32 logits), a convolutional network runs channels-last where
         ``search_layout`` says so and a copy in that layout reproduces the probe."""
         precision = getattr(self.config, "precision", "fp32")

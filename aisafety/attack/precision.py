@@ -120,34 +120,55 @@ def compute_dtype(precision: str, device: torch.device, owner: str) -> torch.dty
     return DTYPES[precision]
 
 
-def network_dtype(predictor: Predictor) -> torch.dtype | None:
-    """The dtype a PyTorch predictor's network computes in (its first floating tensor:
-    ``TorchPredictor``'s normalisation is in the network's dtype), through input defenses
-    (their ``inner``); None without a ``network`` module (ONNX Runtime, a server: autocast
-    does not reach them)."""
+def _runner(predictor: Predictor) -> Predictor:
+    """The predictor under input defenses and views (their ``inner``) that runs the model:
+    the first with a ``network`` module (a PyTorch network), else the innermost."""
     while not isinstance(getattr(predictor, "network", None), torch.nn.Module):
-        predictor = getattr(predictor, "inner", None)
-        if predictor is None:
-            return None
-    return weight_dtype(predictor.network)
+        inner = getattr(predictor, "inner", None)
+        if inner is None:
+            return predictor
+        predictor = inner
+    return predictor
+
+
+def _unreduced(predictor: Predictor, precision: str) -> str | None:
+    """Why autocast would not run ``predictor``'s passes in ``precision`` (None: it would)."""
+    runner = _runner(predictor)
+    network = getattr(runner, "network", None)
+    if not isinstance(network, torch.nn.Module):
+        kind = runner.engine or (
+            f"a predictor of class {type(runner).__name__}, with no PyTorch network"
+        )
+        return (
+            f"which reaches PyTorch code only: model {predictor.name!r} is {kind}, so the "
+            f"search would run in fp32, not {precision}. Use precision: fp32 or auto (fp32 "
+            "for this model), or load the model as PyTorch code (source: python, export or "
+            f"torchscript, or onnx with gradients: true) for a {precision} search"
+        )
+    if weight_dtype(network) is torch.float64:
+        return (
+            f"which leaves float64 layers in float64: model {predictor.name!r} computes in "
+            f"float64, so the search would run in float64, not {precision}. Use precision: "
+            "fp32 or auto (the model's own float64), or give the model in float32 "
+            f"(module.float()) for a {precision} search"
+        )
+    return None
 
 
 def autocast_applies(precision: str, predictor: Predictor, owner: str) -> bool:
-    """Whether autocast would change ``predictor``'s passes: not for a float64 network, whose
+    """Whether autocast would change ``predictor``'s passes: not for a model run outside
+    PyTorch (ONNX Runtime, a server; ``Predictor.engine``), nor for a float64 network, whose
     ops autocast leaves in float64 (it casts only float32, float16 and bfloat16). ``auto``
-    then means the network's own float64; ``bf16``/``fp16`` asked for by name are a
-    ConfigError naming ``owner``, the dtype and the fix, as on a device without them: the
-    search would run in float64 while its label said bf16."""
-    if network_dtype(predictor) is not torch.float64:
+    then means the model's own precision (no view: the fp32 search exactly); ``bf16``/``fp16``
+    asked for by name are a ConfigError naming ``owner``, the model, why and the fix, as on a
+    device without them: the search would not run in the precision its label says."""
+    why = _unreduced(predictor, precision)
+    if why is None:
         return True
     if precision == "auto":
         return False
     raise ConfigError(
-        f"{owner}: precision {precision!r} runs the model's passes under torch.autocast, which "
-        f"leaves float64 layers in float64: model {predictor.name!r} computes in float64, so "
-        f"the search would run in float64, not {precision}. Use precision: fp32 or auto (the "
-        f"model's own float64), or give the model in float32 (module.float()) for a "
-        f"{precision} search"
+        f"{owner}: precision {precision!r} runs the model's passes under torch.autocast, {why}"
     )
 
 

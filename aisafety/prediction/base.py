@@ -37,6 +37,10 @@ class Predictor(ABC):
     # Why a capability (or "bounds": a graph a verifier can bound) is missing, naming the
     # model source that would give it; ``require`` says it instead of the generic advice.
     unavailable: dict[str, str] = {}
+    # What computes the scores where it is not PyTorch code in this process (ONNX Runtime, a
+    # server), in words; None: PyTorch. torch.autocast cannot reach such a model, so an
+    # attack's bf16/fp16 search is refused for it (attack/precision.py).
+    engine: str | None = None
 
     @abstractmethod
     def _logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -180,6 +180,8 @@ class OnnxRuntimePredictor(Predictor):
     on a probe, and in chunks of the fixed size otherwise.
     """
 
+    engine = "an ONNX Runtime model (onnxruntime runs its graph, not PyTorch)"
+
     def __init__(
         self,
         model: str | Path | bytes,

@@ -78,6 +78,8 @@ class RemotePredictor(Predictor):
     waiting ``backoff * 2**attempt`` seconds in between; 4xx answers are not retried.
     """
 
+    engine = "a remote model (its server computes the scores)"
+
     def __init__(
         self,
         url: str,
