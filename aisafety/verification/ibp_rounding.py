@@ -8,9 +8,10 @@ u)`` times the sum of their absolute values (Higham, *Accuracy and Stability of 
 Algorithms*, 2nd ed., eq. 3.5: any summation order). Each rule below bounds the sums it
 computes by a ``magnitude`` (that sum of absolute values, itself computed) and widens its
 box by ``2 gamma(n + 5) magnitude``: the factor 2 and the extra terms cover the rounding of
-the centre, the radius, the end's own subtraction and of the margin itself. A box that
-carries gradients (IBP training, ``margins.py``) is an objective, not a certificate: it is
-left as computed, so training is unchanged.
+the centre, the radius, the end's own subtraction and of the margin itself. Only float64
+boxes are widened: every verifier bounds a float64 graph (``certified.py``, ``vnncomp.py``);
+a float32 graph is a training one (``margins.py``: an objective, not a certificate, whose
+values stay as they were), and its backward passes carry no margin either.
 """
 
 from __future__ import annotations
@@ -28,14 +29,18 @@ def gamma(n: int, u: float = U32) -> float:
     return n * u / (1 - n * u)
 
 
+def rounded(box_end: torch.Tensor) -> bool:
+    """Whether a box in this dtype gets the margin: float64, the verifiers' graphs."""
+    return box_end.dtype == torch.float64
+
+
 def widen(
     lo: torch.Tensor, hi: torch.Tensor, magnitude: torch.Tensor, terms: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[lo, hi]`` widened by the rounding of sums of ``terms`` terms whose absolute values
-    sum to ``magnitude``; unchanged where the box carries gradients (training)."""
-    if lo.requires_grad or hi.requires_grad or not lo.is_floating_point():
+    sum to ``magnitude``; float64 boxes only (``rounded``)."""
+    if not rounded(lo):
         return lo, hi
-    info = torch.finfo(lo.dtype)
     # underflow adds at most the smallest normal number per rounded operation
-    margin = 2 * gamma(terms + 5, info.eps / 2) * magnitude + (terms + 5) * info.tiny
+    margin = 2 * gamma(terms + 5, U64) * magnitude + (terms + 5) * torch.finfo(lo.dtype).tiny
     return lo - margin, hi + margin

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from aisafety.verification.ibp_rounding import widen
+from aisafety.verification.ibp_rounding import rounded, widen
 from aisafety.verification.relaxations import Relaxation
 
 Box = tuple[torch.Tensor, torch.Tensor]
@@ -98,7 +98,7 @@ class Dense(Op):
         centre, radius = (box[1] + box[0]) / 2, (box[1] - box[0]) / 2
         mid, spread = self.forward(centre), F.linear(radius, self.weight.abs())
         lo, hi = mid - spread, mid + spread
-        if lo.requires_grad:  # training: no margin (``widen``), no work for it
+        if not rounded(lo):  # a float32 (training) graph: no margin, no work for it
             return lo, hi
         size = F.linear(centre.abs(), self.weight.abs()) + spread
         size = size if self.bias is None else size + self.bias.abs()
@@ -135,7 +135,7 @@ class Conv(Op):
         centre, radius = (box[1] + box[0]) / 2, (box[1] - box[0]) / 2
         mid, spread = self.forward(centre), self._conv(radius, self.weight.abs(), None)
         lo, hi = mid - spread, mid + spread
-        if lo.requires_grad:  # training: no margin (``widen``), no work for it
+        if not rounded(lo):  # a float32 (training) graph: no margin, no work for it
             return lo, hi
         size = self._conv(centre.abs(), self.weight.abs(), None) + spread
         if self.bias is not None:
