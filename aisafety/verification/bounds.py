@@ -179,7 +179,7 @@ def linear_boxes(
     deep = depends_on_activation(graph)
     for _i, op in enumerate(graph.ops):
         if op.kind != "activation" or not deep[op.inputs[0]]:
-            continue  # IBP is exact on an affine function of the input
+            continue  # IBP is exact on an affine function of the input (up to its margin)
         j, relu = op.inputs[0], op.relaxation is RELU
         some = None if searched is None else searched.get(j)
         if some is None or bool(some.all()):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from aisafety.verification.ibp_rounding import rounded, widen
 from aisafety.verification.relaxations import Relaxation
 
 Box = tuple[torch.Tensor, torch.Tensor]
@@ -40,6 +41,11 @@ def _row_dot(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return (a.flatten(1) * t.flatten(1)).sum(1, keepdim=True)
     rows, vectors = a.flatten(2), t.flatten(1)  # one gemv per sample: bmm's (n, 1) is slow
     return torch.stack([torch.mv(rows[i], vectors[i]) for i in range(a.shape[0])])
+
+
+def _magnitude(box: Box) -> torch.Tensor:
+    """max |z| over the box."""
+    return torch.maximum(box[0].abs(), box[1].abs())
 
 
 def split_signs(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +97,12 @@ class Dense(Op):
     def interval(self, box: Box) -> Box:
         centre, radius = (box[1] + box[0]) / 2, (box[1] - box[0]) / 2
         mid, spread = self.forward(centre), F.linear(radius, self.weight.abs())
-        return mid - spread, mid + spread
+        lo, hi = mid - spread, mid + spread
+        if not rounded(lo):  # a float32 (training) graph: no margin, no work for it
+            return lo, hi
+        size = F.linear(centre.abs(), self.weight.abs()) + spread
+        size = size if self.bias is None else size + self.bias.abs()
+        return widen(lo, hi, size, self.weight.shape[1] + 1)
 
     def backward(
         self, a: torch.Tensor, box: Box, constant: bool = True
@@ -123,7 +134,13 @@ class Conv(Op):
     def interval(self, box: Box) -> Box:
         centre, radius = (box[1] + box[0]) / 2, (box[1] - box[0]) / 2
         mid, spread = self.forward(centre), self._conv(radius, self.weight.abs(), None)
-        return mid - spread, mid + spread
+        lo, hi = mid - spread, mid + spread
+        if not rounded(lo):  # a float32 (training) graph: no margin, no work for it
+            return lo, hi
+        size = self._conv(centre.abs(), self.weight.abs(), None) + spread
+        if self.bias is not None:
+            size = size + self.bias.abs().view(-1, 1, 1)
+        return widen(lo, hi, size, self.weight[0].numel() + 1)
 
     def backward(
         self, a: torch.Tensor, box: Box, constant: bool = True
@@ -159,7 +176,8 @@ class Elementwise(Op):
 
     def interval(self, box: Box) -> Box:
         lo, hi = self.forward(box[0]), self.forward(box[1])
-        return torch.minimum(lo, hi), torch.maximum(lo, hi)
+        size = _magnitude(box) * self.scale.abs() + self.shift.abs()
+        return widen(torch.minimum(lo, hi), torch.maximum(lo, hi), size, 2)
 
     def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
         return [a * self.scale], _sum_tail(a * self.shift)
@@ -197,7 +215,11 @@ class PositiveLinear(Op):
         return self.fn(x)
 
     def interval(self, box: Box) -> Box:
-        return self.fn(box[0]), self.fn(box[1])
+        """Monotone; a sum (average pooling) rounds: at most the input's size terms."""
+        lo, hi = self.fn(box[0]), self.fn(box[1])
+        if self.permutation:
+            return lo, hi
+        return widen(lo, hi, self.fn(_magnitude(box)), box[0][0].numel() + 1)
 
     def backward(self, a: torch.Tensor, box: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
         b, k = a.shape[:2]
@@ -217,7 +239,8 @@ class Add(Op):
         return x + z
 
     def interval(self, first: Box, second: Box) -> Box:
-        return first[0] + second[0], first[1] + second[1]
+        size = _magnitude(first) + _magnitude(second)
+        return widen(first[0] + second[0], first[1] + second[1], size, 1)
 
     def backward(self, a, first: Box, second: Box) -> tuple[list[torch.Tensor], torch.Tensor]:
         return [a, a], a.new_zeros(a.shape[:2])

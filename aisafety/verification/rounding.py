@@ -27,11 +27,10 @@ import torch.nn.functional as F
 
 from aisafety.verification import memo
 from aisafety.verification.graph import BoundGraph
+from aisafety.verification.ibp_rounding import U32, U64, gamma
 from aisafety.verification.ops import Box, Op
 from aisafety.verification.relaxations import round_up
 
-U32 = 2.0**-24  # unit roundoff of float32
-U64 = 2.0**-53
 # covers every underflow (at most 2^-126 per product with flush-to-zero, 1e9 products)
 TINY = 1e-20
 # positive-linear: permutations only (``_bounded``)
@@ -44,13 +43,6 @@ SMALL = 1 << 16
 # little it saves beside the intermediate passes (bench/margin_sources.py, docs/certification.md)
 FINAL_SMALL = 1 << 22
 _MODE: ContextVar[str] = ContextVar("bound_pass_precision", default="auto")
-
-
-def gamma(n: int, u: float = U32) -> float:
-    """Higham's gamma_n: the relative error bound of a sum of ``n`` rounded products."""
-    if n * u >= 1:
-        return float("inf")
-    return n * u / (1 - n * u)
 
 
 @contextmanager
