@@ -10,7 +10,8 @@ the platform's [0, 1] check. ``sat`` comes with the counterexample in VNN-COMP's
 A disjunct that is a conjunction of several output atoms (Marabou's targeted properties:
 ``Y_t >= Y_j`` for every j) is refuted when one of its atoms is certified never to hold on
 the box (each atom is verified on its own, most promising first) and is falsified by a point
-where all its atoms hold (box-PGD on the largest of their rows, replayed through onnxruntime).
+where all its atoms hold (box-PGD on the largest of their rows, or a complete verifier's
+counterexample to one atom, replayed through onnxruntime). Its margin: docs/certification.md.
 """
 
 from __future__ import annotations
@@ -146,44 +147,95 @@ def _verify_rows(registry, net, lower, upper, rows, verifier, settings) -> Insta
 
 def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, settings):
     """Each disjunct (a conjunction of atoms) refuted by one atom whose row is proved
-    positive on the box, or satisfied at a replayed point; one time limit for all."""
+    positive on the box, or satisfied at a replayed point; one time limit for all.
+
+    The margin is min over disjuncts of max over their atoms of the best lower bound proved
+    for the atom: a lower bound of min_x min_d max_k row_k(x), positive only if ``unsat``.
+    Where the search stops at a disjunct, the disjuncts after it get their first pass if
+    time is left (never past the deadline); a disjunct with no bound makes it -inf."""
     checker = make_verifier(registry, verifier, settings)
     deadline = checker.deadline(1)
-    margin = math.inf
-    for rows in disjuncts:
+    proved: list[float] = []  # per disjunct so far: the best bound proved for it
+    for i, rows in enumerate(disjuncts):
         prop = _property(lower, upper, rows)
         try:
             with time_limit(deadline):
                 point = _all_rows_hold(net, prop)
                 if point is not None:
                     return _sat(net, point, -math.inf)
-                with torch.no_grad():  # every atom's bound from one pass
-                    bounds, _ = checker.lower_bounds(net.graph, prop.to(net.graph.dtype))
+                bounds = _first_pass(checker, net, prop)
         except OutOfTime:
             return InstanceResult("timeout", 0.0, -math.inf, note="timeout")
-        bounds = (bounds + prop.offset.to(bounds.dtype))[0]
         if float(bounds.max()) > 0:
-            margin = min(margin, float(bounds.max()))
+            proved.append(float(bounds.max()))
             continue
         if not checker.complete:
-            return InstanceResult("unknown", 0.0, float(bounds.max()), note="bounds too loose")
-        if not _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadline):
+            proved.append(float(bounds.max()))
+            margin = _margin_so_far(
+                checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
+            )
+            return InstanceResult("unknown", 0.0, margin, note="bounds too loose")
+        refuted, best, point = _refuted_by_one_atom(
+            registry, net, prop, bounds, verifier, settings, deadline
+        )
+        if point is not None:
+            return _sat(net, point, -math.inf)
+        proved.append(best)
+        if not refuted:
             status = "timeout" if deadline.passed() else "unknown"
-            return InstanceResult(status, 0.0, -math.inf, note="a disjunct was not refuted")
-    return InstanceResult("unsat", 0.0, margin)
+            margin = _margin_so_far(
+                checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
+            )
+            return InstanceResult(status, 0.0, margin, note="a disjunct was not refuted")
+    return InstanceResult("unsat", 0.0, min(proved))
 
 
-def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadline) -> bool:
-    """A complete verifier on each atom alone, the most promising (highest bound) first."""
+def _first_pass(checker, net: Network, prop: Property) -> torch.Tensor:
+    """Every atom's proved lower bound (offset included) from one bound pass."""
+    with torch.no_grad():
+        bounds, _ = checker.lower_bounds(net.graph, prop.to(net.graph.dtype))
+    return (bounds + prop.offset.to(bounds.dtype))[0]
+
+
+def _margin_so_far(checker, net, deadline, lower, upper, proved: list[float], rest) -> float:
+    """min over disjuncts of their proved bounds, the ``rest`` (not searched) by their first
+    pass within what is left of ``deadline``: -inf if one of them gets none."""
+    try:
+        for rows in rest:
+            if deadline.passed():
+                return -math.inf
+            with time_limit(deadline):
+                bounds = _first_pass(checker, net, _property(lower, upper, rows))
+            proved = [*proved, float(bounds.max())]
+    except OutOfTime:  # a pass cut off by the limit is never used
+        return -math.inf
+    return min(proved)
+
+
+def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadline):
+    """A complete verifier on each atom alone, the most promising (highest bound) first:
+    (refuted, the disjunct's best proved bound, a replayed point where all its atoms hold).
+
+    An atom's counterexample satisfies the disjunct when it is the disjunct's only atom (or
+    all the others hold there too); a falsified atom's margin is its point's value, not a
+    proved bound, so only its first-pass bound counts."""
+    best = bounds.clone()
     for k in bounds.argsort(descending=True).tolist():
         if deadline.passed():
-            return False
+            break
         left = {**settings, "timeout": max(deadline.left(), 1e-3)}
         checker = make_verifier(registry, verifier, left)
         result = checker.verify(net.graph, prop_row(prop, k), net.run)
-        if result.verdicts[0] is Verdict.CERTIFIED:
-            return True
-    return False
+        verdict = result.verdicts[0]
+        if verdict is Verdict.FALSIFIED:
+            point = result.counterexamples[:1]
+            if _all_hold_at(net, prop, point):
+                return False, float(best.max()), point
+            continue
+        best[k] = max(float(best[k]), float(result.margins[0]))
+        if verdict is Verdict.CERTIFIED:
+            return True, float(best.max()), None
+    return False, float(best.max()), None
 
 
 def prop_row(prop: Property, k: int) -> Property:
@@ -200,10 +252,13 @@ def _all_rows_hold(net: Network, prop: Property) -> torch.Tensor | None:
 
     single = Property(prop.lower, prop.upper, prop.spec.new_ones(1, 1, 1), prop.offset[:, :1] * 0)
     candidate = into_box(pgd_on_rows(largest_row, single, steps=50, restarts=2), prop)
-    rows = prop.rows(net.run(candidate).double())
-    if bool(prop.inside(candidate)[0]) and bool((rows <= 0).all()):
-        return candidate
-    return None
+    return candidate if _all_hold_at(net, prop, candidate) else None
+
+
+def _all_hold_at(net: Network, prop: Property, x: torch.Tensor) -> bool:
+    """``x`` lies in the box and every row is <= 0 there, replayed through onnxruntime."""
+    rows = prop.rows(net.run(x).double())
+    return bool(prop.inside(x)[0]) and bool((rows <= 0).all())
 
 
 def _sat(net: Network, x: torch.Tensor, margin: float) -> InstanceResult:

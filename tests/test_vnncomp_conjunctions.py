@@ -1,0 +1,112 @@
+"""``vnncomp._verify_conjunctions`` on a linear net of two inputs (y = x, the box [-1, 1]^2):
+the margin where the search stops (#33, "an answer at any time") and a one-atom disjunct
+falsified by the complete verifier.
+
+The atoms' rows are chosen so that each value is known by hand: for the disjunct
+A = {x0 + 0.1 <= 0, -x0 + 0.1 <= 0} no point satisfies both (min_x max = 0.1) but each atom
+alone holds at x0 = -1 or 1 (bound -0.9), so no atom refutes A; B = {x1 - 1.9 <= 0,
+-x1 - 1.9 <= 0} holds at x1 = 0 (max -1.9 there, bounds -2.9)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from aisafety.plugins import default_registry
+from aisafety.verification import vnncomp
+from aisafety.verification.graph import BoundGraph, build_graph
+
+E0, E1 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+A = [(E0, 0.1), (-E0, 0.1)]
+B = [(E1, -1.9), (-E1, -1.9)]
+LOWER, UPPER = (
+    -torch.ones(1, 1, 1, 2, dtype=torch.float64),
+    torch.ones(1, 1, 1, 2, dtype=torch.float64),
+)
+
+
+@dataclass
+class Identity:
+    """Stands for ``vnncomp.Network``: the bound graph and the replay of y = x."""
+
+    graph: BoundGraph
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(len(x), 2).float()
+
+
+def identity() -> Identity:
+    layer = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        layer.weight.copy_(torch.eye(2))
+        layer.bias.zero_()
+    net = torch.nn.Sequential(torch.nn.Flatten(), layer).eval()
+    return Identity(build_graph(net, (1, 1, 2), "identity"))
+
+
+def conjunctions(disjuncts, verifier: str) -> vnncomp.InstanceResult:
+    settings = {"timeout": 20.0, "clock": "cpu"}
+    return vnncomp._verify_conjunctions(
+        default_registry(), identity(), LOWER, UPPER, disjuncts, verifier, settings
+    )
+
+
+def sampled_margin(disjuncts, n: int = 2001) -> float:
+    """min over a grid of the box of min over disjuncts of max over atoms of the row."""
+    t = torch.linspace(-1, 1, n, dtype=torch.float64)
+    x = torch.cartesian_prod(t, torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64))
+    x = torch.cat([x, torch.cartesian_prod(torch.tensor([-1.0, 0.0, 1.0]).double(), t)])
+    per = [torch.stack([x @ c.double() + d for c, d in rows]).amax(0) for rows in disjuncts]
+    return float(torch.stack(per).amin())
+
+
+@pytest.mark.parametrize("verifier", ["crown", "complete"])
+def test_a_disjunct_left_unrefuted_gives_the_bound_proved_for_every_disjunct(verifier):
+    """Before: ``complete`` answered margin -inf although each atom had a bound, and
+    ``crown`` answered -0.9 (A's bound alone) although B reaches -1.9 at x = 0: not a bound."""
+    result = conjunctions([A], verifier)
+    assert result.status == "unknown" and result.margin == pytest.approx(-0.9, abs=1e-5)
+    assert result.margin <= sampled_margin([A])
+    result = conjunctions([A, B], verifier)
+    assert result.status == "unknown" and result.margin == pytest.approx(-2.9, abs=1e-5)
+    assert result.margin <= sampled_margin([A, B]) == pytest.approx(-1.9)
+
+
+def deadline_passes_after_the_search(monkeypatch) -> None:
+    """The deadline passes as the search of the first unrefuted disjunct ends."""
+    real = vnncomp._refuted_by_one_atom
+
+    def search_then_out_of_time(registry, net, prop, bounds, verifier, settings, deadline):
+        found = real(registry, net, prop, bounds, verifier, settings, deadline)
+        monkeypatch.setattr(type(deadline), "passed", lambda self: True)
+        return found
+
+    monkeypatch.setattr(vnncomp, "_refuted_by_one_atom", search_then_out_of_time)
+
+
+def test_no_time_left_for_the_rest_leaves_the_margin_unbounded(monkeypatch):
+    """The disjuncts after the one the search stopped at get their first pass only before
+    the deadline: none left, the margin says nothing (-inf); stopped at the last disjunct,
+    every disjunct has its bound. Before: -inf in both cases."""
+    deadline_passes_after_the_search(monkeypatch)
+    result = conjunctions([A, B], "complete")
+    assert result.status == "timeout" and result.margin == -math.inf
+    monkeypatch.undo()
+    deadline_passes_after_the_search(monkeypatch)
+    result = conjunctions([A], "complete")
+    assert result.status == "timeout" and result.margin == pytest.approx(-0.9, abs=1e-5)
+
+
+def test_a_one_atom_disjunct_falsified_by_the_complete_verifier_is_sat(monkeypatch):
+    """Box-PGD on the disjunct's rows is switched off (as if it missed the point): the
+    complete verifier's counterexample for the only atom satisfies the disjunct. Before:
+    ``unknown`` (a disjunct was not refuted)."""
+    monkeypatch.setattr(vnncomp, "_all_rows_hold", lambda net, prop: None)
+    refuted = [(E1, 2.0), (-E1, 0.1)]  # x1 + 2 >= 1 on the box
+    result = conjunctions([[(E0, -0.5)], refuted], "complete")
+    assert result.status == "sat"
+    x = [float(line.split()[1].rstrip(")")) for line in result.counterexample.splitlines()]
+    assert -1 <= x[0] <= 0.5 and -1 <= x[1] <= 1  # X_0, X_1: the atom x0 - 0.5 <= 0 holds
