@@ -61,7 +61,9 @@ def weight(op: Op, boxes: list[Box]) -> torch.Tensor | None:
     if op.kind in EXACT or (op.kind == "positive-linear" and op.permutation):
         return None
     box = boxes[0]
-    return memo.on_tensor(box[0], f"_f64_weight{id(op)}", (box[1], op), lambda: _weight(op, box))
+    tensors = tuple(v for v in vars(op).values() if isinstance(v, torch.Tensor))
+    deps = (box[1], op, *tensors)  # a weight changed in place computes ``v`` afresh
+    return memo.on_tensor(box[0], f"_f64_weight{id(op)}", deps, lambda: _weight(op, box))
 
 
 def _weight(op: Op, box: Box) -> torch.Tensor:
@@ -98,5 +100,5 @@ def dot(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def concretise_margin(coeff: torch.Tensor, box: Box) -> torch.Tensor:
-    """The rounding of ``concretize``'s products and sum: ``<|A|, |z|>`` units."""
+    """The bound on the rounding of ``concretize``'s products and sum (B, K)."""
     return dot(coeff, magnitude(box))
