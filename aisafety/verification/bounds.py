@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from aisafety.verification import budget, receptive, rounding
+from aisafety.verification import budget, float64_margin, receptive, rounding
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box, split_signs
@@ -78,6 +78,7 @@ def backward(
     pending = {start: a}
     bias = a.new_zeros(a.shape[:2], dtype=torch.float64 if rounded else a.dtype)
     slack, size = bias.new_zeros(()), bias.new_zeros(())
+    margin = not rounded and float64_margin.applies(a)  # float64: its own rounding margin
     for i in range(start, 0, -1):
         if i not in pending:
             continue
@@ -101,6 +102,8 @@ def backward(
         if rounded:
             shift, err = rounding.exact_shift(graph.wide.ops[i], coeff, back, in_boxes)
             slack, size = slack + err, size + shift.abs()
+        elif margin:
+            slack, size = _float64_slack(op, coeff, in_boxes, slack), size + shift.abs()
         bias = bias + shift
         for j, c in zip(op.inputs, back, strict=True):
             if j not in pending:
@@ -109,7 +112,16 @@ def backward(
             pending[j] = pending[j] + c
             if rounded:  # the float32 addition rounds too
                 slack = slack + rounding.sum_error(pending[j], boxes[j])
+            elif margin:  # one rounding of each sum, at most u |sum| |z|
+                slack = slack + float64_margin.dot(pending[j], float64_margin.magnitude(boxes[j]))
     coeff = pending[0] if 0 in pending else a.new_zeros(*a.shape[:2], *graph.input_shape)
+    if margin:
+        value = concretize(coeff, boxes[0]) + bias
+        slack = slack + float64_margin.concretise_margin(coeff, boxes[0])
+        # the float64 sums of the constants and of the margins (start + 2 terms at most)
+        sums = float64_margin.factor(start + 4) * (size + value.abs() + slack)
+        tiny = float64_margin.TINY * float64_margin.terms(graph.ops[: start + 1])
+        return value - slack - sums - tiny, coeff
     if not rounded:
         return concretize(coeff, boxes[0]) + bias, coeff
     value, err = rounding.concretise(coeff, boxes[0])
@@ -117,6 +129,12 @@ def backward(
     total = value + bias
     sums = rounding.gamma(start + 4, rounding.U64) * (size + value.abs() + slack)
     return total - (slack + err + sums) * (1 + 4 * rounding.U64), coeff
+
+
+def _float64_slack(op, coeff: torch.Tensor, boxes: list[Box], slack: torch.Tensor):
+    """``slack`` plus the rounding weight of ``op``'s backward rule in a float64 pass."""
+    v = float64_margin.weight(op, boxes)
+    return slack if v is None else slack + float64_margin.dot(coeff, v.to(coeff.dtype))
 
 
 def sound_backward(
@@ -320,10 +338,22 @@ def ibp_spec_lower(graph: BoundGraph, boxes: list[Box], spec: torch.Tensor) -> t
     """IBP's bound of ``C f``, folding ``C`` into the last op when it is affine (elision)."""
     out = graph.ops[-1]
     a = spec.reshape(*spec.shape[:2], *out.out_shape)
-    if out.kind in {"dense", "conv", "elementwise", "reshape"}:
-        (back,), bias = out.backward(a, boxes[out.inputs[0]])
-        return concretize(back, boxes[out.inputs[0]]) + bias
-    return concretize(a, boxes[-1])
+    if out.kind not in {"dense", "conv", "elementwise", "reshape"}:
+        value = concretize(a, boxes[-1])
+        if not float64_margin.applies(value):
+            return value
+        slack = float64_margin.concretise_margin(a, boxes[-1])
+        sums = float64_margin.factor(4) * (value.abs() + slack)  # the subtractions round
+        return value - slack - sums - float64_margin.TINY * a[0, 0].numel()
+    box = boxes[out.inputs[0]]
+    (back,), bias = out.backward(a, box)
+    value = concretize(back, box) + bias
+    if not float64_margin.applies(value):
+        return value
+    slack = _float64_slack(out, a.to(value.dtype), [box], value.new_zeros(()))
+    slack = slack + float64_margin.concretise_margin(back, box)
+    sums = float64_margin.factor(4) * (bias.abs() + value.abs() + slack)
+    return value - slack - sums - float64_margin.TINY * float64_margin.terms(graph.ops)
 
 
 def spec_lower(

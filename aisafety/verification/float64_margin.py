@@ -1,0 +1,104 @@
+"""Rounding margins for CROWN's float64 backward passes (``bounds.backward`` unrounded).
+
+A float64 pass rounds to nearest like a float32 one, only 2^29 times less: its bound can
+sit a few ulps above the exact bound of its relaxation (a linear net's margin, whose
+relaxation is exact, by up to 6e-12 on a tiny test net; docs/certification.md). The same
+argument as ``rounding.py``'s, without its exact constants: when an op maps the computed
+coefficients ``A`` of its output to computed ``A'`` and constant ``s``, the exact ``A out``
+and ``A' in + s`` differ by at most ``gamma(n) <|A|, v>`` (Higham eq. 3.5, any order), with
+``v`` per sample the sum of the absolute terms of the op's output over its input box
+(``weight``) and ``n`` the row's own count of nonzero coefficients (a product with a zero
+adds an exact zero). ``factor`` is ``2 gamma(2 n + 8) >= 4 gamma(n)``: the extra covers the
+rounding of ``v`` itself, of the margins' own dots and sums and of the final subtractions
+(each a relative ``gamma`` far below 1). Where the pass ends, the concretisation's products
+and sum, and the float64 sums of the constants, are bounded the same way (``bounds.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from aisafety.verification import budget, memo, rounding
+from aisafety.verification.ibp_rounding import U64, gamma
+from aisafety.verification.ops import Box, Op
+from aisafety.verification.relaxations import RELU, SShapeRelaxation
+
+EXACT = {"input", "reshape", "add", "window"}  # copies: no rounding
+# covers underflow: at most the smallest normal number per rounded operation
+TINY = 1e-290
+
+
+def applies(a: torch.Tensor) -> bool:
+    """Float64 passes get the margin; a float32 (training) pass is an objective, not a
+    certificate, and keeps none (as IBP's float32 boxes, ``ibp_rounding.py``)."""
+    return a.dtype == torch.float64
+
+
+def factor(n: torch.Tensor | int) -> torch.Tensor | float:
+    """The margin per unit of ``<|A|, v>`` for sums of ``n`` terms: ``gamma(n)`` for the
+    pass, twice over for the rounding of the margin's own dot products and sums."""
+    if isinstance(n, int):
+        return 2 * gamma(2 * n + 8, U64)
+    nu = (2 * n.double() + 8) * U64
+    return torch.where(nu < 1, 2 * nu / (1 - nu), torch.inf)
+
+
+def terms(ops: list[Op]) -> int:
+    """The most terms of any sum a pass through ``ops`` (from the input on) computes: at
+    most the size of a node (an op's output, or another op's input)."""
+    return max(budget.numel(op.out_shape) for op in ops) + 2
+
+
+def magnitude(box: Box) -> torch.Tensor:
+    """max |z| over the box."""
+    return torch.maximum(box[0].abs(), box[1].abs())
+
+
+def weight(op: Op, boxes: list[Box]) -> torch.Tensor | None:
+    """``v`` (B, *out_shape) of ``op`` over its input ``boxes``, kept on the box while it is
+    unchanged; None for an op that only copies."""
+    if op.kind in EXACT or (op.kind == "positive-linear" and op.permutation):
+        return None
+    box = boxes[0]
+    tensors = tuple(v for v in vars(op).values() if isinstance(v, torch.Tensor))
+    deps = (box[1], op, *tensors)  # a weight changed in place computes ``v`` afresh
+    return memo.on_tensor(box[0], f"_f64_weight{id(op)}", deps, lambda: _weight(op, box))
+
+
+def _weight(op: Op, box: Box) -> torch.Tensor:
+    m = magnitude(box)
+    if op.kind == "dense":
+        return F.linear(m, op.weight.abs(), None if op.bias is None else op.bias.abs())
+    if op.kind == "conv":
+        return op._conv(m, op.weight.abs(), None if op.bias is None else op.bias.abs())
+    if op.kind == "elementwise":
+        return op.scale.abs() * m + op.shift.abs()
+    if op.kind == "positive-linear":  # non-negative coefficients, no constant
+        return op.fn(m)
+    if op.kind == "maxpool":
+        # the coefficients summed where windows overlap, each times its chosen input
+        # (<= the window's largest magnitude), and the constant, the window's largest upper
+        return 2 * op.fn(m)
+    if op.kind == "activation":
+        # ReLU: slopes in [0, 1], intercept |ub| <= |l| (the chord) or 0; sigmoid and tanh:
+        # slopes <= 1, lines through a point of f (|f| <= 1) inside the box
+        if op.relaxation is RELU:
+            return 2 * m
+        if isinstance(op.relaxation, SShapeRelaxation):
+            return 2 * m + 1
+    raise ValueError(f"no float64 rounding bound for {op.kind} node {op.name!r}")
+
+
+def dot(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``factor(n) <|A|, v>`` per row (B, K), ``n`` the row's own nonzero coefficients: a
+    product with a zero coefficient adds an exact zero, so every sum of an op's rule has at
+    most that many rounded terms, and a receptive-field crop (the same nonzeros, fewer
+    zeros) gets the dense pass's margin."""
+    n = rounding.nonzero_counts(a)
+    return factor(n) * (a.abs() * v.unsqueeze(1)).flatten(2).sum(2)
+
+
+def concretise_margin(coeff: torch.Tensor, box: Box) -> torch.Tensor:
+    """The bound on the rounding of ``concretize``'s products and sum (B, K)."""
+    return dot(coeff, magnitude(box))
