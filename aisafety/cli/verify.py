@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from aisafety.cli import common
+
+
+def seconds(text: str) -> float:
+    """``--timeout``: a positive, finite number of seconds (argparse names the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds, not {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"a positive, finite number of seconds, not {text}")
+    return value
 
 
 def add_parser(sub) -> None:
     vf = sub.add_parser("verify", help="verify a VNN-COMP instance: NET.onnx SPEC.vnnlib")
     vf.add_argument("network", help="ONNX network")
     vf.add_argument("spec", help="VNN-LIB property")
-    vf.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    vf.add_argument("--timeout", type=seconds, default=60.0, help="seconds (default 60)")
     vf.add_argument("--verifier", default="complete", help="see `aisafety list verifiers`")
     vf.set_defaults(func=cmd_verify)
 
