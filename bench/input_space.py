@@ -3,7 +3,8 @@ the mistakes it is there for.
 
     python bench/input_space.py
 
-Checks (``input_space.check_box``; no verifier runs) each of the 306 instances (mnistfc 90,
+Checks (``input_space.check_box`` and ``check_centre_class``, with onnxruntime's logits at
+the box's centre; no verifier runs) each of the 306 instances (mnistfc 90,
 eran 72, CIFAR-10 ResNets 72, Marabou 72) as the benchmark pairs them, once with nothing
 declared (the graph's own normalisation and the channel order are all it goes by) and once
 with the convention ../shared/data/README.md gives for the network (``--scale 1``, or the
@@ -15,8 +16,14 @@ the mistakes, each counted as refused / warned / passed:
 - every MNIST box normalised with MNIST's mean and std, or in 0..255 units, against the
   MNIST nets ([0, 1]);
 - every MNIST and Marabou box with its eps in 0..255 units (half-width x 255);
-- every Marabou box against a ResNet declared with its normalisation ([0, 1] pixels
-  against normalised inputs).
+- every Marabou box against the ResNets (targeted properties: no class to check), and every
+  ResNet box taken back to [0, 1] pixels (x * std + mean) against them: [0, 1] pixels against
+  normalised inputs.
+
+Each mistake is counted with nothing declared and with the network's convention declared;
+a warning is named by its kind (layout: the other channel order; class: the network's class
+at the centre is not the property's; pixels: a box centred in [0, 1] against a wider range;
+width: a box wider than its centres' spread).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import sys
 import time
 import warnings
 from collections import Counter
+from functools import cache, partial
 from pathlib import Path
 
 import torch
@@ -35,12 +43,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 from vnncomp_cifar10 import instances  # noqa: E402
 
 from aisafety.verification.graph import VerificationError  # noqa: E402
-from aisafety.verification.input_space import check_box, declared_range, graph_range  # noqa: E402
+from aisafety.verification.input_space import (  # noqa: E402
+    check_box,
+    check_centre_class,
+    declared_range,
+    graph_range,
+)
 from aisafety.verification.vnnlib import read_disjuncts  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RESNET = {"mean": [0.4914, 0.4822, 0.4465], "std": [0.2471, 0.2435, 0.2616]}
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+MEAN, SPREAD = (torch.tensor(RESNET[k], dtype=torch.float64).repeat_interleave(1024)
+                for k in ("mean", "std"))  # per input of a (3, 32, 32) image  # fmt: skip
 
 
 def pairs() -> list[tuple[Path, Path]]:
@@ -66,16 +81,37 @@ def declared(network: Path) -> dict:
 
 
 BOXES: dict[Path, tuple[torch.Tensor, torch.Tensor]] = {}
+DISJUNCTS: dict[str, list] = {}  # by the property's file name
 
 
 def box(spec: Path, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     if spec not in BOXES:
-        BOXES[spec] = read_disjuncts(spec, n, 10)[0]
+        BOXES[spec], DISJUNCTS[spec.name] = read_disjuncts(spec, n, 10)
     return BOXES[spec]
 
 
+@cache
+def session(network: Path):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(network), providers=["CPUExecutionProvider"])
+
+
+def logits(network: Path, x: torch.Tensor) -> torch.Tensor:
+    """onnxruntime's logits on one input in the network's own layout."""
+    graph_input = session(network).get_inputs()[0]
+    shape = [d if isinstance(d, int) and d > 0 else 1 for d in graph_input.shape]
+    feed = {graph_input.name: x.float().numpy().reshape(shape)}
+    return torch.from_numpy(session(network).run(None, feed)[0]).reshape(1, -1)
+
+
+KINDS = {"neighbouring rows": "layout", "gives class": "class", "centred in [0, 1]": "pixels",
+         "half-width": "width"}  # fmt: skip
+
+
 def outcome(network: Path, lower, upper, name: str, declare: dict | None) -> str:
-    """refused / warned / passed, as `aisafety verify` would answer before any bound."""
+    """refused / warned (which warnings) / passed, as `aisafety verify` answers before any
+    bound."""
     shape = graph_shape(network)
     n = math.prod(d for d in shape[1:] if isinstance(d, int) and d > 0)
     known = declared_range(shape, n, **(declare or {})) or graph_range(network, n)
@@ -85,12 +121,14 @@ def outcome(network: Path, lower, upper, name: str, declare: dict | None) -> str
             check_box(lower, upper, known, name, shape)
         except VerificationError:
             return "refused"
-    return "warned" if caught else "passed"
+        check_centre_class(lower, upper, DISJUNCTS[name], partial(logits, network), name)
+    said = sorted({k for w in caught for text, k in KINDS.items() if text in str(w.message)})
+    return f"warned ({'+'.join(said)})" if caught else "passed"
 
 
 def count(label: str, cases) -> None:
     tally = Counter(outcome(*case) for case in cases)
-    print(f"{label:62s} " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
+    print(f"{label:60s} " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
 
 
 def main() -> None:
@@ -116,6 +154,11 @@ def main() -> None:
         count(
             f"ResNet boxes vs Marabou nets, {said}",
             [(m, *b, declare and declared(m)) for m in marabou for b in resnet_boxes],
+        )
+        pixels = [(lo * SPREAD + MEAN, hi * SPREAD + MEAN, name) for lo, hi, name in resnet_boxes]
+        count(
+            f"ResNet boxes in [0, 1] pixels vs ResNets, {said}",
+            [(r, *b, declare and declared(r)) for r in resnets for b in pixels],
         )
         count(
             f"Marabou boxes vs ResNets, {said}",

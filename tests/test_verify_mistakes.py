@@ -17,7 +17,12 @@ import torch
 from aisafety.cli import main
 from aisafety.errors import AISafetyWarning
 from aisafety.verification.graph import VerificationError
-from aisafety.verification.input_space import check_box, declared_range, graph_range
+from aisafety.verification.input_space import (
+    check_box,
+    check_centre_class,
+    declared_range,
+    graph_range,
+)
 from aisafety.verification.vnnlib import read_disjuncts
 from tests.shared_data import absent, located
 
@@ -25,12 +30,17 @@ onnx = pytest.importorskip("onnx", reason="onnx is not installed: pip install 'a
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 
-def _onnx(path, first: list | None = None, inputs: int = 1, dtype=TensorProto.FLOAT) -> str:
-    """A 4-input, 3-output Gemm net; ``first``: (op, constant) nodes run on its input
-    before the Gemm (an in-graph normalisation); ``inputs``: how many graph inputs."""
+def _onnx(
+    path, first: list | None = None, inputs: int = 1, dtype=TensorProto.FLOAT, top: int = 0
+) -> str:
+    """A 4-input, 3-output Gemm net whose bias makes class ``top`` the top class near [0, 1]
+    inputs; ``first``: (op, constant) nodes run on its input before the Gemm (an in-graph
+    normalisation); ``inputs``: how many graph inputs."""
     rng = np.random.default_rng(0)
+    bias = np.zeros(3, np.float32)
+    bias[top] = 10.0
     inits = [numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "W"),
-             numpy_helper.from_array(np.zeros(3, np.float32), "b")]  # fmt: skip
+             numpy_helper.from_array(bias, "b")]  # fmt: skip
     nodes, x = [], "x"
     for k, (op, value) in enumerate(first or []):
         if op == "Cast":  # to float32
@@ -110,6 +120,18 @@ def test_a_pixel_box_against_a_wider_declared_range_is_warned(tmp_path, capsys, 
     said = "VNN-LIB file 'pixels.vnnlib': the box is centred in [0, 1], a small part of the "
     with pytest.warns(AISafetyWarning, match=re.escape(said + "network's input range")):
         assert main(["verify", net, pixels, *declared, "--verifier", "crown"]) == 0
+
+
+def test_a_robustness_property_of_another_class_than_the_networks_at_its_centre_is_warned(
+    tmp_path,
+):
+    pixels = _spec(tmp_path / "pixels.vnnlib", PIXELS, 0.01)  # keeps class 0 on top
+    said = "VNN-LIB file 'pixels.vnnlib': the network gives class 2 at the box's centre, not "
+    said += "class 0, the one the property keeps on top: a misclassified image"
+    with pytest.warns(AISafetyWarning, match=re.escape(said)):
+        assert (
+            main(["verify", _onnx(tmp_path / "n.onnx", top=2), pixels, "--verifier", "crown"]) == 0
+        )
 
 
 def test_declared_values_are_placed_per_channel_in_the_graphs_layout():
@@ -192,11 +214,26 @@ def test_the_vnncomp_properties_pass_as_paired_and_declared(folder, network, spe
     shape = [d.dim_value or d.dim_param for d in onnx.load(str(root / network)).graph.input[0]
              .type.tensor_type.shape.dim]  # fmt: skip
     n = int(np.prod([d for d in shape[1:] if isinstance(d, int)]))
-    lower, upper = read_disjuncts(root / spec, n, 10)[0]
+    (lower, upper), disjuncts = read_disjuncts(root / spec, n, 10)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a warning fails too
         for known in (graph_range(root / network, n), declared_range(shape, n, **declared)):
             check_box(lower, upper, known, spec, shape)
+        check_centre_class(lower, upper, disjuncts, _runtime(root / network), spec)
+
+
+def _runtime(network):
+    """onnxruntime's logits for a batch of one flat input in the network's own layout."""
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(network), providers=["CPUExecutionProvider"])
+    graph_input = session.get_inputs()[0]
+    shape = [d if isinstance(d, int) and d > 0 else 1 for d in graph_input.shape]
+
+    def logits(x: torch.Tensor) -> torch.Tensor:
+        feed = {graph_input.name: x.float().numpy().reshape(shape)}
+        return torch.from_numpy(session.run(None, feed)[0]).reshape(1, -1)
+
+    return logits
 
 
 @pytest.mark.parametrize(

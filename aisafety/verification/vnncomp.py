@@ -30,7 +30,13 @@ from aisafety.verification.base import VerifierConfig
 from aisafety.verification.deadline import CLOCKS, OutOfTime, time_limit
 from aisafety.verification.falsify import into_box, pgd_on_rows
 from aisafety.verification.graph import BoundGraph, VerificationError, build_graph
-from aisafety.verification.input_space import InputRange, check_box, declared_range, graph_range
+from aisafety.verification.input_space import (
+    InputRange,
+    check_box,
+    check_centre_class,
+    declared_range,
+    graph_range,
+)
 from aisafety.verification.property import Property
 from aisafety.verification.registry import PluginRegistry, make_verifier
 from aisafety.verification.result import Verdict
@@ -102,6 +108,7 @@ def verify_instance(
     )  # before any work: a property of another network is refused at once
     known = declared_range(shape, n_inputs, **(declared or {})) or net.normalises
     check_box(*box, known, Path(spec).name, shape)  # and a box of another input space
+    check_centre_class(*box, disjuncts, net.run, Path(spec).name)
     settings = {**(config or {}), "timeout": timeout}
     checker = make_verifier(registry, verifier, settings)
     checker.check(net.graph)  # before any work
