@@ -7,6 +7,7 @@ bench/input_space.py, one per benchmark here)."""
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
@@ -145,6 +146,13 @@ def test_declared_values_are_placed_per_channel_in_the_graphs_layout():
         declared_range([1, 4], 4, None, mean, std)
     with pytest.raises(VerificationError, match=r"--mean: mean \[128.0\] exceeds 1.*--scale 255"):
         declared_range([1, 4], 4, None, [128.0], [60.0])
+    for bad, said in (
+        ((0.0, None, None), "--scale must be a positive, finite number, got 0"),
+        ((None, [math.nan], None), "--mean must be finite numbers, got [nan]"),
+        ((None, None, [0.0]), "--std must be positive, finite numbers, got [0.0]"),
+    ):
+        with pytest.raises(VerificationError, match=re.escape(said)):  # fmt: skip
+            declared_range([1, 4], 4, *bad)
 
 
 @pytest.mark.parametrize(

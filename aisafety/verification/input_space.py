@@ -63,9 +63,11 @@ def declared_range(
         return None
     scale = 1.0 if scale is None else scale
     if not (math.isfinite(scale) and scale > 0):
-        raise VerificationError(f"--scale must be a positive number, got {scale:g}")
+        raise VerificationError(f"--scale must be a positive, finite number, got {scale:g}")
+    if mean is not None and not all(math.isfinite(m) for m in mean):
+        raise VerificationError(f"--mean must be finite numbers, got {list(mean)}")
     if std is not None and any(not (math.isfinite(s) and s > 0) for s in std):
-        raise VerificationError(f"--std must be positive numbers, got {list(std)}")
+        raise VerificationError(f"--std must be positive, finite numbers, got {list(std)}")
     if problem := mean_problem(mean, std, scale):
         raise VerificationError(f"--mean: {problem}".replace("scale: 255", "--scale 255"))
     m = _per_input(mean or [0.0], graph_shape, n_inputs, "--mean")
