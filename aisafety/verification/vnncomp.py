@@ -30,6 +30,13 @@ from aisafety.verification.base import VerifierConfig
 from aisafety.verification.deadline import CLOCKS, OutOfTime, time_limit
 from aisafety.verification.falsify import into_box, pgd_on_rows
 from aisafety.verification.graph import BoundGraph, VerificationError, build_graph
+from aisafety.verification.input_space import (
+    InputRange,
+    check_box,
+    check_centre_class,
+    declared_range,
+    graph_range,
+)
 from aisafety.verification.property import Property
 from aisafety.verification.registry import PluginRegistry, make_verifier
 from aisafety.verification.result import Verdict
@@ -52,6 +59,7 @@ class Network:
 
     reference: OnnxRuntimePredictor
     graph: BoundGraph
+    normalises: InputRange | None  # the range its own normalisation takes, if it has one
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -68,7 +76,8 @@ def load_network(path: str | Path) -> Network:
     reference = _runtime(path)
     shape = reference.input_shape
     predictor = load_onnx(path, gradients=True, input_shape=shape)
-    return Network(reference, build_graph(predictor.network.cpu(), shape, Path(path).name))
+    graph = build_graph(predictor.network.cpu(), shape, Path(path).name)
+    return Network(reference, graph, graph_range(path, math.prod(shape)))
 
 
 def verify_instance(
@@ -78,9 +87,12 @@ def verify_instance(
     verifier: str = "complete",
     timeout: float = 60.0,
     config: dict | None = None,
+    declared: dict | None = None,
 ) -> InstanceResult:
     """Verify one instance with the named verifier under a time limit in seconds (and
-    ``config``: other fields of the verifier's config, e.g. its clock).
+    ``config``: other fields of the verifier's config, e.g. its clock). ``declared``: what
+    the network is fed (``scale``, ``mean``, ``std``), to check the box against
+    (``input_space.py``; without it, the graph's own normalisation if it has one).
 
     The limit covers the whole call, as VNN-COMP's does: the verifier gets what loading the
     network, its one-time ``prepare`` and reading the spec left of it (before #33's eighth
@@ -90,9 +102,13 @@ def verify_instance(
     start = clock()
     _check_order(network, spec)
     net = load_network(str(network))
+    n_inputs, shape = math.prod(net.shape), net.reference.graph_shape
     box, disjuncts = read_disjuncts(
-        spec, math.prod(net.shape), net.reference.num_classes, f"network {Path(network).name!r}"
+        spec, n_inputs, net.reference.num_classes, f"network {Path(network).name!r}"
     )  # before any work: a property of another network is refused at once
+    known = declared_range(shape, n_inputs, **(declared or {})) or net.normalises
+    check_box(*box, known, Path(spec).name, shape)  # and a box of another input space
+    check_centre_class(*box, disjuncts, net.run, Path(spec).name)
     settings = {**(config or {}), "timeout": timeout}
     checker = make_verifier(registry, verifier, settings)
     checker.check(net.graph)  # before any work
@@ -285,11 +301,16 @@ def _runtime(network: str | Path) -> OnnxRuntimePredictor:
 
 
 def verify_report(
-    registry: PluginRegistry, network: str, spec: str, verifier: str, timeout: float
+    registry: PluginRegistry,
+    network: str,
+    spec: str,
+    verifier: str,
+    timeout: float,
+    declared: dict | None = None,
 ) -> str:
     """What ``aisafety verify`` prints: the status (and counterexample) as VNN-COMP, then a
     comment line with the time and the margin bound."""
-    result = verify_instance(registry, network, spec, verifier, timeout)
+    result = verify_instance(registry, network, spec, verifier, timeout, declared=declared)
     lines = [result.status]
     if result.counterexample:
         lines.append(result.counterexample)

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import torch
 
+from aisafety.files import GIB, regular_file
 from aisafety.verification.graph import VerificationError
 from aisafety.verification.property import Property
 
 TOKEN = re.compile(r"\(|\)|[^\s()]+")
 VARIABLE = re.compile(r"^([XY])_(\d+)$")
+MAX_PROPERTY_BYTES = GIB  # read whole; VNN-COMP's largest properties are tens of MB
 
 
 def _parse(text: str) -> list:
@@ -71,13 +73,21 @@ def read_disjuncts(
     """The input box (lower, upper) and, per disjunct, its spec rows (c, d): the property is
     violated where, for some disjunct, ``c.Y + d <= 0`` for all its rows. ``network``: the
     network's name, for the refusal of a property declaring other input or output counts."""
-    path = Path(path)
-    if not path.is_file():
-        raise VerificationError(f"VNN-LIB file {str(path)!r} does not exist")
+    path = regular_file(path, "VNN-LIB file", MAX_PROPERTY_BYTES)  # not a folder or a FIFO
     try:
         expressions = _parse(path.read_text())
+    except UnicodeDecodeError:
+        raise VerificationError(
+            f"VNN-LIB file {path.name!r} is not text (a binary file: a network given as the "
+            "property?); the command is aisafety verify NET.onnx SPEC.vnnlib"
+        ) from None
     except ValueError as exc:
         raise VerificationError(f"VNN-LIB file {path.name!r} is malformed: {exc}") from None
+    if not any(isinstance(e, list) and e and e[0] == "assert" for e in expressions):
+        raise VerificationError(
+            f"VNN-LIB file {path.name!r} asserts nothing (empty, or only declarations): a "
+            "property bounds every input X_i and asserts the outputs' violation"
+        )
     _check_declared(expressions, path.name, {"X": n_inputs, "Y": n_outputs}, network)
     lower = torch.full((n_inputs,), float("-inf"), dtype=torch.float64)
     upper = torch.full((n_inputs,), float("inf"), dtype=torch.float64)
