@@ -102,3 +102,36 @@ def dot(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def concretise_margin(coeff: torch.Tensor, box: Box) -> torch.Tensor:
     """The bound on the rounding of ``concretize``'s products and sum (B, K)."""
     return dot(coeff, magnitude(box))
+
+
+def op_slack(op: Op, coeff: torch.Tensor, boxes: list[Box]) -> torch.Tensor | float:
+    """The rounding bound (B, K) of ``op``'s backward rule applied to ``coeff`` in a float64
+    pass (0 for a copy)."""
+    v = weight(op, boxes)
+    return 0.0 if v is None else dot(coeff, v.to(coeff.dtype))
+
+
+def sum_slack(total: torch.Tensor, box: Box) -> torch.Tensor:
+    """The rounding bound (B, K) of one float64 addition into the coefficients ``total`` of
+    a node whose box is ``box`` (a node read twice, or a split's ``- beta s``): the sum
+    rounds by at most ``u |total|`` per element, so its effect is below ``<|total|, m>``."""
+    return dot(total, magnitude(box))
+
+
+def lower(
+    value: torch.Tensor,
+    coeff: torch.Tensor,
+    box: Box,
+    size: torch.Tensor,
+    slack: torch.Tensor,
+    sums: int,
+    ops: list[Op],
+) -> torch.Tensor:
+    """A pass's bound (B, K) once its rounding is subtracted: ``value`` (the concretisation
+    of ``coeff`` on the input ``box`` plus the constants, whose absolute values sum to
+    ``size``) minus the ops' ``slack``, the concretisation's, and the float64 sums of the
+    constants and the margins (``sums`` terms at most: ``factor`` covers them and the final
+    subtractions), and underflow, at most ``TINY`` per rounded operation."""
+    slack = slack + concretise_margin(coeff, box)
+    total = factor(sums) * (size + value.abs() + slack)
+    return value - slack - total - TINY * terms(ops)
