@@ -81,12 +81,15 @@ def _weight(op: Op, box: Box) -> torch.Tensor:
         # (<= the window's largest magnitude), and the constant, the window's largest upper
         return 2 * op.fn(m)
     if op.kind == "activation":
-        # ReLU: slopes in [0, 1], intercept |ub| <= |l| (the chord) or 0; sigmoid and tanh:
-        # slopes <= 1, lines through a point of f (|f| <= 1) inside the box
+        # ReLU: slopes in [0, 1], intercept |ub| <= |l| (the chord) or 0
         if op.relaxation is RELU:
             return 2 * m
+        # sigmoid and tanh: |k| <= 1 (f' <= 1, up to 1e-12 of rounding), b = f(p) - k p at a
+        # p of the box widened by the lines' safety s: |b| <= (1 + |k| m)(1 + s) + s, so
+        # |k| m + |b| <= (2 m + 1)(1 + 2 s); 2 m + 1 alone falls short on wide boxes
+        # (tests/test_sshape_exact_lines.py: 2e8 + 9 on [-1e8, 1e8])
         if isinstance(op.relaxation, SShapeRelaxation):
-            return 2 * m + 1
+            return (2 * m + 1) * (1 + 4 * op.relaxation.safety)
     raise ValueError(f"no float64 rounding bound for {op.kind} node {op.name!r}")
 
 
