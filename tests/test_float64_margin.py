@@ -1,4 +1,5 @@
-"""CROWN's float64 passes and IBP's folded spec stay below the exact (rational) bound.
+"""CROWN's float64 passes, IBP's folded spec and the dual network (``wk``) stay below the
+exact (rational) bound.
 
 On a net whose relaxation is exact (a linear layer, or ReLUs all stably active) the exact
 bound is the minimum of an affine map over the box, computed here with
@@ -16,6 +17,7 @@ from torch import nn
 
 from aisafety.verification import bounds as b
 from aisafety.verification import rounding
+from aisafety.verification.dual_network import dual_boxes, dual_objective
 from aisafety.verification.graph import build_graph
 
 SEEDS = range(12)
@@ -76,6 +78,18 @@ def test_a_float64_crown_bound_is_never_above_the_exact_one(hidden):
 @pytest.mark.parametrize("hidden", [False, True])
 def test_ibp_folded_spec_bound_is_never_above_the_exact_one(hidden):
     assert _above(hidden, b.ibp_spec_lower) == []
+
+
+def _dual(graph, boxes, spec):
+    """``wk``'s bound: every box from its own dual network, from the input box on."""
+    own = dual_boxes(graph, *boxes[0])
+    c = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
+    return dual_objective(graph, len(graph.ops) - 1, c, own)[0]
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_the_dual_networks_bound_is_never_above_the_exact_one(hidden):
+    assert _above(hidden, _dual) == []
 
 
 def test_the_float64_margin_is_float64_rounding_only():

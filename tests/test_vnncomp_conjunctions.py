@@ -110,3 +110,15 @@ def test_a_one_atom_disjunct_falsified_by_the_complete_verifier_is_sat(monkeypat
     assert result.status == "sat"
     x = [float(line.split()[1].rstrip(")")) for line in result.counterexample.splitlines()]
     assert -1 <= x[0] <= 0.5 and -1 <= x[1] <= 1  # X_0, X_1: the atom x0 - 0.5 <= 0 holds
+    # the objective min_d max_k row at the point (was -inf): the first disjunct's x0 - 0.5
+    assert result.margin == pytest.approx(min(x[0] - 0.5, max(x[1] + 2, -x[1] + 0.1)))
+
+
+def test_a_disjunct_found_by_box_pgd_is_sat_with_its_points_value():
+    """B holds at x1 = 0; the margin is the objective at the replayed point (<= 0), as a
+    falsified sample's margin is its point's value. Before: -inf."""
+    result = conjunctions([B, A], "crown")
+    assert result.status == "sat"
+    x = [float(line.split()[1].rstrip(")")) for line in result.counterexample.splitlines()]
+    at_a, at_b = max(x[0] + 0.1, -x[0] + 0.1), max(x[1] - 1.9, -x[1] - 1.9)
+    assert result.margin == pytest.approx(min(at_a, at_b)) and result.margin <= 0

@@ -34,7 +34,7 @@ from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_lim
 from aisafety.verification.falsify import Model, checked, pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
-from aisafety.verification.result import Verdict, VerificationResult
+from aisafety.verification.result import Verdict, VerificationResult, stored_margins
 
 # float32 copies of every sample's input one verify call holds beside its batch: the
 # counterexamples, and the results' as the batches are joined (VerificationResult.concat)
@@ -259,7 +259,8 @@ class Verifier(ABC):
         ]  # fmt: skip
         settled = (Verdict.CERTIFIED, Verdict.FALSIFIED)
         notes = ["" if v in settled else w for v, w in zip(verdicts, why, strict=True)]
-        return VerificationResult(self.name, verdicts, margins.float(), seconds, counter, notes)
+        margins = stored_margins(margins, verdicts)
+        return VerificationResult(self.name, verdicts, margins, seconds, counter, notes)
 
     @staticmethod
     def _candidates(prop: Property, bounds: torch.Tensor, coeff: torch.Tensor | None):

@@ -103,7 +103,7 @@ def backward(
             shift, err = rounding.exact_shift(graph.wide.ops[i], coeff, back, in_boxes)
             slack, size = slack + err, size + shift.abs()
         elif margin:
-            slack, size = _float64_slack(op, coeff, in_boxes, slack), size + shift.abs()
+            slack, size = slack + float64_margin.op_slack(op, coeff, in_boxes), size + shift.abs()
         bias = bias + shift
         for j, c in zip(op.inputs, back, strict=True):
             if j not in pending:
@@ -113,15 +113,12 @@ def backward(
             if rounded:  # the float32 addition rounds too
                 slack = slack + rounding.sum_error(pending[j], boxes[j])
             elif margin:  # one rounding of each sum, at most u |sum| |z|
-                slack = slack + float64_margin.dot(pending[j], float64_margin.magnitude(boxes[j]))
+                slack = slack + float64_margin.sum_slack(pending[j], boxes[j])
     coeff = pending[0] if 0 in pending else a.new_zeros(*a.shape[:2], *graph.input_shape)
-    if margin:
+    if margin:  # the float64 sums of the constants and of the margins: start + 2 terms at most
         value = concretize(coeff, boxes[0]) + bias
-        slack = slack + float64_margin.concretise_margin(coeff, boxes[0])
-        # the float64 sums of the constants and of the margins (start + 2 terms at most)
-        sums = float64_margin.factor(start + 4) * (size + value.abs() + slack)
-        tiny = float64_margin.TINY * float64_margin.terms(graph.ops[: start + 1])
-        return value - slack - sums - tiny, coeff
+        ops = graph.ops[: start + 1]
+        return float64_margin.lower(value, coeff, boxes[0], size, slack, start + 4, ops), coeff
     if not rounded:
         return concretize(coeff, boxes[0]) + bias, coeff
     value, err = rounding.concretise(coeff, boxes[0])
@@ -129,12 +126,6 @@ def backward(
     total = value + bias
     sums = rounding.gamma(start + 4, rounding.U64) * (size + value.abs() + slack)
     return total - (slack + err + sums) * (1 + 4 * rounding.U64), coeff
-
-
-def _float64_slack(op, coeff: torch.Tensor, boxes: list[Box], slack: torch.Tensor):
-    """``slack`` plus the rounding weight of ``op``'s backward rule in a float64 pass."""
-    v = float64_margin.weight(op, boxes)
-    return slack if v is None else slack + float64_margin.dot(coeff, v.to(coeff.dtype))
 
 
 def sound_backward(
@@ -350,7 +341,7 @@ def ibp_spec_lower(graph: BoundGraph, boxes: list[Box], spec: torch.Tensor) -> t
     value = concretize(back, box) + bias
     if not float64_margin.applies(value):
         return value
-    slack = _float64_slack(out, a.to(value.dtype), [box], value.new_zeros(()))
+    slack = float64_margin.op_slack(out, a.to(value.dtype), [box]) + value.new_zeros(())
     slack = slack + float64_margin.concretise_margin(back, box)
     sums = float64_margin.factor(4) * (bias.abs() + value.abs() + slack)
     return value - slack - sums - float64_margin.TINY * float64_margin.terms(graph.ops)

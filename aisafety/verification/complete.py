@@ -38,7 +38,7 @@ from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.milp import decide_row, encode, minimise_row
 from aisafety.verification.property import Property
 from aisafety.verification.refine import refine_boxes
-from aisafety.verification.result import Verdict, VerificationResult
+from aisafety.verification.result import Verdict, VerificationResult, stored_margins
 
 
 class CompleteConfig(BabConfig):
@@ -146,8 +146,9 @@ class CompleteVerifier(BabVerifier):
             notes.append(note)
             margins.append(margin)
             seconds.append(clock() - start + shared)
-        return VerificationResult(self.name, verdicts, torch.tensor(margins, dtype=torch.float32),
-                                  torch.tensor(seconds), counter, notes)  # fmt: skip
+        margins = stored_margins(torch.tensor(margins, dtype=torch.float64), verdicts)
+        return VerificationResult(self.name, verdicts, margins, torch.tensor(seconds), counter,
+                                  notes)  # fmt: skip
 
     def _one(self, graph, prop, boxes, bound, attacked, attack_point, model, deadline: Deadline):
         """One sample: (verdict, margin, counterexample or None, why not settled)."""

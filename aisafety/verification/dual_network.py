@@ -13,6 +13,10 @@ from the same dual network started at that layer, layer by layer, for every neur
 no interval intersection: the paper's own method. Theory (Salman et al. 2019) says this
 equals Fast-Lin, whose lower line has the same slope D; ``tests/test_dual_network.py``
 shows it per row. Sequential ReLU networks only (no residual additions), as the paper.
+
+Its bounds are certificates (the ``wk`` verifier) and the boxes of every later layer, so a
+float64 pass subtracts its rounding margin op by op (``float64_margin.py``, as CROWN's):
+the ReLU step is CROWN's upper line with Fast-Lin's slope D (intercept ``-D l``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from aisafety.verification import bounds as b
+from aisafety.verification import float64_margin
 from aisafety.verification.base import Verifier
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph
@@ -32,21 +37,29 @@ AFFINE = {"dense", "conv", "elementwise", "reshape", "positive-linear"}
 def dual_objective(graph: BoundGraph, start: int, c: torch.Tensor, boxes: list[Box]):
     """J (B, K): a lower bound of ``c . node_start`` over the box; and nu at the input."""
     nu, bound = c, c.new_zeros(c.shape[:2])
+    margin = float64_margin.applies(c)
+    slack, size = bound.new_zeros(()), bound.new_zeros(())
     for i in range(start, 0, -1):
         check_time()
-        op = graph.ops[i]
+        op, box = graph.ops[i], boxes[graph.ops[i].inputs[0]]
+        if margin:
+            slack = slack + float64_margin.op_slack(op, nu, [box])
         if op.kind == "activation":
-            low, high = (t.unsqueeze(1) for t in boxes[op.inputs[0]])
+            low, high = (t.unsqueeze(1) for t in box)
             unstable = (low < 0) & (high > 0)
             d = torch.where(
                 unstable, high / (high - low).clamp(min=1e-300), (low >= 0).to(low.dtype)
             )
             nu = d * nu
-            bound = bound - (low * unstable * nu.clamp(max=0)).flatten(2).sum(2)
+            shift = -(low * unstable * nu.clamp(max=0)).flatten(2).sum(2)
         else:
-            (nu,), shift = op.backward(nu, boxes[op.inputs[0]])
-            bound = bound + shift
-    return bound + b.concretize(nu, boxes[0]), nu
+            (nu,), shift = op.backward(nu, box)
+        bound, size = bound + shift, size + shift.abs()
+    value = bound + b.concretize(nu, boxes[0])
+    if not margin:
+        return value, nu
+    ops = graph.ops[: start + 1]
+    return float64_margin.lower(value, nu, boxes[0], size, slack, start + 4, ops), nu
 
 
 def dual_boxes(graph: BoundGraph, lower: torch.Tensor, upper: torch.Tensor) -> list[Box]:

@@ -20,6 +20,10 @@ import torch
 
 U32 = 2.0**-24  # unit roundoff of float32
 U64 = 2.0**-53
+# how far (in ulps) a float64 sigmoid or tanh may be from the exact value: no library
+# guarantees a bound (CUDA's tables are "not guaranteed"); measured here at most 1.99
+# (sigmoid) and 0.75 (tanh) on torch's CPU kernels (docs/certification.md), so 128x that
+FUNCTION_ULPS = 256
 
 
 def gamma(n: int, u: float = U32) -> float:
@@ -44,3 +48,15 @@ def widen(
     # underflow adds at most the smallest normal number per rounded operation
     margin = 2 * gamma(terms + 5, U64) * magnitude + (terms + 5) * torch.finfo(lo.dtype).tiny
     return lo - margin, hi + margin
+
+
+def widen_evaluated(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[f(l), f(u)]`` of a monotone ``f`` evaluated in float64 (sigmoid, tanh), widened
+    by ``FUNCTION_ULPS`` ulps of each end (an ulp is at most ``2^-52 |y|``) and the
+    smallest normal number (below it an ulp is absolute: ``sigmoid(-710)`` is 0, the exact
+    value 4e-309); float64 boxes only (``rounded``)."""
+    if not rounded(lo):
+        return lo, hi
+    tiny = torch.finfo(lo.dtype).tiny
+    margin = lambda y: FUNCTION_ULPS * 2.0**-52 * y.abs() + tiny  # noqa: E731
+    return lo - margin(lo), hi + margin(hi)

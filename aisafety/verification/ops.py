@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from aisafety.verification.ibp_rounding import rounded, widen
-from aisafety.verification.relaxations import Relaxation
+from aisafety.verification.ibp_rounding import rounded, widen, widen_evaluated
+from aisafety.verification.relaxations import RELU, Relaxation
 
 Box = tuple[torch.Tensor, torch.Tensor]
 
@@ -258,7 +258,10 @@ class Activation(Op):
         return self.fn(x)
 
     def interval(self, box: Box) -> Box:
-        return self.fn(box[0]), self.fn(box[1])
+        """``[f(l), f(u)]`` (``f`` is monotone): exact for ReLU, widened outwards for the
+        others (``torch.sigmoid``/``tanh`` are not correctly rounded; ``widen_evaluated``)."""
+        lo, hi = self.fn(box[0]), self.fn(box[1])
+        return (lo, hi) if self.relaxation is RELU else widen_evaluated(lo, hi)
 
     def backward(
         self,

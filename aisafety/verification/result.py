@@ -15,14 +15,29 @@ class Verdict(StrEnum):
     TIMEOUT = "timeout"  # the per-instance time limit passed before a verdict
 
 
+def stored_margins(margins: torch.Tensor, verdicts: list[Verdict]) -> torch.Tensor:
+    """``margins`` (float64) in float32: a cast rounds to nearest, so a proved bound could
+    rise by half an ulp (3e-8 relative) above what was proved; it is rounded down instead.
+    A falsified sample's value at its point is only cast."""
+    wide = margins.double()
+    near = wide.float()
+    down = torch.nextafter(near, near.new_tensor(-torch.inf))
+    below = torch.where(near.double() > wide, down, near)
+    falsified = torch.tensor([v is Verdict.FALSIFIED for v in verdicts], dtype=torch.bool)
+    return torch.where(falsified, near, below)
+
+
 @dataclass
 class VerificationResult:
-    """Per sample: verdict, a lower bound of the smallest row (``margin``), seconds spent.
+    """Per sample: verdict, ``margin``, seconds spent.
 
-    ``margin`` is the verifier's proved lower bound of min_k (C f + d)_k on the box (the
-    exact minimum when a complete verifier settles); ``counterexamples`` holds the
-    violating input of each falsified sample (NaN elsewhere); ``notes`` says per sample why
-    an unknown one is unknown (``timeout`` or ``bounds too loose``).
+    ``margin`` depends on the verdict. Certified, unknown or timeout: a proved lower bound
+    of min_k (C f + d)_k on the box (-inf where no bound completed), stored as the largest
+    float32 at or below it (``stored_margins``). Falsified: that minimum's value at the
+    counterexample (<= 0), an upper bound of the true minimum, not a lower one.
+    ``counterexamples`` holds the violating input of each falsified sample (NaN
+    elsewhere); ``notes`` says per sample why an unknown one is unknown (``timeout`` or
+    ``bounds too loose``).
     """
 
     verifier: str

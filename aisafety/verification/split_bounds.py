@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aisafety.verification import budget, rounding
+from aisafety.verification import budget, float64_margin, rounding
 from aisafety.verification.bounds import (
     SEARCH_DTYPE,
     concretize,
@@ -176,9 +176,13 @@ def split_backward(
 
     ``rounded``: a float32 pass (``rounding.fast_graph``, outward-rounded boxes) whose
     bound, float64, has every rounding error subtracted, as ``bounds.backward`` does; the
-    subtraction of ``beta s`` is one more float32 addition (``rounding.sum_error``)."""
+    subtraction of ``beta s`` is one more float32 addition (``rounding.sum_error``). A
+    float64 pass subtracts its own rounding margin (``float64_margin.py``, as
+    ``bounds.backward``'s), the subtraction of ``beta s`` one more float64 addition; a
+    float32 pass without ``rounded`` is the search's objective and keeps none."""
     last = len(graph.ops) - 1
     a = domains.spec.reshape(len(domains), 1, *graph.ops[-1].out_shape)
+    margin = not rounded and float64_margin.applies(a)
     pending = {last: a}
     bias = a.new_zeros(a.shape[:2], dtype=torch.float64 if rounded else a.dtype)
     slack, size = bias.new_zeros(()), bias.new_zeros(())
@@ -195,6 +199,8 @@ def split_backward(
             coeff = coeff - shift.reshape(coeff.shape)
             if rounded:
                 slack = slack + rounding.sum_error(coeff, boxes[i])
+            elif margin:
+                slack = slack + float64_margin.sum_slack(coeff, boxes[i])
         in_boxes = [boxes[j] for j in op.inputs]
         if op.kind == "activation":
             at_relu[i] = coeff
@@ -209,6 +215,8 @@ def split_backward(
         if rounded:
             shift, err = rounding.exact_shift(graph.wide.ops[i], coeff, back, in_boxes)
             slack, size = slack + err, size + shift.abs()
+        elif margin:
+            slack, size = slack + float64_margin.op_slack(op, coeff, in_boxes), size + shift.abs()
         bias = bias + shift
         for j, c in zip(op.inputs, back, strict=True):
             if j not in pending:
@@ -217,7 +225,14 @@ def split_backward(
             pending[j] = pending[j] + c
             if rounded:
                 slack = slack + rounding.sum_error(pending[j], boxes[j])
+            elif margin:
+                slack = slack + float64_margin.sum_slack(pending[j], boxes[j])
     coeff = pending.get(0, a.new_zeros(*a.shape[:2], *graph.input_shape))
+    if margin:  # float64 sums: a constant and up to three margins per op
+        value = concretize(coeff, boxes[0]) + bias
+        bound = float64_margin.lower(value, coeff, boxes[0], size, slack, last + 4, graph.ops)
+        total = bound[:, 0] + domains.offset  # one more rounding: 2 u |total| covers it
+        return total - 2 * rounding.U64 * total.abs(), coeff, at_relu
     if not rounded:
         bound = concretize(coeff, boxes[0]) + bias
         return bound[:, 0] + domains.offset, coeff, at_relu

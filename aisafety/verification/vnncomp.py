@@ -166,7 +166,8 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
     positive on the box, or satisfied at a replayed point; one time limit for all.
 
     The margin is min over disjuncts of max over their atoms of the best lower bound proved
-    for the atom: a lower bound of min_x min_d max_k row_k(x), positive only if ``unsat``.
+    for the atom: a lower bound of min_x min_d max_k row_k(x), positive only if ``unsat``;
+    for ``sat``, that objective at the replayed point (<= 0), as a falsified sample's.
     Where the search stops at a disjunct, the disjuncts after it get their first pass if
     time is left (never past the deadline); a disjunct with no bound makes it -inf."""
     checker = make_verifier(registry, verifier, settings)
@@ -178,7 +179,7 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
             with time_limit(deadline):
                 point = _all_rows_hold(net, prop)
                 if point is not None:
-                    return _sat(net, point, -math.inf)
+                    return _sat(net, point, _value_at(net, lower, upper, disjuncts, point))
                 bounds = _first_pass(checker, net, prop)
         except OutOfTime:
             return InstanceResult("timeout", 0.0, -math.inf, note="timeout")
@@ -195,7 +196,7 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
             registry, net, prop, bounds, verifier, settings, deadline
         )
         if point is not None:
-            return _sat(net, point, -math.inf)
+            return _sat(net, point, _value_at(net, lower, upper, disjuncts, point))
         proved.append(best)
         if not refuted:
             status = "timeout" if deadline.passed() else "unknown"
@@ -204,6 +205,13 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
             )
             return InstanceResult(status, 0.0, margin, note="a disjunct was not refuted")
     return InstanceResult("unsat", 0.0, min(proved))
+
+
+def _value_at(net: Network, lower, upper, disjuncts, x: torch.Tensor) -> float:
+    """min over disjuncts of max over their atoms' rows at ``x``, replayed through
+    onnxruntime: <= 0 where ``x`` satisfies a disjunct, an upper bound of the least value."""
+    y = net.run(x).double()
+    return min(float(_property(lower, upper, rows).rows(y).amax()) for rows in disjuncts)
 
 
 def _first_pass(checker, net: Network, prop: Property) -> torch.Tensor:
