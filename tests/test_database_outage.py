@@ -36,14 +36,18 @@ def own_server():
     server.stop()
 
 
-def _outage_after_first_unit(server, store: ResultStore, monkeypatch, down_s: float):
+def _outage_after_first_unit(
+    server, store: ResultStore, monkeypatch, down_s: float, back: threading.Event | None = None
+):
     """Stop the server as soon as ``store`` has written the run's first unit, in the run's
-    own thread (the next write finds it down), and start it again ``down_s`` later from a
-    thread, which is returned. A thread polling for the first unit raced the run: its other
-    units took 0.2-0.3 s, and a stop that came later found nothing left to wait for (no
-    warning; the fixture's teardown then stopped the server under the thread's pg_ctl)."""
+    own thread (the next write finds it down), and start it again ``down_s`` later, or once
+    ``back`` is set, from a thread, which is returned. A thread polling for the first unit
+    raced the run: its other units took 0.2-0.3 s, and a stop that came later found nothing
+    left to wait for (no warning; the fixture's teardown then stopped the server under the
+    thread's pg_ctl)."""
     record_unit = store.record_unit
-    resume = threading.Thread(target=lambda: (time.sleep(down_s), server.resume()), daemon=True)
+    back = back or threading.Event()
+    resume = threading.Thread(target=lambda: (back.wait(down_s), server.resume()), daemon=True)
 
     def record_then_stop(*args, **kwargs):
         written = record_unit(*args, **kwargs)
@@ -81,10 +85,14 @@ def test_an_outage_longer_than_the_grace_ends_the_run_with_the_original_error(
     monkeypatch.setenv("AISAFETY_DB_GRACE_S", str(grace))
     url = own_server.create_database()
     store = ResultStore(url)
-    thread = _outage_after_first_unit(own_server, store, monkeypatch, down_s=8.0)
+    # down until the run has given up (at most 60 s), so longer than the grace by
+    # construction: a fixed 8 s outage kept the test waiting ~5 s after the run had ended
+    back = threading.Event()
+    thread = _outage_after_first_unit(own_server, store, monkeypatch, down_s=60.0, back=back)
     start = time.monotonic()
     with pytest.warns(AISafetyWarning), pytest.raises(StoreError) as raised:
         Runner(PLAN, store, quiet=True).run()
+    back.set()
     message = str(raised.value)
     assert "unreachable for 2 s, the grace period, AISAFETY_DB_GRACE_S" in message
     assert "rerun the same command with --resume" in message

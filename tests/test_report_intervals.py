@@ -24,6 +24,19 @@ def test_other_level_and_known_value() -> None:
     assert clopper_pearson(0, 20)[1] == pytest.approx(1 - 0.025 ** (1 / 20), abs=1e-12)
 
 
+def test_bit_for_bit_scipy_stats_beta_quantiles() -> None:
+    """``betaincinv`` stands in for ``beta.ppf`` (a lighter import): no stored interval moves."""
+    from scipy.stats import beta
+
+    for n in [*range(1, 41), 200, 1000, 10_000]:  # every n <= 1,000 when it was written
+        for k in range(n + 1) if n <= 40 else [*range(0, n, n // 40), n - 1, n]:
+            for level in (0.95, 0.9):
+                a = 1 - level
+                low = 0.0 if k == 0 else float(beta.ppf(a / 2, k, n - k + 1))
+                high = 1.0 if k == n else float(beta.ppf(1 - a / 2, k + 1, n - k))
+                assert clopper_pearson(k, n, level) == (low, high), (k, n, level)
+
+
 def test_stored_rate_recovers_its_count() -> None:
     assert rate_interval(0.37, 200) == clopper_pearson(74, 200)
     assert is_rate("fraction", 0.5, 10)
