@@ -66,16 +66,28 @@ def weight(op: Op, boxes: list[Box]) -> torch.Tensor | None:
     return memo.on_tensor(box[0], f"_f64_weight{id(op)}", deps, lambda: _weight(op, box))
 
 
+def through(op: Op, m: torch.Tensor, constant: bool = True) -> torch.Tensor:
+    """The sum of the absolute terms of an affine ``op``'s output where its input's
+    magnitude is ``m`` >= 0: ``|W| m + |b|`` (the constant left out without ``constant``);
+    a copy (reshape, permutation) moves ``m``."""
+    if op.kind == "dense":
+        bias = op.bias.abs() if constant and op.bias is not None else None
+        return F.linear(m, op.weight.abs(), bias)
+    if op.kind == "conv":
+        return op._conv(
+            m, op.weight.abs(), op.bias.abs() if constant and op.bias is not None else None
+        )
+    if op.kind == "elementwise":
+        return op.scale.abs() * m + op.shift.abs() if constant else op.scale.abs() * m
+    if op.kind in ("positive-linear", "reshape"):  # non-negative coefficients, no constant
+        return op.forward(m)
+    raise ValueError(f"{op.kind} node {op.name!r} is not affine")
+
+
 def _weight(op: Op, box: Box) -> torch.Tensor:
     m = magnitude(box)
-    if op.kind == "dense":
-        return F.linear(m, op.weight.abs(), None if op.bias is None else op.bias.abs())
-    if op.kind == "conv":
-        return op._conv(m, op.weight.abs(), None if op.bias is None else op.bias.abs())
-    if op.kind == "elementwise":
-        return op.scale.abs() * m + op.shift.abs()
-    if op.kind == "positive-linear":  # non-negative coefficients, no constant
-        return op.fn(m)
+    if op.kind in ("dense", "conv", "elementwise", "positive-linear"):
+        return through(op, m)
     if op.kind == "maxpool":
         # the coefficients summed where windows overlap, each times its chosen input
         # (<= the window's largest magnitude), and the constant, the window's largest upper
