@@ -76,8 +76,12 @@ def affine(op: Op, zonotope: Zonotope) -> Zonotope:
 
 def concretize(zonotope: Zonotope) -> tuple[torch.Tensor, torch.Tensor]:
     centre, generators, radius = zonotope
-    spread = generators.abs().sum(1)
-    outward = radius + _slack(generators.shape[1] + 2, centre.abs() + spread + radius)
+    return _bounds(centre, generators.abs().sum(1), radius, generators.shape[1])
+
+
+def _bounds(centre: torch.Tensor, spread: torch.Tensor, radius: torch.Tensor, m: int) -> Box:
+    """``c -+ (spread + r)``, widened by the rounding of the ``m`` generators' sum."""
+    outward = radius + _slack(m + 2, centre.abs() + spread + radius)
     return centre - spread - outward, centre + spread + outward
 
 
@@ -90,7 +94,8 @@ def relu(zonotope: Zonotope, known: Box | None = None) -> Zonotope:
     ``h = max(-lambda l, (1 - lambda) u)``: the parallelogram of the computed ``lambda``
     is sound with ``mu = h / 2`` (h rounded up), equal to the paper's for the exact one."""
     centre, generators, radius = zonotope
-    lower, upper = concretize(zonotope)
+    spread = generators.abs().sum(1)
+    lower, upper = _bounds(centre, spread, radius, generators.shape[1])
     if known is not None:
         lower, upper = torch.maximum(lower, known[0]), torch.minimum(upper, known[1])
     unstable = (lower < 0) & (upper > 0)
@@ -108,7 +113,7 @@ def relu(zonotope: Zonotope, known: Box | None = None) -> Zonotope:
     scaled = generators * slope.unsqueeze(1).to(generators.dtype)
     # stable neurons are exact (slope 0 or 1, no shift); an unstable one rounds its centre
     # (a product and a sum) and each generator's product
-    size = slope * (centre.abs() + generators.abs().sum(1) + radius) + shift
+    size = slope * (centre.abs() + spread + radius) + shift
     rounding = torch.where(unstable, _slack(2, size), torch.zeros_like(size))
     return centre * slope + shift, torch.cat([scaled, fresh], 1), slope * radius + rounding
 
