@@ -1,5 +1,6 @@
-"""DeepZ and RefineZono in float64 stay below the exact (rational) bound, and DeepZ's ReLU
-transformer holds in exact arithmetic.
+"""DeepZ, RefineZono and the Lipschitz verifiers (Op-Norm, FastLip, RecurJac) in float64
+stay below the exact (rational) bound, DeepZ's ReLU transformer holds in exact arithmetic,
+and the Lipschitz verifiers count a property's offset once.
 
 On a net whose relaxation is exact (one dense layer, or ReLUs all stably active) DeepZ's
 bound is the minimum of an affine map over the box, computed with ``fractions.Fraction``
@@ -39,9 +40,9 @@ def _above(name: str, hidden: bool) -> list[float]:
     return above
 
 
-@pytest.mark.parametrize("name", ["deepz", "refinezono"])
+@pytest.mark.parametrize("name", ["deepz", "refinezono", "op-norm", "fastlip", "recurjac"])
 @pytest.mark.parametrize("hidden", [False, True])
-def test_a_zonotope_bound_is_never_above_the_exact_one(name, hidden):
+def test_a_float64_bound_is_never_above_the_exact_one(name, hidden):
     assert _above(name, hidden) == []
 
 
@@ -78,12 +79,29 @@ def test_deepzs_relu_holds_in_exact_arithmetic():
     assert [_misses(seed) for seed in range(6)] == [0] * 6
 
 
-def test_the_zonotopes_margin_is_float64_rounding_only():
-    """A few gamma_n of the bound's terms, not a loosened bound."""
+@pytest.mark.parametrize("name", ["deepz", "fastlip", "recurjac"])
+def test_the_float64_margin_is_float64_rounding_only(name):
+    """A few gamma_n of the bound's terms, not a loosened bound (the relaxation is exact)."""
     net, lo, hi = _net(0, True)
     graph = build_graph(net, (12,))
     prop = Property(lo, hi, torch.tensor([[ROW]], dtype=torch.float64), torch.zeros(1, 1))
     with torch.no_grad():
-        bound = make_verifier(default_registry(), "deepz").lower_bounds(graph, prop)[0]
+        bound = make_verifier(default_registry(), name).lower_bounds(graph, prop)[0]
     exact = float(_exact_min(net, lo, hi, ROW))
     assert 0 <= exact - float(bound.flatten()[0]) <= 1e-10 * abs(exact)
+
+
+@pytest.mark.parametrize("name", ["op-norm", "fastlip", "recurjac", "deepz"])
+def test_a_propertys_offset_is_counted_once(name):
+    """On a linear layer every one of these is exact: its margin is CROWN's, offset or not
+    (the Lipschitz verifiers added ``d`` in their rows and the caller added it again:
+    a margin of 199.4 where the true minimum is 99.4)."""
+    net, lo, hi = _net(1, False)
+    graph = build_graph(net, (12,))
+    spec = torch.tensor([[ROW]], dtype=torch.float64)
+    prop = Property(lo, hi, spec, torch.tensor([[100.0]], dtype=torch.float64))
+    margin = make_verifier(default_registry(), name).verify(graph, prop).margins
+    crown = make_verifier(default_registry(), "crown").verify(graph, prop).margins
+    exact = float(_exact_min(net, lo, hi, ROW)) + 100
+    assert float(margin[0]) == pytest.approx(float(crown[0]), rel=1e-6)
+    assert float(margin[0]) <= exact
