@@ -55,7 +55,7 @@ class RecurJacVerifier(Verifier):
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         value, radius = centre_rows(graph, prop)
-        levels = len(affine_segments(graph)[1])
+        levels = sum(op.kind == "activation" for op in graph.ops)
         error = gradient_error(graph, prop.spec.to(graph.dtype), doublings=levels + 1)
         return lower(value, recurjac_bound(graph, prop) + error, radius), None
 
