@@ -44,6 +44,15 @@ def factor(n: torch.Tensor | int) -> torch.Tensor | float:
     return torch.where(nu < 1, 2 * nu / (1 - nu), torch.inf)
 
 
+def slack(n: int, size: torch.Tensor) -> torch.Tensor:
+    """The rounding bound of float64 sums of at most ``n`` terms whose absolute values sum to
+    ``size`` (``factor``, and underflow: ``TINY`` per operation), for a forward computation
+    (DeepZ's zonotopes, the Lipschitz verifiers); 0 for float32 (``applies``)."""
+    if not applies(size):
+        return torch.zeros_like(size)
+    return factor(n) * size + TINY * (n + 4)
+
+
 def terms(ops: list[Op]) -> int:
     """The most terms of any sum a pass through ``ops`` (from the input on) computes: at
     most the size of a node (an op's output, or another op's input)."""

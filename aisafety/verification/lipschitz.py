@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from aisafety.verification import bounds as b
+from aisafety.verification import float64_margin as fm
 from aisafety.verification.base import Verifier
 from aisafety.verification.budget import numel as budget_numel
 from aisafety.verification.graph import BoundGraph
@@ -29,7 +30,6 @@ from aisafety.verification.lipschitz_rounding import (
     gradient_error,
     lower,
     rows_error,
-    slack,
     widest,
 )
 from aisafety.verification.ops import Op
@@ -100,8 +100,8 @@ class OpNormVerifier(Verifier):
                 scale = inf_norm(op, value.new_zeros(1, *graph.ops[op.inputs[0]].out_shape))
             constant, size = constant * scale, size * scale
         n = len(graph.ops) * (widest(graph) + 4)
-        spent = (constant + slack(n, size + constant)) * radius.flatten(1).amax(1, keepdim=True)
-        return value - spent - slack(2, spent + value.abs()), None
+        spent = (constant + fm.slack(n, size + constant)) * radius.flatten(1).amax(1, keepdim=True)
+        return value - spent - fm.slack(2, spent + value.abs()), None
 
 
 class FastLipVerifier(Verifier):

@@ -39,14 +39,6 @@ from aisafety.verification.relaxations import RELU
 BOX_AFFINE = {"dense", "conv", "elementwise", "positive-linear"}
 
 
-def slack(n: int, size: torch.Tensor) -> torch.Tensor:
-    """The rounding bound of float64 sums of at most ``n`` terms whose absolute values sum to
-    ``size`` (``float64_margin.factor``, and underflow); 0 for float32."""
-    if not fm.applies(size):
-        return torch.zeros_like(size)
-    return fm.factor(n) * size + fm.TINY * (n + 4)
-
-
 def widest(graph: BoundGraph) -> int:
     """The most terms of any sum of a pass over ``graph``: a node's size, and a constant."""
     return fm.terms(graph.ops) + 2
@@ -54,7 +46,7 @@ def widest(graph: BoundGraph) -> int:
 
 def covering_radius(centre: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
     """Half-widths that, from the computed ``centre``, cover the box it came from."""
-    return radius + slack(2, centre.abs() + radius)
+    return radius + fm.slack(2, centre.abs() + radius)
 
 
 def forward_error(graph: BoundGraph, centre: torch.Tensor) -> torch.Tensor:
@@ -64,7 +56,7 @@ def forward_error(graph: BoundGraph, centre: torch.Tensor) -> torch.Tensor:
     for op in graph.ops[1:]:
         if op.kind in BOX_AFFINE and not getattr(op, "permutation", False):
             size, moved = fm.through(op, magnitude), fm.through(op, error, constant=False)
-            error = moved + slack(n, size + moved)
+            error = moved + fm.slack(n, size + moved)
             magnitude = size + error
         elif op.kind == "activation" and op.relaxation is RELU:
             continue  # exact, 1-Lipschitz
@@ -73,13 +65,15 @@ def forward_error(graph: BoundGraph, centre: torch.Tensor) -> torch.Tensor:
             magnitude = torch.ones_like(magnitude)
         else:  # reshape, permutation: copies
             magnitude, error = op.forward(magnitude), op.forward(error)
-    return error.flatten(1) + slack(n, magnitude.flatten(1))
+    return error.flatten(1) + fm.slack(n, magnitude.flatten(1))
 
 
 def rows_error(spec: torch.Tensor, outputs: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
     """A bound (B, K) on how far the computed rows ``C f`` are from ``C f_exact``."""
     size = spec.abs() @ (outputs.abs() + error).unsqueeze(2)
-    return (spec.abs() @ error.unsqueeze(2)).squeeze(2) + slack(spec.shape[2] + 2, size.squeeze(2))
+    return (spec.abs() @ error.unsqueeze(2)).squeeze(2) + fm.slack(
+        spec.shape[2] + 2, size.squeeze(2)
+    )
 
 
 def absolute_jacobian(graph: BoundGraph, spec: torch.Tensor) -> torch.Tensor:
@@ -96,14 +90,14 @@ def absolute_jacobian(graph: BoundGraph, spec: torch.Tensor) -> torch.Tensor:
 def gradient_error(graph: BoundGraph, spec: torch.Tensor, doublings: int = 0) -> torch.Tensor:
     """The bound on a gradient bound's rounding, (B, K, *input) (module docstring)."""
     jacobian = absolute_jacobian(graph, spec)
-    return slack(2**doublings * len(graph.ops) * (widest(graph) + 4), jacobian)
+    return fm.slack(2**doublings * len(graph.ops) * (widest(graph) + 4), jacobian)
 
 
 def lower(value: torch.Tensor, gradient: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
     """``value - sum_i G_i r_i`` (B, K), less the rounding of its products and sum."""
     spent = (gradient * radius.unsqueeze(1)).flatten(2).sum(2)
     n = radius[0].numel() + 2
-    return value - spent - slack(n, spent + value.abs())
+    return value - spent - fm.slack(n, spent + value.abs())
 
 
 def absolute(op: Op) -> Op:

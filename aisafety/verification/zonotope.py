@@ -36,19 +36,11 @@ ZONOTOPE_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "positive-
 Zonotope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _slack(n: int, size: torch.Tensor) -> torch.Tensor:
-    """The rounding bound of float64 sums of at most ``n`` terms whose absolute values sum to
-    ``size`` (and of the margin's own arithmetic: ``float64_margin.factor``); 0 in float32."""
-    if not fm.applies(size):
-        return torch.zeros_like(size)
-    return fm.factor(n) * size + fm.TINY * (n + 4)
-
-
 def input_zonotope(lower: torch.Tensor, upper: torch.Tensor) -> Zonotope:
     b, n = lower.shape[0], lower[0].numel()
     centre, radius = (upper + lower) / 2, (upper - lower) / 2
     generators = torch.diag_embed(radius.reshape(b, n)).reshape(b, n, *lower.shape[1:])
-    return centre, generators, _slack(2, centre.abs() + radius)
+    return centre, generators, fm.slack(2, centre.abs() + radius)
 
 
 def _linear(op: Op, x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +62,7 @@ def affine(op: Op, zonotope: Zonotope) -> Zonotope:
     moved = _linear(op, generators.reshape(b * m, *generators.shape[2:]))
     spread = generators.abs().sum(1)
     size = fm.through(op, centre.abs()) + fm.through(op, spread + radius, constant=False)
-    outward = fm.through(op, radius, constant=False) + _slack(centre[0].numel() + m + 2, size)
+    outward = fm.through(op, radius, constant=False) + fm.slack(centre[0].numel() + m + 2, size)
     return op.forward(centre), moved.reshape(b, m, *moved.shape[1:]), outward
 
 
@@ -81,7 +73,7 @@ def concretize(zonotope: Zonotope) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _bounds(centre: torch.Tensor, spread: torch.Tensor, radius: torch.Tensor, m: int) -> Box:
     """``c -+ (spread + r)``, widened by the rounding of the ``m`` generators' sum."""
-    outward = radius + _slack(m + 2, centre.abs() + spread + radius)
+    outward = radius + fm.slack(m + 2, centre.abs() + spread + radius)
     return centre - spread - outward, centre + spread + outward
 
 
@@ -114,7 +106,7 @@ def relu(zonotope: Zonotope, known: Box | None = None) -> Zonotope:
     # stable neurons are exact (slope 0 or 1, no shift); an unstable one rounds its centre
     # (a product and a sum) and each generator's product
     size = slope * (centre.abs() + spread + radius) + shift
-    rounding = torch.where(unstable, _slack(2, size), torch.zeros_like(size))
+    rounding = torch.where(unstable, fm.slack(2, size), torch.zeros_like(size))
     return centre * slope + shift, torch.cat([scaled, fresh], 1), slope * radius + rounding
 
 
@@ -138,7 +130,7 @@ def spec_bounds(graph: BoundGraph, prop: Property, zonotope: Zonotope) -> torch.
     size = (spec.abs() @ terms.flatten(1).unsqueeze(2)).squeeze(2) + spread
     outward = (spec.abs() @ radius.flatten(1).unsqueeze(2)).squeeze(2)
     n = centre[0].numel() + generators.shape[1] + 2
-    return rows.squeeze(2) - spread - outward - _slack(n, size)
+    return rows.squeeze(2) - spread - outward - fm.slack(n, size)
 
 
 class DeepZVerifier(Verifier):
