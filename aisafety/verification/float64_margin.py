@@ -44,6 +44,15 @@ def factor(n: torch.Tensor | int) -> torch.Tensor | float:
     return torch.where(nu < 1, 2 * nu / (1 - nu), torch.inf)
 
 
+def slack(n: int, size: torch.Tensor) -> torch.Tensor:
+    """The rounding bound of float64 sums of at most ``n`` terms whose absolute values sum to
+    ``size`` (``factor``, and underflow: ``TINY`` per operation), for a forward computation
+    (DeepZ's zonotopes, the Lipschitz verifiers); 0 for float32 (``applies``)."""
+    if not applies(size):
+        return torch.zeros_like(size)
+    return factor(n) * size + TINY * (n + 4)
+
+
 def terms(ops: list[Op]) -> int:
     """The most terms of any sum a pass through ``ops`` (from the input on) computes: at
     most the size of a node (an op's output, or another op's input)."""
@@ -66,16 +75,28 @@ def weight(op: Op, boxes: list[Box]) -> torch.Tensor | None:
     return memo.on_tensor(box[0], f"_f64_weight{id(op)}", deps, lambda: _weight(op, box))
 
 
+def through(op: Op, m: torch.Tensor, constant: bool = True) -> torch.Tensor:
+    """The sum of the absolute terms of an affine ``op``'s output where its input's
+    magnitude is ``m`` >= 0: ``|W| m + |b|`` (the constant left out without ``constant``);
+    a copy (reshape, permutation) moves ``m``."""
+    if op.kind == "dense":
+        bias = op.bias.abs() if constant and op.bias is not None else None
+        return F.linear(m, op.weight.abs(), bias)
+    if op.kind == "conv":
+        return op._conv(
+            m, op.weight.abs(), op.bias.abs() if constant and op.bias is not None else None
+        )
+    if op.kind == "elementwise":
+        return op.scale.abs() * m + op.shift.abs() if constant else op.scale.abs() * m
+    if op.kind in ("positive-linear", "reshape"):  # non-negative coefficients, no constant
+        return op.forward(m)
+    raise ValueError(f"{op.kind} node {op.name!r} is not affine")
+
+
 def _weight(op: Op, box: Box) -> torch.Tensor:
     m = magnitude(box)
-    if op.kind == "dense":
-        return F.linear(m, op.weight.abs(), None if op.bias is None else op.bias.abs())
-    if op.kind == "conv":
-        return op._conv(m, op.weight.abs(), None if op.bias is None else op.bias.abs())
-    if op.kind == "elementwise":
-        return op.scale.abs() * m + op.shift.abs()
-    if op.kind == "positive-linear":  # non-negative coefficients, no constant
-        return op.fn(m)
+    if op.kind in ("dense", "conv", "elementwise", "positive-linear"):
+        return through(op, m)
     if op.kind == "maxpool":
         # the coefficients summed where windows overlap, each times its chosen input
         # (<= the window's largest magnitude), and the constant, the window's largest upper

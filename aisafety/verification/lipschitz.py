@@ -16,13 +16,22 @@ sigmoid and tanh too.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from aisafety.verification import bounds as b
+from aisafety.verification import float64_margin as fm
 from aisafety.verification.base import Verifier
+from aisafety.verification.budget import numel as budget_numel
 from aisafety.verification.graph import BoundGraph
+from aisafety.verification.lipschitz_rounding import (
+    absolute,
+    covering_radius,
+    forward_error,
+    gradient_error,
+    lower,
+    rows_error,
+    widest,
+)
 from aisafety.verification.ops import Op
 from aisafety.verification.property import Property
 from aisafety.verification.relaxations import SIGMOID
@@ -32,9 +41,15 @@ SEQUENTIAL_KINDS = {"input", "dense", "conv", "elementwise", "reshape", "positiv
 
 
 def centre_rows(graph: BoundGraph, prop: Property) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows ``C f + d`` at the box centre (B, K), and the box's half-widths."""
+    """A lower bound of the rows ``C f`` at the box centre (B, K), without the offset ``d``
+    (the verifier's caller adds it to every bound), and half-widths that cover the box from
+    that centre (their float64 rounding included: ``lipschitz_rounding.py``)."""
     centre, radius = (prop.upper + prop.lower) / 2, (prop.upper - prop.lower) / 2
-    return prop.rows(graph.forward(centre)), radius
+    spec = prop.spec.to(graph.dtype)
+    outputs = graph.forward(centre).flatten(1)
+    rows = (spec @ outputs.unsqueeze(2)).squeeze(2)
+    error = rows_error(spec, outputs, forward_error(graph, centre))
+    return rows - error, covering_radius(centre, radius)
 
 
 def row_gradient(graph: BoundGraph, prop: Property) -> torch.Tensor:
@@ -43,6 +58,14 @@ def row_gradient(graph: BoundGraph, prop: Property) -> torch.Tensor:
     c = prop.spec.reshape(*prop.spec.shape[:2], *out.out_shape)
     (back,), _ = out.backward(c, None)
     return back
+
+
+def absolute_last(graph: BoundGraph) -> torch.Tensor:
+    """``|W_L|`` of the last affine op as (outputs, its input's size)."""
+    out = graph.ops[-1]
+    eye = torch.eye(budget_numel(out.out_shape), dtype=graph.dtype)
+    (back,), _ = absolute(out).backward(eye.reshape(1, -1, *out.out_shape), None)
+    return back.flatten(2)[0]
 
 
 def inf_norm(op: Op, like: torch.Tensor) -> float:
@@ -68,13 +91,17 @@ class OpNormVerifier(Verifier):
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         value, radius = centre_rows(graph, prop)
         constant = row_gradient(graph, prop).abs().flatten(2).sum(2)
+        # ``C W_L`` cancels; the rest are products of non-negative numbers
+        size = (prop.spec.to(graph.dtype).abs().flatten(2) @ absolute_last(graph)).sum(2)
         for op in graph.ops[1:-1]:
             if op.kind == "activation":
-                constant = constant * (0.25 if op.relaxation is SIGMOID else 1.0)
+                scale = 0.25 if op.relaxation is SIGMOID else 1.0
             else:
-                shape = graph.ops[op.inputs[0]].out_shape
-                constant = constant * inf_norm(op, value.new_zeros(1, *shape))
-        return value - constant * radius.flatten(1).amax(1, keepdim=True), None
+                scale = inf_norm(op, value.new_zeros(1, *graph.ops[op.inputs[0]].out_shape))
+            constant, size = constant * scale, size * scale
+        n = len(graph.ops) * (widest(graph) + 4)
+        spent = (constant + fm.slack(n, size + constant)) * radius.flatten(1).amax(1, keepdim=True)
+        return value - spent - fm.slack(2, spent + value.abs()), None
 
 
 class FastLipVerifier(Verifier):
@@ -94,7 +121,8 @@ class FastLipVerifier(Verifier):
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         value, radius = centre_rows(graph, prop)
         bound = jacobian_bound(graph, prop)  # (B, K, *input)
-        return value - (bound * radius.unsqueeze(1)).flatten(2).sum(2), None
+        bound = bound + gradient_error(graph, prop.spec.to(graph.dtype))
+        return lower(value, bound, radius), None
 
 
 def jacobian_bound(graph: BoundGraph, prop: Property) -> torch.Tensor:
@@ -113,17 +141,5 @@ def jacobian_bound(graph: BoundGraph, prop: Property) -> torch.Tensor:
         else:
             (mid,), _ = op.backward(mid, None)
             if rad is not None:
-                (rad,), _ = _absolute(op).backward(rad, None)
+                (rad,), _ = absolute(op).backward(rad, None)
     return mid.abs() if rad is None else mid.abs() + rad
-
-
-def _absolute(op: Op) -> Op:
-    """``op`` with |weights| and no bias: its backward maps r to |W|^T r."""
-    changes = {}
-    for key in ("weight", "scale"):
-        if getattr(op, key, None) is not None:
-            changes[key] = getattr(op, key).abs()
-    for key in ("bias", "shift"):
-        if getattr(op, key, None) is not None:
-            changes[key] = torch.zeros_like(getattr(op, key))
-    return replace(op, **changes) if changes else op

@@ -28,6 +28,7 @@ from aisafety.verification.base import Verifier
 from aisafety.verification.dense import affine_segments
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.lipschitz import SEQUENTIAL_KINDS, centre_rows
+from aisafety.verification.lipschitz_rounding import gradient_error, lower
 from aisafety.verification.property import Property
 
 
@@ -54,8 +55,9 @@ class RecurJacVerifier(Verifier):
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         value, radius = centre_rows(graph, prop)
-        bound = recurjac_bound(graph, prop)
-        return value - (bound * radius.unsqueeze(1)).flatten(2).sum(2), None
+        levels = sum(op.kind == "activation" for op in graph.ops)
+        error = gradient_error(graph, prop.spec.to(graph.dtype), doublings=levels + 1)
+        return lower(value, recurjac_bound(graph, prop) + error, radius), None
 
 
 def recurjac_bound(graph: BoundGraph, prop: Property) -> torch.Tensor:
