@@ -72,6 +72,35 @@ def test_chunked_bounds_equal_the_bounds_of_one_pass_and_stay_below_sampled_marg
         assert (spec_chunked <= margins.amin(0) + 1e-9).all()
 
 
+def test_a_slope_search_takes_chunks_of_at_most_search_chunk_bytes_under_any_budget(monkeypatch):
+    """Under a large budget one chunk of all of resnet_2b's cropped (image, position) pairs
+    ran alpha-CROWN's intermediate search 5x slower per pair than chunks of ``SEARCH_CHUNK``
+    (docs/cifar10.md). CROWN's passes (no search) still take what the budget
+    allows. Counted in estimated bytes per chunk, not timed."""
+    graph, prop = next(cases())  # residual: cropped and dense passes both
+    seen = []
+    bound_neurons = b._bound_neurons
+
+    def spy(g, j, chunk, boxes, mode, alpha_steps):
+        rows = budget.row_bytes(g, j, chunk.shape[0], alpha_steps > 0) * 2 * chunk.shape[1]
+        seen.append((alpha_steps, rows))
+        return bound_neurons(g, j, chunk, boxes, mode, alpha_steps)
+
+    monkeypatch.setattr(b, "_bound_neurons", spy)
+    with budget.memory_limit(64 << 30):
+        b.linear_boxes(graph, prop.lower, prop.upper, alpha_steps=2)
+        whole = max(rows for steps, rows in seen if steps)
+        cap = whole // 4
+        monkeypatch.setattr(budget, "SEARCH_CHUNK", cap, raising=False)
+        seen.clear()
+        b.linear_boxes(graph, prop.lower, prop.upper, alpha_steps=2)
+        searched = [rows for steps, rows in seen if steps]
+        seen.clear()
+        b.linear_boxes(graph, prop.lower, prop.upper)
+    assert searched and max(searched) <= cap
+    assert max(rows for _, rows in seen) > cap  # CROWN's chunks: the budget's
+
+
 def test_a_net_over_the_budget_is_refused_before_any_work_with_the_estimate():
     graph = build_graph(small_residual(0), (3, 8, 8), "res")
     prop = robustness_property(torch.rand(2, 3, 8, 8), torch.tensor([0, 1]), 0.01, 10)

@@ -235,13 +235,15 @@ def _tighten_cropped(
 ) -> Box:
     """``_tighten`` with one sample per (sample, output position) pair that has an unstable
     neuron, on that position's crop of the chain (``receptive.py``); the pairs go in chunks
-    sized to the memory budget (one pair, two rows and its crop's boxes at the least)."""
+    sized to the memory budget (one pair, two rows and its crop's boxes at the least), and
+    with a slope search to at most ``budget.SEARCH_CHUNK`` bytes (faster per pair)."""
     lo, hi = boxes[j]
     b, c, h, w = lo.shape
     pairs = ((lo < 0) & (hi > 0)).any(1).reshape(b, h * w).nonzero()  # (N, 2): sample, place
     end = crops.end
     per_pair = budget.crop_pair_bytes(crops.graph, end, alpha_steps > 0)
-    step = budget.rows_per_chunk(per_pair, max(1, pairs.shape[0]), budget.box_bytes(crops.graph, 0))
+    fixed, most = budget.box_bytes(crops.graph, 0), budget.search_chunk(alpha_steps)
+    step = budget.rows_per_chunk(per_pair, max(1, pairs.shape[0]), fixed, most)
     out = [t.reshape(b, c, h * w).transpose(1, 2).clone() for t in (lo, hi)]  # (B, places, C)
     for first in range(0, pairs.shape[0], step):
         sample, place = pairs[first : first + step].unbind(1)
@@ -267,7 +269,8 @@ def _tighten_dense(
         return lo, hi
     order = torch.argsort(wanted.to(torch.int8), dim=1, descending=True, stable=True)[:, :m]
     per_row = budget.row_bytes(graph, j, b, grad=alpha_steps > 0)
-    step = max(1, budget.rows_per_chunk(per_row, 2 * m, budget.box_bytes(graph, b)) // 2)
+    most = budget.search_chunk(alpha_steps)
+    step = max(1, budget.rows_per_chunk(per_row, 2 * m, budget.box_bytes(graph, b), most) // 2)
     new_lo, new_hi = flat_lo.clone(), flat_hi.clone()
     for first in range(0, m, step):
         chunk = order[:, first : first + step]

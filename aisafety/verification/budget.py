@@ -39,6 +39,12 @@ from aisafety.verification.relaxations import RELU
 LIVE = 24  # coefficient-sized tensors in one backward rule, freed-block reuse included
 SAVED = 9  # per op, kept by autograd for alpha-CROWN (measured: up to 7 with LIVE 6)
 SLOPE_STATE = 5  # per unstable-ReLU slope: value, gradient, two Adam moments, best so far
+# a slope search's chunk of rows takes at most this many bytes (estimated), whatever the
+# budget: a larger chunk ran slower per row, in user time, not page faults (likely cache
+# and memory traffic of its autograd state; resnet_2b at 1/255, node 11's crops, 4 images:
+# 256 (image, position) pairs in one chunk 53.5 CPU s, chunks of 11-44 pairs 10.4-12.6 s,
+# the same bounds; docs/cifar10.md)
+SEARCH_CHUNK = 256 << 20
 # per sigmoid/tanh element with per-row slopes, beside SAVED: its lines' float64 arithmetic
 # that autograd keeps (``slope_range``, ``gaps``' four points; 735-791 bytes measured on
 # sigmoid and tanh MLPs, bench/joint_bytes.py) and its second slope's state
@@ -110,10 +116,18 @@ def crop_pair_bytes(crop: BoundGraph, end: int, grad: bool = False) -> int:
     return box_bytes(crop, 1) + 2 * channels * row_bytes(crop, end, 1, grad)
 
 
-def rows_per_chunk(per_row: int, rows: int, fixed: int = 0) -> int:
-    """How many of ``rows`` rows fit the current budget at once (at least one)."""
+def rows_per_chunk(per_row: int, rows: int, fixed: int = 0, most: int | None = None) -> int:
+    """How many of ``rows`` rows fit the current budget at once (at least one), their own
+    bytes at most ``most``."""
     room = current_budget() - fixed
+    if most is not None:
+        room = min(room, most)
     return max(1, min(rows, room // max(1, per_row)))
+
+
+def search_chunk(alpha_steps: int) -> int | None:
+    """``rows_per_chunk``'s ``most`` for a pass with ``alpha_steps`` of slope search."""
+    return SEARCH_CHUNK if alpha_steps > 0 else None
 
 
 def refuse(what: str, estimate: int, budget: int, fits: str) -> MemoryBudgetError:
