@@ -62,8 +62,8 @@ def measure_layerwise(name: str, images: int = 2) -> tuple[int, int]:
     chunks = []
     rows_per_chunk = budget.rows_per_chunk
 
-    def spy(per_row: int, rows: int, fixed: int = 0) -> int:
-        n = rows_per_chunk(per_row, rows, fixed)
+    def spy(per_row: int, rows: int, fixed: int = 0, most: int | None = None) -> int:
+        n = rows_per_chunk(per_row, rows, fixed, most)
         chunks.append(n * per_row + fixed)
         return n
 
