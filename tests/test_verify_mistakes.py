@@ -25,7 +25,7 @@ from aisafety.verification.input_space import (
     graph_range,
 )
 from aisafety.verification.vnnlib import read_disjuncts
-from tests.shared_data import absent, located
+from tests.shared_data import shared_folder
 
 onnx = pytest.importorskip("onnx", reason="onnx is not installed: pip install 'aisafety[onnx]'")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -216,9 +216,7 @@ SHARED = [
 
 @pytest.mark.parametrize("folder, network, spec, declared", SHARED, ids=lambda v: str(v)[:12])
 def test_the_vnncomp_properties_pass_as_paired_and_declared(folder, network, spec, declared):
-    root = located(folder)
-    if root is None:
-        pytest.skip(absent(folder))
+    root = shared_folder(folder)
     shape = [d.dim_value or d.dim_param for d in onnx.load(str(root / network)).graph.input[0]
              .type.tensor_type.shape.dim]  # fmt: skip
     n = int(np.prod([d for d in shape[1:] if isinstance(d, int)]))
