@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from aisafety.verification import bounds as b
 from aisafety.verification.graph import build_graph
 from aisafety.verification.property import robustness_property
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
 
 
 def alpha_crown(graph, prop, steps: int, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
@@ -48,10 +50,11 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--data-dir", type=Path, help="default: shared/data/mnist")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    spec = DatasetSpec(name="mnist", path=str(args.data_dir), limit=100, sampling="uniform")
+    data_dir = args.data_dir or shared_data("mnist")
+    spec = DatasetSpec(name="mnist", path=str(data_dir), limit=100, sampling="uniform")
     data = load_data(spec, default_registry())
     predictor = load_zoo_model(args.model)
     graph = build_graph(predictor.network.cpu(), predictor.input_shape, args.model)

@@ -17,12 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 
-NET = "../shared/data/cifar10-models/vnncomp2021_cifar10_resnet/resnet_2b.onnx"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
 
 
 def counting_adam_steps() -> Counter:
@@ -50,10 +53,10 @@ def main() -> None:
     steps = counting_adam_steps()
     import aisafety
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    net = shared_data("cifar10-models") / "vnncomp2021_cifar10_resnet" / "resnet_2b.onnx"
     config = {"timeout": args.timeout, "clock": args.clock}
     plan = {
-        "model": {"name": "resnet_2b", "source": "onnx", "path": os.path.join(root, NET),
+        "model": {"name": "resnet_2b", "source": "onnx", "path": str(net),
                   "gradients": True, "mean": [0.4914, 0.4822, 0.4465],
                   "std": [0.2471, 0.2435, 0.2616]},
         "dataset": {"name": "cifar10-embedded", "limit": args.images},

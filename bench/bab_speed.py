@@ -29,8 +29,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from verification import DATA, parse_verifier  # noqa: E402
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "testkit")]
+from shared_location import shared_data  # noqa: E402
+from verification import parse_verifier  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -49,8 +50,9 @@ def setup(net: str, prop_name: str, config: dict):
     from aisafety.verification.vnncomp import _property, load_network
     from aisafety.verification.vnnlib import read_disjuncts
 
-    network = load_network(str(DATA / f"mnist-net_{net}.onnx"))
-    box, disjuncts = read_disjuncts(DATA / f"{prop_name}.vnnlib", math.prod(network.shape), 10)
+    mnistfc = shared_data("vnncomp2021_mnistfc")
+    network = load_network(str(mnistfc / f"mnist-net_{net}.onnx"))
+    box, disjuncts = read_disjuncts(mnistfc / f"{prop_name}.vnnlib", math.prod(network.shape), 10)
     lower, upper = (b.reshape(1, *network.shape) for b in box)
     prop = _property(lower, upper, [r[0] for r in disjuncts]).to(network.graph.dtype)
     verifier = make_verifier(default_registry(), "bab", config)

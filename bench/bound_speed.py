@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -44,8 +45,8 @@ from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import CrownVerifier
 from aisafety.verification.property import robustness_property
 
-ROOT = Path(__file__).resolve().parents[1]
-MNISTFC = ROOT.parent / "shared" / "data" / "vnncomp2021_mnistfc"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
 
 
 class Affine(nn.Module):
@@ -115,7 +116,7 @@ def networks() -> list[tuple[str, nn.Module, tuple[int, ...], float]]:
 
     found = []
     for depth in (2, 4, 6):
-        path = MNISTFC / f"mnist-net_256x{depth}.onnx"
+        path = shared_data("vnncomp2021_mnistfc") / f"mnist-net_256x{depth}.onnx"
         predictor = load_onnx(path, gradients=True, input_shape=(1, 28, 28))
         found.append((f"256x{depth}", predictor.network.cpu(), (1, 28, 28), 0.03))
     predictor = load_zoo_model("sok-cnn-a-adv1")

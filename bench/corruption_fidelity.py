@@ -24,20 +24,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 
 import corruption_reference as ref  # noqa: E402
+from shared_location import shared_data  # noqa: E402
 
 from aisafety.corruption import CORRUPTIONS, corrupt  # noqa: E402
 from aisafety.database.datasets.embedded import EmbeddedMnist  # noqa: E402
 from aisafety.database.zoo import load_zoo_model  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 LUMA = np.array([0.299, 0.587, 0.114])
 
 
 def cifar_images(n: int, size: int) -> np.ndarray:
     """The first ``n`` CIFAR-10 test images, uint8 (n, size, size, 3)."""
-    candidates = [SHARED / "eran_test_subsets" / "cifar10_test.csv"]
-    candidates.append(Path("/work/shared/data/eran_test_subsets/cifar10_test.csv"))
-    path = next(p for p in candidates if p.is_file())
+    path = shared_data("eran_test_subsets") / "cifar10_test.csv"
     rows = np.loadtxt(path, delimiter=",", dtype=np.int64, max_rows=n)
     images = rows[:, 1:].reshape(n, 32, 32, 3).astype(np.uint8)
     if size == 32:

@@ -13,6 +13,7 @@ for <= 3. Without ``--data-dir`` the shipped 1,000-image test subset is tiled to
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from aisafety.evaluation.metrics.neuron_coverage import (
     TopKNeuronCoverage,
 )
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import located  # noqa: E402
 
 
 def seconds(run) -> float:
@@ -62,7 +64,7 @@ def test_images(data_dir: Path | None) -> LoadedDataset:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--data-dir", type=Path, default=located("mnist"))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=512)

@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "testkit")]
 from paired import interleaved, one_thread, paired_median  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
+
 from aisafety.verification import dual_network, float64_margin, ops, split_bounds  # noqa: E402
 
 OFF = types.SimpleNamespace(**{**vars(float64_margin), "applies": lambda a: False})
@@ -111,7 +114,7 @@ def sigmoid_case(pairs: int) -> None:
     moved = runs["old"][-1][1] - runs["new"][-1][1]
     text = f"bounds moved down by {float(moved.min()):.2g} .. {float(moved.max()):.2g}"
     report("sigmoid CROWN (eran 6x200 spec 1211)", runs, text)
-    eran = ROOT.parent / "shared" / "data" / "vnncomp2021_eran"
+    eran = shared_data("vnncomp2021_eran")
     onnx = eran / "nets" / "ffnnSIGMOID__Point_6x200.onnx"
     specs = [eran / "specs" / "mnist" / f"mnist_spec_idx_{i}_eps_0.01200.vnnlib"
              for i in (7167, 7955, 56)]  # fmt: skip

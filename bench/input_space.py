@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
 from vnncomp_cifar10 import instances  # noqa: E402
 
 from aisafety.verification.graph import VerificationError  # noqa: E402
@@ -51,7 +52,6 @@ from aisafety.verification.input_space import (  # noqa: E402
 )
 from aisafety.verification.vnnlib import read_disjuncts  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RESNET = {"mean": [0.4914, 0.4822, 0.4465], "std": [0.2471, 0.2435, 0.2616]}
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 MEAN, SPREAD = (torch.tensor(RESNET[k], dtype=torch.float64).repeat_interleave(1024)
@@ -60,11 +60,12 @@ MEAN, SPREAD = (torch.tensor(RESNET[k], dtype=torch.float64).repeat_interleave(1
 
 def pairs() -> list[tuple[Path, Path]]:
     """(network, property) of every instance the benchmarks' CSV files list."""
-    found = [(net, spec) for net, spec, _ in instances(DATA / "cifar10-models")]
-    for folder, table in (("vnncomp2021_eran", "eran_instances.csv"),
-                          ("vnncomp2021_mnistfc", "mnistfc_instances.csv")):  # fmt: skip
-        with (DATA / folder / table).open() as f:
-            found += [(DATA / folder / r[0], DATA / folder / r[1]) for r in csv.reader(f) if r]
+    found = [(net, spec) for net, spec, _ in instances(shared_data("cifar10-models"))]
+    for name, table in (("vnncomp2021_eran", "eran_instances.csv"),
+                        ("vnncomp2021_mnistfc", "mnistfc_instances.csv")):  # fmt: skip
+        folder = shared_data(name)
+        with (folder / table).open() as f:
+            found += [(folder / r[0], folder / r[1]) for r in csv.reader(f) if r]
     return found
 
 
@@ -141,7 +142,7 @@ def main() -> None:
     print(f"{len(every)} instances, {len(BOXES)} properties, {len(n_of)} networks")
     count("as paired, nothing declared", [(*r, None) for r in real])
     count("as paired, the README's convention declared", [(*r, declared(r[0])) for r in real])
-    cifar = DATA / "cifar10-models"
+    cifar = shared_data("cifar10-models")
     resnets = [cifar / "vnncomp2021_cifar10_resnet" / f"resnet_{k}b.onnx" for k in (2, 4)]
     marabou = [cifar / "vnncomp2021_marabou_cifar10" / f"cifar10_{s}.onnx"
                for s in ("small", "medium", "large")]  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from aisafety.verification.joint_alpha import joint_alpha
 from aisafety.verification.vnncomp import _property, load_network
 from aisafety.verification.vnnlib import read_disjuncts
 
-ERAN = Path(__file__).resolve().parents[2] / "shared" / "data" / "vnncomp2021_eran"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
 
 
 def show(name: str, bound: torch.Tensor, began: float) -> None:
@@ -44,11 +46,12 @@ def main() -> None:
     parser.add_argument("--no-layerwise", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    net = load_network(ERAN / "nets" / f"{args.net}.onnx")
+    eran = shared_data("vnncomp2021_eran")
+    net = load_network(eran / "nets" / f"{args.net}.onnx")
     graph = net.graph
-    vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"
+    vnnlib = eran / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"
     if not vnnlib.exists():
-        vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01500.vnnlib"
+        vnnlib = eran / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01500.vnnlib"
     box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
     prop = _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
     lower, upper = prop.lower.to(graph.dtype), prop.upper.to(graph.dtype)

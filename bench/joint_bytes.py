@@ -36,8 +36,10 @@ from aisafety.verification import joint_alpha as ja
 from aisafety.verification.graph import build_graph
 from aisafety.verification.property import robustness_property
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
 MIB = 2**20
 
 
@@ -46,10 +48,10 @@ def resnet_4b():
     from aisafety.prediction.onnx_model import load_onnx
 
     mean, std = (0.4914, 0.4822, 0.4465), (0.2471, 0.2435, 0.2616)
-    folder = DATA / "cifar10-models" / "vnncomp2021_cifar10_resnet"
+    folder = shared_data("cifar10-models") / "vnncomp2021_cifar10_resnet"
     predictor = load_onnx(folder / "resnet_4b.onnx", gradients=True, mean=mean, std=std,
                           name="resnet_4b")  # fmt: skip
-    data = np.loadtxt(DATA / "eran_test_subsets" / "cifar10_test.csv", delimiter=",")[:1]
+    data = np.loadtxt(shared_data("eran_test_subsets") / "cifar10_test.csv", delimiter=",")[:1]
     x = torch.tensor(data[:, 1:] / 255.0, dtype=torch.float32).reshape(-1, 32, 32, 3)
     x, y = x.permute(0, 3, 1, 2).contiguous(), torch.tensor(data[:, 0], dtype=torch.long)
     graph = build_graph(predictor.network, predictor.input_shape, "resnet_4b")

@@ -26,7 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
 
 
 def child(kind: str, name: str, chunk: int, data_dir: Path) -> None:
@@ -100,18 +101,19 @@ def main() -> None:
     parser.add_argument("--verifiers", nargs="*", default=["crown", "alpha-crown"])
     parser.add_argument("--attacks", nargs="*", default=["pgd-linf"])
     parser.add_argument("--chunks", nargs="+", type=int, default=[128, 1000])
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--data-dir", type=Path, help="default: shared/data/mnist")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    data_dir = args.data_dir or shared_data("mnist")
     if args.child:
         kind, name, chunk = args.child
-        child(kind, name, int(chunk), args.data_dir)
+        child(kind, name, int(chunk), data_dir)
         return
     print("one thread, a fresh process per measurement")
     cases = [("verifier", name, 0) for name in args.verifiers]
     cases += [("attack", name, chunk) for name in args.attacks for chunk in args.chunks]
     for case in cases:
-        report(case, args.data_dir, args.rounds)
+        report(case, data_dir, args.rounds)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 from at_size_plan import METRICS, metric_plan  # noqa: E402
 from shapes import build  # noqa: E402
+from shared_location import shared_data  # noqa: E402
 
 import aisafety  # noqa: E402
 from aisafety.database.datasets.labelled_files import LabelledFilesDataset  # noqa: E402
@@ -40,7 +41,7 @@ from aisafety.plugins import default_registry  # noqa: E402
 from aisafety.prediction.torch_module import TorchPredictor  # noqa: E402
 from aisafety.unit_cost import reset_peak_rss, status_bytes  # noqa: E402
 
-IMAGENET = Path(__file__).resolve().parents[2] / "shared/data/imagenet-samples-foolbox"
+IMAGENET = "imagenet-samples-foolbox"  # in shared/data
 N = 2  # images
 
 
@@ -48,7 +49,7 @@ def own_labelled_data(shape: str, net: torch.nn.Module) -> tuple[torch.Tensor, t
     """The shape's ``N`` images labelled with the net's predictions (a random net is wrong on
     both shipped labels, and the metrics over clean-correct samples would have none)."""
     if shape == "resnet-50":
-        x = LabelledFilesDataset().load(IMAGENET, "test").x[:N]
+        x = LabelledFilesDataset().load(shared_data(IMAGENET), "test").x[:N]
     else:
         x = load_data(DatasetSpec(name="cifar10-embedded", limit=N), default_registry()).x
     with torch.no_grad():
@@ -67,7 +68,7 @@ def main() -> None:
     net, input_shape, classes = build(args.shape)
     model = TorchPredictor(net, input_shape, classes, name=args.shape)
     data = own_labelled_data(args.shape, net)
-    plan = metric_plan(args.shape, IMAGENET)
+    plan = metric_plan(args.shape, shared_data(IMAGENET))
     if args.memory_gib:
         plan["limits"] = {"memory_gib": args.memory_gib}
     print(f"{args.shape}, {N} images; load before {os.getloadavg()[0]:.1f}")

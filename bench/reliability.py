@@ -32,6 +32,9 @@ import torch  # noqa: E402
 
 from aisafety.cli import main  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import absent, located  # noqa: E402
+
 BOMB = 'a: &a ["l","l","l","l","l","l","l","l","l"]\n' + "".join(
     f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
 )
@@ -221,11 +224,12 @@ def _model_files(folder: Path) -> list[tuple[str, str]]:
 
 def _dataset_folders(folder: Path) -> list[tuple[str, str]]:
     """(label, dataset section) for damaged MNIST folders."""
-    shared = Path(__file__).resolve().parents[2] / "shared/data"  # beside the checkout
-    source = Path(os.environ.get("AISAFETY_SHARED_DATA", shared)) / "mnist"
+    given = os.environ.get("AISAFETY_SHARED_DATA")
+    source = Path(given) / "mnist" if given else located("mnist")
     cases = []
-    if not source.is_dir():
-        print(f"{source} is absent: the damaged-dataset cases are skipped", file=sys.stderr)
+    if source is None or not source.is_dir():
+        missing = f"{source} is absent" if given else absent("mnist")
+        print(f"{missing}: the damaged-dataset cases are skipped", file=sys.stderr)
         return cases
     for label, damage in (
         ("IDX .gz truncated", lambda b: b[: len(b) // 3]),

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # resnet_crown_lirpa, beside this
 
-from resnet_crown_lirpa import MEAN, NETS, STD, cifar_images  # noqa: E402
+from resnet_crown_lirpa import MEAN, STD, cifar_images, resnet_folder  # noqa: E402
 
 from aisafety.plugins import default_registry  # noqa: E402
 from aisafety.prediction.onnx_model import load_onnx  # noqa: E402
@@ -39,7 +39,9 @@ from aisafety.verification.property import robustness_property  # noqa: E402
 def vnncomp_resnet(name: str):
     """The ONNX net with its external normalisation, as a gradient predictor (as
     tests/test_vnncomp_resnets.py loads it)."""
-    return load_onnx(NETS / f"{name}.onnx", gradients=True, mean=MEAN, std=STD, name=name)
+    return load_onnx(
+        resnet_folder() / f"{name}.onnx", gradients=True, mean=MEAN, std=STD, name=name
+    )
 
 
 def main() -> None:

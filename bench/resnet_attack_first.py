@@ -29,6 +29,7 @@ import os
 import re
 import resource
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,10 +37,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "cifar10-models" / "vnncomp2021_cifar10_resnet"
-if not DATA.is_dir():
-    DATA = Path("/work/shared/data/cifar10-models/vnncomp2021_cifar10_resnet")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
+
+
+def resnet_folder() -> Path:
+    """The VNN-COMP 2021 CIFAR-10 ResNet benchmark in shared/data."""
+    return shared_data("cifar10-models") / "vnncomp2021_cifar10_resnet"
 
 
 class FromCube(nn.Module):
@@ -55,7 +59,11 @@ class FromCube(nn.Module):
 
 def spec_file(name: str) -> Path:
     """The instance's vnnlib file as shipped here (flattened into ``vnnlib/``)."""
-    return DATA / "vnnlib" / name.replace("vnnlib_properties_pgd_filtered/", "").replace("/", "__")
+    return (
+        resnet_folder()
+        / "vnnlib"
+        / name.replace("vnnlib_properties_pgd_filtered/", "").replace("/", "__")
+    )
 
 
 def widened(spec: Path, factor: float, folder: Path) -> Path:
@@ -125,7 +133,7 @@ def main() -> None:
     parser.add_argument("--widen", type=float, default=1.0, help="box radius factor")
     parser.add_argument("--skip", type=int, default=0, help="start after this many instances")
     args = parser.parse_args()
-    with (DATA / "instances.csv").open() as f:
+    with (resnet_folder() / "instances.csv").open() as f:
         rows = [r for r in csv.reader(f) if r and any(n in r[0] for n in args.nets)]
     if args.limit:
         rows = [r for n in args.nets for r in [r for r in rows if n in r[0]][: args.limit]]
@@ -135,7 +143,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="widened-"))
     broken = answered = 0
     for onnx_name, spec_name, _ in rows:
-        onnx, spec = DATA / onnx_name.replace("onnx/", ""), spec_file(spec_name)
+        onnx, spec = resnet_folder() / onnx_name.replace("onnx/", ""), spec_file(spec_name)
         if args.widen != 1:
             spec = widened(spec, args.widen, folder)
         cpu = time.process_time()

@@ -21,6 +21,7 @@ largest gap between the two bounds. Run one thread; say the load beside it.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -29,11 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-NETS = DATA / "cifar10-models" / "vnncomp2021_cifar10_resnet"
-IMAGES = DATA / "eran_test_subsets" / "cifar10_test.csv"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
+
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2471, 0.2435, 0.2616)
+
+
+def resnet_folder() -> Path:
+    """The VNN-COMP 2021 CIFAR-10 ResNets in shared/data."""
+    return shared_data("cifar10-models") / "vnncomp2021_cifar10_resnet"
 
 
 class OnnxResNet(nn.Module):
@@ -90,7 +95,7 @@ class OnnxResNet(nn.Module):
 
 
 def cifar_images(index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    data = np.loadtxt(IMAGES, delimiter=",")[index]
+    data = np.loadtxt(shared_data("eran_test_subsets") / "cifar10_test.csv", delimiter=",")[index]
     x = torch.tensor(data[:, 1:] / 255.0, dtype=torch.float32).reshape(-1, 32, 32, 3)
     return x.permute(0, 3, 1, 2).contiguous(), torch.tensor(data[:, 0], dtype=torch.long)
 
@@ -125,7 +130,9 @@ def our_bounds(
     from aisafety.verification.graph import build_graph
     from aisafety.verification.incomplete import AlphaCrownVerifier, CrownVerifier
 
-    predictor = load_onnx(NETS / f"{name}.onnx", gradients=True, mean=MEAN, std=STD, name=name)
+    predictor = load_onnx(
+        resnet_folder() / f"{name}.onnx", gradients=True, mean=MEAN, std=STD, name=name
+    )
     graph = build_graph(predictor.network, predictor.input_shape, name)
     verifier, rows = (CrownVerifier() if alpha is None else AlphaCrownVerifier(alpha)), []
     verifier.prepare()
@@ -160,7 +167,7 @@ def main() -> None:
     torch.set_num_threads(1)
     index = args.only or list(range(args.first, args.first + args.images))
     x, y = cifar_images(index)
-    module = OnnxResNet(NETS / f"{args.net}.onnx").eval()
+    module = OnnxResNet(resnet_folder() / f"{args.net}.onnx").eval()
     check_against_onnxruntime(module, x, args.net)
     clean = module((x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1))
     correct = clean.argmax(1) == y
@@ -203,7 +210,9 @@ def check_against_onnxruntime(module: nn.Module, x: torch.Tensor, name: str) -> 
     import onnxruntime as ort
 
     z = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
-    session = ort.InferenceSession(str(NETS / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(resnet_folder() / f"{name}.onnx"), providers=["CPUExecutionProvider"]
+    )
     want = np.concatenate(
         [
             session.run(None, {session.get_inputs()[0].name: z[i : i + 1].numpy()})[0]

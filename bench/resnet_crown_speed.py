@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benches beside this one
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "testkit"))  # shapes
 from bound_speed import setting  # noqa: E402
-from resnet_crown_lirpa import MEAN, NETS, STD, OnnxResNet, cifar_images  # noqa: E402
+from resnet_crown_lirpa import MEAN, STD, OnnxResNet, cifar_images, resnet_folder  # noqa: E402
 from shapes import small_resnet  # noqa: E402
 
 from aisafety.memory import reuse_freed_memory  # noqa: E402
@@ -55,9 +55,11 @@ def nets(name: str) -> tuple[BoundGraph, torch.nn.Module, bool]:
         return build_graph(module, (3, 32, 32), name), module, False
     from aisafety.prediction.onnx_model import load_onnx
 
-    predictor = load_onnx(NETS / f"{name}.onnx", gradients=True, mean=MEAN, std=STD, name=name)
+    predictor = load_onnx(
+        resnet_folder() / f"{name}.onnx", gradients=True, mean=MEAN, std=STD, name=name
+    )
     graph = build_graph(predictor.network, predictor.input_shape, name)
-    return graph, OnnxResNet(NETS / f"{name}.onnx").eval(), True
+    return graph, OnnxResNet(resnet_folder() / f"{name}.onnx").eval(), True
 
 
 def ours(graph: BoundGraph, prop: Property) -> tuple[float, torch.Tensor]:

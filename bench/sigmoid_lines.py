@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,7 +40,10 @@ from aisafety.verification import relaxations as r
 from aisafety.verification.vnncomp import _property, load_network
 from aisafety.verification.vnnlib import read_disjuncts
 
-ERAN = Path(__file__).resolve().parents[2] / "shared" / "data" / "vnncomp2021_eran"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
+
+ERAN = "vnncomp2021_eran"  # in shared/data
 NET = "ffnnSIGMOID__Point_6x200.onnx"
 FIRST, SECOND = 6, 8  # the graph's first and second dense nodes
 DENSE = (6, 8, 10, 12, 14, 16)  # the pre-activation nodes
@@ -147,11 +151,12 @@ def whole_net(graph, prop, rule: str, steps: int, start: str = "chord") -> None:
 
 def crown_margins(graph, shape) -> None:
     """CROWN's margin (worst row) on every eran sigmoid spec with each rule."""
-    listed = (ERAN / "eran_instances.csv").read_text().splitlines()
+    eran = shared_data(ERAN)
+    listed = (eran / "eran_instances.csv").read_text().splitlines()
     specs = [line.split(",")[1] for line in listed if NET in line]
     tighter = 0
     for spec in specs:
-        box, rows = read_disjuncts(ERAN / spec, math.prod(shape), 10)
+        box, rows = read_disjuncts(eran / spec, math.prod(shape), 10)
         prop = _property(*(x.reshape(1, *shape) for x in box), [row[0] for row in rows])
         lower, upper = prop.lower.to(graph.dtype), prop.upper.to(graph.dtype)
         margins = []
@@ -221,9 +226,10 @@ def main() -> None:
     if args.test_nets:
         test_nets()
         return
-    net = load_network(ERAN / "nets" / NET)
+    eran = shared_data(ERAN)
+    net = load_network(eran / "nets" / NET)
     graph = net.graph
-    vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"
+    vnnlib = eran / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"
     box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
     prop = _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
     boxes = b.interval_boxes(graph, prop.lower.to(graph.dtype), prop.upper.to(graph.dtype))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -33,12 +34,15 @@ from aisafety.verification.property import robustness_property
 from aisafety.verification.registry import make_verifier
 from aisafety.verification.result import Verdict
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
 
 
 def cell_data() -> tuple[torch.Tensor, torch.Tensor]:
     """The cell's 100 images and labels (``examples/sok-mnist.yaml``'s uniform sample)."""
-    spec = DatasetSpec(name="mnist", path=str(DATA), limit=100, sampling="uniform", seed=0)
+    spec = DatasetSpec(
+        name="mnist", path=str(shared_data("mnist")), limit=100, sampling="uniform", seed=0
+    )
     data = load_data(spec, default_registry())
     return data.x, data.y
 

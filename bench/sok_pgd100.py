@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,9 @@ from aisafety.interfaces import DatasetSpec
 from aisafety.loading import load_data
 from aisafety.plugins import default_registry
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
+
 CHUNK = 1000
 
 
@@ -53,10 +56,11 @@ def measure(name: str, eps: float, x: torch.Tensor, y: torch.Tensor) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="MODEL@EPS, e.g. sok-cnn-a-adv1@0.1")
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--data-dir", type=Path, help="default: shared/data/mnist")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    spec = DatasetSpec(name="mnist", path=str(args.data_dir), split="test")
+    data_dir = args.data_dir or shared_data("mnist")
+    spec = DatasetSpec(name="mnist", path=str(data_dir), split="test")
     test = load_data(spec, default_registry())
     for item in args.models:
         name, _, eps = item.partition("@")

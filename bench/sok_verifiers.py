@@ -27,7 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
+
 # (looser, tighter): the orderings the literature proves, checked per sample where both ran
 PROVED = [("crown", "lp-full"), ("deepz", "refinezono"), ("lp-full", "k-relu"),
           ("fastlip", "recurjac"), ("op-norm", "fastlip"), ("sdpverify", "lmiverify"),
@@ -49,7 +51,7 @@ def child(model: str, verifiers: list[str], eps: list[float], limit: int, timeou
 
     torch.set_num_threads(1)
     registry = default_registry()
-    spec = DatasetSpec(name="mnist", path=DATA_DIR, limit=limit, sampling="uniform")
+    spec = DatasetSpec(name="mnist", path=shared_data("mnist"), limit=limit, sampling="uniform")
     data = load_data(spec, registry)
     predictor = load_zoo_model(model)
     graph = build_graph(predictor.network.cpu(), predictor.input_shape, model)

@@ -31,10 +31,10 @@ from aisafety.verification.vnncomp import _property, load_network
 from aisafety.verification.vnnlib import read_disjuncts
 
 ROOT = Path(__file__).resolve().parents[1]
-ERAN = ROOT.parent / "shared" / "data" / "vnncomp2021_eran"
 NET = "ffnnSIGMOID__Point_6x200.onnx"
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "testkit")]
 from paired import interleaved, one_thread, paired_median  # noqa: E402
+from shared_location import shared_data  # noqa: E402
 from sshape_bisection import bisection_slopes  # noqa: E402
 
 
@@ -68,8 +68,9 @@ def one_pass(graph, prop, slopes) -> tuple[float, float, torch.Tensor]:
 
 def eran_sigmoid_spec(spec: int):
     """eran's sigmoid 6x200 network and its spec ``spec`` at eps 0.012 as one property."""
-    net = load_network(ERAN / "nets" / NET)
-    vnnlib = ERAN / "specs" / "mnist" / f"mnist_spec_idx_{spec}_eps_0.01200.vnnlib"
+    eran = shared_data("vnncomp2021_eran")
+    net = load_network(eran / "nets" / NET)
+    vnnlib = eran / "specs" / "mnist" / f"mnist_spec_idx_{spec}_eps_0.01200.vnnlib"
     box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
     return net, _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
 

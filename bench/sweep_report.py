@@ -53,11 +53,11 @@ def settled_table(rows: list[dict], cpu_limit: float) -> list[str]:
 
 def attack_unsat(rows: list[dict]) -> list[dict]:
     """Our box-PGD on every instance some tool answered unsat, as rows of tool ``box-pgd``."""
-    from abcrown.run import SHARED, instances
+    from abcrown.run import instances
     from verify_cifar10 import broken_by_pgd
 
     paths = {(net, spec.name): (onnx_path, spec) for suite in ("mnistfc", "eran", "cifar")
-             for net, onnx_path, spec in instances(suite, SHARED)}  # fmt: skip
+             for net, onnx_path, spec in instances(suite)}  # fmt: skip
     keys = sorted({(r["net"], r["property"]) for r in rows if r["status"] == "unsat"})
     found = []
     for net, prop in keys:

@@ -43,17 +43,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = next(
-    (
-        folder / "vnncomp2021_mnistfc"
-        for folder in (ROOT.parent / "shared" / "data", ROOT / "shared" / "data")
-        if (folder / "vnncomp2021_mnistfc").is_dir()
-    ),
-    Path("/work/shared/data/vnncomp2021_mnistfc"),
-)  # beside the repository, or inside it on a machine that carries it
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "testkit")]
 from abcrown.run import instances as suite_instances  # noqa: E402  (the same sets)
 from abcrown.run import select  # noqa: E402
+from shared_location import shared_data  # noqa: E402
 
 
 def forward_seconds(fn, x: torch.Tensor, repeats: int = 5) -> float:
@@ -186,13 +179,14 @@ def tightness_part(nets: list[str]) -> None:
     names = ["ibp", "crown-ibp", "crown", "alpha-crown"]
     shape = (1, 28, 28)
     print(f"{'network':<8} {'eps':<5} " + " ".join(f"{n:>12}" for n in names) + "  nested")
+    mnistfc = shared_data("vnncomp2021_mnistfc")
     for net in nets:
-        predictor = load_onnx(DATA / f"mnist-net_{net}.onnx", gradients=True, input_shape=shape)
+        predictor = load_onnx(mnistfc / f"mnist-net_{net}.onnx", gradients=True, input_shape=shape)
         graph = build_graph(predictor.network.cpu(), shape, net)
         for eps in ("0.03", "0.05"):
             counts, cpu, nested = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0), True
             for i in range(15):
-                prop = read_vnnlib(DATA / f"prop_{i}_{eps}.vnnlib", math.prod(shape), 10)
+                prop = read_vnnlib(mnistfc / f"prop_{i}_{eps}.vnnlib", math.prod(shape), 10)
                 prop.lower = prop.lower.reshape(1, *shape)
                 prop.upper = prop.upper.reshape(1, *shape)
                 got = {}

@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
 from vnncomp_cifar10 import instances, replays  # noqa: E402
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-models"
 
 
 def broken_by_pgd(network: Path, spec: Path) -> bool:
@@ -71,7 +70,7 @@ def main() -> None:
 
     registry = default_registry()
     counts: dict[tuple[str, str], int] = {}
-    for network, spec, _ in instances(DATA):
+    for network, spec, _ in instances(shared_data("cifar10-models")):
         if args.nets and network.stem not in args.nets:
             continue
         wall, cpu = time.perf_counter(), time.process_time()

@@ -1,27 +1,15 @@
-"""The project's shared read-only data (``shared/data``, see its README): found beside the
-checkout or one folder further up (a worktree or clone inside a folder of its own), so a
-test that needs it skips, naming where it looked, instead of passing without it."""
+"""The project's shared read-only data (``shared/data``, see its README) for the tests: a
+test that needs it skips, naming where it looked, instead of passing without it. Where it is
+looked for is testkit/shared_location.py, which the benches use too."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from shared_location import PLACES, absent, located
 
-ROOT = Path(__file__).resolve().parents[1]
-PLACES = (ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data")
-
-
-def located(name: str) -> Path | None:
-    """``shared/data/<name>`` in the first place that has it, else None (for a module-level
-    skip mark or parametrisation; a test body calls ``shared_folder``)."""
-    return next((place / name for place in PLACES if (place / name).is_dir()), None)
-
-
-def absent(name: str) -> str:
-    """The skip reason for a missing ``name``: where it was looked for, how to provide it."""
-    looked = " or ".join(str(place / name) for place in PLACES)
-    return f"shared data {name!r} not found at {looked}: put shared/ beside the checkout"
+__all__ = ["PLACES", "absent", "located", "relocated", "shared_folder"]
 
 
 def shared_folder(name: str) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -291,17 +292,44 @@ SLOW_PLAN = {
 }
 
 
-def _kill_a_busy_worker(cluster, driver: subprocess.Popen, timeout: float = 300) -> int:
-    """kill -9 a worker process in the middle of an attack task; its PID."""
+def _kill_a_busy_worker(cluster, driver: subprocess.Popen, timeout: float = 300) -> str:
+    """kill -9 a worker process in the middle of an attack task; the name of that task."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and driver.poll() is None:
         pids = cluster.worker_pids(busy_with="attack")
         if pids:
             time.sleep(0.5)  # well into the task
-            os.kill(pids[0], signal.SIGKILL)
-            return pids[0]
+            if (task := _kill_if_busy(pids[0])) is not None:
+                return task
         time.sleep(0.1)
     raise AssertionError("no attack task seen running on the cluster")
+
+
+def _kill_if_busy(pid: int) -> str | None:
+    """SIGKILL ``pid`` if it is still running an attack task, and return that task's name;
+    else None. The process is stopped while its title is read, so the task the title names
+    is the one the kill ends (a worker between tasks is titled ``ray::IDLE``)."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return None
+    ps = ["ps", "-ww", "-o", "args=", "-p", str(pid)]
+    task = subprocess.run(ps, capture_output=True, text=True).stdout.strip().removeprefix("ray::")
+    if task.startswith("attack"):
+        os.kill(pid, signal.SIGKILL)
+        return task
+    os.kill(pid, signal.SIGCONT)
+    return None
+
+
+def _resubmitted(cluster, driver: subprocess.Popen) -> list[str]:
+    """The names of the tasks Ray resubmitted for ``driver``, read from its core worker's
+    log in the cluster's session (``Will resubmit task ...: ..., task_name=<name>,
+    job_id=...``: Ray 2.60, at the INFO level the driver is started with)."""
+    logs = cluster.temp_dir / "session_latest" / "logs"
+    found = list(logs.glob(f"python-core-driver-*_{driver.pid}.log"))
+    assert len(found) == 1, f"no single core worker log of the driver {driver.pid} in {logs}"
+    return re.findall(r"Will resubmit task .*?task_name=(.*?), job_id=", found[0].read_text())
 
 
 # In the default suite: the issue's fault test, ~35 s at load 3-4 on the shared cluster.
@@ -313,10 +341,12 @@ def test_a_worker_killed_mid_plan_loses_and_duplicates_nothing(ray_cluster, post
     local = _local(tmp_path, "local.db", threads=1, **SLOW_PLAN)
     plan = {**SLOW_PLAN, "executor": {"name": "ray", "queue_ahead": 2}}
     args = ("--address", ray_cluster.address, "--db", postgres_url)
-    driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
-    _kill_a_busy_worker(ray_cluster, driver)
+    env = {**ray_cluster.env, "RAY_BACKEND_LOG_LEVEL": "info"}  # resubmissions logged
+    driver = _evaluate(plan, *args, env=env, cwd=tmp_path)
+    killed = _kill_a_busy_worker(ray_cluster, driver)
     out, err = children.communicate(driver)
     assert driver.returncode == 0, err
+    assert _resubmitted(ray_cluster, driver) == [killed]  # the kill ended it: it ran again
     assert _count(postgres_url, "SELECT COUNT(*) FROM units") == 4
     assert _count(postgres_url, "SELECT COUNT(*) FROM metric_values") == _count(
         local, "SELECT COUNT(*) FROM metric_values"

@@ -167,3 +167,25 @@ def test_the_memory_estimate_counts_the_ring_the_device_path_keeps(monkeypatch):
     signed = 2 * 3 * 32 * 32 * 4  # x + eps and x - eps, float32
     grown = attack.image_memory(predictor) - on_host
     assert grown == ring.numel() * ring.element_size() // 4 + signed
+
+
+def test_the_device_draws_table_is_made_once_and_changes_no_result(monkeypatch):
+    """The device path's offset table (``DeviceDraws.offsets``, 3.3 MB for 3 channels) is
+    kept per (draw sizes, device): two calls of Square make it once, and both give what the
+    host path gives, bit for bit; the kept table is a fresh one's values."""
+    predictor = _cifar_net()
+    x = torch.rand((6, 3, 32, 32), generator=torch.Generator().manual_seed(3))
+    x[:, :, :16] = 0.0  # many redraws, as in _cases
+    made, fresh = [], DeviceDraws.offsets
+    monkeypatch.setattr(
+        DeviceDraws, "offsets", staticmethod(lambda *a: made.append(a) or fresh(*a))
+    )
+    DeviceDraws.table_on.cache_clear()
+    host, first, second = _results(
+        monkeypatch, ["host", "device", "device"], predictor, x, predictor.predict(x), 0.05,
+        queries=60,
+    )  # fmt: skip
+    assert made == [(5, 3, 99)]
+    for device in (first, second):
+        assert torch.equal(host.x_adv, device.x_adv) and torch.equal(host.steps, device.steps)
+    assert torch.equal(DeviceDraws.table_on(5, 3, 99, torch.device("cpu")), fresh(5, 3, 99))

@@ -21,6 +21,7 @@ positions before that query: the fallback, tested with a ring of two slots. The 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -64,7 +65,7 @@ class DeviceDraws:
         self.position = torch.from_numpy(positions).to(device)  # in buffers 0, 1, ... in turn
         self.lowest = np.zeros(n, dtype=np.int64)  # the oldest buffer each ring holds
         self.seen = LaggedCopy(self.position)
-        self.table = self.offsets(first, redraw, redraws).to(device)
+        self.table = self.table_on(first, redraw, redraws, device)
         self.span = first + redraws * redraw
 
     def prepare(self, rows: np.ndarray) -> None:
@@ -119,6 +120,14 @@ class DeviceDraws:
         uses: true for Square's default 99 redraws of up to 10 channels); Square decides
         its redraws on the host otherwise."""
         return max(first, redraw) <= BUFFER // 2 and redraws <= BUFFER // redraw
+
+    @staticmethod
+    @lru_cache(maxsize=8)
+    def table_on(first: int, redraw: int, redraws: int, device: torch.device) -> torch.Tensor:
+        """``offsets`` on ``device``, made once per process for each (draw sizes, device):
+        every call of Square on a batch (a chunk) made it anew before, 1024 x 402 int64
+        (3.3 MB) for 3 channels. Read only: ``draw`` indexes it (a copy)."""
+        return DeviceDraws.offsets(first, redraw, redraws).to(device)
 
     @staticmethod
     def offsets(first: int, redraw: int, redraws: int) -> torch.Tensor:

@@ -486,7 +486,7 @@ def slope_stops(
     cast = search.dtype
     search_a = a.detach().to(cast)
     search_boxes = [(lo.detach().to(cast), hi.detach().to(cast)) for lo, hi in boxes]
-    alphas = _initial_slopes(search, start, search_boxes, a.shape[1])
+    alphas = start_slopes(search, start, search_boxes, a.shape[1])
     for i, t in (init or {}).items():
         alphas[i] = t.detach().to(cast).clone().requires_grad_(True)
     if not alphas or steps <= 0:
@@ -520,11 +520,12 @@ def slope_stops(
                 alpha.clamp_(0, 1)
 
 
-def _initial_slopes(
+def start_slopes(
     graph: BoundGraph, start: int, boxes: list[Box], rows: int
 ) -> dict[int, torch.Tensor]:
     """CROWN's adaptive lower slope of every ReLU before ``start``, one copy per row; a
-    sigmoid's or tanh's two slopes (``SShapeRelaxation.initial_alpha``, (B, K, 2, ...))."""
+    sigmoid's or tanh's two slopes (``SShapeRelaxation.initial_alpha``, (B, K, 2, ...)):
+    where alpha-CROWN's search starts, here and in ``joint_alpha``."""
     alphas = {}
     for i, op in enumerate(graph.ops[:start]):
         if op.kind == "activation" and op.relaxation is RELU:

@@ -83,7 +83,7 @@ def through(op: Op, m: torch.Tensor, constant: bool = True) -> torch.Tensor:
         bias = op.bias.abs() if constant and op.bias is not None else None
         return F.linear(m, op.weight.abs(), bias)
     if op.kind == "conv":
-        return op._conv(
+        return op.conv(
             m, op.weight.abs(), op.bias.abs() if constant and op.bias is not None else None
         )
     if op.kind == "elementwise":

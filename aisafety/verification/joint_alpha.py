@@ -460,7 +460,7 @@ def initial_slopes(graph: BoundGraph, found: list[Target], boxes: list[Box], row
     slopes: Slopes = {}
     for node, count in [(t.node, 2 * t.chunk.shape[1]) for t in found] + [(-1, rows)]:
         start = len(graph.ops) - 1 if node == -1 else node
-        slopes[node] = b._initial_slopes(graph, start, boxes, count)
+        slopes[node] = b.start_slopes(graph, start, boxes, count)
         for i, s in slopes[node].items():
             relaxation = graph.ops[i].relaxation
             if isinstance(relaxation, SShapeRelaxation):

@@ -54,8 +54,8 @@ def plan(op: MaxPool, box: Box) -> PoolPlan:
     channels, height, width = op.in_shape
     area = height * width
     flat = torch.arange(area, dtype=torch.float64).reshape(1, 1, height, width)
-    positions = op._windows(flat, -1.0)[0, 0].long()  # (kk, windows); -1: padding
-    lows, highs = op._windows(lo, -torch.inf)[0], op._windows(hi, -torch.inf)[0]  # (C, kk, W)
+    positions = op.windows(flat, -1.0)[0, 0].long()  # (kk, windows); -1: padding
+    lows, highs = op.windows(lo, -torch.inf)[0], op.windows(hi, -torch.inf)[0]  # (C, kk, W)
     big_l, best = lows.max(1)
     keep = highs > big_l.unsqueeze(1)
     keep.scatter_(1, best.unsqueeze(1), True)

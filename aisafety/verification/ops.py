@@ -125,19 +125,23 @@ class Conv(Op):
     in_shape: tuple[int, ...] = ()
     kind: str = field(default="conv", init=False)
 
-    def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    def conv(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """This op's convolution (stride, padding, dilation, groups) with another weight and
+        bias: ``|W|`` for interval radii, and the zonotope's and float64 margin's passes."""
         return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv(x, self.weight, self.bias)
+        return self.conv(x, self.weight, self.bias)
 
     def interval(self, box: Box) -> Box:
         centre, radius = (box[1] + box[0]) / 2, (box[1] - box[0]) / 2
-        mid, spread = self.forward(centre), self._conv(radius, self.weight.abs(), None)
+        mid, spread = self.forward(centre), self.conv(radius, self.weight.abs(), None)
         lo, hi = mid - spread, mid + spread
         if not rounded(lo):  # a float32 (training) graph: no margin, no work for it
             return lo, hi
-        size = self._conv(centre.abs(), self.weight.abs(), None) + spread
+        size = self.conv(centre.abs(), self.weight.abs(), None) + spread
         if self.bias is not None:
             size = size + self.bias.abs().view(-1, 1, 1)
         return widen(lo, hi, size, self.weight[0].numel() + 1)
@@ -333,8 +337,8 @@ class MaxPool(Op):
         lower, index = F.max_pool2d(lo, *pool, return_indices=True)
         height, width = self.in_shape[1:]
         flat = torch.arange(height * width, dtype=torch.float64, device=lo.device)
-        positions = self._windows(flat.reshape(1, 1, height, width), -1.0)  # (1, 1, kk, L)
-        uppers = self._windows(hi, -torch.inf)  # (B, C, kk, L)
+        positions = self.windows(flat.reshape(1, 1, height, width), -1.0)  # (1, 1, kk, L)
+        uppers = self.windows(hi, -torch.inf)  # (B, C, kk, L)
         chosen = positions == index.flatten(2).unsqueeze(2).to(torch.float64)
         others = uppers.masked_fill(chosen, -torch.inf).amax(2).reshape(lower.shape)
         return index, lower >= others, F.max_pool2d(hi, *pool)
@@ -347,7 +351,7 @@ class MaxPool(Op):
             count *= -(-extent // self.stride[axis])
         return count
 
-    def _windows(self, x: torch.Tensor, fill: float) -> torch.Tensor:
+    def windows(self, x: torch.Tensor, fill: float) -> torch.Tensor:
         """The pooling windows of ``x`` (N, C, H, W) as (N, C, kernel elements, windows),
         padded with ``fill``; the right edge padded or cut to the last window (ceil_mode)."""
         pads = []

@@ -48,7 +48,7 @@ def _linear(op: Op, x: torch.Tensor) -> torch.Tensor:
     if op.kind == "dense":
         return torch.nn.functional.linear(x, op.weight)
     if op.kind == "conv":
-        return op._conv(x, op.weight, None)
+        return op.conv(x, op.weight, None)
     if op.kind == "elementwise":
         return x * op.scale
     return op.forward(x)  # reshape, positive-linear: no constant

@@ -46,21 +46,25 @@ import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SHARED = next(
-    (
-        p
-        for p in (HERE.parents[2] / "shared" / "data", HERE.parents[1] / "shared" / "data")
-        if p.is_dir()
-    ),
-    Path("/work/shared/data"),
-)  # beside the repository, or inside it on a machine that carries it
+sys.path.insert(0, str(HERE.parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
+
+
+def _folder(data: Path | None, name: str) -> Path:
+    """``name`` in ``data``, or where testkit/shared_location.py finds it (exits if absent)."""
+    return data / name if data is not None else shared_data(name)
+
+
 CONFIG = {"mnistfc": "mnistfc.yaml", "eran": "eran.yaml", "cifar": "cifar.yaml", "sok": "sok.yaml"}
 # nets whose config differs from their suite's
 NET_CONFIG = {"ffnnSIGMOID__Point_6x200": "eran_sigmoid.yaml"}
 
 
-def instances(suite: str, data: Path = SHARED, table: str = "") -> list[tuple[str, Path, Path]]:
+def instances(
+    suite: str, data: Path | None = None, table: str = ""
+) -> list[tuple[str, Path, Path]]:
     """(net name, network, property) of every row of the suite's CSV(s), in CSV order;
+    ``data``: the shared data folder (default: where testkit/shared_location.py finds it);
     ``table``: a CSV of (network, property) relative to its folder, named by that folder."""
     if table:
         folder = Path(table).resolve().parent
@@ -71,8 +75,8 @@ def instances(suite: str, data: Path = SHARED, table: str = "") -> list[tuple[st
         sys.path.insert(0, str(HERE.parent))
         from verify_cifar10 import instances as cifar_instances
 
-        return [(n.stem, n, s) for n, s, _ in cifar_instances(data / "cifar10-models")]
-    folder = data / f"vnncomp2021_{suite}"
+        return [(n.stem, n, s) for n, s, _ in cifar_instances(_folder(data, "cifar10-models"))]
+    folder = _folder(data, f"vnncomp2021_{suite}")
     with (folder / f"{suite}_instances.csv").open() as f:
         rows = [r for r in csv.reader(f) if r]
     return [(Path(r[0]).stem, folder / r[0].strip(), folder / r[1].strip()) for r in rows]
@@ -200,7 +204,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--out", default="", help="append JSON lines here too")
-    parser.add_argument("--data", default=str(SHARED))
+    parser.add_argument("--data", type=Path, help="the shared data folder (default: found)")
     parser.add_argument("--csv", default="", help="instances of this CSV (sok_export.py)")
     parser.add_argument(
         "--abcrown", type=Path, default=Path(os.environ.get("ABCROWN_DIR", "/work/abcrown-8250d5f"))
@@ -214,7 +218,7 @@ def main() -> None:
         run_one(args.abcrown.resolve(), HERE / config, onnx_path, spec,
                 args.timeout, result, args.clock)  # fmt: skip
         return
-    found = instances(args.suite, Path(args.data), args.csv)
+    found = instances(args.suite, args.data, args.csv)
     rows = select(found, args.nets, args.per_net, args.only)
     if args.list:
         print("\n".join(f"{net} {spec.name}" for net, _, spec in rows))
