@@ -34,6 +34,7 @@ from aisafety.verification import bounds as b
 from aisafety.verification.bab import BabConfig, BabVerifier
 from aisafety.verification.deadline import WALL_BACKSTOP, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, checked, replay
+from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.milp import decide_row, encode, minimise_row
 from aisafety.verification.property import Property
@@ -126,7 +127,7 @@ class CompleteVerifier(BabVerifier):
             bound = self._progress[0] if self._progress is not None else None
         if bound is None:
             bound = torch.full(prop.offset.shape, float("-inf"), dtype=prop.offset.dtype)
-        bound = bound + prop.offset
+        bound = added_down(bound, prop.offset)
         shared = (clock() - began) / n
         verdicts, margins, seconds, notes = [], [], [], []
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
@@ -170,7 +171,7 @@ class CompleteVerifier(BabVerifier):
                     )
             except OutOfTime:
                 return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
-            proved = torch.maximum(proved, again[0] + prop.offset[0])
+            proved = torch.maximum(proved, added_down(again[0], prop.offset[0]))
             if proved.min() > 0:
                 return Verdict.CERTIFIED, float(proved.min()), None, ""
         try:  # ``encode`` asks the deadline per op, first before any work of its own
