@@ -10,6 +10,7 @@ from itertools import combinations
 import highspy
 import numpy as np
 import pytest
+import torch
 from scipy.sparse import csr_matrix
 
 from aisafety.verification.refine import SAFETY
@@ -218,3 +219,22 @@ def test_unbounded_columns_need_a_provably_signed_reduced_cost():
     assert bound(*args, np.array([1.0])) == -np.inf
     assert bound(*args, np.array([0.5])) <= 1.0  # r = 0.5 >= 0 surely: 0.5 + 0.5 * 0
     assert bound(*args, np.array([0.5])) > 0.49
+
+
+def test_a_milp_certificate_the_safe_lp_cannot_prove_says_so():
+    """On the diamond (``test_krelu``) the row's minimum is bias - 2 and the triangle LP's
+    bias - 3: at bias 2.5 only HiGHS's MIP answer certifies it, and the note says so; at
+    3.5 the safe LP bound proves it (or alpha-CROWN does, before any MILP): no note."""
+    from test_krelu import diamond_net
+
+    from aisafety.plugins import default_registry
+    from aisafety.verification.graph import build_graph
+    from aisafety.verification.property import robustness_property
+    from aisafety.verification.registry import make_verifier
+
+    prop = robustness_property(torch.full((1, 2), 0.5), torch.tensor([0]), 0.5, 2)
+    verifier = make_verifier(default_registry(), "complete", {"engine": "milp"})
+    for bias, unproved in ((2.5, True), (3.5, False)):  # at 3.5 the LP's 0.5 proves it
+        result = verifier.verify(build_graph(diamond_net(bias), (2,), "diamond"), prop)
+        assert result.verdicts[0].value == "certified"
+        assert ("HiGHS's MIP bound" in result.notes[0]) == unproved
