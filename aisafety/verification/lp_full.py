@@ -34,7 +34,7 @@ from aisafety.verification.milp import HIGHS_OPTIONS, Encoding, _new_highs, enco
 from aisafety.verification.ops import Box
 from aisafety.verification.property import Property
 from aisafety.verification.refine import SAFETY
-from aisafety.verification.safe_dual import lower_bound, objective
+from aisafety.verification.safe_dual import SafeLP, objective
 
 
 class LinearPrograms:
@@ -48,13 +48,14 @@ class LinearPrograms:
             self.highs.setOptionValue(key, value)
         self.highs.passModel(enc.highs_lp(np.zeros(enc.n_vars)))
         self.columns = np.arange(enc.n_vars, dtype=np.int32)
-        self.rows = enc.stacked()  # the safe bound's (matrix or None, row lower, row upper)
+        self.safe = SafeLP(*enc.stacked(), enc.lower, enc.upper)
+        self.abs_out = np.abs(enc.out_matrix)
 
     def minimum(self, output: np.ndarray, offset: float) -> float:
         """A sound lower bound of ``output . f + offset`` over the LP (-inf if unsolved)."""
         check_time()
         cost, cost_error, constant, constant_error = objective(
-            self.enc.out_matrix, self.enc.out_const, output, offset
+            self.enc.out_matrix, self.enc.out_const, output, offset, self.abs_out
         )
         self.highs.changeColsCost(len(cost), self.columns, cost.astype(np.float64))
         deadline = current_deadline()
@@ -67,7 +68,7 @@ class LinearPrograms:
         if self.highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return float("-inf")
         duals = np.asarray(self.highs.getSolution().row_dual)
-        found = lower_bound(*self.rows, self.enc.lower, self.enc.upper, cost, duals, cost_error)
+        found = self.safe.bound(cost, duals, cost_error)
         # the two additions round by at most u of their operands' sizes each
         sums = 4 * U64 * (abs(found) + abs(constant) + constant_error)
         value = float(np.nextafter(found + constant - constant_error - sums, -np.inf))

@@ -30,12 +30,62 @@ if TYPE_CHECKING:
     from scipy.sparse import csr_matrix
 
 
-def usable(y: np.ndarray, row_lower: np.ndarray, row_upper: np.ndarray) -> np.ndarray:
-    """``y`` with every multiplier whose side is infinite (a positive one on a row with no
-    lower side, a negative one with no upper side) or not finite set to 0."""
-    y = np.where(np.isfinite(y), y, 0.0)
-    y = np.where((y > 0) & ~np.isfinite(row_lower), 0.0, y)
-    return np.where((y < 0) & ~np.isfinite(row_upper), 0.0, y)
+class SafeLP:
+    """One LP's rows and columns, with what every ``bound`` reuses (the transposed matrix,
+    its absolute values, the most nonzeros of a column, which sides are finite) computed
+    once: an LP solved for many objectives (``lp_full.LinearPrograms``) pays it once."""
+
+    def __init__(
+        self,
+        matrix: csr_matrix | None,
+        row_lower: np.ndarray,
+        row_upper: np.ndarray,
+        col_lower: np.ndarray,
+        col_upper: np.ndarray,
+    ):
+        self.empty = matrix is None or matrix.shape[0] == 0
+        if not self.empty:
+            self.at = matrix.T.tocsr()
+            self.abs_at = abs(self.at)
+            self.per_column = int(np.diff(self.at.indptr).max(initial=0)) + 1
+            self.lower_ok, self.upper_ok = np.isfinite(row_lower), np.isfinite(row_upper)
+            self.row_lower = np.where(self.lower_ok, row_lower, 0.0)
+            self.row_upper = np.where(self.upper_ok, row_upper, 0.0)
+        self.col_lower, self.col_upper = np.asarray(col_lower), np.asarray(col_upper)
+        self.boxed = bool(np.isfinite(self.col_lower).all() and np.isfinite(self.col_upper).all())
+        self.col_size = np.maximum(np.abs(self.col_lower), np.abs(self.col_upper))
+
+    def bound(
+        self, cost: np.ndarray, row_dual: np.ndarray, cost_error: np.ndarray | float = 0.0
+    ) -> float:
+        """A proved lower bound of ``min c.x`` over the LP for every ``c`` within
+        ``cost_error`` of ``cost``, from the multipliers ``row_dual`` (HiGHS's sign: ``cost
+        - A^T y`` is the reduced cost). A multiplier whose side is infinite, or that is not
+        finite, counts as 0 (allowed: any ``y`` is)."""
+        cost = np.asarray(cost, dtype=np.float64)
+        if self.empty:
+            row_terms, at, size, per_column = np.zeros(0), 0.0, 0.0, 1
+        else:
+            y = np.asarray(row_dual, dtype=np.float64)
+            y = np.where(((y > 0) & self.lower_ok) | ((y < 0) & self.upper_ok), y, 0.0)
+            row_terms = y * np.where(y > 0, self.row_lower, self.row_upper)
+            at, size, per_column = self.at @ y, self.abs_at @ np.abs(y), self.per_column
+        r = cost - at
+        # |computed r - exact r| <= e (a dot of at most ``per_column`` products and c)
+        e = factor(per_column) * (np.abs(cost) + size) + TINY * (per_column + 2) + cost_error
+        if self.boxed:
+            least, spread = np.minimum(r * self.col_lower, r * self.col_upper), e * self.col_size
+        else:
+            columns = _column_terms(r, e, self.col_lower, self.col_upper)
+            if columns is None:
+                return float("-inf")
+            least, spread = columns
+        total = float(row_terms.sum()) + float(least.sum()) - float(spread.sum())
+        size = float(np.abs(row_terms).sum()) + float(np.abs(least).sum()) + float(spread.sum())
+        n = len(row_terms) + 2 * len(least)
+        # every product and the sums rounded: factor's headroom covers the slack's own sums
+        slack = factor(n + 3) * size + TINY * (n + 4)
+        return float(np.nextafter(total - slack, -np.inf))
 
 
 def lower_bound(
@@ -48,32 +98,9 @@ def lower_bound(
     row_dual: np.ndarray,
     cost_error: np.ndarray | float = 0.0,
 ) -> float:
-    """A proved lower bound of ``min c.x`` over the LP (``matrix`` None: no rows) for every
-    ``c`` within ``cost_error`` of ``cost``, from the multipliers ``row_dual`` (HiGHS's
-    sign: ``cost - A^T y`` is the reduced cost)."""
-    cost = np.asarray(cost, dtype=np.float64)
-    n_rows = 0 if matrix is None else matrix.shape[0]
-    y = usable(np.asarray(row_dual, dtype=np.float64), row_lower, row_upper)
-    if n_rows:
-        side = np.where(y > 0, row_lower, np.where(y < 0, row_upper, 0.0))
-        row_terms = np.where(y != 0, y * side, 0.0)
-        at, size = matrix.T @ y, abs(matrix).T @ np.abs(y)
-        per_column = int(np.diff(matrix.tocsc().indptr).max(initial=0)) + 1
-    else:
-        row_terms = np.zeros(0)
-        at, size, per_column = np.zeros_like(cost), np.zeros_like(cost), 1
-    r = cost - at
-    # |computed r - exact r| <= e (a dot of at most ``per_column`` products and c)
-    e = factor(per_column) * (np.abs(cost) + size) + TINY * (per_column + 2) + cost_error
-    columns = _column_terms(r, e, col_lower, col_upper)
-    if columns is None:
-        return float("-inf")
-    least, spread = columns
-    terms = np.concatenate([row_terms, least, -spread])
-    total = float(terms.sum())
-    # every product and the sum rounded: factor's headroom covers the slack's own sums
-    slack = factor(len(terms)) * float(np.abs(terms).sum()) + TINY * (len(terms) + 4)
-    return float(np.nextafter(total - slack, -np.inf))
+    """``SafeLP.bound`` of one LP (``matrix`` None: no rows)."""
+    lp = SafeLP(matrix, row_lower, row_upper, col_lower, col_upper)
+    return lp.bound(cost, row_dual, cost_error)
 
 
 def _column_terms(
@@ -97,15 +124,20 @@ def _column_terms(
 
 
 def objective(
-    matrix: np.ndarray, const: np.ndarray, row: np.ndarray, offset: float
+    matrix: np.ndarray,
+    const: np.ndarray,
+    row: np.ndarray,
+    offset: float,
+    abs_matrix: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float, float]:
     """(``matrix @ row``, a bound on its rounding per entry, ``const . row + offset``, a
     bound on its rounding): an objective composed in float64 from an encoding's output
     expressions, rounded like any other sum (``lower_bound`` takes the first error, the
-    caller subtracts the second)."""
+    caller subtracts the second). ``abs_matrix``: ``|matrix|``, where a caller keeps it."""
     n = int(np.count_nonzero(row)) + 1
     cost = matrix @ row
-    cost_error = factor(n) * (np.abs(matrix) @ np.abs(row)) + TINY * (n + 2)
+    abs_matrix = np.abs(matrix) if abs_matrix is None else abs_matrix
+    cost_error = factor(n) * (abs_matrix @ np.abs(row)) + TINY * (n + 2)
     constant = float(const @ row + offset)
     size = float(np.abs(const) @ np.abs(row)) + abs(offset)
     return cost, cost_error, constant, factor(n) * size + TINY * (n + 2)
