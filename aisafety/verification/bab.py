@@ -52,6 +52,7 @@ from aisafety.verification.bounds import (
 )
 from aisafety.verification.deadline import Deadline, OutOfTime, current_deadline, time_limit
 from aisafety.verification.falsify import Model, pgd_on_rows, replay
+from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.incomplete import AlphaCrownConfig, AlphaCrownVerifier
 from aisafety.verification.ops import Box
@@ -300,7 +301,7 @@ class Search:
                 bounds.append(sound_backward(graph, end, rows, self.root, slopes=slopes)[0][0])
             parts.append(chosen)
         slopes = {i: torch.cat([p[i][0] for p in parts]) for i in parts[0]}
-        return torch.cat(bounds) + offset, slopes
+        return added_down(torch.cat(bounds), offset), slopes
 
     def _sshape(self, root_bound, rows, spec, offset) -> Outcome:
         """A network with sigmoid or tanh activations: ``sshape_search.py``'s search."""

@@ -32,6 +32,7 @@ from aisafety.verification.bounds import LINEAR_KINDS
 from aisafety.verification.budget import GIB, box_bytes, current_budget, memory_limit, refuse
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, checked, pgd_on_rows, replay
+from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
 from aisafety.verification.result import Verdict, VerificationResult, stored_margins
@@ -239,7 +240,7 @@ class Verifier(ABC):
             margins[broken] = value.to(margins.dtype)
         if bounds is not None:
             sub = prop[todo]
-            margins[todo] = (bounds + sub.offset).amin(1).to(margins.dtype)
+            margins[todo] = added_down(bounds, sub.offset).amin(1).to(margins.dtype)
             certified[todo] = margins[todo] > 0
             for candidate in self._candidates(sub, bounds, coeff):
                 hit = ~certified[todo] & ~falsified[todo] & replay(model, sub, candidate)

@@ -16,7 +16,10 @@ phase: the batch's alpha-CROWN and box-PGD share B limits (their seconds are cha
 equally), the rest of a sample's own limit goes to its refinement and MILPs, and a sample
 out of time is ``timeout``. A row
 is proved when HiGHS finds no point with ``row <= 1e-5`` (or, with ``exact``, when its
-optimum or dual bound is > 0); a point it finds is replayed through the predictor. A
+optimum or dual bound is > 0); a point it finds is replayed through the predictor. HiGHS's
+MIP answer holds within its tolerances at every node of its tree, which it does not
+expose: a row it proves is checked by the safe dual bound of its LP relaxation
+(``safe_dual.py``), and a certificate no such bound proves says so in its note. A
 falsified sample's margin is the lowest row at the point returned (float32, inside the
 box: the one the replay checked), whether box-PGD or the MILP found it.
 """
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Literal
 
+import numpy as np
 import torch
 from pydantic import Field
 
@@ -34,8 +39,10 @@ from aisafety.verification import bounds as b
 from aisafety.verification.bab import BabConfig, BabVerifier
 from aisafety.verification.deadline import WALL_BACKSTOP, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, checked, replay
+from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph, VerificationError
-from aisafety.verification.milp import decide_row, encode, minimise_row
+from aisafety.verification.lp_full import LinearPrograms
+from aisafety.verification.milp import Encoding, decide_row, encode, minimise_row
 from aisafety.verification.property import Property
 from aisafety.verification.refine import refine_boxes
 from aisafety.verification.result import Verdict, VerificationResult, stored_margins
@@ -126,7 +133,7 @@ class CompleteVerifier(BabVerifier):
             bound = self._progress[0] if self._progress is not None else None
         if bound is None:
             bound = torch.full(prop.offset.shape, float("-inf"), dtype=prop.offset.dtype)
-        bound = bound + prop.offset
+        bound = added_down(bound, prop.offset)
         shared = (clock() - began) / n
         verdicts, margins, seconds, notes = [], [], [], []
         counter = torch.full_like(prop.lower, float("nan"), dtype=torch.float32)
@@ -170,7 +177,7 @@ class CompleteVerifier(BabVerifier):
                     )
             except OutOfTime:
                 return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
-            proved = torch.maximum(proved, again[0] + prop.offset[0])
+            proved = torch.maximum(proved, added_down(again[0], prop.offset[0]))
             if proved.min() > 0:
                 return Verdict.CERTIFIED, float(proved.min()), None, ""
         try:  # ``encode`` asks the deadline per op, first before any work of its own
@@ -178,6 +185,7 @@ class CompleteVerifier(BabVerifier):
                 enc = encode(graph, boxes)
         except OutOfTime:
             return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
+        by_milp = []  # rows proved by HiGHS's MIP answer alone
         for k in torch.argsort(bound).tolist():
             if proved[k] > 0:
                 continue
@@ -196,6 +204,7 @@ class CompleteVerifier(BabVerifier):
             if deadline.passed():
                 return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
             proved[k] = max(float(proved[k]), low)
+            by_milp += [k] if proved[k] > 0 else []
             if point is not None and value <= 0:
                 candidate = torch.from_numpy(point).reshape(prop.lower.shape)
                 if replay(model, prop, candidate)[0]:  # not the MILP's value: the point's
@@ -209,7 +218,28 @@ class CompleteVerifier(BabVerifier):
                     else ("MILP stopped without a proof")
                 )
                 return Verdict.UNKNOWN, float(proved.min()), None, why
-        return Verdict.CERTIFIED, float(proved.min()), None, ""
+        return Verdict.CERTIFIED, float(proved.min()), None, _unproved(enc, prop, by_milp, deadline)
+
+
+def _unproved(enc: Encoding, prop: Property, rows: list[int], deadline: Deadline) -> str:
+    """'' where the safe LP bound (``safe_dual.py``) of the MILP's relaxation proves every
+    row in ``rows`` (each certified by HiGHS's MIP answer); else a note naming the rest: a
+    MIP's dual bound or "nothing below the cutoff" holds only within HiGHS's tolerances at
+    every node of its tree, which it does not expose (docs/certification.md)."""
+    if not rows:
+        return ""
+    relaxed = LinearPrograms(replace(enc, integrality=np.zeros_like(enc.integrality)))
+    left = list(rows)
+    try:
+        with time_limit(deadline):  # a sample out of time keeps its note
+            for k in rows:
+                if relaxed.minimum(prop.spec[0, k].numpy(), float(prop.offset[0, k])) > 0:
+                    left.remove(k)
+    except OutOfTime:
+        pass
+    if not left:
+        return ""
+    return f"rows {left} rest on HiGHS's MIP bound (within its tolerances, not a safe bound)"
 
 
 def _checked(model: Model, prop: Property, candidate: torch.Tensor) -> tuple[float, torch.Tensor]:

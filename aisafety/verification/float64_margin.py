@@ -168,3 +168,15 @@ def lower(
     slack = slack + concretise_margin(coeff, box)
     total = factor(sums) * (size + value.abs() + slack)
     return value - slack - total - TINY * terms(ops)
+
+
+def added_down(bound: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """``bound + offset`` rounded toward -inf (a property's offset ``d`` added to a proved
+    bound): the nearest sum can be half an ulp above the exact one. The rounding error of
+    the sum is exact (Knuth's TwoSum), so the sum moves one ulp down only where it rose."""
+    offset = offset.to(bound.dtype)
+    total = bound + offset
+    back = total - bound
+    error = (bound - (total - back)) + (offset - back)  # exact: bound + offset - total
+    down = torch.nextafter(total, total.new_tensor(-torch.inf))
+    return torch.where(torch.isfinite(total) & (error < 0), down, total)

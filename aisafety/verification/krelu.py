@@ -13,7 +13,8 @@ so never tighter than overlapping groups on the same bounds).
 Its LPs contain LP-Full's (same affine rows; a triangle on tighter bounds is a subset; the
 hull projects into each triangle), so its bounds are never below LP-Full's (declared,
 checked per sample by the contract and ``tests/test_orderings.py``), and never above the
-exact MILP. Optima are moved outwards by HiGHS's tolerance (``refine.SAFETY``) as LP-Full's.
+exact MILP. Each bound is the safe dual bound from HiGHS's duals, then moved outwards by
+``refine.SAFETY`` for the encoding's rounding, as LP-Full's (``lp_full.LinearPrograms``).
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ Intermediate bounds start from CROWN's boxes and are intersected with them and w
 both are sound and the LP's optimum is never below them, so this changes the cost (fewer
 unstable neurons to solve for), not the result. The spec rows' bounds are the LP optima
 alone, so CROWN <= LP-Full is a checked result (the contract's ``tighter_than``), not a
-construction. Each LP optimum is moved outwards by HiGHS's
-tolerance (``refine.SAFETY``) before it is used; an LP HiGHS does not solve to optimality
-keeps the bound it had. ReLU networks only, as the paper.
+construction. Each bound is not HiGHS's reported optimum but the safe bound from its
+duals (``safe_dual.py``: proved for the LP as encoded, whatever HiGHS's tolerances), then
+moved outwards by ``refine.SAFETY`` for the encoding's own float64 rounding (argued, not
+proved: docs/certification.md); an LP HiGHS does not solve to optimality keeps the bound
+it had. ReLU networks only, as the paper.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from aisafety.verification import bounds as b
 from aisafety.verification.base import Verifier
 from aisafety.verification.deadline import check_time, current_deadline
 from aisafety.verification.graph import BoundGraph, VerificationError
+from aisafety.verification.ibp_rounding import U64
 from aisafety.verification.incomplete import CrownVerifier
 from aisafety.verification.milp import HIGHS_OPTIONS, Encoding, _new_highs, encode, encoding_bytes
 from aisafety.verification.ops import Box
 from aisafety.verification.property import Property
 from aisafety.verification.refine import SAFETY
+from aisafety.verification.safe_dual import SafeLP, objective
 
 
 class LinearPrograms:
@@ -44,12 +48,15 @@ class LinearPrograms:
             self.highs.setOptionValue(key, value)
         self.highs.passModel(enc.highs_lp(np.zeros(enc.n_vars)))
         self.columns = np.arange(enc.n_vars, dtype=np.int32)
+        self.safe = SafeLP(*enc.stacked(), enc.lower, enc.upper)
+        self.abs_out = np.abs(enc.out_matrix)
 
     def minimum(self, output: np.ndarray, offset: float) -> float:
         """A sound lower bound of ``output . f + offset`` over the LP (-inf if unsolved)."""
         check_time()
-        cost = self.enc.out_matrix @ output
-        constant = float(self.enc.out_const @ output + offset)
+        cost, cost_error, constant, constant_error = objective(
+            self.enc.out_matrix, self.enc.out_const, output, offset, self.abs_out
+        )
         self.highs.changeColsCost(len(cost), self.columns, cost.astype(np.float64))
         deadline = current_deadline()
         # (on the CPU clock the wall limit is a backstop: a loaded machine stopped LPs early,
@@ -60,7 +67,11 @@ class LinearPrograms:
         check_time()
         if self.highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return float("-inf")
-        value = float(self.highs.getInfo().objective_function_value) + constant
+        duals = np.asarray(self.highs.getSolution().row_dual)
+        found = self.safe.bound(cost, duals, cost_error)
+        # the two additions round by at most u of their operands' sizes each
+        sums = 4 * U64 * (abs(found) + abs(constant) + constant_error)
+        value = float(np.nextafter(found + constant - constant_error - sums, -np.inf))
         return value - SAFETY * (1 + abs(value))
 
 

@@ -70,6 +70,15 @@ class Encoding:
         return [LinearConstraint(matrix, np.concatenate(self.row_lower),
                                  np.concatenate(self.row_upper))]  # fmt: skip
 
+    def stacked(self) -> tuple[csr_matrix | None, np.ndarray, np.ndarray]:
+        """(the rows as one matrix, or None without rows; their lower and upper sides)."""
+        if not self.rows:
+            return None, np.zeros(0), np.zeros(0)
+        from scipy.sparse import vstack
+
+        matrix = vstack(self.rows).tocsr()
+        return matrix, np.concatenate(self.row_lower), np.concatenate(self.row_upper)
+
     def highs_lp(self, cost: np.ndarray) -> highspy.HighsLp:
         """The model for HiGHS with objective ``cost`` (one per variable)."""
         lp = highspy.HighsLp()

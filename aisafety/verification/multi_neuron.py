@@ -81,8 +81,10 @@ class Group:
             row([self.a_vars[i], *on], [1.0, *(-np.ones(len(on)))], 0.0, 0.0)
         lower = np.concatenate([enc.lower, np.zeros(n - start)])
         upper = np.concatenate([enc.upper, np.zeros(n - start)])
-        lower[x_col] = np.where(patterns == 1, 0.0, -np.inf)  # each copy in its orthant
-        upper[x_col] = np.where(patterns == 1, np.inf, 0.0)
+        # each copy in its orthant, within [l, u]: implied by l t <= x <= u t, 0 <= t <= 1
+        # (the LP is the same), and finite as the safe dual bound needs (``safe_dual.py``)
+        lower[x_col] = np.where(patterns == 1, 0.0, np.minimum(self.lower, 0.0))
+        upper[x_col] = np.where(patterns == 1, np.maximum(self.upper, 0.0), 0.0)
         upper[t_col] = 1.0
         rows = [csr_matrix((m.data, m.indices, m.indptr), shape=(m.shape[0], n)) for m in enc.rows]
         out = np.vstack([enc.out_matrix, np.zeros((n - start, enc.out_matrix.shape[1]))])

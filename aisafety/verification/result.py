@@ -37,7 +37,8 @@ class VerificationResult:
     counterexample (<= 0), an upper bound of the true minimum, not a lower one.
     ``counterexamples`` holds the violating input of each falsified sample (NaN
     elsewhere); ``notes`` says per sample why an unknown one is unknown (``timeout`` or
-    ``bounds too loose``).
+    ``bounds too loose``), and for a certified one what its proof rests on where that is
+    not a proved bound (``complete``'s MILP rows no safe LP bound proves).
     """
 
     verifier: str

@@ -15,6 +15,7 @@ import torch
 from aisafety.verification.bounds import linear_boxes, optimise_slopes
 from aisafety.verification.deadline import Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, replay
+from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.ops import Box
 from aisafety.verification.property import Property
@@ -97,7 +98,9 @@ class SShapeSearch:
                              for (lo, hi), was in zip(fresh, boxes, strict=True)]  # fmt: skip
                     bound, _ = optimise_slopes(graph, boxes, spec.unsqueeze(0).to(graph.dtype),
                                                config.root_steps, config.root_lr)  # fmt: skip
-                    best[rows] = torch.maximum(best[rows], (bound[0] + offset).to(best.dtype))
+                    best[rows] = torch.maximum(
+                        best[rows], added_down(bound[0], offset).to(best.dtype)
+                    )
         except OutOfTime:
             pass
         return best, boxes

@@ -29,6 +29,7 @@ from aisafety.prediction.onnx_model import OnnxRuntimePredictor, load_onnx
 from aisafety.verification.base import VerifierConfig
 from aisafety.verification.deadline import CLOCKS, OutOfTime, time_limit
 from aisafety.verification.falsify import into_box, pgd_on_rows
+from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph, VerificationError, build_graph
 from aisafety.verification.input_space import (
     InputRange,
@@ -218,7 +219,7 @@ def _first_pass(checker, net: Network, prop: Property) -> torch.Tensor:
     """Every atom's proved lower bound (offset included) from one bound pass."""
     with torch.no_grad():
         bounds, _ = checker.lower_bounds(net.graph, prop.to(net.graph.dtype))
-    return (bounds + prop.offset.to(bounds.dtype))[0]
+    return added_down(bounds, prop.offset)[0]
 
 
 def _margin_so_far(checker, net, deadline, lower, upper, proved: list[float], rest) -> float:
