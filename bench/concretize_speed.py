@@ -13,7 +13,6 @@ difference of the bounds (the two forms sum the same products in another order).
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,15 +20,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bound_speed import networks, normalised, plain_module  # noqa: E402
+from bound_speed import float64_cases  # noqa: E402
 from float64_margin import setting  # noqa: E402
+from paired import compare_new_old  # noqa: E402
 
 from aisafety.memory import reuse_freed_memory  # noqa: E402
 from aisafety.verification import bounds, rounding  # noqa: E402
-from aisafety.verification.graph import build_graph  # noqa: E402
 from aisafety.verification.incomplete import CrownVerifier  # noqa: E402
 from aisafety.verification.ops import split_signs  # noqa: E402
-from aisafety.verification.property import robustness_property  # noqa: E402
 
 NEW = bounds.concretize
 
@@ -41,8 +39,8 @@ def elementwise(a: torch.Tensor, box) -> torch.Tensor:
     return (pos * box[0].unsqueeze(1)).sum(dims) + (neg * box[1].unsqueeze(1)).sum(dims)
 
 
-def timed(new: bool, call) -> tuple[float, torch.Tensor]:
-    bounds.concretize = NEW if new else elementwise
+def timed(way: str, call) -> tuple[float, torch.Tensor]:
+    bounds.concretize = NEW if way == "new" else elementwise
     try:
         start = time.process_time()
         with torch.no_grad(), reuse_freed_memory():
@@ -53,16 +51,7 @@ def timed(new: bool, call) -> tuple[float, torch.Tensor]:
 
 
 def row(name: str, call, pairs: int) -> None:
-    ratios, diff = [], 0.0
-    for r in range(pairs + 1):  # the first round warms up
-        order = (True, False) if r % 2 else (False, True)
-        res = {new: timed(new, call) for new in order}
-        if r:
-            ratios.append(res[True][0] / res[False][0])
-        diff = max(diff, float((res[True][1] - res[False][1]).abs().max()))
-    print(f"{name:<28} new/old {statistics.median(ratios):.3f} ({min(ratios):.3f}-"
-          f"{max(ratios):.3f}), old {res[False][0]:.3f} s; bounds differ by <= {diff:.2g}",
-          flush=True)  # fmt: skip
+    compare_new_old(name, lambda way: timed(way, call), pairs)
 
 
 def crown(graph, prop, precision: str):
@@ -85,11 +74,7 @@ def main() -> None:
     row("concretize 8x512x784", lambda: bounds.concretize(a, (lo, lo + 0.1)), pairs)
     data = EmbeddedMnist().load(None, "test")
     x, y = data.x[:8], data.y[:8]
-    for name, network, shape, eps in networks():
-        prop = robustness_property(x.reshape(-1, *shape), y, eps, 10)
-        prop, module = normalised(prop, network, shape, name), plain_module(network, shape, name)
-        graph = build_graph(module, shape, name, dtype=torch.float64)
-        prop = prop.to(graph.dtype)
+    for name, graph, prop in float64_cases(x, y):
         for precision in ("auto", "float64"):
             row(f"{name} CROWN {precision}", crown(graph, prop, precision), pairs)
     print(setting(), flush=True)

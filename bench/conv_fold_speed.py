@@ -11,7 +11,6 @@ thread, a warm-up round first) and the largest difference of the bounds.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -19,20 +18,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bound_speed import networks, normalised, plain_module  # noqa: E402
+from bound_speed import float64_cases  # noqa: E402
 from float64_margin import setting  # noqa: E402
+from paired import compare_new_old  # noqa: E402
 
 from aisafety.memory import reuse_freed_memory  # noqa: E402
 from aisafety.verification import ops, rounding  # noqa: E402
-from aisafety.verification.graph import build_graph  # noqa: E402
 from aisafety.verification.incomplete import CrownVerifier  # noqa: E402
-from aisafety.verification.property import robustness_property  # noqa: E402
 
 KEPT = ops.FOLD_CHANNELS
 
 
-def timed(new: bool, graph, prop, precision: str) -> tuple[float, torch.Tensor]:
-    ops.FOLD_CHANNELS = KEPT if new else 0
+def timed(way: str, graph, prop, precision: str) -> tuple[float, torch.Tensor]:
+    ops.FOLD_CHANNELS = KEPT if way == "new" else 0
     try:
         start = time.process_time()
         with torch.no_grad(), reuse_freed_memory(), rounding.pass_precision(precision):
@@ -40,19 +38,6 @@ def timed(new: bool, graph, prop, precision: str) -> tuple[float, torch.Tensor]:
         return time.process_time() - start, bound.double()
     finally:
         ops.FOLD_CHANNELS = KEPT
-
-
-def row(name: str, graph, prop, precision: str, pairs: int) -> None:
-    ratios, diff = [], 0.0
-    for r in range(pairs + 1):  # the first round warms up
-        order = (True, False) if r % 2 else (False, True)
-        res = {new: timed(new, graph, prop, precision) for new in order}
-        if r:
-            ratios.append(res[True][0] / res[False][0])
-        diff = max(diff, float((res[True][1] - res[False][1]).abs().max()))
-    print(f"{name:<28} new/old {statistics.median(ratios):.3f} ({min(ratios):.3f}-"
-          f"{max(ratios):.3f}), old {res[False][0]:.3f} s; bounds differ by <= {diff:.2g}",
-          flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -63,12 +48,10 @@ def main() -> None:
     print(setting(), flush=True)
     data = EmbeddedMnist().load(None, "test")
     x, y = data.x[:8], data.y[:8]
-    name, network, shape, eps = networks()[-1]
-    prop = robustness_property(x.reshape(-1, *shape), y, eps, 10)
-    prop, module = normalised(prop, network, shape, name), plain_module(network, shape, name)
-    graph = build_graph(module, shape, name, dtype=torch.float64)
+    name, graph, prop = list(float64_cases(x, y))[-1]  # Conv-Small
     for precision in ("auto", "float64"):
-        row(f"{name} CROWN {precision}", graph, prop.to(graph.dtype), precision, pairs)
+        run = lambda way: timed(way, graph, prop, precision)  # noqa: B023, E731
+        compare_new_old(f"{name} CROWN {precision}", run, pairs)
     print(setting(), flush=True)
 
 

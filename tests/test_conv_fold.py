@@ -10,11 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aisafety.verification import bounds as b
 from aisafety.verification import ops, rounding
 from aisafety.verification.graph import build_graph
-from aisafety.verification.property import robustness_property
-from tests.test_rounding import naive_float32, spec_bounds
+from tests.test_rounding import (
+    assert_float32_crown_below_samples,
+    case,
+    naive_float32,
+    spec_bounds,
+)
 
 # (in, out, kernel, stride, padding, dilation, size): one with rows the conv does not reach
 SHAPES = [(1, 16, 4, 2, 1, 1, 28), (3, 32, 3, 1, 1, 1, 12), (1, 16, 3, 2, 0, 1, 11),
@@ -57,12 +60,7 @@ def first_conv_net(seed: int) -> nn.Module:
 
 
 def _case(seed: int):
-    net = first_conv_net(seed)
-    graph = build_graph(net, (1, 12, 12), "fold-case")
-    x = torch.rand(6, 1, 12, 12, generator=torch.Generator().manual_seed(seed)) * 50
-    with torch.no_grad():
-        y = net(x).argmax(1)
-    return graph, robustness_property(x, y, 0.5, 5).to(torch.float64)
+    return case(first_conv_net(seed), 0.5, shape=(1, 12, 12))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -77,17 +75,7 @@ def test_float32_passes_through_a_folded_convolution_stay_below_float64(seed):
 
 
 def test_float32_crown_through_a_folded_convolution_is_below_sampled_values():
-    graph, prop = _case(3)
-    with rounding.pass_precision("float32"), torch.no_grad():
-        bound = b.spec_lower(graph, b.linear_boxes(graph, prop.lower, prop.upper), prop.spec)[0]
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(20):
-        u = torch.rand(prop.lower.shape, generator=gen, dtype=torch.float64)
-        corner = torch.rand(prop.lower.shape, generator=gen) < 0.5
-        point = torch.where(corner, prop.upper, prop.lower + u * (prop.upper - prop.lower))
-        with torch.no_grad():
-            values = torch.einsum("bko,bo->bk", prop.spec, graph.forward(point))
-        assert (bound <= values).all()
+    assert_float32_crown_below_samples(*_case(3))
 
 
 def test_the_fold_and_the_transposed_convolution_give_bounds_within_rounding(monkeypatch):
