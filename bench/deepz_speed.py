@@ -3,11 +3,13 @@ revision that sums them again in every op, paired.
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python3 bench/deepz_speed.py [PAIRS] [REVISION]
 
-``REVISION`` (default bc7b0cb, session 13's last) gives the old ``zonotope.py``, loaded from
-git beside the working tree's. Per network (mnistfc 256x2/4/6 at 0.03 and Conv-Small at 0.1
-on 8 MNIST images): the paired median of CPU time new/old (interleaved, the order
-alternating, one thread, a warm-up round first) and the largest difference of the bounds
-(the carried sum is a little above the computed one: the margin grows by ~1e-13 of it).
+``REVISION`` (default 3359b22, main before the change; session 14 measured against bc7b0cb,
+whose ``zonotope.py`` differs only by calling ``Conv._conv``, since renamed ``conv``) gives
+the old ``zonotope.py``, loaded from git beside the working tree's. Per network (mnistfc
+256x2/4/6 at 0.03 and Conv-Small at 0.1 on 8 MNIST images): the paired median of CPU time
+new/old (interleaved, the order alternating, one thread, a warm-up round first) and the
+largest difference of the bounds (the carried sum is a little above the computed one: the
+margin grows by ~1e-13 of it).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    revision = sys.argv[2] if len(sys.argv) > 2 else "bc7b0cb"
+    revision = sys.argv[2] if len(sys.argv) > 2 else "3359b22"
     ways = {"new": DeepZVerifier(), "old": old_module(revision).DeepZVerifier()}
     print(f"{setting()}; old = {revision}", flush=True)
     data = EmbeddedMnist().load(None, "test")
