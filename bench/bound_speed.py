@@ -124,6 +124,16 @@ def networks() -> list[tuple[str, nn.Module, tuple[int, ...], float]]:
     return found
 
 
+def float64_cases(x: torch.Tensor, y: torch.Tensor):
+    """Per network of ``networks()``: its name, its float64 graph of ``plain_module`` and the
+    robustness property of the images ``x`` (labels ``y``) at its eps, normalised."""
+    for name, network, shape, eps in networks():
+        prop = robustness_property(x.reshape(-1, *shape), y, eps, 10)
+        prop, module = normalised(prop, network, shape, name), plain_module(network, shape, name)
+        graph = build_graph(module, shape, name, dtype=torch.float64)
+        yield name, graph, prop.to(graph.dtype)
+
+
 def ours(graph, prop, precision: str = "auto") -> tuple[float, torch.Tensor]:
     prop = prop.to(graph.dtype)
     verifier = CrownVerifier()

@@ -34,3 +34,21 @@ def interleaved(ways: Sequence[str], run: Callable[[str], Any], pairs: int) -> d
 def paired_median(numerators: Sequence[float], denominators: Sequence[float]) -> float:
     """The median of the per-round ratios."""
     return statistics.median(n / d for n, d in zip(numerators, denominators, strict=True))
+
+
+def compare_new_old(
+    name: str, run: Callable[[str], tuple[float, torch.Tensor]], pairs: int
+) -> None:
+    """Print ``name``'s paired median of new/old CPU time (its range, old's last time) and
+    the largest difference of the two ways' results; ``run("new" | "old")`` returns the
+    seconds and the result of one call."""
+    results = interleaved(("new", "old"), run, pairs)
+    new, old = ([t for t, _ in results[way]] for way in ("new", "old"))
+    ratios = [n / o for n, o in zip(new, old, strict=True)]
+    diff = max(
+        float((a - b).abs().max())
+        for (_, a), (_, b) in zip(results["new"], results["old"], strict=True)
+    )
+    print(f"{name:<28} new/old {paired_median(new, old):.3f} ({min(ratios):.3f}-"
+          f"{max(ratios):.3f}), old {old[-1]:.3f} s; results differ by <= {diff:.2g}",
+          flush=True)  # fmt: skip

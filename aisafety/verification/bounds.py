@@ -56,10 +56,18 @@ def interval_boxes(graph: BoundGraph, lower: torch.Tensor, upper: torch.Tensor) 
 
 
 def concretize(a: torch.Tensor, box: Box) -> torch.Tensor:
-    """min of ``A z`` over the box (B, K)."""
-    pos, neg = split_signs(a)
-    dims = tuple(range(2, a.dim()))
-    return (pos * box[0].unsqueeze(1)).sum(dims) + (neg * box[1].unsqueeze(1)).sum(dims)
+    """min of ``A z`` over the box (B, K): ``max(A, 0) l + min(A, 0) u`` as two batched
+    matrix-vector products, the same products and sums as the elementwise form in another
+    order (``float64_margin.concretise_margin`` holds for any order) without its product
+    temporaries: 1.7-2x faster on 8 x 512 rows of 784 (docs/certification.md). The order
+    depends on the batch in the last bits (``bmm`` of one matrix takes another path), as
+    every GEMM of a pass does already."""
+    dtype = torch.promote_types(a.dtype, box[0].dtype)
+    b = max(a.shape[0], box[0].shape[0])
+    rows = a.flatten(2).to(dtype).expand(b, -1, -1)
+    lo, hi = (t.reshape(t.shape[0], -1, 1).to(dtype).expand(b, -1, -1) for t in box)
+    pos, neg = split_signs(rows)
+    return (torch.bmm(pos, lo) + torch.bmm(neg, hi)).squeeze(2)
 
 
 def backward(
