@@ -47,14 +47,14 @@ def setup(net: str, prop_name: str, config: dict):
     """The graph, the property, the root bound and boxes, and the bab config."""
     from aisafety.plugins import default_registry
     from aisafety.verification.registry import make_verifier
-    from aisafety.verification.vnncomp import _property, load_network
+    from aisafety.verification.vnncomp import load_network, rows_property
     from aisafety.verification.vnnlib import read_disjuncts
 
     mnistfc = shared_data("vnncomp2021_mnistfc")
     network = load_network(str(mnistfc / f"mnist-net_{net}.onnx"))
     box, disjuncts = read_disjuncts(mnistfc / f"{prop_name}.vnnlib", math.prod(network.shape), 10)
     lower, upper = (b.reshape(1, *network.shape) for b in box)
-    prop = _property(lower, upper, [r[0] for r in disjuncts]).to(network.graph.dtype)
+    prop = rows_property(lower, upper, [r[0] for r in disjuncts]).to(network.graph.dtype)
     verifier = make_verifier(default_registry(), "bab", config)
     verifier.prepare()
     with torch.no_grad():

@@ -7,7 +7,7 @@ For each of the 144 instances of ``../shared/data/cifar10-models`` (the VNN-COMP
 ResNets and Marabou nets, ``bench/abcrown/run.py``'s listing) the step ``complete`` (and
 ``bab``) runs before any bound, with their default settings, and nothing else: box-PGD
 with restarts from the box's centre and corners (``Verifier.attack``) on instances whose
-disjuncts are single rows (the ResNets), or ``vnncomp._all_rows_hold`` on each disjunct of
+disjuncts are single rows (the ResNets), or ``vnncomp.all_rows_hold`` on each disjunct of
 a conjunction (Marabou's targeted properties). A point counts only after replay through
 onnxruntime on the file as shipped. Printed per instance: sat or not, the process CPU
 seconds of the step (the network's loading excluded: it is counted once per net, apart);
@@ -37,18 +37,18 @@ def attack_only(onnx_path: Path, spec: Path) -> bool:
     """True when the falsify step alone finds a point violating the property (replayed)."""
     from aisafety.plugins import default_registry
     from aisafety.verification.registry import make_verifier
-    from aisafety.verification.vnncomp import _all_rows_hold, _property, load_network
+    from aisafety.verification.vnncomp import all_rows_hold, load_network, rows_property
     from aisafety.verification.vnnlib import read_disjuncts
 
     net = load_network(str(onnx_path))
     box, disjuncts = read_disjuncts(spec, math.prod(net.shape), net.reference.num_classes)
     lower, upper = (b.reshape(1, *net.shape) for b in box)
     if all(len(rows) == 1 for rows in disjuncts):
-        prop = _property(lower, upper, [r[0] for r in disjuncts]).to(net.graph.dtype)
+        prop = rows_property(lower, upper, [r[0] for r in disjuncts]).to(net.graph.dtype)
         verifier = make_verifier(default_registry(), "complete")
         broken, _ = verifier.attack(net.graph, prop, net.run)
         return bool(broken[0])
-    return any(_all_rows_hold(net, _property(lower, upper, rows)) is not None
+    return any(all_rows_hold(net, rows_property(lower, upper, rows)) is not None
                for rows in disjuncts)  # fmt: skip
 
 

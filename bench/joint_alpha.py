@@ -24,7 +24,7 @@ import torch
 
 from aisafety.verification import bounds as b
 from aisafety.verification.joint_alpha import joint_alpha
-from aisafety.verification.vnncomp import _property, load_network
+from aisafety.verification.vnncomp import load_network, rows_property
 from aisafety.verification.vnnlib import read_disjuncts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
@@ -53,7 +53,7 @@ def main() -> None:
     if not vnnlib.exists():
         vnnlib = eran / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01500.vnnlib"
     box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
-    prop = _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
+    prop = rows_property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
     lower, upper = prop.lower.to(graph.dtype), prop.upper.to(graph.dtype)
     spec = prop.spec.to(graph.dtype)
     print(f"{args.net} spec {args.spec} ({vnnlib.name}); load {os.getloadavg()[0]:.1f}")

@@ -37,7 +37,7 @@ from torch import nn
 from aisafety.database.scaled_mlp import smooth_net, sshape_net
 from aisafety.verification import bounds as b
 from aisafety.verification import relaxations as r
-from aisafety.verification.vnncomp import _property, load_network
+from aisafety.verification.vnncomp import load_network, rows_property
 from aisafety.verification.vnnlib import read_disjuncts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
@@ -157,7 +157,7 @@ def crown_margins(graph, shape) -> None:
     tighter = 0
     for spec in specs:
         box, rows = read_disjuncts(eran / spec, math.prod(shape), 10)
-        prop = _property(*(x.reshape(1, *shape) for x in box), [row[0] for row in rows])
+        prop = rows_property(*(x.reshape(1, *shape) for x in box), [row[0] for row in rows])
         lower, upper = prop.lower.to(graph.dtype), prop.upper.to(graph.dtype)
         margins = []
         for rule in ("chord", "tangent"):
@@ -231,7 +231,7 @@ def main() -> None:
     graph = net.graph
     vnnlib = eran / "specs" / "mnist" / f"mnist_spec_idx_{args.spec}_eps_0.01200.vnnlib"
     box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
-    prop = _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
+    prop = rows_property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
     boxes = b.interval_boxes(graph, prop.lower.to(graph.dtype), prop.upper.to(graph.dtype))
     lo, hi = (t.double() for t in boxes[FIRST])
     fn = r.SIGMOID

@@ -27,7 +27,7 @@ import torch
 
 from aisafety.verification import bounds as b
 from aisafety.verification import relaxations as r
-from aisafety.verification.vnncomp import _property, load_network
+from aisafety.verification.vnncomp import load_network, rows_property
 from aisafety.verification.vnnlib import read_disjuncts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def eran_sigmoid_spec(spec: int):
     net = load_network(eran / "nets" / NET)
     vnnlib = eran / "specs" / "mnist" / f"mnist_spec_idx_{spec}_eps_0.01200.vnnlib"
     box, rows = read_disjuncts(vnnlib, math.prod(net.shape), 10)
-    return net, _property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
+    return net, rows_property(*(x.reshape(1, *net.shape) for x in box), [row[0] for row in rows])
 
 
 def main() -> None:

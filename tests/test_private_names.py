@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "aisafety"
+BENCH = PACKAGE.parent / "bench"
 
 ALLOWED = {
     # a predictor's unchecked forward: attacks and wrapping predictors call it inside their
@@ -73,6 +74,39 @@ def foreign_private_uses(files: dict[str, str]) -> list[str]:
             if owners and path not in owners and not _own(node.value) and node.attr not in ALLOWED:
                 found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
     return sorted(found)
+
+
+def private_imports(files: dict[str, str]) -> list[str]:
+    """``path:line: module._name`` for each ``from aisafety... import _name`` in ``files``:
+    what a bench imports must be the package's public API, or a rename breaks it unseen."""
+    found = []
+    for path, source in files.items():
+        for node in ast.walk(ast.parse(source)):
+            module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+            if module.split(".")[0] != "aisafety":
+                continue
+            found += [
+                f"{path}:{node.lineno}: {module}.{a.name}" for a in node.names if _private(a.name)
+            ]
+    return sorted(found)
+
+
+def test_no_bench_imports_the_packages_private_names():
+    files = {str(p.relative_to(BENCH.parent)): p.read_text() for p in BENCH.rglob("*.py")}
+    assert len(files) > 10
+    assert private_imports(files) == []
+
+
+def test_the_import_check_finds_a_private_name_inside_a_function():
+    files = {
+        "a.py": "from aisafety.verification.vnncomp import _property, load_network\n",
+        "b.py": "def f():\n    from aisafety.x import public, _hidden as h\n",
+        "c.py": "from torch import _C\nfrom aisafety import plugin\n",
+    }
+    assert private_imports(files) == [
+        "a.py:1: aisafety.verification.vnncomp._property",
+        "b.py:2: aisafety.x._hidden",
+    ]
 
 
 def test_no_module_uses_another_modules_private_names():

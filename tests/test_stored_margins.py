@@ -17,7 +17,7 @@ from aisafety.plugins import default_registry
 from aisafety.verification.graph import build_graph
 from aisafety.verification.property import Property
 from aisafety.verification.registry import make_verifier
-from aisafety.verification.result import Verdict, stored_margins
+from aisafety.verification.result import VANISHED, Verdict, stored_margins, stored_verdicts
 
 SPEC = [[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]]
 
@@ -73,3 +73,41 @@ def test_bounds_round_down_and_a_falsified_value_is_only_cast():
     assert float(stored[1]) == float(torch.tensor(-0.1).float())  # already below: kept
     assert float(stored[2]) == float(torch.finfo(torch.float32).max)
     assert float(stored[4]) == float(torch.tensor(0.1).float())  # nearest, above 0.1
+
+
+def vanishing_case() -> tuple[nn.Sequential, Property]:
+    """y_0 = x on boxes [m, 2m]: the exact margin is m, 1e-46 (below float32's smallest
+    subnormal, 1.4e-45), 1e-44 (a subnormal) and 0.5."""
+    net = nn.Sequential(nn.Linear(1, 2)).double()
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[1.0], [0.0]], dtype=torch.float64))
+        net[0].bias.zero_()
+    low = torch.tensor([[1e-46], [1e-44], [0.5]], dtype=torch.float64)
+    spec = torch.tensor([[[1.0, 0.0]]], dtype=torch.float64).expand(3, 1, 2)
+    return net, Property(low, 2 * low, spec, torch.zeros(3, 1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("verifier", ["ibp", "crown", "complete", "bab"])
+def test_a_stored_row_is_certified_only_where_its_stored_margin_is_positive(verifier):
+    """A proved margin below 1.4e-45 rounds down to 0 in float32: stored as certified with
+    margin 0 the row would contradict itself, so the sample is unknown, saying why."""
+    net, prop = vanishing_case()
+    graph = build_graph(net, (1,), "linear", dtype=torch.float64)
+    checker = make_verifier(default_registry(), verifier, {"timeout": 10.0, "clock": "cpu"})
+    result = checker.verify(graph, prop)
+    assert result.verdicts == [Verdict.UNKNOWN, Verdict.CERTIFIED, Verdict.CERTIFIED]
+    assert result.notes[0] == VANISHED
+    assert result.margins[0] == 0  # still a lower bound of the exact 1e-46
+    assert 0 < float(result.margins[1]) <= 1e-44
+    assert result.certified.tolist() == (result.margins > 0).tolist()
+
+
+def test_only_a_certified_margin_that_vanished_changes_its_verdict():
+    stored = torch.tensor([0.0, 0.0, 1e-45, -1.0, 0.0])
+    verdicts = [Verdict.CERTIFIED, Verdict.FALSIFIED, Verdict.CERTIFIED, Verdict.UNKNOWN,
+                Verdict.TIMEOUT]  # fmt: skip
+    notes = ["", "", "", "bounds too loose", "timeout"]
+    assert stored_verdicts(stored, verdicts, notes) == (
+        [Verdict.UNKNOWN, Verdict.FALSIFIED, Verdict.CERTIFIED, Verdict.UNKNOWN, Verdict.TIMEOUT],
+        [VANISHED, "", "", "bounds too loose", "timeout"],
+    )

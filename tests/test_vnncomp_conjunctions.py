@@ -104,7 +104,7 @@ def test_a_one_atom_disjunct_falsified_by_the_complete_verifier_is_sat(monkeypat
     """Box-PGD on the disjunct's rows is switched off (as if it missed the point): the
     complete verifier's counterexample for the only atom satisfies the disjunct. Before:
     ``unknown`` (a disjunct was not refuted)."""
-    monkeypatch.setattr(vnncomp, "_all_rows_hold", lambda net, prop: None)
+    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda net, prop: None)
     refuted = [(E1, 2.0), (-E1, 0.1)]  # x1 + 2 >= 1 on the box
     result = conjunctions([[(E0, -0.5)], refuted], "complete")
     assert result.status == "sat"

@@ -34,7 +34,7 @@ from torch import nn
 from aisafety.errors import AISafetyError, CapabilityError, ConfigError
 from aisafety.files import MAX_MODEL_BYTES, regular_file
 from aisafety.interfaces import Capability
-from aisafety.prediction import onnx_converters, onnx_rewrite
+from aisafety.prediction import onnx_converters, onnx_rewrite, onnx_tensors
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import TorchPredictor
 
@@ -137,10 +137,12 @@ def read_onnx(path: Path, name: str) -> bytes:
             f"model {name!r}: {str(path)!r} is not an ONNX model ({type(exc).__name__}: "
             f"{str(exc)[:200]}); export one with torch.onnx.export(model, example, path)"
         ) from None
-    if not any(helper.uses_external_data(t) for t in helper._get_all_tensors(model)):
+    external = [t for t in onnx_tensors.all_tensors(model) if helper.uses_external_data(t)]
+    if not external:  # the bytes as shipped, not a re-serialisation
         return data
     try:
-        helper.load_external_data_for_model(model, str(path.parent))
+        for tensor in external:
+            helper.load_external_data_for_tensor(tensor, str(path.parent))
     except (OSError, ValueError) as exc:
         raise ConfigError(
             f"model {name!r}: {path.name} keeps its weights in a separate file that cannot be "

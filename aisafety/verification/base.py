@@ -35,7 +35,12 @@ from aisafety.verification.falsify import Model, checked, pgd_on_rows, replay
 from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.property import Property
-from aisafety.verification.result import Verdict, VerificationResult, stored_margins
+from aisafety.verification.result import (
+    Verdict,
+    VerificationResult,
+    stored_margins,
+    stored_verdicts,
+)
 
 # float32 copies of every sample's input one verify call holds beside its batch: the
 # counterexamples, and the results' as the batches are joined (VerificationResult.concat)
@@ -261,6 +266,7 @@ class Verifier(ABC):
         settled = (Verdict.CERTIFIED, Verdict.FALSIFIED)
         notes = ["" if v in settled else w for v, w in zip(verdicts, why, strict=True)]
         margins = stored_margins(margins, verdicts)
+        verdicts, notes = stored_verdicts(margins, verdicts, notes)
         return VerificationResult(self.name, verdicts, margins, seconds, counter, notes)
 
     @staticmethod

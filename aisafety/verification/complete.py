@@ -45,7 +45,12 @@ from aisafety.verification.lp_full import LinearPrograms
 from aisafety.verification.milp import Encoding, decide_row, encode, minimise_row
 from aisafety.verification.property import Property
 from aisafety.verification.refine import refine_boxes
-from aisafety.verification.result import Verdict, VerificationResult, stored_margins
+from aisafety.verification.result import (
+    Verdict,
+    VerificationResult,
+    stored_margins,
+    stored_verdicts,
+)
 
 
 class CompleteConfig(BabConfig):
@@ -154,6 +159,7 @@ class CompleteVerifier(BabVerifier):
             margins.append(margin)
             seconds.append(clock() - start + shared)
         margins = stored_margins(torch.tensor(margins, dtype=torch.float64), verdicts)
+        verdicts, notes = stored_verdicts(margins, verdicts, notes)
         return VerificationResult(self.name, verdicts, margins, torch.tensor(seconds), counter,
                                   notes)  # fmt: skip
 

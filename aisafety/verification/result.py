@@ -27,13 +27,36 @@ def stored_margins(margins: torch.Tensor, verdicts: list[Verdict]) -> torch.Tens
     return torch.where(falsified, near, below)
 
 
+VANISHED = "proved margin below float32's smallest subnormal (1.4e-45)"
+
+
+def stored_verdicts(
+    stored: torch.Tensor, verdicts: list[Verdict], notes: list[str]
+) -> tuple[list[Verdict], list[str]]:
+    """Verdicts and notes that agree with the ``stored`` (float32) margins.
+
+    A proved margin in (0, 1.4e-45) rounds down to 0 in float32; a row reading certified
+    with margin 0 contradicts itself (certified means a margin > 0 was proved), and storing
+    the smallest subnormal would claim more than was proved. Such a sample is unknown
+    (``VANISHED``): a margin that small separates nothing a float32 network computes.
+    """
+    gone = [
+        v is Verdict.CERTIFIED and not m > 0 for v, m in zip(verdicts, stored.tolist(), strict=True)
+    ]
+    return (
+        [Verdict.UNKNOWN if g else v for g, v in zip(gone, verdicts, strict=True)],
+        [VANISHED if g else n for g, n in zip(gone, notes, strict=True)],
+    )
+
+
 @dataclass
 class VerificationResult:
     """Per sample: verdict, ``margin``, seconds spent.
 
     ``margin`` depends on the verdict. Certified, unknown or timeout: a proved lower bound
     of min_k (C f + d)_k on the box (-inf where no bound completed), stored as the largest
-    float32 at or below it (``stored_margins``). Falsified: that minimum's value at the
+    float32 at or below it (``stored_margins``; a certified one whose bound rounds down to 0
+    is unknown, ``stored_verdicts``). Falsified: that minimum's value at the
     counterexample (<= 0), an upper bound of the true minimum, not a lower one.
     ``counterexamples`` holds the violating input of each falsified sample (NaN
     elsewhere); ``notes`` says per sample why an unknown one is unknown (``timeout`` or

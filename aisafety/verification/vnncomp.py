@@ -141,7 +141,9 @@ def _check_order(network: str | Path, spec: str | Path) -> None:
         )
 
 
-def _property(lower: torch.Tensor, upper: torch.Tensor, rows: list[Row]) -> Property:
+def rows_property(lower: torch.Tensor, upper: torch.Tensor, rows: list[Row]) -> Property:
+    """The box with one property row per VNN-LIB atom (``C y + d``, the atom holds where <= 0);
+    public because benches build instances' properties the way ``verify_instance`` does."""
     spec = torch.stack([c for c, _ in rows]).unsqueeze(0)
     offset = torch.tensor([[d for _, d in rows]], dtype=torch.float64)
     return Property(lower, upper, spec, offset)
@@ -149,7 +151,7 @@ def _property(lower: torch.Tensor, upper: torch.Tensor, rows: list[Row]) -> Prop
 
 def _verify_rows(registry, net, lower, upper, rows, verifier, settings) -> InstanceResult:
     """Every row must stay positive (a disjunction of one-atom violations)."""
-    prop = _property(lower, upper, rows)
+    prop = rows_property(lower, upper, rows)
     checker = make_verifier(registry, verifier, settings)
     result = checker.verify(net.graph, prop, net.run)
     verdict, note = result.verdicts[0], result.notes[0] if result.notes else ""
@@ -175,10 +177,10 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
     deadline = checker.deadline(1)
     proved: list[float] = []  # per disjunct so far: the best bound proved for it
     for i, rows in enumerate(disjuncts):
-        prop = _property(lower, upper, rows)
+        prop = rows_property(lower, upper, rows)
         try:
             with time_limit(deadline):
-                point = _all_rows_hold(net, prop)
+                point = all_rows_hold(net, prop)
                 if point is not None:
                     return _sat(net, point, _value_at(net, lower, upper, disjuncts, point))
                 bounds = _first_pass(checker, net, prop)
@@ -212,7 +214,7 @@ def _value_at(net: Network, lower, upper, disjuncts, x: torch.Tensor) -> float:
     """min over disjuncts of max over their atoms' rows at ``x``, replayed through
     onnxruntime: <= 0 where ``x`` satisfies a disjunct, an upper bound of the least value."""
     y = net.run(x).double()
-    return min(float(_property(lower, upper, rows).rows(y).amax()) for rows in disjuncts)
+    return min(float(rows_property(lower, upper, rows).rows(y).amax()) for rows in disjuncts)
 
 
 def _first_pass(checker, net: Network, prop: Property) -> torch.Tensor:
@@ -230,7 +232,7 @@ def _margin_so_far(checker, net, deadline, lower, upper, proved: list[float], re
             if deadline.passed():
                 return -math.inf
             with time_limit(deadline):
-                bounds = _first_pass(checker, net, _property(lower, upper, rows))
+                bounds = _first_pass(checker, net, rows_property(lower, upper, rows))
             proved = [*proved, float(bounds.max())]
     except OutOfTime:  # a pass cut off by the limit is never used
         return -math.inf
@@ -268,7 +270,7 @@ def prop_row(prop: Property, k: int) -> Property:
     return Property(prop.lower, prop.upper, prop.spec[:, k : k + 1], prop.offset[:, k : k + 1])
 
 
-def _all_rows_hold(net: Network, prop: Property) -> torch.Tensor | None:
+def all_rows_hold(net: Network, prop: Property) -> torch.Tensor | None:
     """A point of the box where every row is <= 0 (all atoms hold), replayed, or None."""
     graph = net.graph
 
