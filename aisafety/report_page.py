@@ -24,7 +24,7 @@ from aisafety.plugins import Registry, default_registry
 from aisafety.report.data import RunData, load_run
 from aisafety.report.plots import Plot, Series, line_plot
 from aisafety.report.sections import ReportSection, worst_case
-from aisafety.sanity import Check, _config_defaults, sanity_checks
+from aisafety.sanity import Check, attack_config_defaults, sanity_checks
 from aisafety.store.results import ResultStore
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Report:
 
     def attack_defaults(self, attack: str) -> dict[str, Any]:
         """The registered attack's default settings (a plan's config lists only changes)."""
-        return _config_defaults(attack)
+        return attack_config_defaults(attack)
 
 
 @dataclass

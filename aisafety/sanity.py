@@ -193,7 +193,7 @@ def black_box_not_stronger(model: str, runs: list[AttackRunRow], data: RunData) 
     return Check(name, model, "pass", f"{compared} budget(s) compared")
 
 
-def _config_defaults(attack: str) -> dict:
+def attack_config_defaults(attack: str) -> dict:
     """The attack's default settings (a plan's config lists only what it changed)."""
     from aisafety.errors import AISafetyError
     from aisafety.plugins import default_registry
@@ -205,7 +205,7 @@ def _config_defaults(attack: str) -> dict:
 
 
 def _effort(run: AttackRunRow) -> tuple[int, ...]:
-    defaults = _config_defaults(run.name)
+    defaults = attack_config_defaults(run.name)
     return tuple(int(run.config.get(k, defaults.get(k)) or 0) for k in EFFORT_KEYS)
 
 

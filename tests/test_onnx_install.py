@@ -43,7 +43,7 @@ def test_install_hint_keeps_any_installed_torch(monkeypatch, version, cuda):
 
 def test_a_missing_package_error_gives_that_command():
     with pytest.raises(ConfigError) as caught:
-        onnx_model._import("onnx2torch_is_not_installed", "onnx2torch")
+        onnx_model.import_optional("onnx2torch_is_not_installed", "onnx2torch")
     message = str(caught.value)
     assert "'onnx2torch'" in message and onnx_model.install_command() in message
 

@@ -97,6 +97,13 @@ def test_no_bench_imports_the_packages_private_names():
     assert private_imports(files) == []
 
 
+def test_no_module_imports_another_modules_private_names():
+    """``from aisafety.x import _name`` inside the package: the attribute check above does
+    not see it (a plain name after the import), so the import check runs on the package too."""
+    files = {str(p.relative_to(PACKAGE.parent)): p.read_text() for p in PACKAGE.rglob("*.py")}
+    assert private_imports(files) == []
+
+
 def test_the_import_check_finds_a_private_name_inside_a_function():
     files = {
         "a.py": "from aisafety.verification.vnncomp import _property, load_network\n",

@@ -58,7 +58,7 @@ def install_command() -> str:
     return f"pip install 'aisafety[onnx]' && pip install --no-deps '{ONNX2TORCH}'"
 
 
-def _import(module: str, package: str) -> Any:
+def import_optional(module: str, package: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -81,7 +81,7 @@ def _onnx2torch() -> Any:
         return importlib.import_module("onnx2torch")
     except ImportError as exc:
         if not (exc.name or "").startswith("torchvision"):
-            _import("onnx2torch", "onnx2torch")  # raises the install hint
+            import_optional("onnx2torch", "onnx2torch")  # raises the install hint
             raise
     except RuntimeError:  # a torchvision build that does not fit the installed torch
         pass
@@ -198,7 +198,7 @@ class OnnxRuntimePredictor(Predictor):
         relax_batch: bool = True,
         layout: str = "nchw",
     ):
-        ort = _import("onnxruntime", "onnxruntime")
+        ort = import_optional("onnxruntime", "onnxruntime")
         data, default_name = _read(model)
         self.name = name or default_name
         if layout not in LAYOUTS:
@@ -388,11 +388,11 @@ def convert_onnx(model: str | Path | bytes, name: str | None = None) -> nn.Modul
     """The graph as a ``torch.fx.GraphModule`` (onnx2torch); taking the graph's own layout."""
     data, default_name = _read(model)
     name = name or default_name
-    onnx = _import("onnx", "onnx")
+    onnx = import_optional("onnx", "onnx")
     converter = _onnx2torch()
     onnx_converters.register()
     try:
-        rewritten = onnx_rewrite.rewrite(data, onnx, _import("onnxruntime", "onnxruntime"))
+        rewritten = onnx_rewrite.rewrite(data, onnx, import_optional("onnxruntime", "onnxruntime"))
         return converter.convert(onnx.load_from_string(rewritten))
     except Exception as exc:  # unsupported operator or opset
         detail = f"{type(exc).__name__}: {exc}" if isinstance(exc, KeyError) else str(exc)

@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
-from aisafety.report.table import _cell
+from aisafety.report.table import cell_text
 
 WIDTH_ROWS = 200  # a table's column widths come from this many first rows
 
@@ -39,9 +39,9 @@ def _csv(columns: Sequence[str], rows: Iterator[Sequence[Any]], out: TextIO) -> 
 
 
 def _table(columns: Sequence[str], rows: Iterator[Sequence[Any]], out: TextIO) -> None:
-    first = [[_cell(v) for v in row] for row in itertools.islice(rows, WIDTH_ROWS)]
+    first = [[cell_text(v) for v in row] for row in itertools.islice(rows, WIDTH_ROWS)]
     widths = [max([len(c), *(len(r[i]) for r in first)]) for i, c in enumerate(columns)]
     out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + "\n")
     out.write("  ".join("-" * w for w in widths) + "\n")
-    for cells in itertools.chain(first, ([_cell(v) for v in row] for row in rows)):
+    for cells in itertools.chain(first, ([cell_text(v) for v in row] for row in rows)):
         out.write("  ".join(v.ljust(w) for v, w in zip(cells, widths, strict=True)) + "\n")

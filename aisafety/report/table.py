@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # annotations only: the command line renders tables without p
     from aisafety.interfaces import MetricValue
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
@@ -33,7 +33,7 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "ta
         writer.writerow(columns)
         writer.writerows(rows)
         return buffer.getvalue().rstrip("\n")
-    cells = [[_cell(v) for v in row] for row in rows]
+    cells = [[cell_text(v) for v in row] for row in rows]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
     line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
     out = [line, "  ".join("-" * w for w in widths)]

@@ -30,7 +30,7 @@ from aisafety.verification.deadline import check_time, current_deadline
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ibp_rounding import U64
 from aisafety.verification.incomplete import CrownVerifier
-from aisafety.verification.milp import HIGHS_OPTIONS, Encoding, _new_highs, encode, encoding_bytes
+from aisafety.verification.milp import HIGHS_OPTIONS, Encoding, encode, encoding_bytes, new_highs
 from aisafety.verification.ops import Box
 from aisafety.verification.property import Property
 from aisafety.verification.refine import SAFETY
@@ -43,7 +43,7 @@ class LinearPrograms:
 
     def __init__(self, enc: Encoding):
         self.enc = enc
-        self.highs = _new_highs()
+        self.highs = new_highs()
         for key, value in HIGHS_OPTIONS.items():
             self.highs.setOptionValue(key, value)
         self.highs.passModel(enc.highs_lp(np.zeros(enc.n_vars)))

@@ -243,7 +243,7 @@ class Solved:
     point: np.ndarray | None
 
 
-def _new_highs() -> highspy.Highs:
+def new_highs() -> highspy.Highs:
     """A silent HiGHS. Its first construction in a process prints a banner on the C
     stdout, which would precede ``aisafety verify``'s answer: it goes to /dev/null."""
     global _BANNER_SHOWN
@@ -281,7 +281,7 @@ def solve(
     ``time_limit`` is HiGHS's own, in wall seconds; ``stop`` (a verifier's deadline on its
     own clock, e.g. CPU seconds) is asked at HiGHS's MIP interrupt points and ends the search
     there. Either way the result is what HiGHS proved so far: its dual bound stays sound."""
-    highs = _new_highs()
+    highs = new_highs()
     for key, value in {**HIGHS_OPTIONS, **(options or {})}.items():
         highs.setOptionValue(key, value)
     highs.setOptionValue("time_limit", max(float(time_limit), 0.01))

@@ -300,9 +300,9 @@ def _runtime(network: str | Path) -> OnnxRuntimePredictor:
     try:
         return OnnxRuntimePredictor(network)
     except ConfigError as refused:  # not (N, C, H, W), or no onnxruntime (this says so)
-        from aisafety.prediction.onnx_model import _import
+        from aisafety.prediction.onnx_model import import_optional
 
-        ort = _import("onnxruntime", "onnxruntime")
+        ort = import_optional("onnxruntime", "onnxruntime")
         try:
             dims = ort.InferenceSession(str(network)).get_inputs()[0].shape
         except Exception:  # onnxruntime's own types: not a file it loads; the refusal says why
