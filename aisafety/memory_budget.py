@@ -81,6 +81,23 @@ def memory_limit(budget: int | None) -> Iterator[int | None]:
         _CURRENT.reset(token)
 
 
+@contextmanager
+def budget_read_once(device: torch.device | str = "cpu") -> Iterator[int]:
+    """Inside this block the budget is the one read (and claimed in the ledger) on entry,
+    unless an enclosing ``memory_limit`` already fixes it. For one bound computation run
+    outside ``Verifier.verify`` (which fixes its budget the same way): its passes take
+    their chunks one after another, each freed before the next, so one claim covers the
+    whole computation, as one claim covers a ``verify`` call. Reading the budget per chunk
+    cost a locked read and write of the ledger each (0.5-1.7 ms, 2-10% of CROWN on a small
+    MLP; docs/memory.md) and only renewed the same claim."""
+    held = _CURRENT.get()
+    if held is not None:
+        yield held
+        return
+    with memory_limit(default_budget(device)) as budget:
+        yield budget
+
+
 def current_budget(device: torch.device | str = "cpu") -> int:
     """The budget of the enclosing ``memory_limit``, else the default (read now)."""
     budget = _CURRENT.get()

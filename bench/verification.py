@@ -154,7 +154,7 @@ def complete_part(
             row = {"suite": suite, "net": net, "property": spec.name, "tool": name,
                    "engine": result.how, "status": result.status, "cpu_s": round(cpu, 2),
                    "wall_s": round(wall, 2), "timeout": timeout, "clock": clock,
-                   "margin": result.margin}  # fmt: skip
+                   "margin": result.margin, "note": result.note}  # fmt: skip
             if out:
                 with open(out, "a") as f:
                     f.write(json.dumps(row) + "\n")

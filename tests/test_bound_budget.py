@@ -280,3 +280,26 @@ def test_the_default_budget_is_a_fraction_of_available_memory_capped_by_the_rlim
     assert budget.current_budget() == budget.GIB
     with budget.memory_limit(123):
         assert budget.current_budget() == 123
+
+
+def test_a_bound_computation_outside_verify_claims_its_budget_once(monkeypatch):
+    """CROWN called on its own (a benchmark, a VNN-COMP first pass) reads and claims the
+    default budget once, for every layer's passes and the spec rows', as ``verify`` does: not
+    a locked ledger read and write per chunk. Its chunks keep the budget read then."""
+    from aisafety import memory_ledger
+
+    graph, prop = list(cases())[-1]  # the MLP: one layer of CROWN bounds, then the spec
+    budgets = iter([1, 1 << 40])  # the first read: one row per chunk; a later one: all
+    claims, steps = [], []
+    monkeypatch.setattr(memory_ledger, "claim", lambda of: claims.append(of) or next(budgets))
+    chunk = budget.rows_per_chunk
+
+    def spy(per_row, rows, fixed=0, most=None):
+        steps.append(chunk(per_row, rows, fixed, most))
+        return steps[-1]
+
+    monkeypatch.setattr(budget, "rows_per_chunk", spy)
+    with torch.no_grad():
+        CrownVerifier().lower_bounds(graph, prop)
+    assert len(claims) == 1
+    assert len(steps) >= 2 and set(steps) == {1}

@@ -238,3 +238,46 @@ def test_a_milp_certificate_the_safe_lp_cannot_prove_says_so():
         result = verifier.verify(build_graph(diamond_net(bias), (2,), "diamond"), prop)
         assert result.verdicts[0].value == "certified"
         assert ("HiGHS's MIP bound" in result.notes[0]) == unproved
+
+
+def _diamond_onnx(path, bias: float) -> str:
+    """``test_krelu``'s diamond net as an ONNX file (two Gemm layers around a ReLU)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from test_krelu import diamond_net
+
+    net = diamond_net(bias)
+    inits = [numpy_helper.from_array(t.detach().numpy(), name) for name, t in
+             (("W0", net[0].weight), ("b0", net[0].bias), ("W2", net[2].weight),
+              ("b2", net[2].bias))]  # fmt: skip
+    nodes = [helper.make_node("Gemm", ["x", "W0", "b0"], ["h"], transB=1),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "W2", "b2"], ["y"], transB=1)]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "diamond", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], inits,
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return str(path)
+
+
+def test_aisafety_verify_prints_the_note_of_a_milp_certificate(tmp_path, capsys):
+    """``aisafety verify`` (``complete``, the MILP on this two-ReLU net) prints the note of
+    an ``unsat`` that rests on HiGHS's MIP bound as one comment line, and none where the
+    safe LP bound proves it (the cases of the test above)."""
+    from aisafety.cli import main
+
+    spec = tmp_path / "box.vnnlib"
+    spec.write_text("(declare-const X_0 Real)\n(declare-const X_1 Real)\n"
+                    "(declare-const Y_0 Real)\n(declare-const Y_1 Real)\n"
+                    "(assert (>= X_0 0.0))\n(assert (<= X_0 1.0))\n"
+                    "(assert (>= X_1 0.0))\n(assert (<= X_1 1.0))\n"
+                    "(assert (>= Y_1 Y_0))\n")  # fmt: skip
+    for bias, unproved in ((2.5, True), (3.5, False)):
+        net = _diamond_onnx(tmp_path / f"diamond{bias}.onnx", bias)
+        assert main(["verify", net, str(spec), "--timeout", "30"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == "unsat"
+        notes = [line for line in lines if line.startswith("# note: ")]
+        assert len(notes) == int(unproved)
+        assert all("rest on HiGHS's MIP bound" in line for line in notes)

@@ -179,6 +179,7 @@ def depends_on_activation(graph: BoundGraph) -> list[bool]:
     return flags
 
 
+@budget.budget_read_once()  # one ledger claim for every layer's passes
 def linear_boxes(
     graph: BoundGraph,
     lower: torch.Tensor,

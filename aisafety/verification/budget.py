@@ -28,6 +28,7 @@ from aisafety.memory_budget import (  # noqa: F401  (the budget every capability
     FRACTION,
     GIB,
     available_bytes,
+    budget_read_once,
     current_budget,
     default_budget,
     memory_limit,

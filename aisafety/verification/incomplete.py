@@ -74,6 +74,7 @@ class CrownVerifier(Verifier):
         one = budget.box_bytes(crops.graph, 1) + 2 * budget.row_bytes(crops.graph, end, 1, grad)
         return batch * one
 
+    @budget.budget_read_once()  # one ledger claim for the boxes' and the spec rows' passes
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         boxes = self.boxes(graph, prop)
         bound, coeff = b.spec_lower(graph, boxes, prop.spec, self.mode)

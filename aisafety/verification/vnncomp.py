@@ -156,8 +156,8 @@ def _verify_rows(registry, net, lower, upper, rows, verifier, settings) -> Insta
     result = checker.verify(net.graph, prop, net.run)
     verdict, note = result.verdicts[0], result.notes[0] if result.notes else ""
     margin = float(result.margins[0])
-    if verdict is Verdict.CERTIFIED:
-        return InstanceResult("unsat", 0.0, margin)
+    if verdict is Verdict.CERTIFIED:  # its note: what the proof rests on, if not a bound
+        return InstanceResult("unsat", 0.0, margin, note=note)
     if verdict is Verdict.FALSIFIED:
         return _sat(net, result.counterexamples[:1], margin)
     timed_out = verdict is Verdict.TIMEOUT or note == "timeout"
@@ -320,11 +320,14 @@ def verify_report(
     declared: dict | None = None,
 ) -> str:
     """What ``aisafety verify`` prints: the status (and counterexample) as VNN-COMP, then a
-    comment line with the time and the margin bound."""
+    comment line with the time and the margin bound, and one with the result's note if it
+    has one (why it is open; for ``unsat``, the rows that rest on HiGHS's MIP bound)."""
     result = verify_instance(registry, network, spec, verifier, timeout, declared=declared)
     lines = [result.status]
     if result.counterexample:
         lines.append(result.counterexample)
     engine = f" ({result.how})" if result.how != verifier else ""
     lines.append(f"# {verifier}{engine}: {result.seconds:.2f} s, margin bound {result.margin:.4g}")
+    if result.note:
+        lines.append(f"# note: {result.note}")
     return "\n".join(lines)
