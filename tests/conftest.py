@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -19,21 +19,16 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # `aisafety list` answers from a cache keyed by the installed code (aisafety/listing_cache.py);
 # tests swap registries in-process, so the suite lists live (tests/test_startup.py tests it)
 os.environ["AISAFETY_LIST_CACHE"] = "0"
-# Default memory budgets are claimed in a ledger shared by a user's processes
-# (aisafety/memory_ledger.py): one ledger per test run (all its xdist workers and
-# subprocesses), so another run's claims on a shared machine do not change this one's budgets
-os.environ.setdefault(
-    "AISAFETY_MEMORY_LEDGER",
-    os.path.join(
-        tempfile.gettempdir(),
-        f"aisafety-memory-test-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}",
-    ),
-)
 # testkit/: what the tests share with the benches (the PostgreSQL and Ray launchers, the
 # reference corruptions), beside tests/ so a bench need not import tests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 # Every process the suite starts inherits this mark; pytest_sessionfinish finds the survivors
 from children import SESSION_VARIABLE, leftovers  # noqa: E402
+from run_ledger import run_ledger  # noqa: E402
+
+# Default memory budgets are claimed in a ledger shared by a user's processes
+# (aisafety/memory_ledger.py): one per test run (testkit/run_ledger.py)
+os.environ.setdefault("AISAFETY_MEMORY_LEDGER", run_ledger())
 
 os.environ[SESSION_VARIABLE] = f"{os.getpid()}-{uuid.uuid4().hex}"
 
@@ -65,6 +60,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.write("\n")
             reporter.write_line(message, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    ledger = os.environ["AISAFETY_MEMORY_LEDGER"]
+    if ledger == run_ledger() and not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(ledger, ignore_errors=True)  # the run's own (else one per run piles up)
 
 
 @pytest.hookimpl(trylast=True)
