@@ -1,7 +1,8 @@
 """An image's alpha-CROWN bound does not depend on the batch it is bounded in (#32):
-the output search's early stop is per sample, so a sample that certifies early stops
-at the same step alone and beside samples that never certify. Before, the stop waited
-for the whole batch, and a batch holding one hopeless sample ran every step for all
+the output search's early stop (layerwise and joint) is per sample, so a sample that
+certifies early stops at the same step alone and beside samples that never certify or
+stop later. Before, the stop waited for the whole batch, and a batch holding one
+hopeless sample ran every step for all
 (resnet_4b at 1/255, image 1: +0.0864 in a batch of 4 that all certify, +0.1075 in the
 slow test's batch of 20)."""
 
@@ -15,27 +16,34 @@ from aisafety.verification.incomplete import AlphaCrownVerifier
 from tests.test_alpha_open_samples import _setup
 from tests.test_sshape_relaxation import around, sampled_minimum
 
-# float32 searches of different batch sizes sum in a different order (3.9e-8 measured
-# where no sample stops early)
-CLOSE = 1e-6
+# float32 searches of different batch sizes sum in a different order: layerwise 4e-8
+# measured; joint up to 1.8e-4 (sigmoid net, eps 0.17: the same stop steps alone and in
+# the batch, and the same value for a sample twice in a batch of 2; a batch of 1 computes
+# its float32 steps otherwise, and 14 Adam steps carry that on). Before the per-sample
+# stop: 0.041 / 0.022 layerwise, 0.047 / 0.043 joint.
+CLOSE = {False: 1e-6, True: 1e-3}
 
 
-def _alone_and_batched(kind: str, eps: float, samples: int = 12):
+def _alone_and_batched(kind: str, eps: float, joint: bool = False, samples: int = 12):
     net, _, _, graph, _, _, _, _ = _setup(kind, eps)
     x, prop = around(net, eps, samples)
     p = prop.to(graph.dtype)
-    verifier = AlphaCrownVerifier(steps=20, joint=False)
+    verifier = AlphaCrownVerifier(steps=20, joint=joint)
     batched = verifier.bounds_and_boxes(graph, p).bound
     alone = torch.cat([verifier.bounds_and_boxes(graph, p[i : i + 1]).bound for i in range(len(p))])
     return net, x, prop, p, batched, alone
 
 
-@pytest.mark.parametrize(("kind", "eps"), [("relu", 0.08), ("relu", 0.1)])
-def test_a_samples_bound_is_the_same_alone_and_in_its_batch(kind, eps):
-    net, x, prop, p, batched, alone = _alone_and_batched(kind, eps)
+@pytest.mark.parametrize(
+    ("kind", "eps", "joint"),
+    [("relu", 0.08, False), ("relu", 0.1, False), ("sshape", 0.17, True), ("sshape", 0.2, True)],
+)
+def test_a_samples_bound_is_the_same_alone_and_in_its_batch(kind, eps, joint):
+    net, x, prop, p, batched, alone = _alone_and_batched(kind, eps, joint)
     certified = (batched + p.offset > 0).all(1)
-    assert certified.any() and not certified.all()  # the case under test: mixed batch
-    assert torch.allclose(batched, alone, rtol=0, atol=CLOSE), (batched - alone).abs().max()
+    assert certified.any()  # the case under test: samples that stop early, at their own steps
+    gap = (batched - alone).abs().max()
+    assert gap <= CLOSE[joint], gap
     assert (batched + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
 
 
