@@ -89,14 +89,17 @@ def test_no_search_when_crown_certifies_every_sample(kind, monkeypatch):
         assert torch.equal(lo, c_lo) and torch.equal(hi, c_hi)
 
 
-def _stops(monkeypatch) -> list[int]:
-    """The steps run at each stop of the layerwise output search (``slope_stops``)."""
+def _stops(monkeypatch, dues: list | None = None) -> list[int]:
+    """The steps run at each stop of the layerwise output search (``slope_stops``), and
+    into ``dues`` the samples due at each."""
     seen, real = [], b.slope_stops
 
     def counted(*args, **kwargs):
-        for step, chosen in real(*args, **kwargs):
-            seen.append(step)
-            yield step, chosen
+        for stop in real(*args, **kwargs):
+            seen.append(stop.steps)
+            if dues is not None:
+                dues.append(stop.due.clone())
+            yield stop  # the caller's ``certified`` reaches the search through it
 
     monkeypatch.setattr(b, "slope_stops", counted)
     return seen
@@ -117,16 +120,19 @@ def _certifiable():
 
 
 def test_output_search_stops_early_once_every_sample_leads(monkeypatch):
-    """With the rows' offset the output search stops once every sample's worst row leads
-    the stop margin, and the sound pass of those slopes certifies; without, all 50 run."""
+    """With the rows' offset each sample's output search stops once its worst row leads
+    the stop margin, and the sound pass of those slopes certifies it: every sample is due
+    once, the last before step 50; without the offset all 50 run."""
     net, x, prop, graph, p, boxes = _certifiable()
-    seen = _stops(monkeypatch)
+    dues = []
+    seen = _stops(monkeypatch, dues)
     full, _ = b.optimise_slopes(graph, boxes, p.spec, 50, 0.1)
     assert seen == [50]
     assert not (b.spec_lower(graph, boxes, p.spec)[0] + p.offset > 0).all(1).any()
     seen.clear()
+    dues.clear()
     early, _ = b.optimise_slopes(graph, boxes, p.spec, 50, 0.1, p.offset)
-    assert len(seen) == 1 and seen[0] < 50
+    assert seen[-1] < 50 and torch.equal(torch.stack(dues).sum(0), torch.ones(len(p)).long())
     assert (early + p.offset > 0).all()
     assert (early + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
     assert (full + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
@@ -137,9 +143,11 @@ def test_an_output_stop_the_sound_pass_does_not_confirm_resumes(monkeypatch):
     so the search resumes (same Adam state, margin doubled) until one that certifies."""
     net, x, prop, graph, p, boxes = _certifiable()
     monkeypatch.setattr(b, "STOP_ABS", -0.5)
-    seen = _stops(monkeypatch)
+    dues = []
+    seen = _stops(monkeypatch, dues)
     bound, _ = b.optimise_slopes(graph, boxes, p.spec, 50, 0.1, p.offset)
     assert len(seen) > 1 and seen == sorted(set(seen)) and seen[-1] < 50
+    assert (torch.stack(dues).sum(0) > 1).any()  # a sample's stop that did not certify
     assert (bound + p.offset > 0).all()
     assert (bound + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
 

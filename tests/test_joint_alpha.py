@@ -281,8 +281,9 @@ def test_joint_auto_is_joint_on_sigmoid_tanh_nets_and_layerwise_on_relu_ones():
         assert not torch.equal(auto.margins, other.margins)  # the two searches differ here
 
 
-def _counted_search(monkeypatch) -> list[int]:
-    """The steps run at each of the joint search's stops (``Best.steps`` per yield)."""
+def _counted_search(monkeypatch, due: list | None = None) -> list[int]:
+    """The steps run at each of the joint search's stops (``Best.steps`` per yield), and
+    into ``due`` the samples of each (``Best.samples``, None: all)."""
     seen, real = [], ja.search
 
     def counted(*args, **kwargs):  # passes the caller's sends on (samples leaving)
@@ -293,6 +294,8 @@ def _counted_search(monkeypatch) -> list[int]:
             except StopIteration:
                 return
             seen.append(best.steps)
+            if due is not None:
+                due.append(None if best.samples is None else best.samples.tolist())
             still = yield best
 
     monkeypatch.setattr(ja, "search", counted)
@@ -301,14 +304,16 @@ def _counted_search(monkeypatch) -> list[int]:
 
 def test_early_stop_certifies_in_fewer_steps_and_stays_sound(monkeypatch):
     """At eps 0.17 CROWN leaves 3 of the 6 samples open and 50 joint steps certify all:
-    with the rows' offset the search stops once every sample's worst row leads its stop
-    margin (measured: after 24 steps), and the sound re-bound of those slopes certifies."""
+    with the rows' offset each sample's search stops once its worst row leads its stop
+    margin (measured: at steps 1, 9, 15 and 24), and the sound re-bound of its slopes
+    certifies it: every sample is due once, the last before step 50."""
     net, x, prop, graph, p, crown_boxes = _sshape_at(0.17)
     crown, _ = b.spec_lower(graph, crown_boxes, p.spec)
     assert ((crown + p.offset).amin(1) <= 0).any()  # the search is needed
-    seen = _counted_search(monkeypatch)
+    due = []
+    seen = _counted_search(monkeypatch, due)
     bound, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
-    assert len(seen) == 1 and seen[0] < 50
+    assert seen[-1] < 50 and sorted(i for samples in due for i in samples) == list(range(6))
     assert ((bound + p.offset).amin(1) > 0).all()
     assert (bound <= sampled_minimum(net, x, prop) + 1e-9).all()
     seen.clear()  # without the offset (no goal) the search runs every step
@@ -458,7 +463,7 @@ def test_leaving_the_search_certifies_at_least_what_the_whole_batch_does(monkeyp
     _unsliced(monkeypatch)
     seen = _batch_sizes(monkeypatch)
     whole, _, _ = ja.joint_alpha(graph, crown_boxes, p.spec, 50, 0.1, 0.01, p.offset)
-    assert {n for _, n in seen} == {6}  # the whole batch throughout
+    assert {n for kind, n in seen if kind == "search"} == {6}  # the whole batch throughout
     certified = lambda bound: (bound + p.offset).amin(1) > 0  # noqa: E731
     assert (certified(sliced) | ~certified(whole)).all()
     assert (sliced <= sampled_minimum(net, x, prop) + 1e-9).all()

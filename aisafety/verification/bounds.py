@@ -24,6 +24,7 @@ IBP <= CROWN-IBP, CROWN <= alpha-CROWN on every sample.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -432,21 +433,28 @@ def optimised_backward(
     each row's best slopes are then bounded once more in the graph's own dtype, and that
     bound is the result: any slope in [0, 1] is sound, so the search's precision only
     decides how tight it is. CROWN's bound is kept where it is higher. With the rows'
-    ``offset`` (B, K) the search stops early (``slope_stops``); a sound bound that then
-    does not certify every sample resumes it."""
+    ``offset`` (B, K) each sample's search stops early (``slope_stops``): a sample whose
+    sound bound then certifies leaves, the others resume it."""
     best, coeff = sound_backward(graph, start, a, boxes)
     best, coeff = best.detach(), coeff.detach()
-    for _, chosen in slope_stops(graph, start, a, boxes, steps, lr, offset=offset):
-        if not chosen:
+    for stop in slope_stops(graph, start, a, boxes, steps, lr, offset=offset):
+        if not stop.slopes:
             break
-        slopes = {i: alpha.to(graph.dtype) for i, alpha in chosen.items()}
+        # the due samples only: another sample's bound must not move with its batch's stops
+        due = stop.due.nonzero().squeeze(1)
+        slopes = {i: alpha[due].to(graph.dtype) for i, alpha in stop.slopes.items()}
+        part = [(lo[due], hi[due]) for lo, hi in boxes]
         with torch.no_grad():
-            bound, now = sound_backward(graph, start, a, boxes, slopes=slopes)
-        better = bound > best  # per row, the highest of CROWN's and every stop's bound
+            bound, now = sound_backward(graph, start, a[due], part, slopes=slopes)
+        better = bound > best[due]  # per row, the highest of CROWN's and every stop's bound
         keep = better.reshape(*better.shape, *([1] * (coeff.dim() - 2)))
-        best, coeff = torch.where(better, bound, best), torch.where(keep, now, coeff)
-        if offset is not None and bool((best + offset > 0).all()):
-            break
+        best[due], coeff[due] = (
+            torch.where(better, bound, best[due]),
+            torch.where(keep, now, coeff[due]),
+        )
+        if offset is not None:
+            stop.certified = torch.zeros_like(stop.due)
+            stop.certified[due] = (best[due] + offset[due] > 0).all(1)
     return best, coeff
 
 
@@ -464,16 +472,31 @@ def search_slopes(
     ``steps`` of Adam (``lr``, times ``decay`` after each step) from ``init`` (CROWN's by
     default), in ``SEARCH_DTYPE``; empty when there is nothing to search. Any slope in
     [0, 1] is sound: the caller bounds the result again by a sound pass."""
-    *_, (_, chosen) = slope_stops(graph, start, a, boxes, steps, lr, decay, init)
-    return chosen  # without an offset it stops only after the last step
+    *_, last = slope_stops(graph, start, a, boxes, steps, lr, decay, init)
+    return last.slopes  # without an offset it stops only after the last step
 
 
-def stop_lead(rows: torch.Tensor, shift: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """Per sample, its worst row's lead over the early stop's margin ``scale`` x
-    (``STOP_ABS`` + ``STOP_REL`` x the row's size): the search's bound is float32 without
-    rounding margins, so it stops a little above 0 for the sound pass to certify."""
+def stop_lead(rows: torch.Tensor, shift: torch.Tensor, scale: float | torch.Tensor = 1.0):
+    """Per sample, its worst row's lead over the early stop's margin ``scale`` (a number,
+    or one per sample) x (``STOP_ABS`` + ``STOP_REL`` x the row's size): the search's bound
+    is float32 without rounding margins, so it stops a little above 0 for the sound pass
+    to certify."""
+    if torch.is_tensor(scale):
+        scale = scale.unsqueeze(1)
     margin = scale * (STOP_ABS + STOP_REL * rows.abs())
     return (rows + shift - margin).nan_to_num(-torch.inf).amin(1)
+
+
+@dataclass
+class Stop:
+    """A stop of the output search: the ``steps`` run, the best ``slopes`` so far per row
+    and the samples ``due`` (B,) whose stop it is. The caller sets ``certified`` (B,) to the
+    due samples its sound pass certifies: they leave; the others resume."""
+
+    steps: int
+    slopes: dict[int, torch.Tensor]
+    due: torch.Tensor
+    certified: torch.Tensor | None = None
 
 
 def slope_stops(
@@ -486,11 +509,13 @@ def slope_stops(
     decay: float = 1.0,
     init: dict[int, torch.Tensor] | None = None,
     offset: torch.Tensor | None = None,
-) -> Iterator[tuple[int, dict[int, torch.Tensor]]]:
-    """The steps run and ``search_slopes``' best slopes so far, yielded after the last
-    step and, with the rows' ``offset`` (B, K), whenever every sample's worst row leads its
-    stop margin (``stop_lead``); each such stop doubles the margin, so a caller whose sound
-    pass does not certify resumes the search (same Adam state) for a higher bound."""
+) -> Iterator[Stop]:
+    """``search_slopes``' stops: after the last step (every sample that has not left due)
+    and, with the rows' ``offset`` (B, K), whenever a sample's worst row leads its stop
+    margin (``stop_lead``; that sample due). Each sample has its own stops and margin,
+    doubled after each of its stops, so a sample stops at the same steps alone as in any
+    batch (Adam is elementwise and a sample's bound depends on its own slopes only); one
+    the caller's sound pass does not certify resumes (same Adam state)."""
     search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search.dtype
     search_a = a.detach().to(cast)
@@ -498,14 +523,15 @@ def slope_stops(
     alphas = start_slopes(search, start, search_boxes, a.shape[1])
     for i, t in (init or {}).items():
         alphas[i] = t.detach().to(cast).clone().requires_grad_(True)
+    left = torch.zeros(a.shape[0], dtype=torch.bool)  # samples certified at one of their stops
     if not alphas or steps <= 0:
-        yield 0, {}
+        yield Stop(0, {}, ~left)
         return
     chosen = {i: alpha.detach().clone() for i, alpha in alphas.items()}
     top = torch.full(a.shape[:2], -torch.inf, dtype=cast)
     optimiser = torch.optim.Adam(list(alphas.values()), lr=lr)
     schedule = torch.optim.lr_scheduler.ExponentialLR(optimiser, decay)
-    scale = 1.0  # the stop margin's factor, doubled after each early stop
+    scale = torch.ones(a.shape[0], dtype=cast)  # each sample's stop margin factor
     for step in range(1, steps + 1):
         check_time()
         with torch.enable_grad():
@@ -518,10 +544,18 @@ def slope_stops(
             keep = better.reshape(*better.shape, *([1] * (alpha.dim() - 2)))
             chosen[i] = torch.where(keep, alpha.detach(), chosen[i])
         if step == steps:
-            yield step, chosen
-        elif offset is not None and bool((stop_lead(top, offset.to(cast), scale) > 0).all()):
-            yield step, chosen  # the caller's sound pass decides; resumed if it does not certify
-            scale *= 2
+            yield Stop(step, chosen, ~left)
+        elif offset is not None:
+            due = ~left & (stop_lead(top, offset.to(cast), scale) > 0)
+            if bool(due.any()):
+                stop = Stop(step, chosen, due)
+                yield stop  # the caller's sound pass decides; resumed if it does not certify
+                told = torch.zeros_like(due) if stop.certified is None else stop.certified
+                certified = due & told
+                left = left | certified
+                scale = torch.where(due & ~certified, 2 * scale, scale)
+                if bool(left.all()):
+                    return
         optimiser.step()
         schedule.step()
         with torch.no_grad():

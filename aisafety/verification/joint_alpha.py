@@ -183,17 +183,28 @@ def joint_alpha(
         at = torch.arange(spec.shape[0]) if best.samples is None else best.samples
         sliced = [t.take(at) for t in found], _take_boxes(crown, at), spec[at]
         now = rebound(graph, *sliced, best)
+        if kept is None and len(at) < spec.shape[0]:
+            kept = _unbounded(now, spec.shape[0], crown)
         kept = now if kept is None else _merged(kept, now, at)
         if best.steps >= steps or offset is None:
             break
-        still = (kept[0][at] + offset[at] <= 0).any(1)  # the search's samples left open
-        if not bool(still.any()):
-            break
+        still = (kept[0][at] + offset[at] <= 0).any(1)  # the stop's samples left open
         try:  # certified samples leave the search
             best = stops.send(still)
         except StopIteration:
             break
     return kept
+
+
+def _unbounded(
+    now: tuple[torch.Tensor, torch.Tensor, list[Box]], batch: int, crown: list[Box]
+) -> tuple[torch.Tensor, torch.Tensor, list[Box]]:
+    """What ``_merged`` takes from a sample no stop has re-bounded yet: a bound of -inf
+    and boxes of every value, so a sample's first re-bound is kept as it is."""
+    bound = now[0].new_full((batch, *now[0].shape[1:]), -torch.inf)
+    coeff = now[1].new_zeros((batch, *now[1].shape[1:]))
+    boxes = [(torch.full_like(lo, -torch.inf), torch.full_like(hi, torch.inf)) for lo, hi in crown]
+    return bound, coeff, boxes
 
 
 def _take_boxes(boxes: list[Box], samples: torch.Tensor) -> list[Box]:
@@ -309,12 +320,13 @@ def search(
 ) -> Iterator[Best]:
     """Up to ``steps`` of Adam in ``bounds.SEARCH_DTYPE`` (``lrs``: ReLU's, sigmoid's and
     tanh's, times ``decay`` per step), slopes clamped to [0, 1] after each; yields the best
-    slopes so far (``Best``) after the last step and, with ``offset``, whenever every
-    sample's best step leads its stop margin (``_lead``); each such stop doubles the margin,
-    so a re-bound that does not certify resumes the search for a higher bound. It also
-    stops when a sample has stalled (``_stalled``: neither its best step nor its search
-    climbs). Sent a mask over the yielded ``Best.samples`` (the caller's re-bound left
-    those open), it goes on with those samples only, less the stalled ones
+    slopes so far (``Best``) after the last step (every sample still searched) and, with
+    ``offset``, of the samples due a stop: those whose best step leads their own stop
+    margin (``_lead``; each such stop doubles that sample's margin, so a re-bound that does
+    not certify resumes its search for a higher bound) or that stalled (``_stalled``:
+    neither its best step nor its search climbs). Each sample stops at the same steps
+    alone as in any batch. Sent a mask over the yielded ``Best.samples`` (the caller's
+    re-bound left those open), it goes on without the others and the stalled ones
     (``_narrowed_adam``: slopes, gradients and Adam's moments sliced, so their steps are
     those the whole batch would take)."""
     search_graph = graph.in_dtype(b.SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
@@ -343,7 +355,7 @@ def search(
     pass_bound = lambda node, rows, boxes, slopes: b.backward(  # noqa: E731
         search_graph, node, rows, boxes, slopes=slopes
     )[0]
-    scale = 1.0  # the stop margin's factor, doubled after each early stop
+    scale = torch.ones(spec.shape[0], dtype=cast)  # each sample's stop margin factor
     alive = torch.arange(spec.shape[0])  # the batch's samples still searched
     history = torch.empty(0, spec.shape[0], dtype=cast)  # best leads of the last steps
     trail = history.clone()  # the last steps' own leads
@@ -370,22 +382,28 @@ def search(
         best.steps = step
         if step == steps:
             yield best
-        elif offset is not None and bool(stalled.any() or (_lead(top, shift, scale) > 0).all()):
-            still = yield best  # the caller's sound re-bound decides; resumed if it does not
-            # certify, on the samples it left open (``still``) when it sends them, less those
-            # that stalled: they leave with that re-bound. Only a stop of leading samples
-            # doubles the margin (a stall's would delay the stop of those still climbing)
-            scale *= 1 if bool(stalled.any()) else 2
+            return
+        leading = _lead(top, shift, scale) > 0
+        due = stalled | leading
+        if offset is not None and bool(due.any()):
+            pick = due.nonzero().squeeze(1)
+            still = yield _picked(best, pick, alive)  # the due samples' sound re-bound
+            # decides: those it leaves open (``still``, when sent) resume, less those that
+            # stalled: they leave with that re-bound. Only a sample's stop by its lead
+            # doubles its margin (a stall's would delay its stop while it climbs)
+            stays = torch.ones_like(due)
             if still is not None:
-                still = still & ~stalled
-                if not bool(still.any()):
-                    return
-            if still is not None and not bool(still.all()):
-                keep = still.nonzero().squeeze(1)
+                stays[pick] = still & ~stalled[pick]
+            scale = torch.where(leading & ~stalled & stays, 2 * scale, scale)
+            if not bool(stays.any()):
+                return
+            if not bool(stays.all()):
+                keep = stays.nonzero().squeeze(1)
                 history, trail = history[:, keep], trail[:, keep]
                 alive, found = alive[keep], [t.take(keep) for t in found]
                 start, ibp = _take_boxes(start, keep), _take_boxes(ibp, keep)
                 a, shift, top, row_top = a[keep], shift[keep], top[keep], row_top[keep]
+                scale = scale[keep]
                 new = _narrowed_adam(optimiser, keep)
                 alphas = {n: {i: new[id(s)] for i, s in d.items()} for n, d in alphas.items()}
                 params = [new[id(s)] for s in params]
@@ -397,6 +415,14 @@ def search(
         with torch.no_grad():
             for s in params:
                 s.nan_to_num_(0.5).clamp_(0, 1)
+
+
+def _picked(best: Best, pick: torch.Tensor, alive: torch.Tensor) -> Best:
+    """``best`` on the searched samples ``pick`` (positions among ``alive``, the batch's
+    samples still searched) only: what a stop of those samples re-bounds."""
+    slopes = {n: {i: s[pick] for i, s in d.items()} for n, d in best.slopes.items()}
+    rows = None if best.rows is None else {i: s[pick] for i, s in best.rows.items()}
+    return Best(slopes, rows, best.steps, alive[pick])
 
 
 def _narrowed_adam(optimiser: torch.optim.Adam, keep: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -437,10 +463,13 @@ def _stalled(best: torch.Tensor, leads: torch.Tensor) -> torch.Tensor:
     return flat & (leads[-1] - leads.amin(0) <= STALL_GAIN)
 
 
-def _lead(rows: torch.Tensor, shift: torch.Tensor, scale: float) -> torch.Tensor:
-    """Per sample, its worst spec row's lead over the stop margin ``scale`` x (``ABS_MARGIN``
-    + ``REL_MARGIN`` x the row's size): the search's bound is float32 without rounding
-    margins, above the sound re-bound by ~0.01 on eran sigmoid 1211 (+0.22 vs +0.21)."""
+def _lead(rows: torch.Tensor, shift: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
+    """Per sample, its worst spec row's lead over the stop margin ``scale`` (a number, or
+    one per sample) x (``ABS_MARGIN`` + ``REL_MARGIN`` x the row's size): the search's bound
+    is float32 without rounding margins, above the sound re-bound by ~0.01 on eran sigmoid
+    1211 (+0.22 vs +0.21)."""
+    if torch.is_tensor(scale):
+        scale = scale.unsqueeze(1)
     margin = scale * (ABS_MARGIN + REL_MARGIN * rows.abs())
     return (rows + shift - margin).nan_to_num(-torch.inf).amin(1)
 
