@@ -113,7 +113,8 @@ class AlphaCrownConfig(AttackFirstConfig):
         default=20,
         ge=0,
         description="Adam steps of the layer-by-layer slope search; the spec rows' search "
-        "stops early once every row leads its stop margin and the sound pass certifies",
+        "stops early, per sample, once every row of that sample leads its stop margin and the "
+        "sound pass certifies it",
     )
     lr: float = Field(default=0.1, gt=0, description="Adam learning rate of the slopes")
     search_work: float | None = Field(
@@ -135,8 +136,8 @@ class AlphaCrownConfig(AttackFirstConfig):
     joint_steps: int = Field(
         default=75,
         ge=0,
-        description="the joint search's Adam steps; it stops early once every spec row is "
-        "above its stop margin and the sound re-bound certifies (eran sigmoid: 31 of 36 "
+        description="the joint search's Adam steps; a sample stops early once each of its spec "
+        "rows is above its stop margin and the sound re-bound certifies it (eran sigmoid: 31 of 36 "
         "settled at 75, median 0.9 CPU s per spec; 1211 needs 69)",
     )
     joint_lr: float = Field(
