@@ -11,6 +11,7 @@ the margin, the least sampled value and ``ok`` or ``VIOLATED``; exits 1 on a vio
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -18,23 +19,24 @@ from pathlib import Path
 
 import torch
 
-from aisafety.verification.vnncomp import _value_at, load_network
+from aisafety.verification.vnncomp import load_network, value_at
 from aisafety.verification.vnnlib import read_disjuncts
 
-FOLDER = Path(__file__).resolve().parents[2] / "shared/data/cifar10-models"
-MARABOU = FOLDER / "vnncomp2021_marabou_cifar10"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from shared_location import shared_data  # noqa: E402
 
 
 def least_sampled(net_name: str, spec_name: str, n: int) -> float:
     """The least objective value over the centre, ``n`` uniform points and ``n`` corners."""
-    net = load_network(str(MARABOU / f"{net_name}.onnx"))
-    spec = next(MARABOU.rglob(spec_name))
+    marabou = shared_data("cifar10-models") / "vnncomp2021_marabou_cifar10"
+    net = load_network(str(marabou / f"{net_name}.onnx"))
+    spec = next(marabou.rglob(spec_name))
     box, disjuncts = read_disjuncts(spec, math.prod(net.shape), net.reference.num_classes)
     lower, upper = (b.reshape(1, *net.shape).double() for b in box)
     draws = torch.rand(2 * n, *net.shape, dtype=torch.float64)
     draws[n:] = draws[n:].round()  # corners
     points = torch.cat([(lower + upper) / 2, lower + (upper - lower) * draws])
-    return min(_value_at(net, lower, upper, disjuncts, x[None]) for x in points)
+    return min(value_at(net, lower, upper, disjuncts, x[None]) for x in points)
 
 
 def main(rows_path: str, n: int = 2000) -> int:
@@ -53,4 +55,8 @@ def main(rows_path: str, n: int = 2000) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:2], *map(int, sys.argv[2:3])))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rows", help="a bench/results/cifar_300s_*.jsonl file")
+    parser.add_argument("n", type=int, nargs="?", default=2000, help="uniform points and corners")
+    args = parser.parse_args()
+    sys.exit(main(args.rows, args.n))

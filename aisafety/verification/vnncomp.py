@@ -182,7 +182,7 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
             with time_limit(deadline):
                 point = all_rows_hold(net, prop)
                 if point is not None:
-                    return _sat(net, point, _value_at(net, lower, upper, disjuncts, point))
+                    return _sat(net, point, value_at(net, lower, upper, disjuncts, point))
                 bounds = _first_pass(checker, net, prop)
         except OutOfTime:
             return InstanceResult("timeout", 0.0, -math.inf, note="timeout")
@@ -199,7 +199,7 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
             registry, net, prop, bounds, verifier, settings, deadline
         )
         if point is not None:
-            return _sat(net, point, _value_at(net, lower, upper, disjuncts, point))
+            return _sat(net, point, value_at(net, lower, upper, disjuncts, point))
         proved.append(best)
         if not refuted:
             status = "timeout" if deadline.passed() else "unknown"
@@ -210,7 +210,7 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
     return InstanceResult("unsat", 0.0, min(proved))
 
 
-def _value_at(net: Network, lower, upper, disjuncts, x: torch.Tensor) -> float:
+def value_at(net: Network, lower, upper, disjuncts, x: torch.Tensor) -> float:
     """min over disjuncts of max over their atoms' rows at ``x``, replayed through
     onnxruntime: <= 0 where ``x`` satisfies a disjunct, an upper bound of the least value."""
     y = net.run(x).double()
