@@ -261,18 +261,22 @@ def _diamond_onnx(path, bias: float) -> str:
     return str(path)
 
 
+def _unit_square_spec(path, *outputs: str) -> str:
+    """A VNN-LIB file over the diamond net's inputs in [0, 1]^2, asserting ``outputs``."""
+    lines = ["(declare-const X_0 Real)", "(declare-const X_1 Real)", "(declare-const Y_0 Real)",
+             "(declare-const Y_1 Real)", "(assert (>= X_0 0.0))", "(assert (<= X_0 1.0))",
+             "(assert (>= X_1 0.0))", "(assert (<= X_1 1.0))"]  # fmt: skip
+    path.write_text("\n".join(lines + [f"(assert {atom})" for atom in outputs]) + "\n")
+    return str(path)
+
+
 def test_aisafety_verify_prints_the_note_of_a_milp_certificate(tmp_path, capsys):
     """``aisafety verify`` (``complete``, the MILP on this two-ReLU net) prints the note of
     an ``unsat`` that rests on HiGHS's MIP bound as one comment line, and none where the
     safe LP bound proves it (the cases of the test above)."""
     from aisafety.cli import main
 
-    spec = tmp_path / "box.vnnlib"
-    spec.write_text("(declare-const X_0 Real)\n(declare-const X_1 Real)\n"
-                    "(declare-const Y_0 Real)\n(declare-const Y_1 Real)\n"
-                    "(assert (>= X_0 0.0))\n(assert (<= X_0 1.0))\n"
-                    "(assert (>= X_1 0.0))\n(assert (<= X_1 1.0))\n"
-                    "(assert (>= Y_1 Y_0))\n")  # fmt: skip
+    spec = _unit_square_spec(tmp_path / "box.vnnlib", "(>= Y_1 Y_0)")
     for bias, unproved in ((2.5, True), (3.5, False)):
         net = _diamond_onnx(tmp_path / f"diamond{bias}.onnx", bias)
         assert main(["verify", net, str(spec), "--timeout", "30"]) == 0
@@ -281,3 +285,27 @@ def test_aisafety_verify_prints_the_note_of_a_milp_certificate(tmp_path, capsys)
         notes = [line for line in lines if line.startswith("# note: ")]
         assert len(notes) == int(unproved)
         assert all("rest on HiGHS's MIP bound" in line for line in notes)
+
+
+def test_a_conjunction_refuted_by_a_milp_certificate_keeps_its_note(tmp_path, capsys):
+    """A conjunction (two asserted atoms: Y_1 >= Y_0 and Y_0 <= 1000, the second true on the
+    whole box) is refuted by the first atom alone, which only HiGHS's MIP answer certifies at
+    bias 2.5: the note reaches ``verify_instance``'s result (which the VNN-COMP bench rows
+    store) and ``aisafety verify``'s ``# note:`` line, naming the disjunct and the atom.
+    Before: the conjunction path dropped it (``unsat`` with no note)."""
+    from aisafety.cli import main
+    from aisafety.plugins import default_registry
+    from aisafety.verification.vnncomp import verify_instance
+
+    spec = _unit_square_spec(tmp_path / "conjunction.vnnlib", "(>= Y_1 Y_0)", "(<= Y_0 1000.0)")
+    for bias, unproved in ((2.5, True), (3.5, False)):
+        net = _diamond_onnx(tmp_path / f"diamond{bias}.onnx", bias)
+        result = verify_instance(default_registry(), net, spec, "complete", 30.0)
+        assert result.status == "unsat"
+        expected = "the atoms refuting disjunct 0 (atom 0) rest on HiGHS's MIP bound"
+        assert result.note.startswith(expected) if unproved else result.note == ""
+        assert main(["verify", net, str(spec), "--timeout", "30"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == "unsat"
+        notes = [line for line in lines if line.startswith("# note: ")]
+        assert notes == ([f"# note: {result.note}"] if unproved else [])

@@ -52,6 +52,9 @@ from aisafety.verification.result import (
     stored_verdicts,
 )
 
+# what a certificate resting on a MIP answer says (``_unproved``; ``vnncomp``'s conjunctions)
+MIP_NOTE = "rest on HiGHS's MIP bound (within its tolerances, not a safe bound)"
+
 
 class CompleteConfig(BabConfig):
     batch_size: int = Field(default=16, gt=0)
@@ -245,7 +248,7 @@ def _unproved(enc: Encoding, prop: Property, rows: list[int], deadline: Deadline
         pass
     if not left:
         return ""
-    return f"rows {left} rest on HiGHS's MIP bound (within its tolerances, not a safe bound)"
+    return f"rows {left} {MIP_NOTE}"
 
 
 def _checked(model: Model, prop: Property, candidate: torch.Tensor) -> tuple[float, torch.Tensor]:

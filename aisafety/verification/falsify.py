@@ -19,7 +19,9 @@ Model = Callable[[torch.Tensor], torch.Tensor]
 
 
 def into_box(x: torch.Tensor, prop: Property) -> torch.Tensor:
-    """``x`` as float32 in the box: clamped, nudged one float step where rounding left it."""
+    """``x`` as float32 in the box: clamped, nudged one float step where rounding left it.
+    The box is the property's before any narrowing (``Property.original``)."""
+    prop = prop.original
     lower, upper = prop.lower.to(torch.float64), prop.upper.to(torch.float64)
     x32 = x.to(torch.float64).clamp(lower, upper).float()
     wide = x32.double()
@@ -33,6 +35,7 @@ def checked(model: Model, prop: Property, candidates: torch.Tensor):
     """Per sample, the point ``replay`` checks (float32, inside the box) and the lowest
     row's value there: a falsified sample's counterexample and margin, whichever search
     found the point, so the margin printed is the one at the point printed."""
+    prop = prop.original  # an outward narrowing's box and offsets would admit false points
     points = into_box(candidates, prop)
     with torch.no_grad():
         values = prop.rows(model(points).to(torch.float64)).amin(1)
@@ -40,7 +43,9 @@ def checked(model: Model, prop: Property, candidates: torch.Tensor):
 
 
 def replay(model: Model, prop: Property, candidates: torch.Tensor) -> torch.Tensor:
-    """True per sample where the candidate is in the box and violates the property."""
+    """True per sample where the candidate is in the box and violates the property (the
+    property before any narrowing: ``Property.original``)."""
+    prop = prop.original
     x = into_box(candidates, prop)
     with torch.no_grad():
         rows = prop.rows(model(x).to(torch.float64))

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from aisafety.verification import budget, memo
 from aisafety.verification.ibp_rounding import U64, gamma
 from aisafety.verification.ops import Box, Op
+from aisafety.verification.property import rounded_down
 from aisafety.verification.relaxations import RELU, SShapeRelaxation
 
 EXACT = {"input", "reshape", "add", "window"}  # copies: no rounding
@@ -173,8 +174,9 @@ def lower(
 def added_down(bound: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """``bound + offset`` rounded toward -inf (a property's offset ``d`` added to a proved
     bound): the nearest sum can be half an ulp above the exact one. The rounding error of
-    the sum is exact (Knuth's TwoSum), so the sum moves one ulp down only where it rose."""
-    offset = offset.to(bound.dtype)
+    the sum is exact (Knuth's TwoSum), so the sum moves one ulp down only where it rose.
+    A wider offset is first narrowed down (``rounded_down``), not to nearest."""
+    offset = rounded_down(offset, bound.dtype)
     total = bound + offset
     back = total - bound
     error = (bound - (total - back)) + (offset - back)  # exact: bound + offset - total

@@ -11,9 +11,10 @@ S-procedure asks for mu >= 0 and free lambda with
 which makes q . v - gamma >= sum mu g + sum lambda h >= 0 on every point of the network;
 gamma is maximised. This is the dual of SDPVerify's relaxation with more constraints, so
 its bound is at least SDPVerify's up to the solvers' tolerance (declared). The returned
-multipliers are re-checked (``quadratic.certified_bound``: mu clipped, the smallest
-eigenvalue's shortfall charged on ||v||^2), so the bound is sound whatever the solver's
-accuracy. Cost: one multiplier per pair of unstable neurons of a layer.
+multipliers are re-checked (``quadratic.certified_bound``: mu clipped, a proved lower
+bound of the smallest eigenvalue, every float64 rounding charged, its shortfall charged on
+||v||^2), so the bound is sound whatever the solver's accuracy. Cost: one multiplier per
+pair of unstable neurons of a layer.
 """
 
 from __future__ import annotations
@@ -50,4 +51,4 @@ class LmiVerifier(SdpVerifier):
         if problem.status not in ("optimal", "optimal_inaccurate"):
             return float("-inf")
         found = lam.value if qcqp.eq.shape[0] else np.zeros(0)
-        return certified_bound(qcqp, q, float(gamma.value), mu.value, found)
+        return certified_bound(qcqp, row, float(gamma.value), mu.value, found)

@@ -12,29 +12,60 @@ from dataclasses import dataclass
 
 import torch
 
+from aisafety.verification.graph import VerificationError
+
 
 @dataclass
 class Property:
-    """Per sample (first dim): a box of inputs, spec rows (B, K, outputs) and offsets (B, K)."""
+    """Per sample (first dim): a box of inputs, spec rows (B, K, outputs) and offsets (B, K).
+
+    ``exact`` is the property a narrowing ``to`` came from: its box is inside this one and
+    its offsets are at least these, so a bound proved here holds there, while a
+    counterexample must be checked there (``falsify.replay``)."""
 
     lower: torch.Tensor
     upper: torch.Tensor
     spec: torch.Tensor
     offset: torch.Tensor
+    exact: Property | None = None
 
     def __len__(self) -> int:
         return self.lower.shape[0]
 
     def __getitem__(self, index) -> Property:
-        return Property(self.lower[index], self.upper[index], self.spec[index], self.offset[index])
+        exact = None if self.exact is None else self.exact[index]
+        return Property(self.lower[index], self.upper[index], self.spec[index],
+                        self.offset[index], exact)  # fmt: skip
 
     def expand(self, n: int) -> Property:
         """``n`` views of a one-sample property, to replay ``n`` candidates against it."""
-        return Property(*(t.expand(n, *t.shape[1:])
-                          for t in (self.lower, self.upper, self.spec, self.offset)))  # fmt: skip
+        exact = None if self.exact is None else self.exact.expand(n)
+        tensors = (self.lower, self.upper, self.spec, self.offset)
+        return Property(*(t.expand(n, *t.shape[1:]) for t in tensors), exact)
+
+    @property
+    def original(self) -> Property:
+        """The property counterexamples are checked against: the one before any narrowing."""
+        return self if self.exact is None else self.exact
 
     def to(self, dtype: torch.dtype) -> Property:
-        return Property(*(t.to(dtype) for t in (self.lower, self.upper, self.spec, self.offset)))
+        """This property in ``dtype``, narrowed outward: the box's ends rounded away from
+        it, the offsets down, so a bound proved on the result holds on this property (a
+        float64 box rounded to nearest in float32 can lose up to half an ulp per side).
+        Spec rows must narrow exactly: which way to round a coefficient depends on the
+        sign of the output it multiplies."""
+        tensors = (self.lower, self.upper, self.spec, self.offset)
+        if all(dtype.itemsize >= t.dtype.itemsize for t in tensors):  # widening is exact
+            return Property(*(t.to(dtype) for t in tensors), self.exact)
+        spec = self.spec.to(dtype)
+        if not torch.equal(spec.to(self.spec.dtype), self.spec):
+            raise VerificationError(
+                f"the property's spec rows are not exact in {dtype} (the graph's dtype): a "
+                "bound on the rounded rows would not bound the given ones; verify against a "
+                "float64 graph (build_graph(..., dtype=torch.float64))"
+            )
+        lower, upper = rounded_down(self.lower, dtype), rounded_up(self.upper, dtype)
+        return Property(lower, upper, spec, rounded_down(self.offset, dtype), self.original)
 
     def rows(self, outputs: torch.Tensor) -> torch.Tensor:
         """``C f + d`` for outputs (B, classes): (B, K); the property fails where a row <= 0.
@@ -50,6 +81,20 @@ class Property:
         """True per sample where ``x`` lies in the box (exactly, no tolerance)."""
         x = x.to(self.lower.dtype).flatten(1)
         return ((x >= self.lower.flatten(1)) & (x <= self.upper.flatten(1))).all(1)
+
+
+def rounded_down(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, each value the largest at most the original (NaN stays NaN)."""
+    near = t.to(dtype)
+    down = torch.nextafter(near, near.new_tensor(-torch.inf))
+    return torch.where(near.to(t.dtype) > t, down, near)
+
+
+def rounded_up(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, each value the smallest at least the original (NaN stays NaN)."""
+    near = t.to(dtype)
+    up = torch.nextafter(near, near.new_tensor(torch.inf))
+    return torch.where(near.to(t.dtype) < t, up, near)
 
 
 def margin_spec(y: torch.Tensor, num_classes: int, dtype=torch.float64) -> torch.Tensor:

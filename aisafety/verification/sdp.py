@@ -88,4 +88,4 @@ class SdpVerifier(Verifier):
         gamma = float(problem.value)
         # cvxpy's sign of an equality's dual is a convention: either sign is a sound
         # certificate, the better one is kept
-        return max(certified_bound(qcqp, q, gamma, mu, sign * lam) for sign in (1.0, -1.0))
+        return max(certified_bound(qcqp, row, gamma, mu, sign * lam) for sign in (1.0, -1.0))

@@ -27,6 +27,7 @@ import torch
 from aisafety.errors import ConfigError
 from aisafety.prediction.onnx_model import OnnxRuntimePredictor, load_onnx
 from aisafety.verification.base import VerifierConfig
+from aisafety.verification.complete import MIP_NOTE
 from aisafety.verification.deadline import CLOCKS, OutOfTime, time_limit
 from aisafety.verification.falsify import into_box, pgd_on_rows
 from aisafety.verification.float64_margin import added_down
@@ -172,10 +173,12 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
     for the atom: a lower bound of min_x min_d max_k row_k(x), positive only if ``unsat``;
     for ``sat``, that objective at the replayed point (<= 0), as a falsified sample's.
     Where the search stops at a disjunct, the disjuncts after it get their first pass if
-    time is left (never past the deadline); a disjunct with no bound makes it -inf."""
+    time is left (never past the deadline); a disjunct with no bound makes it -inf. An
+    ``unsat`` keeps the notes of the atoms' certificates (``conjunction_note``)."""
     checker = make_verifier(registry, verifier, settings)
     deadline = checker.deadline(1)
     proved: list[float] = []  # per disjunct so far: the best bound proved for it
+    notes: dict[tuple[int, int], str] = {}  # (disjunct, atom) -> its certificate's note
     for i, rows in enumerate(disjuncts):
         prop = rows_property(lower, upper, rows)
         try:
@@ -195,19 +198,32 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
                 checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
             )
             return InstanceResult("unknown", 0.0, margin, note="bounds too loose")
-        refuted, best, point = _refuted_by_one_atom(
+        refuted, best, point, why = _refuted_by_one_atom(
             registry, net, prop, bounds, verifier, settings, deadline
         )
         if point is not None:
             return _sat(net, point, value_at(net, lower, upper, disjuncts, point))
         proved.append(best)
+        if why is not None:
+            notes[(i, why[0])] = why[1]
         if not refuted:
             status = "timeout" if deadline.passed() else "unknown"
             margin = _margin_so_far(
                 checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
             )
             return InstanceResult(status, 0.0, margin, note="a disjunct was not refuted")
-    return InstanceResult("unsat", 0.0, min(proved))
+    return InstanceResult("unsat", 0.0, min(proved), note=conjunction_note(notes))
+
+
+def conjunction_note(notes: dict[tuple[int, int], str]) -> str:
+    """One note for the atoms whose certificates carry one: those resting on HiGHS's MIP
+    bound named together (their one-row notes all say ``rows [0]``), any other as is."""
+    on_mip = [f"disjunct {i} (atom {k})" for (i, k), note in notes.items() if MIP_NOTE in note]
+    parts = [f"disjunct {i} (atom {k}): {note}" for (i, k), note in notes.items()
+             if MIP_NOTE not in note]  # fmt: skip
+    if on_mip:
+        parts.insert(0, f"the atoms refuting {', '.join(on_mip)} {MIP_NOTE}")
+    return "; ".join(parts)
 
 
 def value_at(net: Network, lower, upper, disjuncts, x: torch.Tensor) -> float:
@@ -241,7 +257,8 @@ def _margin_so_far(checker, net, deadline, lower, upper, proved: list[float], re
 
 def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadline):
     """A complete verifier on each atom alone, the most promising (highest bound) first:
-    (refuted, the disjunct's best proved bound, a replayed point where all its atoms hold).
+    (refuted, the disjunct's best proved bound, a replayed point where all its atoms hold,
+    and (atom, note) where the refuting certificate has a note, else None).
 
     An atom's counterexample satisfies the disjunct when it is the disjunct's only atom (or
     all the others hold there too); a falsified atom's margin is its point's value, not a
@@ -257,12 +274,13 @@ def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadli
         if verdict is Verdict.FALSIFIED:
             point = result.counterexamples[:1]
             if _all_hold_at(net, prop, point):
-                return False, float(best.max()), point
+                return False, float(best.max()), point, None
             continue
         best[k] = max(float(best[k]), float(result.margins[0]))
         if verdict is Verdict.CERTIFIED:
-            return True, float(best.max()), None
-    return False, float(best.max()), None
+            note = result.notes[0] if result.notes else ""
+            return True, float(best.max()), None, (k, note) if note else None
+    return False, float(best.max()), None, None
 
 
 def prop_row(prop: Property, k: int) -> Property:
