@@ -9,7 +9,8 @@ Measurement only, beside our verifiers (``bench/verification.py``): alpha-beta-C
 submodule 9d100ec; ``--abcrown`` or ``$ABCROWN_DIR`` names the checkout, its
 ``complete_verifier`` folder holding ``auto_LiRPA``) runs each instance in a fresh process
 (one torch thread) with the suite's config of this folder (``mnistfc.yaml``,
-``eran.yaml`` (``eran_sigmoid.yaml`` for its sigmoid net), ``cifar.yaml``: each lists
+``eran.yaml`` (``eran_sigmoid.yaml`` for its sigmoid net), ``cifar.yaml`` (the ResNets;
+``marabou.yaml`` for the three Marabou nets): each lists
 what had to change from its competition config;
 ``sok.yaml`` for ``--csv`` instances of ``sok_export.py``)
 in its ``single_vnnlib`` mode, and its verdict file is read: ``sat``, ``unsat`` or
@@ -38,6 +39,7 @@ import csv
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,7 +59,10 @@ def _folder(data: Path | None, name: str) -> Path:
 
 CONFIG = {"mnistfc": "mnistfc.yaml", "eran": "eran.yaml", "cifar": "cifar.yaml", "sok": "sok.yaml"}
 # nets whose config differs from their suite's
-NET_CONFIG = {"ffnnSIGMOID__Point_6x200": "eran_sigmoid.yaml"}
+NET_CONFIG = {
+    "ffnnSIGMOID__Point_6x200": "eran_sigmoid.yaml",
+    **{f"cifar10_{size}": "marabou.yaml" for size in ("small", "medium", "large")},
+}
 
 
 def instances(
@@ -160,11 +165,29 @@ def cex_replays(onnx_path: Path, spec: Path, cex_file: Path) -> bool | None:
     return bool(replays(onnx_path, spec, cex_file.read_text()))
 
 
+def printed_bounds(stdout: str) -> dict:
+    """The bounds its log prints: the root's per spec row (``initial CROWN bounds``,
+    ``initial alpha-crown bounds``, first 10 rows) and the last ``Current (lb-rhs)``, its
+    worst open domain's bound when the search stopped (absent where it did not branch)."""
+    found: dict = {}
+    for line in stdout.splitlines():
+        for method in ("CROWN", "alpha-crown"):
+            head = f"initial {method} bounds (first 10 items):"
+            if line.startswith(head):
+                found[f"root_{method.lower()}"] = json.loads(line[len(head) :])
+        if line.startswith("Current (lb-rhs):"):
+            found["last_lb"] = float(line.split(":", 1)[1])
+    return found
+
+
 def run_instance(args, net: str, onnx_path: Path, spec: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.txt"
+        # its reader caches a ``.compiled`` copy beside the property: here, not in shared data
+        copy = Path(tmp) / spec.name
+        shutil.copyfile(spec, copy)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(onnx_path),
-               str(spec), str(result), "--suite", args.suite, "--timeout", str(args.timeout),
+               str(copy), str(result), "--suite", args.suite, "--timeout", str(args.timeout),
                "--clock", args.clock, "--abcrown", str(args.abcrown)]  # fmt: skip
         limit = int(2 * args.timeout + 30)
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -190,6 +213,7 @@ def run_instance(args, net: str, onnx_path: Path, spec: Path) -> dict:
         if status == "sat":
             Path(str(result) + ".cex").write_text(text[1] if len(text) > 1 else "")
             row["cex_replays"] = cex_replays(onnx_path, spec, Path(str(result) + ".cex"))
+        row.update(printed_bounds(proc.stdout))
         if status == "error":
             row["error"] = proc.stdout[-2000:] + proc.stderr[-2000:]
         return row
