@@ -54,3 +54,26 @@ def replays(network: Path, spec: Path, counterexample: str) -> bool:
     out = torch.from_numpy(y).double()
     violated = any(all(float(c @ out + d) <= 0 for c, d in rows) for rows in disjuncts)
     return inside and violated
+
+
+def moved_into_box(spec: Path, text: str) -> tuple[str, int]:
+    """The counterexample ``((X_0 v) ... (Y_0 v) ...)`` with every input that lies one
+    float32 step outside the box moved that step in, and how many moved: a peer's float32
+    point on a box end that float32 cannot hold (alpha-beta-CROWN's, bench/abcrown/run.py)
+    is then replayed as ``falsify.into_box`` puts ours in the box; an input further out
+    stays, so ``replays`` still fails on it."""
+    from aisafety.verification.vnnlib import read_disjuncts
+
+    pairs = [line.strip("() \n").split() for line in text.splitlines() if line.strip("() \n")]
+    values = {name: float(v) for name, v in pairs}
+    n = sum(name.startswith("X_") for name in values)
+    (lower, upper), _ = read_disjuncts(spec, n, sum(name.startswith("Y_") for name in values))
+    count = 0
+    for i, (lo, hi) in enumerate(zip(lower.tolist(), upper.tolist(), strict=True)):
+        x = np.float32(values[f"X_{i}"])
+        if lo <= float(x) <= hi:  # in float64: numpy would compare in float32
+            continue
+        step = np.nextafter(x, np.float32(np.inf if float(x) < lo else -np.inf))
+        if lo <= float(step) <= hi:
+            values[f"X_{i}"], count = float(step), count + 1
+    return "\n".join(f"({name} {v!r})" for name, v in values.items()), count

@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from verdict_contradictions import contradictions
+from vnncomp_cifar10 import moved_into_box
 
 from aisafety.plugins import default_registry
 from aisafety.verification.vnncomp import verify_instance
@@ -57,6 +59,31 @@ def test_the_kept_sweep_has_no_contradiction_and_every_sat_of_alpha_beta_crown_r
     assert all(
         r.get("cex_replays") for r in rows if r["tool"] == "abcrown" and r["status"] == "sat"
     )
+
+
+def test_a_peer_point_one_float32_step_outside_the_box_is_moved_in_and_no_further(tmp_path):
+    """alpha-beta-CROWN writes float32 inputs; on a box end float32 cannot hold (0.7 rounds
+    down to 0.69999999, 0.1 up to 0.10000000149) its point lies one step outside. Those
+    inputs move that one step in; one further out stays, so its replay still fails."""
+    spec = tmp_path / "p.vnnlib"
+    spec.write_text(
+        "(declare-const X_0 Real)\n(declare-const X_1 Real)\n(declare-const Y_0 Real)\n"
+        "(declare-const Y_1 Real)\n(assert (>= X_0 0.7))\n(assert (<= X_0 0.9))\n"
+        "(assert (>= X_1 -0.5))\n(assert (<= X_1 0.1))\n(assert (>= Y_0 Y_1))\n"
+    )
+    below, above = float(np.float32(0.7)), float(np.float32(0.1))
+    assert below < 0.7 and above > 0.1  # outside, each by one float32 step
+    moved, count = moved_into_box(spec, f"((X_0 {below})\n (X_1 {above})\n (Y_0 1.0)\n (Y_1 2.0))")
+    values = dict(line.strip("() ").split() for line in moved.splitlines())
+    assert count == 2
+    assert float(values["X_0"]) == float(np.nextafter(np.float32(below), np.float32(1)))
+    assert float(values["X_0"]) >= 0.7 and float(values["X_1"]) <= 0.1
+    assert values["Y_0"] == "1.0" and values["Y_1"] == "2.0"
+    far = float(np.nextafter(np.float32(below), np.float32(0)))  # two steps below 0.7
+    moved, count = moved_into_box(spec, f"((X_0 {far})\n (X_1 0.0)\n (Y_0 1.0)\n (Y_1 2.0))")
+    assert count == 0 and dict(line.strip("() ").split() for line in moved.splitlines())[
+        "X_0"
+    ] == repr(far)
 
 
 FAST = [("mnist-net_256x2", "prop_7_0.03.vnnlib"), ("mnist-net_256x2", "prop_0_0.03.vnnlib"),

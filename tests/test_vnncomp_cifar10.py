@@ -102,3 +102,21 @@ def test_the_bound_graph_agrees_with_onnxruntime_off_the_unit_box():
     x = torch.rand(4, *net.shape, generator=torch.Generator().manual_seed(0)) * 4.3 - 2.1
     graph_out = net.graph.forward(x.double()).float()
     assert torch.allclose(graph_out, net.run(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(SHARED is None, reason=absent("cifar10-models"))
+def test_the_conjunction_attack_breaks_the_marabou_instance_alpha_beta_crown_broke():
+    """cifar10_medium index2317 (eps 0.012) is violated (alpha-beta-CROWN's PGD, session 15:
+    class 6 leads by 3.5e-4); box-PGD on the largest row alone, at any restarts, stopped at
+    +0.20. ``all_rows_hold`` must find a point where every atom holds, replayed."""
+    from aisafety.verification.vnncomp import all_rows_hold, load_network, rows_property
+
+    name = "networkcifar10_medium_index2317_eps0.012_target6_orig5.vnnlib"
+    network, spec = next((n, s) for n, s, _ in INSTANCES if s.name == name)
+    net = load_network(str(network))
+    box, disjuncts = read_disjuncts(spec, 3072, 10)
+    lower, upper = (b.reshape(1, *net.shape) for b in box)
+    point = all_rows_hold(net, rows_property(lower, upper, disjuncts[0]))
+    assert point is not None
+    text = "\n".join(f"(X_{i} {v!r})" for i, v in enumerate(point.flatten().tolist()))
+    assert replays(network, spec, text)

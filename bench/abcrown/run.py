@@ -9,7 +9,8 @@ Measurement only, beside our verifiers (``bench/verification.py``): alpha-beta-C
 submodule 9d100ec; ``--abcrown`` or ``$ABCROWN_DIR`` names the checkout, its
 ``complete_verifier`` folder holding ``auto_LiRPA``) runs each instance in a fresh process
 (one torch thread) with the suite's config of this folder (``mnistfc.yaml``,
-``eran.yaml`` (``eran_sigmoid.yaml`` for its sigmoid net), ``cifar.yaml``: each lists
+``eran.yaml`` (``eran_sigmoid.yaml`` for its sigmoid net), ``cifar.yaml`` (the ResNets;
+``marabou.yaml`` for the three Marabou nets): each lists
 what had to change from its competition config;
 ``sok.yaml`` for ``--csv`` instances of ``sok_export.py``)
 in its ``single_vnnlib`` mode, and its verdict file is read: ``sat``, ``unsat`` or
@@ -28,7 +29,8 @@ Each result is a JSON line: suite, net, property, tool ``abcrown``, status, CPU 
 the child process after its imports (``startup_cpu_s``: Python, torch and alpha-beta-CROWN's
 modules, about 3.5 s here; the network's loading is counted, as ours counts it), its wall
 seconds, and for ``sat`` whether its counterexample replays under onnxruntime
-(``cex_replays``).
+(``cex_replays``; ``cex_moved_inputs``: how many of its float32 inputs lay one float32 step
+outside the box and were moved in for that, see ``cex_replays``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import csv
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,7 +60,10 @@ def _folder(data: Path | None, name: str) -> Path:
 
 CONFIG = {"mnistfc": "mnistfc.yaml", "eran": "eran.yaml", "cifar": "cifar.yaml", "sok": "sok.yaml"}
 # nets whose config differs from their suite's
-NET_CONFIG = {"ffnnSIGMOID__Point_6x200": "eran_sigmoid.yaml"}
+NET_CONFIG = {
+    "ffnnSIGMOID__Point_6x200": "eran_sigmoid.yaml",
+    **{f"cifar10_{size}": "marabou.yaml" for size in ("small", "medium", "large")},
+}
 
 
 def instances(
@@ -149,22 +155,49 @@ def run_one(abcrown: Path, config: Path, onnx_path: Path, spec: Path, timeout: f
     ABCROWN(args=args).main()
 
 
-def cex_replays(onnx_path: Path, spec: Path, cex_file: Path) -> bool | None:
+def cex_replays(onnx_path: Path, spec: Path, cex_file: Path) -> tuple[bool | None, int]:
     """Whether the counterexample alpha-beta-CROWN wrote lies in the box and breaks the
-    property under onnxruntime (our reader of the property; None: no counterexample)."""
-    if not cex_file.is_file():
-        return None
-    sys.path.insert(0, str(HERE.parent))
-    from verify_cifar10 import replays
+    property under onnxruntime (our reader of the property; None: no counterexample), and
+    how many of its inputs had to move one float32 step into the box for that (0: none).
 
-    return bool(replays(onnx_path, spec, cex_file.read_text()))
+    It writes float32 inputs: where a box end (float64) has no float32 equal, a point on
+    that end can lie one float32 step outside (cifar10_medium index2317: 1,763 inputs, by
+    at most 2.4e-8). Such inputs are moved that one step in, as ``falsify.into_box`` moves
+    ours, and the point is replayed again; an input further out is left, and fails."""
+    if not cex_file.is_file():
+        return None, 0
+    from vnncomp_cifar10 import moved_into_box, replays  # testkit/, on the path above
+
+    text = cex_file.read_text()
+    if replays(onnx_path, spec, text):
+        return True, 0
+    moved, count = moved_into_box(spec, text)
+    return bool(count and replays(onnx_path, spec, moved)), count
+
+
+def printed_bounds(stdout: str) -> dict:
+    """The bounds its log prints: the root's per spec row (``initial CROWN bounds``,
+    ``initial alpha-crown bounds``, first 10 rows) and the last ``Current (lb-rhs)``, its
+    worst open domain's bound when the search stopped (absent where it did not branch)."""
+    found: dict = {}
+    for line in stdout.splitlines():
+        for method in ("CROWN", "alpha-crown"):
+            head = f"initial {method} bounds (first 10 items):"
+            if line.startswith(head):
+                found[f"root_{method.lower()}"] = json.loads(line[len(head) :])
+        if line.startswith("Current (lb-rhs):"):
+            found["last_lb"] = float(line.split(":", 1)[1])
+    return found
 
 
 def run_instance(args, net: str, onnx_path: Path, spec: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.txt"
+        # its reader caches a ``.compiled`` copy beside the property: here, not in shared data
+        copy = Path(tmp) / spec.name
+        shutil.copyfile(spec, copy)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(onnx_path),
-               str(spec), str(result), "--suite", args.suite, "--timeout", str(args.timeout),
+               str(copy), str(result), "--suite", args.suite, "--timeout", str(args.timeout),
                "--clock", args.clock, "--abcrown", str(args.abcrown)]  # fmt: skip
         limit = int(2 * args.timeout + 30)
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -189,7 +222,11 @@ def run_instance(args, net: str, onnx_path: Path, spec: Path) -> dict:
                "timeout": args.timeout, "clock": args.clock}  # fmt: skip
         if status == "sat":
             Path(str(result) + ".cex").write_text(text[1] if len(text) > 1 else "")
-            row["cex_replays"] = cex_replays(onnx_path, spec, Path(str(result) + ".cex"))
+            replayed, moved = cex_replays(onnx_path, spec, Path(str(result) + ".cex"))
+            row["cex_replays"] = replayed
+            if moved:  # inputs moved one float32 step into the box for the replay
+                row["cex_moved_inputs"] = moved
+        row.update(printed_bounds(proc.stdout))
         if status == "error":
             row["error"] = proc.stdout[-2000:] + proc.stderr[-2000:]
         return row
