@@ -99,7 +99,7 @@ def one_cpu_nodes(address: str, temp_dir: Path) -> tuple[list[str], list[str]]:
 
 
 def start_ray_cluster(
-    timeout: float = 120.0,
+    timeout: float = 300.0,  # a hang guard: idle, both nodes are up in 15-19 s
     nodes: Callable[[str, Path], tuple[list[str], list[str]]] = one_cpu_nodes,
     env: dict[str, str] | None = None,
 ) -> RayCluster:

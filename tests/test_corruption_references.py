@@ -139,6 +139,8 @@ def imagecorruptions(request):
     import types
     from pathlib import Path
 
+    patch = pytest.MonkeyPatch()
+    request.addfinalizer(patch.undo)
     if importlib.util.find_spec("pkg_resources") is None:  # setuptools >= 81 dropped it
         shim = types.ModuleType("pkg_resources")
 
@@ -146,7 +148,9 @@ def imagecorruptions(request):
             return str(Path(sys.modules[package].__file__).parent / name)
 
         shim.resource_filename = resource_filename
-        sys.modules["pkg_resources"] = shim
+        # taken out again after this module: left in sys.modules, it failed every later
+        # monkeypatch.syspath_prepend (pytest imports pkg_resources' namespace fixup)
+        patch.setitem(sys.modules, "pkg_resources", shim)
     package = pytest.importorskip("imagecorruptions")
     from imagecorruptions import corruptions as module
     from skimage.filters import gaussian
@@ -156,10 +160,8 @@ def imagecorruptions(request):
             kwargs["channel_axis"] = -1
         return gaussian(image, *args, **kwargs)
 
-    patch = pytest.MonkeyPatch()
     patch.setattr(module, "gaussian", gaussian_with_multichannel)
     patch.setattr(np, "float_", np.float64, raising=False)
-    request.addfinalizer(patch.undo)
     return package
 
 

@@ -45,6 +45,13 @@ def _start(tmp_path, *args: str) -> subprocess.Popen:
     return child
 
 
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (/proc's SigCgt mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
 def _runs(path) -> list[tuple]:
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as connection:
@@ -61,7 +68,11 @@ def test_sigterm_before_the_first_unit_is_an_interruption(tmp_path, moment):
     plan.write_text(SLOW_PLAN)
     child = _start(tmp_path, "evaluate", str(plan), "--db", f"sqlite:///{db}", "--quiet")
     if moment == "while loading":
-        time.sleep(0.5)  # parsing done, the plan, plugins and model still loading
+        # the command's handler is in place (a fixed 0.5 s was a guess a loaded machine could
+        # beat: SIGTERM before it kills with 143); the plan, plugins and model still load
+        deadline = time.monotonic() + children.HANG_LIMIT  # a hang guard, not a time limit
+        while not _catches(child.pid, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.01)
     else:
         deadline = time.monotonic() + children.HANG_LIMIT  # a hang guard, not a time limit
         while not _runs(db) and time.monotonic() < deadline:

@@ -99,7 +99,12 @@ def test_the_lp_time_limit_on_the_cpu_clock_is_only_a_backstop():
 
     from aisafety.verification.deadline import CLOCKS, WALL_BACKSTOP, Deadline
 
-    wall = Deadline(time.perf_counter() + 5.0, CLOCKS["wall"])
-    cpu = Deadline(time.process_time() + 5.0, CLOCKS["cpu"])
-    assert wall.wall_seconds() == pytest.approx(5.0, abs=0.5)
-    assert cpu.wall_seconds() == pytest.approx(5.0 * WALL_BACKSTOP, abs=5.0)
+    # bracketed by readings of each clock: a busy machine may pause this thread anywhere
+    set_at = time.perf_counter()
+    wall = Deadline(set_at + 5.0, CLOCKS["wall"])
+    seconds = wall.wall_seconds()
+    assert 5.0 - (time.perf_counter() - set_at) <= seconds <= 5.0
+    set_at = time.process_time()
+    cpu = Deadline(set_at + 5.0, CLOCKS["cpu"])
+    seconds = cpu.wall_seconds() / WALL_BACKSTOP
+    assert 5.0 - (time.process_time() - set_at) <= seconds <= 5.0

@@ -1,6 +1,6 @@
 """Bounds and timeouts on what crosses a socket (issue #35, findings 3, 4 and 9): ``serve``
 refuses an oversized body before reading it and drops a silent client; a remote model
-answering too much, or a byte at a time, is cut off within its limit plus 10%."""
+answering too much, or a byte at a time, is cut off at its limit."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from clock_spy import ClockSpy
 from torch import nn
 
 from aisafety.errors import ConfigError
+from aisafety.prediction import remote
 from aisafety.prediction.remote import (
     RemotePredictor,
     RemoteResponseError,
@@ -66,14 +68,27 @@ def test_serve_refuses_an_oversized_body_before_reading_it(server):
     assert f"{server.max_body_bytes:,}" in answer["error"]
 
 
-def test_serve_drops_a_silent_client_after_its_timeout(server):
+def test_serve_drops_a_silent_client_after_its_timeout(server, monkeypatch):
+    """Dropped (the server closes; a server that kept it would leave the client to its own
+    30 s socket timeout), not before its timeout, and the server's socket was given that
+    timeout. Not "within 10% of the wall clock": a busy machine delays the server's thread
+    and the client's, not the timeout."""
+    given: list[float | None] = []
+    setup = server.RequestHandlerClass.setup
+
+    def spy(handler) -> None:
+        setup(handler)
+        given.append(handler.connection.gettimeout())
+
+    monkeypatch.setattr(server.RequestHandlerClass, "setup", spy)
+    start = time.monotonic()  # before the server can start waiting
     with _connect(server) as sock:
         sock.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n")  # never finished
-        start = time.monotonic()
         rest = sock.recv(65536)  # returns when the server closes the connection
-        elapsed = time.monotonic() - start
+    elapsed = time.monotonic() - start
     assert rest == b""
-    assert TIMEOUT_S * 0.9 <= elapsed <= TIMEOUT_S * 1.1, elapsed
+    assert elapsed >= TIMEOUT_S * 0.9, elapsed
+    assert given == [TIMEOUT_S]
 
 
 def test_serve_answers_deeply_nested_json_with_400(server):
@@ -123,7 +138,7 @@ def _remote(url: str) -> RemotePredictor:
                            retries=0, max_batch_size=4)  # fmt: skip
 
 
-def test_a_remote_model_trickling_its_answer_is_cut_off_at_its_timeout():
+def test_a_remote_model_trickling_its_answer_is_cut_off_at_its_timeout(monkeypatch):
     def trickle(connection: socket.socket) -> None:
         connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
         for _ in range(1000):  # a byte every 0.2 s: every read is in time, the whole is not
@@ -131,12 +146,17 @@ def test_a_remote_model_trickling_its_answer_is_cut_off_at_its_timeout():
             time.sleep(0.2)
 
     url, thread = _one_shot_server(trickle)
-    start = time.monotonic()
+    clock = ClockSpy()
+    monkeypatch.setattr(remote, "time", clock)
     with pytest.raises(
         RemoteTimeoutError, match=f"did not finish its answer within {TIMEOUT_S:g} s"
     ):
         _remote(url).logits(torch.rand(2, 1, 2, 2))
-    assert time.monotonic() - start <= TIMEOUT_S * 1.1
+    # cut off at the deadline set when the answer began (the trickle takes 200 s): no read
+    # began past it, the last one given the time left (wall time around the call is not
+    # checked: a busy machine stretches it, not the deadline)
+    *reads, last = clock.since_first()
+    assert reads and max(reads) <= TIMEOUT_S, (reads, last)
 
 
 @pytest.mark.parametrize("declared", [True, False])

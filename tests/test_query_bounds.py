@@ -10,11 +10,13 @@ import sqlite3
 import time
 
 import pytest
+from clock_spy import ClockSpy
 from sqlalchemy import text
 
 from aisafety.cli import main
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
 from aisafety.runner import Runner
+from aisafety.store import read_only
 from aisafety.store.results import ResultStore
 
 PLAN = EvaluationPlan(
@@ -78,17 +80,39 @@ def test_a_superuser_query_is_warned_about(filled_postgres, capsys):
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_a_statement_is_stopped_by_its_timeout(backend, filled_sqlite, filled_postgres, capsys):
+def test_a_statement_is_stopped_by_its_timeout(
+    backend, filled_sqlite, filled_postgres, capsys, monkeypatch
+):
+    """Stopped by its timeout, neither before it nor by its end (an hour of pg_sleep, an
+    endless CTE). Not "within 10% of the wall clock": on a loaded machine connecting and
+    reporting took the command to 3.32 s with the statement stopped on time. SQLite's
+    progress handler (ours) is checked on its own readings of the clock: it stops at the
+    first one past the deadline. PostgreSQL's timer is the server's; the value it gets is
+    checked in the next test."""
     url, sql = {
         "sqlite": (filled_sqlite, f"SELECT COUNT(*) FROM ({ENDLESS})"),
         "postgresql": (filled_postgres, "SELECT pg_sleep(3600)"),
     }[backend]
+    clock = ClockSpy()
+    monkeypatch.setattr(read_only, "time", clock)
     start = time.monotonic()
     assert main(["query", "--db", url, sql, "--timeout", str(TIMEOUT_S)]) == 2
     elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     assert f"query stopped after its timeout of {TIMEOUT_S:g} s (--timeout)" in err
-    assert TIMEOUT_S * 0.9 <= elapsed <= TIMEOUT_S * 1.1, elapsed
+    assert TIMEOUT_S * 0.9 <= elapsed < 300, elapsed  # not before it; a hang guard
+    if backend == "sqlite":
+        *checks, stopped = clock.since_first()  # the handler's readings
+        late = (len(checks), max(checks), stopped)
+        assert len(checks) > 10 and max(checks) <= TIMEOUT_S < stopped, late
+
+
+def test_the_postgresql_statement_timeout_is_the_one_given(filled_postgres, capsys):
+    show = "SELECT current_setting('statement_timeout') AS t"
+    assert (
+        main(["query", "--db", filled_postgres, show, "--timeout", "2.5", "--format", "json"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out) == [{"t": "2500ms"}]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from datetime import timedelta
 
 import children
@@ -89,6 +90,9 @@ def test_query_refuses_every_write(filled, sql, capsys):
     assert not (filled.parent / "attached.db").exists()
 
 
+# where the server would write a COPY: a name of this run's own, so a file left in /tmp by an
+# earlier run (or another run beside this one) cannot fail the check that none was written
+COPIED = f"/tmp/aisafety-copied-runs-{uuid.uuid4().hex}.csv"
 PG_WRITES = [
     "DROP TABLE sample_outcomes",
     "DELETE FROM metric_values",
@@ -99,7 +103,7 @@ PG_WRITES = [
     "DROP VIEW results",
     "ALTER TABLE runs ADD COLUMN y int",
     "WITH gone AS (DELETE FROM units RETURNING key) SELECT * FROM gone",
-    "COPY runs TO '/tmp/aisafety-copied-runs.csv'",
+    pytest.param(f"COPY runs TO '{COPIED}'", id="COPY runs TO a file"),  # the same id each run
     "TRUNCATE units CASCADE",
     "SELECT 1; DELETE FROM units",
     "SET TRANSACTION READ WRITE",
@@ -125,7 +129,7 @@ def test_query_refuses_every_write_on_postgresql(filled_postgres, sql, capsys):
     assert "Traceback" not in err
     assert {t: _count_url(store, t) for t in tables} == before
     assert len(store.finished_units()) == 3
-    assert not os.path.exists("/tmp/aisafety-copied-runs.csv")
+    assert not os.path.exists(COPIED)
 
 
 def test_query_reads_on_postgresql(filled_postgres, capsys):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -72,6 +73,26 @@ def test_a_slow_bound_phase_ends_at_the_limit_with_what_crown_proved(name, clock
     # 2 batches of 2 x 1 s; the unfinished search would take hours: a hang guard, generous so
     # that a busy machine's wall clock cannot fail it (#36)
     assert spent < 300, f"a 1 s limit ended the bound phase only after {spent:.0f} s"
+
+
+@pytest.mark.parametrize("name", ["alpha-crown", "complete"])  # complete: its MILP path
+def test_a_timed_out_samples_seconds_count_from_where_its_deadline_was_set(name, monkeypatch):
+    """A pause right after the batch's deadline is set (a busy machine can put one between
+    any two lines) is part of the samples' time: their seconds reach the limit. They were
+    counted from a second reading of the clock: 0.85 s for a 1 s limit after a 0.3 s pause."""
+    readings = []
+
+    def pausing() -> float:  # the clock pauses 0.3 s right after its first reading
+        readings.append(time.perf_counter())
+        return readings[-1] + (0.3 if len(readings) > 1 else 0.0)
+
+    monkeypatch.setitem(d.CLOCKS, "wall", pausing)
+    graph, prop, net = easy_instances()
+    config = {"attack_steps": 1_000_000, "timeout": 1.0, "clock": "wall", "batch_size": 2,
+              "attack_share": 1.0}  # fmt: skip
+    slow = make_verifier(default_registry(), name, config).verify(graph, prop[:2], net)
+    assert slow.verdicts == [Verdict.TIMEOUT] * 2
+    assert (slow.seconds >= 1.0).all(), slow.seconds
 
 
 @pytest.mark.parametrize("name", ["alpha-crown", "complete", "bab"])

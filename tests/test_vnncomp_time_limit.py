@@ -38,8 +38,8 @@ def run_with_setup(monkeypatch, setup: float, timeout: float, prepare: float = 0
 
     spans, make = [], Verifier.deadline
 
-    def recorded(verifier, n):
-        made = make(verifier, n)
+    def recorded(verifier, n, start=None):
+        made = make(verifier, n, start)
         spans.append(made.at - ticks[0])
         return made
 

@@ -127,8 +127,9 @@ class CompleteVerifier(BabVerifier):
         if self.engine(graph) == "bab":
             return super()._verify_batch(graph, prop, model)
         n = len(prop)
-        batch = self.deadline(n)  # box-PGD and alpha-CROWN, shared by the batch
-        clock, began = batch.clock, batch.clock()
+        began = self.began()
+        batch = self.deadline(n, began)  # box-PGD and alpha-CROWN, shared by the batch
+        clock = batch.clock
         prop = prop.to(graph.dtype)
         attacked, attack = torch.zeros(n, dtype=torch.bool), prop.lower
         bound, boxes, self._progress = None, None, None
