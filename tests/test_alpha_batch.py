@@ -4,7 +4,9 @@ certifies early stops at the same step alone and beside samples that never certi
 stop later. Before, the stop waited for the whole batch, and a batch holding one
 hopeless sample ran every step for all
 (resnet_4b at 1/255, image 1: +0.0864 in a batch of 4 that all certify, +0.1075 in the
-slow test's batch of 20)."""
+slow test's batch of 20). Nor does a pass's precision (float32 with rounding margins or
+float64, chosen per sample since session 15) or how its spec rows are chunked, for CROWN
+and alpha-CROWN (the last three tests)."""
 
 from __future__ import annotations
 

@@ -162,7 +162,8 @@ def sound_backward(
     if a.dtype != torch.float32 and bool(fast.any()):  # rows float32 holds exactly only
         fast = fast & (a.float().to(a.dtype) == a).flatten(1).all(1)
     if bool(fast.all()) or not bool(fast.any()):
-        return _sound_pass(graph, start, a, boxes, mode, slopes, cast, narrow if fast[0] else None)
+        use = narrow if bool(fast.any()) else None  # one precision for all (or none)
+        return _sound_pass(graph, start, a, boxes, mode, slopes, cast, use)
     bound = a.new_empty(a.shape[:2], dtype=graph.dtype)
     coeff = a.new_empty(*a.shape[:2], *graph.input_shape, dtype=graph.dtype)
     for group, use in ((fast, narrow), (~fast, None)):
