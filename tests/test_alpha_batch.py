@@ -4,15 +4,21 @@ certifies early stops at the same step alone and beside samples that never certi
 stop later. Before, the stop waited for the whole batch, and a batch holding one
 hopeless sample ran every step for all
 (resnet_4b at 1/255, image 1: +0.0864 in a batch of 4 that all certify, +0.1075 in the
-slow test's batch of 20)."""
+slow test's batch of 20). Nor does a pass's precision (float32 with rounding margins or
+float64, chosen per sample since session 15) or how its spec rows are chunked, for CROWN
+and alpha-CROWN (the last three tests)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from aisafety.database.small_residual import small_residual
 from aisafety.verification import bounds as b
-from aisafety.verification.incomplete import AlphaCrownVerifier
+from aisafety.verification import budget, rounding
+from aisafety.verification.graph import build_graph
+from aisafety.verification.incomplete import AlphaCrownVerifier, CrownVerifier
+from aisafety.verification.property import robustness_property
 from tests.test_alpha_open_samples import _setup
 from tests.test_sshape_relaxation import around, sampled_minimum
 
@@ -67,3 +73,65 @@ def test_each_sample_stops_at_its_own_step(monkeypatch):
             first[i] = steps
     assert set(first) == set(range(len(p)))
     assert min(first.values()) < 20 and max(first.values()) == 20
+
+
+def _residual_case():
+    """The small residual conv net (3x16x16, float32 weights) at eps 0.03, 4 images: its
+    CROWN passes run in float32 with rounding margins or in float64 by their size."""
+    net = small_residual(8)
+    x = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    graph = build_graph(net, (3, 16, 16), "residual")
+    return net, x, robustness_property(x, y, 0.03, 10), graph
+
+
+# fits one sample's spec rows (alpha-CROWN: 3.8 MB with the batch's boxes), not 4 samples'
+SMALL_BUDGET = 1 << 22
+
+
+def _crown(graph, p):
+    with torch.no_grad():
+        return CrownVerifier().lower_bounds(graph, p)[0]
+
+
+def _alpha(graph, p):
+    return AlphaCrownVerifier(steps=5).bounds_and_boxes(graph, p).bound
+
+
+@pytest.mark.parametrize(("bound", "close"), [(_crown, 1e-12), (_alpha, 1e-9)])
+def test_a_pass_precision_follows_the_sample_not_its_batch(bound, close):
+    """Each pass runs in float32 (rounding margins) or float64 by the sample's own rows
+    at that node, never the batch's: before, a batch of 4 took float32 where an image
+    alone took float64 (CROWN 2.0e-6 and alpha-CROWN 1.9e-6 apart). CROWN's rows are
+    independent, so chunks forced by a small budget change no bound either."""
+    net, x, prop, graph = _residual_case()
+    p = prop.to(graph.dtype)
+    batched = bound(graph, p)
+    alone = torch.cat([bound(graph, p[[i]]) for i in range(len(p))])
+    assert (batched - alone).abs().max() <= close
+    if bound is _crown:
+        with budget.memory_limit(SMALL_BUDGET):
+            assert (bound(graph, p) - alone).abs().max() <= close
+    with rounding.pass_precision("float64"):
+        exact = bound(graph, p)
+    assert (exact - batched).abs().max() > 1e-9  # the case: float32 passes ran
+    assert (batched + p.offset <= sampled_minimum(net, x, prop) + 1e-9).all()
+
+
+def test_a_samples_spec_rows_are_chunked_as_if_alone():
+    """Under a budget that fits one sample's 9 spec rows beside the batch's boxes but not
+    4 samples' (``SMALL_BUDGET``), the output search takes the samples one at a time with
+    all their rows; before, the rows were chunked for the batch (2 at a time), so each
+    chunk stopped early on its own and the bounds moved with the batch (by 4.6e-3)."""
+    _, _, prop, graph = _residual_case()
+    p = prop.to(graph.dtype)
+    boxes = AlphaCrownVerifier(steps=5).boxes(graph, p)
+    search = lambda q, part: b.optimise_slopes(graph, part, q.spec, 5, 0.1, q.offset)[0]  # noqa: E731
+    whole = search(p, boxes)
+    with budget.memory_limit(SMALL_BUDGET):
+        batched = search(p, boxes)
+        alone = torch.cat([search(p[[i]], [(lo[[i]], hi[[i]]) for lo, hi in boxes])
+                           for i in range(len(p))])  # fmt: skip
+    assert (batched - alone).abs().max() <= 1e-9
+    assert (batched - whole).abs().max() <= 1e-9

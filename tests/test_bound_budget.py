@@ -81,10 +81,10 @@ def test_a_slope_search_takes_chunks_of_at_most_search_chunk_bytes_under_any_bud
     seen = []
     bound_neurons = b._bound_neurons
 
-    def spy(g, j, chunk, boxes, mode, alpha_steps):
-        rows = budget.row_bytes(g, j, chunk.shape[0], alpha_steps > 0) * 2 * chunk.shape[1]
-        seen.append((alpha_steps, rows))
-        return bound_neurons(g, j, chunk, boxes, mode, alpha_steps)
+    def spy(g, j, chunk, boxes, mode, alpha_steps, rows=None):
+        size = budget.row_bytes(g, j, chunk.shape[0], alpha_steps > 0) * 2 * chunk.shape[1]
+        seen.append((alpha_steps, size))
+        return bound_neurons(g, j, chunk, boxes, mode, alpha_steps, rows)
 
     monkeypatch.setattr(b, "_bound_neurons", spy)
     with budget.memory_limit(64 << 30):

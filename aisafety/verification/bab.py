@@ -298,7 +298,9 @@ class Search:
                 return torch.full_like(offset, -torch.inf), {}
             slopes = {i: t.to(graph.dtype) for i, t in chosen.items()}
             with torch.no_grad():
-                bounds.append(sound_backward(graph, end, rows, self.root, slopes=slopes)[0][0])
+                whole = len(offset)  # the precision of all rows, whatever the chunk
+                bound = sound_backward(graph, end, rows, self.root, slopes=slopes, rows=whole)
+                bounds.append(bound[0][0])
             parts.append(chosen)
         slopes = {i: torch.cat([p[i][0] for p in parts]) for i in parts[0]}
         return added_down(torch.cat(bounds), offset), slopes

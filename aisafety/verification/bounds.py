@@ -146,29 +146,63 @@ def sound_backward(
     slopes: dict[int, torch.Tensor] | None = None,
     cast: bool = True,
     small: int = rounding.SMALL,
+    rows: torch.Tensor | int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``backward`` in float32 with its rounding margin where ``rounding.fast_graph`` allows
     (sound, and faster; ``small``: its size threshold), else in the graph's dtype; the bound
     is in the graph's dtype, the coefficients too with ``cast`` (an intermediate bound does
-    not need them). Rows ``a`` that float32 does not hold exactly (a VNN-LIB spec's 0.1)
-    stay in the graph's dtype: their float32 copy would bound another specification."""
-    fast = pass_graph(graph, start, a.shape[0] * a.shape[1], small)
-    if fast is not None and a.dtype != torch.float32 and not torch.equal(a.float().to(a.dtype), a):
-        fast = None
-    if fast is None:
+    not need them). The choice is per sample, by ``rows`` (an int, or (B,)): the rows that
+    sample has at this node in all (its unstable neurons twice, its spec rows), whatever
+    chunk of them ``a`` carries, by default ``a``'s; never by the batch, so a sample's bound
+    does not depend on the samples beside it or on the chunking (#32). A sample whose rows
+    float32 does not hold exactly (a VNN-LIB spec's 0.1) stays in the graph's dtype: their
+    float32 copy would bound another specification."""
+    counts = a.shape[1] if rows is None else rows
+    narrow, fast = fast_samples(graph, start, counts, a.shape[0], small)
+    if a.dtype != torch.float32 and bool(fast.any()):  # rows float32 holds exactly only
+        fast = fast & (a.float().to(a.dtype) == a).flatten(1).all(1)
+    if bool(fast.all()) or not bool(fast.any()):
+        use = narrow if bool(fast.any()) else None  # one precision for all (or none)
+        return _sound_pass(graph, start, a, boxes, mode, slopes, cast, use)
+    bound = a.new_empty(a.shape[:2], dtype=graph.dtype)
+    coeff = a.new_empty(*a.shape[:2], *graph.input_shape, dtype=graph.dtype)
+    for group, use in ((fast, narrow), (~fast, None)):
+        at = group.nonzero().flatten()
+        part = [(lo[at], hi[at]) for lo, hi in boxes[: start + 1]]
+        some = {i: s[at] for i, s in slopes.items()} if slopes is not None else None
+        bound[at], coeff[at] = _sound_pass(graph, start, a[at], part, mode, some, cast, use)
+    return bound, coeff
+
+
+def fast_samples(
+    graph: BoundGraph, start: int, rows: torch.Tensor | int, batch: int, small: int
+) -> tuple[BoundGraph | None, torch.Tensor]:
+    """The float32 graph of a pass from node ``start`` and which of ``batch`` samples (B,)
+    take it, each by its own ``rows`` (per sample, or one count for all) times the pass's
+    widest node (``rounding.fast_samples``)."""
+    counts = torch.as_tensor(rows, dtype=torch.int64).expand(batch)
+    widest = max(budget.numel(op.out_shape) for op in graph.ops[: start + 1])
+    return rounding.fast_samples(graph, counts * widest, small, start)
+
+
+def _sound_pass(graph, start, a, boxes, mode, slopes, cast, narrow: BoundGraph | None):
+    """``sound_backward`` of samples that all take one precision: float32 on ``narrow``
+    with its rounding margins, or the graph's dtype where it is None."""
+    if narrow is None:
         return backward(graph, start, a.to(graph.dtype), boxes, mode, slopes)
-    narrow = [rounding.outward_kept(box) for box in boxes[: start + 1]]
+    boxes32 = [rounding.outward_kept(box) for box in boxes[: start + 1]]
     slopes32 = {i: s.float() for i, s in slopes.items()} if slopes is not None else None
     with torch.no_grad():
-        bound, coeff = backward(fast, start, a.float(), narrow, mode, slopes32, rounded=True)
+        bound, coeff = backward(narrow, start, a.float(), boxes32, mode, slopes32, rounded=True)
     return bound, coeff.to(graph.dtype) if cast else coeff
 
 
 def pass_graph(
     graph: BoundGraph, start: int, rows: int, small: int = rounding.SMALL
 ) -> BoundGraph | None:
-    """The float32 graph ``sound_backward`` runs ``rows`` rows (batch included) from node
-    ``start`` on, or None for the graph's own dtype (``rounding.fast_graph``)."""
+    """The float32 graph ``sound_backward`` runs a sample's ``rows`` rows (per sample, its
+    batch not counted) from node ``start`` on, or None for the graph's own dtype
+    (``rounding.fast_graph``)."""
     widest = max(budget.numel(op.out_shape) for op in graph.ops[: start + 1])
     return rounding.fast_graph(graph, rows * widest, small, start)
 
@@ -249,7 +283,11 @@ def _tighten_cropped(
     with a slope search to at most ``budget.SEARCH_CHUNK`` bytes (faster per pair)."""
     lo, hi = boxes[j]
     b, c, h, w = lo.shape
-    pairs = ((lo < 0) & (hi > 0)).any(1).reshape(b, h * w).nonzero()  # (N, 2): sample, place
+    unstable = ((lo < 0) & (hi > 0)).reshape(b, c, h * w).sum(1)  # (B, places)
+    pairs = (unstable > 0).nonzero()  # (N, 2): sample, place
+    # an image's passes take the precision of all its pairs in one chunk alone (each pair
+    # padded to its most unstable channels at a place): a batch of 1 as before session 15
+    rows = 2 * (unstable > 0).sum(1) * unstable.amax(1)
     end = crops.end
     per_pair = budget.crop_pair_bytes(crops.graph, end, alpha_steps > 0)
     fixed, most = budget.box_bytes(crops.graph, 0), budget.search_chunk(alpha_steps)
@@ -259,21 +297,35 @@ def _tighten_cropped(
         sample, place = pairs[first : first + step].unbind(1)
         positions = torch.stack([place // w, place % w], 1)
         cropped = receptive.crop_boxes(crops, boxes, sample, positions)
-        new = _tighten_dense(crops.graph, end, cropped, mode, True, alpha_steps)
+        new = _tighten_dense(crops.graph, end, cropped, mode, True, alpha_steps, rows[sample])
         for flat, bound in zip(out, new, strict=True):
             flat[sample, place] = bound.reshape(-1, c)
     return out[0].transpose(1, 2).reshape(lo.shape), out[1].transpose(1, 2).reshape(lo.shape)
 
 
 def _tighten_dense(
-    graph: BoundGraph, j: int, boxes: list[Box], mode: str, relu: bool, alpha_steps: int = 0
+    graph: BoundGraph,
+    j: int,
+    boxes: list[Box],
+    mode: str,
+    relu: bool,
+    alpha_steps: int = 0,
+    rows: torch.Tensor | None = None,
 ) -> Box:
-    """``_tighten`` with one backward pass per neuron over the whole graph."""
+    """``_tighten`` with one backward pass per neuron over the whole graph. ``rows`` (B,):
+    the rows per sample that decide its passes' precision (``sound_backward``), by default
+    its own unstable neurons twice; samples of either precision go through apart, so what
+    a pass keeps on its boxes (``memo.py``) serves all its chunks."""
     lo, hi = boxes[j]
     b = lo.shape[0]
     flat_lo, flat_hi = lo.reshape(b, -1), hi.reshape(b, -1)
     # each sample's own unstable neurons (stable ones are exact), padded to the batch's most
     wanted = (flat_lo < 0) & (flat_hi > 0) if relu else torch.ones_like(flat_lo, dtype=torch.bool)
+    rows = 2 * wanted.sum(1) if rows is None else rows
+    start = graph.ops[j].inputs[0] if _from_input(graph, j, alpha_steps) else j
+    fast = fast_samples(graph, start, rows, b, rounding.SMALL)[1]
+    if bool(fast.any()) and not bool(fast.all()):
+        return _tighten_apart(graph, j, boxes, mode, relu, alpha_steps, rows, fast)
     m = int(wanted.sum(1).max())
     if m == 0:
         return lo, hi
@@ -284,7 +336,7 @@ def _tighten_dense(
     new_lo, new_hi = flat_lo.clone(), flat_hi.clone()
     for first in range(0, m, step):
         chunk = order[:, first : first + step]
-        bound = _bound_neurons(graph, j, chunk, boxes, mode, alpha_steps)
+        bound = _bound_neurons(graph, j, chunk, boxes, mode, alpha_steps, rows)
         valid = wanted.gather(1, chunk)  # False on padding rows (stable neurons)
         old_lo, old_hi = flat_lo.gather(1, chunk), flat_hi.gather(1, chunk)
         c = chunk.shape[1]
@@ -293,38 +345,66 @@ def _tighten_dense(
     return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
 
 
+def _tighten_apart(graph, j, boxes, mode, relu, alpha_steps, rows, fast) -> Box:
+    """``_tighten_dense`` on the samples ``fast`` (B,) and on the others, each apart."""
+    lo, hi = boxes[j][0].clone(), boxes[j][1].clone()
+    for group in (fast, ~fast):
+        at = group.nonzero().flatten()
+        part = [(a[at], c[at]) for a, c in boxes]
+        lo[at], hi[at] = _tighten_dense(graph, j, part, mode, relu, alpha_steps, rows[at])
+    return lo, hi
+
+
+def _from_input(graph: BoundGraph, j: int, alpha_steps: int) -> bool:
+    """Whether node ``j``'s neurons are bounded from its input (``_dense_neurons``)."""
+    return alpha_steps == 0 and graph.ops[j].kind == "dense"
+
+
 def _bound_neurons(
-    graph: BoundGraph, j: int, chunk: torch.Tensor, boxes: list[Box], mode: str, alpha_steps: int
+    graph: BoundGraph,
+    j: int,
+    chunk: torch.Tensor,
+    boxes: list[Box],
+    mode: str,
+    alpha_steps: int,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Lower bounds (B, 2c) of the neurons ``chunk`` (B, c) of node ``j``, then of their
-    negations."""
-    if alpha_steps == 0 and graph.ops[j].kind == "dense":
-        return _dense_neurons(graph, j, chunk, boxes, mode)
+    negations; ``rows`` (B,): each sample's rows at node ``j`` in all (its precision)."""
+    if _from_input(graph, j, alpha_steps):
+        return _dense_neurons(graph, j, chunk, boxes, mode, rows)
     lo = boxes[j][0]
     b, c = chunk.shape
     eye = lo.new_zeros(b, c, lo[0].numel()).scatter_(2, chunk.unsqueeze(2), 1.0)
     a = torch.cat([eye, -eye], 1).reshape(b, 2 * c, *lo.shape[1:])
     del eye
     if alpha_steps > 0:
-        return optimised_backward(graph, j, a, boxes, alpha_steps, 0.1)[0]
-    return sound_backward(graph, j, a, boxes, mode, cast=False)[0]
+        return optimised_backward(graph, j, a, boxes, alpha_steps, 0.1, rows=rows)[0]
+    return sound_backward(graph, j, a, boxes, mode, cast=False, rows=rows)[0]
 
 
 def _dense_neurons(
-    graph: BoundGraph, j: int, chunk: torch.Tensor, boxes: list[Box], mode: str
+    graph: BoundGraph,
+    j: int,
+    chunk: torch.Tensor,
+    boxes: list[Box],
+    mode: str,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``_bound_neurons`` of a dense layer: a one-hot row through ``W`` is a row of ``W``
     (exactly, in either dtype), so the pass starts at the layer's input with those rows and
     the biases are added after, one matrix product fewer. The float64 sum of bound and bias
     rounds by at most 2^-53 of its size: 2^-52 is subtracted."""
     i = graph.ops[j].inputs[0]
-    op = (pass_graph(graph, i, 2 * chunk.numel()) or graph).ops[j]  # no cast of the rows
     b, c = chunk.shape
+    rows = 2 * c if rows is None else rows
+    narrow, fast = fast_samples(graph, i, rows, b, rounding.SMALL)
+    op = (narrow if bool(fast.any()) else graph).ops[j]  # no cast of the rows
     both = torch.cat([chunk, chunk], 1)  # one gather of the rows twice, then half negated
     a = op.weight.detach().index_select(0, both.flatten()).reshape(b, 2 * c, -1)
     a[:, c:].neg_()
     a, bias = a.reshape(b, 2 * c, *graph.ops[i].out_shape), op.bias.detach()[chunk]
-    bound = sound_backward(graph, i, a, boxes, mode, cast=False)[0]
+    bound = sound_backward(graph, i, a, boxes, mode, cast=False, rows=rows)[0]
     total = bound + torch.cat([bias, -bias], 1).to(bound.dtype)
     return total - total.abs() * 2.0**-52
 
@@ -372,8 +452,11 @@ def spec_lower(
     end = len(graph.ops) - 1
     if slopes is not None:  # one slope per row: the rows go together
         return sound_backward(graph, end, a, boxes, mode, slopes)
-    bound = lambda rows: sound_backward(graph, end, rows, boxes, mode, small=rounding.FINAL_SMALL)  # noqa: E731
-    return in_chunks(graph, end, a, False, bound)
+    k = a.shape[1]  # a sample's rows in all decide its precision, whatever the chunk
+    bound = lambda rows, part: sound_backward(  # noqa: E731
+        graph, end, rows, part, mode, small=rounding.FINAL_SMALL, rows=k
+    )
+    return in_chunks(graph, end, a, boxes, False, bound)
 
 
 def optimise_slopes(
@@ -387,34 +470,52 @@ def optimise_slopes(
     """alpha-CROWN: the best bound of ``C f`` over ``steps`` of Adam on the ReLU lower
     slopes; with the rows' ``offset`` (B, K) it stops early (``optimised_backward``)."""
     a = spec.reshape(*spec.shape[:2], *graph.ops[-1].out_shape)
-    end = len(graph.ops) - 1
-    bound = lambda rows, shift=None: optimised_backward(  # noqa: E731
-        graph, end, rows, boxes, steps, lr, shift
+    end, k = len(graph.ops) - 1, a.shape[1]
+    bound = lambda rows, part, shift=None: optimised_backward(  # noqa: E731
+        graph, end, rows, part, steps, lr, shift, rows=k
     )
-    return in_chunks(graph, end, a, True, bound, offset)
+    return in_chunks(graph, end, a, boxes, True, bound, offset)
 
 
 def in_chunks(
     graph: BoundGraph,
     start: int,
     a: torch.Tensor,
+    boxes: list[Box],
     grad: bool,
     bound: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     offset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``bound`` of the rows of ``a`` (B, K, ...) in chunks sized to the memory budget; rows
-    are bounded independently (alpha-CROWN's slopes are per row), so chunking changes
-    nothing but the peak. With ``offset`` (B, K), ``bound`` gets each chunk's columns too."""
-    per_row = budget.row_bytes(graph, start, a.shape[0], grad)
-    step = budget.rows_per_chunk(per_row, a.shape[1], budget.box_bytes(graph, a.shape[0]))
-    step = max(1, min(step, a.shape[1]))
-    parts = []
-    for first in range(0, a.shape[1], step):
-        cols = slice(first, first + step)
-        parts.append(bound(a[:, cols]) if offset is None else bound(a[:, cols], offset[:, cols]))
+    """``bound(rows, boxes)`` of the rows of ``a`` (B, K, ...) in chunks sized to the memory
+    budget: a sample's rows in chunks sized as if it were alone, and as many samples at
+    once as fit beside the batch's boxes, so a sample's chunks of rows do not depend on its
+    batch (#32: alpha-CROWN's early stop is per sample and chunk of its rows). Rows are
+    bounded independently (alpha-CROWN's slopes are per row), so otherwise chunking
+    changes nothing but the peak. With ``offset`` (B, K), ``bound`` gets each chunk's
+    columns too. A sample whose rows do not fit one chunk beside the batch's boxes runs a
+    chunk over the budget by at most the other samples' boxes."""
+    b, k = a.shape[:2]
+    per_row = budget.row_bytes(graph, start, 1, grad)
+    step = budget.rows_per_chunk(per_row, k, budget.box_bytes(graph, 1))
+    together = budget.rows_per_chunk(step * per_row, b, budget.box_bytes(graph, b))
+    samples = []
+    for s0 in range(0, b, together):
+        at = slice(s0, s0 + together)
+        part = boxes if together >= b else [(lo[at], hi[at]) for lo, hi in boxes]
+        parts = []
+        for first in range(0, k, step):
+            cols = slice(first, first + step)
+            shift = () if offset is None else (offset[at, cols],)
+            parts.append(bound(a[at, cols], part, *shift))
+        samples.append(_joined(parts, 1))
+    return _joined(samples, 0)
+
+
+def _joined(parts: list[tuple[torch.Tensor, torch.Tensor]], dim: int):
+    """Bounds and coefficients of chunks, concatenated along ``dim``."""
     if len(parts) == 1:
         return parts[0]
-    return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
+    return torch.cat([p[0] for p in parts], dim), torch.cat([p[1] for p in parts], dim)
 
 
 def optimised_backward(
@@ -425,6 +526,7 @@ def optimised_backward(
     steps: int,
     lr: float,
     offset: torch.Tensor | None = None,
+    rows: torch.Tensor | int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``backward`` from node ``start`` with one lower slope per row and unstable ReLU,
     optimised by Adam and clamped to [0, 1]; the best bound per row over the steps.
@@ -434,8 +536,10 @@ def optimised_backward(
     bound is the result: any slope in [0, 1] is sound, so the search's precision only
     decides how tight it is. CROWN's bound is kept where it is higher. With the rows'
     ``offset`` (B, K) each sample's search stops early (``slope_stops``): a sample whose
-    sound bound then certifies leaves, the others resume it."""
-    best, coeff = sound_backward(graph, start, a, boxes)
+    sound bound then certifies leaves, the others resume it. ``rows``: each sample's rows
+    in all, whatever chunk of them ``a`` is (its precision, ``sound_backward``)."""
+    rows = a.shape[1] if rows is None else rows
+    best, coeff = sound_backward(graph, start, a, boxes, rows=rows)
     best, coeff = best.detach(), coeff.detach()
     for stop in slope_stops(graph, start, a, boxes, steps, lr, offset=offset):
         if not stop.slopes:
@@ -445,7 +549,8 @@ def optimised_backward(
         slopes = {i: alpha[due].to(graph.dtype) for i, alpha in stop.slopes.items()}
         part = [(lo[due], hi[due]) for lo, hi in boxes]
         with torch.no_grad():
-            bound, now = sound_backward(graph, start, a[due], part, slopes=slopes)
+            some = rows[due] if torch.is_tensor(rows) else rows
+            bound, now = sound_backward(graph, start, a[due], part, slopes=slopes, rows=some)
         better = bound > best[due]  # per row, the highest of CROWN's and every stop's bound
         keep = better.reshape(*better.shape, *([1] * (coeff.dim() - 2)))
         best[due], coeff[due] = (

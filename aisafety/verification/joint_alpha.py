@@ -250,9 +250,11 @@ def rebound(
 ) -> tuple[torch.Tensor, torch.Tensor, list[Box]]:
     """``sound_backward`` on ``best``'s slopes clamped to [0, 1]: the boxes with the
     samples' slopes, then the spec rows with the samples' and with the rows' own best
-    slopes, the higher per row (both sound)."""
+    slopes, the higher per row (both sound). Each sample's precision follows its own
+    unstable neurons, not the batch's padding (``bounds.sound_backward``)."""
+    counts = {t.node: 2 * t.valid.sum(1) for t in found}  # a sample's own rows, not padding
     sound = lambda node, a, boxes, slopes: b.sound_backward(  # noqa: E731
-        graph, node, a, boxes, slopes=slopes, cast=False
+        graph, node, a, boxes, slopes=slopes, cast=False, rows=counts[node]
     )[0]
     clamp = lambda d: {i: s.clamp(0, 1).to(graph.dtype) for i, s in d.items()}  # noqa: E731
     slopes = {n: clamp(d) for n, d in best.slopes.items()}

@@ -78,6 +78,19 @@ def fast_graph(
     return copy if copy.exact else None
 
 
+def fast_samples(
+    graph: BoundGraph, elements: torch.Tensor, small: int = SMALL, start: int | None = None
+) -> tuple[BoundGraph | None, torch.Tensor]:
+    """``fast_graph`` per sample: the float32 copy (None where the graph has none) and which
+    samples (B,) take it, each by its own pass size ``elements`` (B,), never the batch's."""
+    copy = fast_graph(graph, small, small, start)  # the graph's conditions, not the size
+    if copy is None:
+        return None, torch.zeros(elements.shape, dtype=torch.bool)
+    if _MODE.get() == "auto":
+        return copy, elements >= small
+    return copy, torch.ones(elements.shape, dtype=torch.bool)
+
+
 def _bounded(op: Op) -> bool:
     """Whether ``exact_shift`` bounds the op's rounding (a positive-linear op: when it only
     moves values, a transpose)."""

@@ -155,8 +155,8 @@ def tighten(graph: BoundGraph, j: int, boxes: list[Box]) -> Box:
     eye = lo.new_zeros(d, m, flat_lo.shape[1])
     eye[:, torch.arange(m), wanted] = 1.0
     a = torch.cat([eye, -eye], 1).reshape(d, 2 * m, *lo.shape[1:])
-    pass_ = lambda rows: sound_backward(graph, j, rows, boxes, cast=False)  # noqa: E731
-    bound = in_chunks(graph, j, a, False, pass_)[0].to(lo.dtype)
+    pass_ = lambda rows, part: sound_backward(graph, j, rows, part, cast=False, rows=2 * m)  # noqa: E731
+    bound = in_chunks(graph, j, a, boxes, False, pass_)[0].to(lo.dtype)
     new_lo, new_hi = flat_lo.clone(), flat_hi.clone()
     new_lo[:, wanted] = flat_lo[:, wanted].maximum(bound[:, :m])
     new_hi[:, wanted] = flat_hi[:, wanted].minimum(-bound[:, m:])
