@@ -19,6 +19,9 @@ the margins compound through the boxes (docs/certification.md). Per network of
   and the same float32 passes with every margin left out (unsound): what a tighter
   rigorous error bound of those products would approach (a margin only lowers the bound,
   up to CROWN's non-monotonicity in its boxes);
+* one node's cost: with ``--pairs``, CROWN (``bound_speed.ours``) with the passes of the
+  node whose float64 rows help most run in float64, over CROWN as shipped, interleaved,
+  paired medians of CPU time;
 * products: with ``--pairs``, the matrix products of one shipped CROWN run (their shapes
   recorded by the profiler) timed alone in float32 and in float64, over auto_LiRPA's whole
   CROWN time, interleaved, paired medians: the least any all-float64 CROWN could cost.
@@ -42,6 +45,7 @@ from bound_speed import (
     setting,
     unmargined,
 )
+from paired import interleaved, paired_median
 
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.verification import bounds as b
@@ -125,6 +129,28 @@ def only_nodes(nodes: set[int]) -> Choose:
     return lambda j, unstable, narrow, wide, boxes: torch.full_like(unstable, j in nodes)
 
 
+def node_cost(graph, prop, node: int, pairs: int) -> float:
+    """Paired median of CROWN's CPU time with node ``node``'s passes in float64 over
+    CROWN as shipped."""
+    original = b._tighten
+
+    def wide(graph_, j, boxes, *args, **kwargs):
+        if j != node:
+            return original(graph_, j, boxes, *args, **kwargs)
+        with rounding.pass_precision("float64"):
+            return original(graph_, j, boxes, *args, **kwargs)
+
+    def run(way: str) -> float:
+        b._tighten = wide if way == "float64 node" else original
+        try:
+            return ours(graph, prop)[0]
+        finally:
+            b._tighten = original
+
+    times = interleaved(("float64 node", "shipped"), run, pairs)
+    return paired_median(times["float64 node"], times["shipped"])
+
+
 def product_shapes(graph, prop) -> list[tuple[str, list]]:
     """The float32 pass products (mm, addmm, bmm; at least 8 on every side, so not the
     float64 margin dots of one to three columns) of one shipped CROWN run."""
@@ -194,10 +220,13 @@ def main() -> None:
         ways = {"all float32 (shipped)": only_nodes(set())}
         ways |= {f"node {j} float64": only_nodes({j}) for j in nodes}
         ways |= {f"most widened {f:.0%}": most_widened(f) for f in (0.1, 0.25, 0.5, 0.75)}
+        best = (float("inf"), -1)
         for label, choose in ways.items():
             counts: dict[str, int] = {}
             bound = mixed(graph, prop, choose, counts)
             beyond = float((torch.minimum(theirs, exact) - bound).max())
+            if label.startswith("node "):
+                best = min(best, (beyond, int(label.split()[1])))
             print(f"  {label:<24} beyond {beyond:.2e}, below exact "
                   f"{float((exact - bound).max()):.2e}; float64 rows "
                   f"{counts['picked']} of {counts['unstable']}", flush=True)  # fmt: skip
@@ -205,6 +234,8 @@ def main() -> None:
         print(f"  {'no margins (unsound)':<24} beyond {bare:.2e}: what a tighter error bound "
               "of these float32 products approaches")  # fmt: skip
         if args.pairs:
+            cost = node_cost(graph, prop, best[1], args.pairs)
+            print(f"  node {best[1]} in float64: CROWN {cost:.2f}x as shipped", flush=True)
             print(f"  {floor(graph, prop, module, shape, args.pairs)}", flush=True)
     print(setting())
 
