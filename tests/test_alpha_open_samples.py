@@ -9,7 +9,7 @@ import torch
 
 from aisafety.verification import bounds as b
 from aisafety.verification import incomplete
-from aisafety.verification.complete import CompleteVerifier
+from aisafety.verification.complete import REFINED_NOTE, CompleteVerifier
 from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import AlphaCrownVerifier
 from aisafety.verification.property import Property
@@ -201,5 +201,8 @@ def test_completes_refined_search_stops_early_once_the_rows_certify(monkeypatch)
     seen = _stops(monkeypatch)
     result = verifier.verify(graph, one, net)
     assert result.verdicts == [Verdict.CERTIFIED]
+    # a certificate on MILP-refined boxes says they rest on HiGHS's MIP bound (session 16;
+    # tests/test_refine_bounds.py checks the boxes and the flag that sets this note)
+    assert result.notes == [REFINED_NOTE]
     assert seen[-1] < STEPS  # the refined search's last stop: before its last step
     assert result.margins[0] <= sampled_minimum(net, x[:1], one).min() + 1e-6

@@ -516,3 +516,55 @@ def test_the_open_domains_fit_half_of_an_enclosing_memory_budget():
     assert tight < 8 and roomy == verifier.config.max_domains
     assert outcomes[0].why == "" and float(outcomes[0].bounds.min()) > 0  # proved
     assert outcomes[1].why == "domain limit" and float(outcomes[1].bounds.min()) <= 0
+
+
+def test_a_searched_bound_is_stored_rounded_down_without_its_offset(monkeypatch):
+    """``noted_bounds`` stores a search's margin M less the row's offset d, the bound of
+    ``C f`` that ``verify`` adds d back to: M - d rounded to nearest can exceed the exact
+    difference (1 + 3 2^-52 + 2 ties to 3 + 2^-50; 1 - 2^-60 rounds to 1), and the margin
+    rebuilt from it then exceeds M by an ulp (1 + 2^-50 > 1 + 3 2^-52). Stored rounded down,
+    it never does (checked in exact rationals)."""
+    from fractions import Fraction
+
+    from aisafety.verification.bab import Outcome
+    from aisafety.verification.float64_margin import added_down
+
+    net = mlp(16, 0)
+    graph, prop = instances(net, (1, 4, 4), 1, 0.1)
+    proved = torch.tensor([1 + 3 * 2.0**-52, 1.0], dtype=torch.float64)
+    prop.offset = torch.tensor([[-2.0, 2.0**-60]], dtype=torch.float64)
+    verifier = make_verifier(default_registry(), "bab")
+    root = torch.full((1, 2), -10.0, dtype=torch.float64)  # open: the search runs
+    monkeypatch.setattr(verifier, "bounds_and_boxes", lambda g, p: (root, None, [], ""))
+    monkeypatch.setattr(verifier, "search", lambda *args: Outcome(proved.clone(), None, ""))
+    stored, _, _ = verifier.noted_bounds(graph, prop)
+    for k in range(2):
+        exact = Fraction(float(proved[k])) - Fraction(float(prop.offset[0, k]))
+        assert Fraction(float(proved[k] - prop.offset[0, k])) > exact  # the case: rounds up
+        assert Fraction(float(stored[0, k])) <= exact
+    margins = added_down(stored, prop.offset)[0]  # as ``verify`` rebuilds them
+    assert all(
+        Fraction(float(m)) <= Fraction(float(p)) for m, p in zip(margins, proved, strict=True)
+    )
+
+
+def test_the_searchs_root_margin_is_rounded_down(monkeypatch):
+    """``search`` hands the root's margin b + d to ``Search.run``, which returns it as
+    proved for rows already > 0: to nearest, 1 + 3 2^-52 + 2 ties up to 3 + 2^-50."""
+    from fractions import Fraction
+
+    from aisafety.verification.bab import Outcome
+
+    net = mlp(16, 0)
+    graph, prop = instances(net, (1, 4, 4), 1, 0.1)
+    prop.offset = torch.tensor([[2.0, 2.0]], dtype=torch.float64)
+    bound = torch.tensor([1 + 3 * 2.0**-52, -5.0], dtype=torch.float64)
+    seen = []
+    monkeypatch.setattr(
+        Search, "run", lambda self, root: seen.append(root) or Outcome(root, None, "")
+    )
+    verifier = make_verifier(default_registry(), "bab")
+    verifier.search(graph, prop, [], bound, Deadline(CLOCKS["cpu"]() + 10, CLOCKS["cpu"]))
+    exact = Fraction(float(bound[0])) + 2
+    assert Fraction(float(bound[0] + 2.0)) > exact  # the case under test: it rounds up
+    assert Fraction(float(seen[0][0])) <= exact

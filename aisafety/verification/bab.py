@@ -177,7 +177,9 @@ class BabVerifier(AlphaCrownVerifier):
             deadline = Deadline(min(batch.at, batch.clock() + share), batch.clock)
             sample_boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes]
             outcome = self.search(graph, prop[s : s + 1], sample_boxes, bounds[s], deadline)
-            bounds[s] = torch.maximum(bounds[s], outcome.bounds - prop.offset[s])
+            # stored less the offset, rounded down: to nearest, it could be an ulp above
+            # the proved margin once ``verify`` adds the offset back
+            bounds[s] = torch.maximum(bounds[s], added_down(outcome.bounds, -prop.offset[s]))
             self.record(bounds, coeff)
             if outcome.point is not None:
                 self._found[s] = outcome.point
@@ -200,7 +202,7 @@ class BabVerifier(AlphaCrownVerifier):
         # the predictor ``verify`` was given replays candidates; called directly, the graph
         model = getattr(self, "_model", None) or (lambda x: graph.forward(x.to(graph.dtype)))
         return Search(self.config, graph, prop, boxes, model, deadline).run(
-            (bound + prop.offset[0]).detach()
+            added_down(bound, prop.offset[0]).detach()  # kept as proved where > 0
         )
 
 

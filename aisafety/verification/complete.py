@@ -19,7 +19,8 @@ is proved when HiGHS finds no point with ``row <= 1e-5`` (or, with ``exact``, wh
 optimum or dual bound is > 0); a point it finds is replayed through the predictor. HiGHS's
 MIP answer holds within its tolerances at every node of its tree, which it does not
 expose: a row it proves is checked by the safe dual bound of its LP relaxation
-(``safe_dual.py``), and a certificate no such bound proves says so in its note. A
+(``safe_dual.py``), and a certificate no such bound proves says so in its note, as does
+one on boxes ``refine.py`` tightened (HiGHS's MIP bounds moved by ``SAFETY``). A
 falsified sample's margin is the lowest row at the point returned (float32, inside the
 box: the one the replay checked), whether box-PGD or the MILP found it.
 """
@@ -54,6 +55,8 @@ from aisafety.verification.result import (
 
 # what a certificate resting on a MIP answer says (``_unproved``; ``vnncomp``'s conjunctions)
 MIP_NOTE = "rest on HiGHS's MIP bound (within its tolerances, not a safe bound)"
+# and one bounded on boxes ``refine.py`` tightened (every row: the boxes enter each bound)
+REFINED_NOTE = f"the MILP-refined boxes {MIP_NOTE}"
 
 
 class CompleteConfig(BabConfig):
@@ -175,11 +178,11 @@ class CompleteVerifier(BabVerifier):
             return Verdict.CERTIFIED, float(bound.min()), None, ""
         if deadline.passed():
             return Verdict.TIMEOUT, float(bound.min()), None, "timeout"
-        proved = bound.clone()
+        proved, refined = bound.clone(), False
         if self.config.refine_share > 0:
             share = self.config.refine_share * self.config.timeout
             refine_by = Deadline(min(deadline.at, deadline.clock() + share), deadline.clock)
-            boxes = refine_boxes(graph, boxes, refine_by, self.config.refine_neuron_time)
+            boxes, refined = refine_boxes(graph, boxes, refine_by, self.config.refine_neuron_time)
             try:
                 with torch.no_grad(), time_limit(deadline):
                     again, _ = b.optimise_slopes(  # with the offset: stops once certified
@@ -189,7 +192,7 @@ class CompleteVerifier(BabVerifier):
                 return Verdict.TIMEOUT, float(proved.min()), None, "timeout"
             proved = torch.maximum(proved, added_down(again[0], prop.offset[0]))
             if proved.min() > 0:
-                return Verdict.CERTIFIED, float(proved.min()), None, ""
+                return Verdict.CERTIFIED, float(proved.min()), None, _refined_note(refined)
         try:  # ``encode`` asks the deadline per op, first before any work of its own
             with time_limit(deadline):
                 enc = encode(graph, boxes)
@@ -228,7 +231,15 @@ class CompleteVerifier(BabVerifier):
                     else ("MILP stopped without a proof")
                 )
                 return Verdict.UNKNOWN, float(proved.min()), None, why
-        return Verdict.CERTIFIED, float(proved.min()), None, _unproved(enc, prop, by_milp, deadline)
+        unproved = _unproved(enc, prop, by_milp, deadline)
+        note = "; ".join(n for n in (_refined_note(refined), unproved) if n)
+        return Verdict.CERTIFIED, float(proved.min()), None, note
+
+
+def _refined_note(refined: bool) -> str:
+    """A certificate's note where ``refine.py`` tightened its boxes: HiGHS's MIP bounds,
+    moved out by ``refine.SAFETY``, not proved (docs/certification.md)."""
+    return REFINED_NOTE if refined else ""
 
 
 def _unproved(enc: Encoding, prop: Property, rows: list[int], deadline: Deadline) -> str:

@@ -71,15 +71,13 @@ def pgd_on_rows(
     centre (branch and bound attacks from its most promising domains' corners). With
     ``fine`` the random restarts take pgd-linf's steps and a soft minimum (below).
     """
-    generator = torch.Generator().manual_seed(seed)
     lower, upper = prop.lower.float(), prop.upper.float()
     width = upper - lower
     best = (lower + upper) / 2 if start is None else start.float().clamp(lower, upper)
     best_value = _lowest_row(model, prop, best)
     starts = [best.clone()] + ([lower.clone(), upper.clone()] if corners else [])
     coarse = len(starts) if fine else len(starts) + restarts
-    starts += [lower + width * torch.rand(lower.shape, generator=generator)
-               for _ in range(restarts)]  # fmt: skip
+    starts += random_starts(lower, upper, restarts, seed)
     # each row's own box sets its step (rows of a radius search have different widths):
     # a quarter of the box, halved twice; with ``fine``, from random points Madry et al.'s
     # 2.5 radius / steps per pixel, as pgd-linf (whose points the coarse steps missed on a
@@ -105,6 +103,20 @@ def pgd_on_rows(
                     step = step / 2
         best, best_value = _keep_lower(x, _lowest_row(model, prop, x), best, best_value)
     return best.detach()
+
+
+def random_starts(
+    lower: torch.Tensor, upper: torch.Tensor, restarts: int, seed: int = 0
+) -> list[torch.Tensor]:
+    """``restarts`` random points of each sample's box: the same uniform draws of one
+    sample's shape for every sample, scaled to its box, so a sample's starts, and so its
+    falsification, are the same alone and in any batch, in any order. (One generator drew
+    the whole batch's before, and a sample got the draws its position left over. A sample
+    alone gets the draws it got before: a one-sample property's attack is unchanged.)"""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (1, *lower.shape[1:])
+    draws = [torch.rand(shape, generator=generator) for _ in range(restarts)]
+    return [lower + (upper - lower) * d.to(lower.device, lower.dtype) for d in draws]
 
 
 def _lowest_row(model: Model, prop: Property, x: torch.Tensor) -> torch.Tensor:

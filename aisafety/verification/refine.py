@@ -9,7 +9,15 @@ refining the second layer raised alpha-CROWN's worst row bound from -0.63 to -0.
 Layers are refined in order, so a deeper layer's MILPs use the refined boxes before it;
 within a layer the neurons with the loosest relaxation (largest triangle, -l u / (u - l))
 come first, each under ``neuron_time`` seconds, all before ``deadline``. A MILP stopped by
-its limit still gives a sound bound: HiGHS's dual bound.
+its limit still gives HiGHS's dual bound.
+
+What a refined bound rests on (docs/certification.md, "refine.py's MILP bounds"): HiGHS's
+MIP dual bound, which holds within its tolerances at every node of its tree (not exposed,
+so no safe bound can be formed, as for ``complete``'s MILP rows), moved out by ``SAFETY``.
+Against exact extremes in rationals (``bench/refine_slack.py``, 641 bounds on small nets)
+HiGHS's bound was above on 28%, by at most 3e-14 (its rounding), and below once moved by
+``SAFETY``: needed, but a tolerance, not a proof. So ``refine_boxes`` says whether it
+tightened any box, and ``complete`` notes a certificate on such boxes (``REFINED_NOTE``).
 """
 
 from __future__ import annotations
@@ -33,19 +41,23 @@ REFINE_OPTIONS = {"mip_rel_gap": 0.01, "mip_abs_gap": 1e-4}
 
 def refine_boxes(
     graph: BoundGraph, boxes: list[Box], deadline: Deadline, neuron_time: float
-) -> list[Box]:
-    """``boxes`` (batch of one) with the unstable ReLU inputs tightened by MILP."""
+) -> tuple[list[Box], bool]:
+    """``boxes`` (batch of one) with the unstable ReLU inputs tightened by MILP, and
+    whether any was (then the boxes rest on HiGHS's MIP bounds, not on a proof)."""
     boxes = list(boxes)
     deep = depends_on_activation(graph)
+    tightened = False
     for op in graph.ops:
         if op.kind != "activation" or not deep[op.inputs[0]]:
             continue  # IBP is exact on an affine function of the input
         j = op.inputs[0]
         if deadline.passed():
             break
+        before = boxes[j]
         boxes[j] = _refine_node(graph, boxes, j, deadline, neuron_time)
+        tightened |= not all(torch.equal(a, b) for a, b in zip(before, boxes[j], strict=True))
         boxes = forward_from(graph, boxes, j)
-    return boxes
+    return boxes, tightened
 
 
 def _refine_node(

@@ -59,15 +59,16 @@ class SdpVerifier(Verifier):
         return 2 * size_of(graph) ** 4  # the PSD cone's dense scaling block, (N^2 / 2)^2
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
-        """Each row's certified SDP bound (CROWN's where the solver fails)."""
+        """Each row's better sound bound: the SDP's certificate or CROWN's (CROWN's is
+        higher where the solver fails, and where the certificate's rounding and eigenvalue
+        charges take it below CROWN's, e.g. on a net whose neurons are all stable)."""
         crown = b.linear_boxes(graph, prop.lower, prop.upper)
         bound, _ = b.spec_lower(graph, crown, prop.spec)
         for s in range(len(prop)):
             qcqp = build(graph, [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in crown], self.pairs)
             for k, row in enumerate(prop.spec[s].double().cpu().numpy()):
                 value = self.solve(qcqp, row)
-                if np.isfinite(value):
-                    bound[s, k] = value
+                bound[s, k] = max(float(bound[s, k]), value)
         return bound, None
 
     def solve(self, qcqp: Qcqp, row: np.ndarray) -> float:
