@@ -87,7 +87,10 @@ class PostgresServer:
                   "300", "start")  # fmt: skip
 
     def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop", check=False)
+        """Stop and delete the cluster. ``-m immediate``: no shutdown checkpoint, which writes
+        every dirty buffer to files deleted right after (s15: 10,911 buffers, 42 s of
+        teardown on a loaded machine); ``pause`` keeps ``fast``, its data is read again."""
+        self._run("pg_ctl", "-D", str(self.datadir), "-m", "immediate", "-w", "stop", check=False)
         shutil.rmtree(self.datadir.parent, ignore_errors=True)
 
     def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -1,7 +1,8 @@
 """Every command and code block of README.md and docs/*.md runs, so the docs cannot drift.
 
 Shell blocks run in a sandbox that looks like the checkout (its files linked, the shared data
-beside it as ``../shared``) with a small results database already in it; Python blocks run
+beside it as ``../shared``) with a small results database already in it (a docs/ block of
+plain ``aisafety ...`` lines runs them in this process: ``_in_process``); Python blocks run
 there too; plan fragments (YAML/TOML/JSON) are validated as plans with every name and config
 built; SQL runs read-only against the sandbox's database. ``<!-- docs-test: ... -->``
 directives (tests/docs_blocks.py, documented in docs/architecture.md) mark the blocks that
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 import tomllib
 from pathlib import Path
@@ -95,11 +97,13 @@ def _require(block: Block, sandbox: Path) -> None:
 
 
 @pytest.mark.parametrize(("block", "as_written"), _params())
-def test_block(block: Block, as_written: bool, sandbox: Path, monkeypatch) -> None:
+def test_block(block: Block, as_written: bool, sandbox: Path, monkeypatch, capsys) -> None:
     _require(block, sandbox)
     if block.lang in SHELL:
         if "synopsis" in block.directives:
             _check_synopsis(block)
+        elif (argvs := _in_process(block, as_written)) is not None:
+            _run_in_process(block, argvs, sandbox, monkeypatch, capsys)
         else:
             _run_shell(block, sandbox, as_written)
     elif block.lang == "python":
@@ -132,6 +136,52 @@ def _run_shell(block: Block, sandbox: Path, as_written: bool) -> None:
         f"{block.id} failed (exit {done.returncode}):\n{script}\n"
         f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
     )
+
+
+def _in_process(block: Block, as_written: bool) -> list[list[str]] | None:
+    """The argument lists of a docs/ block made only of plain ``aisafety ...`` lines (no
+    pipe, chain, redirection, variable or unquoted glob), or None. Those run in this process
+    (``aisafety.cli.main``), each sparing a fresh interpreter's imports (~2.5 s idle); what
+    the process adds (the console script, a fresh interpreter) is checked by README.md's
+    blocks, which always run in bash, and by tests/test_packaging.py."""
+    if block.path.name == "README.md" or "setup" in block.directives:
+        return None
+    commands = shell_commands(block.body)
+    if "limit" in block.directives and not as_written:
+        commands = [with_limit(c, block.directives["limit"]) for c in commands]
+    argvs = []
+    for command in commands:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        words = list(lexer)
+        if (
+            not words
+            or words[0] != "aisafety"
+            or any(set(w) <= set(lexer.punctuation_chars) for w in words)
+            or re.search(r"[$`\\]", command)
+            or re.search(r"[*?[~]", re.sub(r"\"[^\"]*\"|'[^']*'", "", command))
+        ):
+            return None
+        argvs.append(shlex.split(command)[1:])
+    return argvs
+
+
+def _run_in_process(block: Block, argvs: list[list[str]], sandbox: Path, monkeypatch,
+                    capsys) -> None:  # fmt: skip
+    """Each command through ``aisafety.cli.main`` in the sandbox, stopping at the first that
+    does not exit 0 (as ``set -e`` does)."""
+    from aisafety.cli import main
+
+    monkeypatch.chdir(sandbox)
+    for argv in argvs:
+        try:
+            status = main(argv)
+        except SystemExit as exc:  # argparse's usage errors
+            status = exc.code
+        out = capsys.readouterr()
+        assert status == 0, (
+            f"{block.id}: aisafety {shlex.join(argv)} exited {status}\n"
+            f"--- stdout\n{out.out[-3000:]}\n--- stderr\n{out.err[-3000:]}"
+        )
 
 
 def _check_synopsis(block: Block) -> None:

@@ -197,15 +197,15 @@ def test_shipped_paper_defense_records_its_recipe_and_adaptive_numbers(name):
         assert 0 <= adaptive <= m[f"pgd40_robust_accuracy_eps{eps}"] <= m["clean_accuracy"]
 
 
-def _adaptive_on_subset(name: str, eps: float, every: int = 5):
-    """PGD-40 and the defense's adaptive attack on 200 of the 1,000 recorded images."""
-    from aisafety.attack.pgd import PGDLinf
-
+def _adaptive_on_subset(name: str, eps: float, pgd40_survivors):
+    """PGD-40 and the defense's adaptive attack on 200 of the 1,000 recorded images (every
+    5th, the recorded ones when robust_every is 5); the PGD-40 run is conftest's
+    ``zoo_pgd40_survivors``, which tests/test_zoo.py checks against the record too."""
     entry = _shipped(name)
     predictor = load_zoo_model(name)
     data = EmbeddedMnist().load(None, "test")
-    x, y = data.x[::every], data.y[::every]  # the recorded images when robust_every is 5
-    survived = PGDLinf({"steps": 40})(predictor, x, y, eps).adv_pred == y
+    x, y = data.x[::5], data.y[::5]
+    survived = pgd40_survivors(name, eps)
     defense = training_defense(entry.recipe.defense, entry.recipe.defense_config)
     adaptive = defense.adaptive_correct(predictor, x, y, eps)
     return entry, predictor, x, y, survived, adaptive
@@ -219,19 +219,23 @@ def _assert_recorded(entry, survived, adaptive, eps: float) -> None:
     assert worst == pytest.approx(m[f"adaptive_robust_accuracy_eps{eps:g}"], abs=0.1)
 
 
-def test_sat_entry_numbers_and_pgd_and_transfer_beat_the_papers_fgsm():
+def test_sat_entry_numbers_and_pgd_and_transfer_beat_the_papers_fgsm(zoo_pgd40_survivors):
     """Goodfellow et al. evaluated with FGSM; PGD-40 (Madry et al.) and the transfer attack
     from mnist-cnn (Tramer et al.) find at least as many errors."""
     from aisafety.attack.fgsm import FGSM
 
-    entry, predictor, x, y, survived, adaptive = _adaptive_on_subset("mnist-cnn-sat", 0.3)
+    entry, predictor, x, y, survived, adaptive = _adaptive_on_subset(
+        "mnist-cnn-sat", 0.3, zoo_pgd40_survivors
+    )
     _assert_recorded(entry, survived, adaptive, 0.3)
     fgsm = (FGSM()(predictor, x, y, 0.3).adv_pred == y).double().mean().item()
     assert survived.double().mean().item() <= fgsm
     assert (survived & adaptive).double().mean().item() <= survived.double().mean().item()
 
 
-def test_thermometer_entry_numbers_and_bpda_breaks_what_pgd_cannot_reach(monkeypatch):
+def test_thermometer_entry_numbers_and_bpda_breaks_what_pgd_cannot_reach(
+    monkeypatch, zoo_pgd40_survivors
+):
     """PGD sees a zero gradient through the encoding; BPDA (Athalye et al.) does not.
 
     BPDA alone is read from the defense's adaptive attack (BPDA and LS-PGA), which runs it
@@ -247,7 +251,9 @@ def test_thermometer_entry_numbers_and_bpda_breaks_what_pgd_cannot_reach(monkeyp
         return runs[-1][-1]
 
     monkeypatch.setattr(thermometer, "bpda_correct", recorded)
-    entry, predictor, x, y, survived, adaptive = _adaptive_on_subset("mnist-cnn-thermometer", 0.3)
+    entry, predictor, x, y, survived, adaptive = _adaptive_on_subset(
+        "mnist-cnn-thermometer", 0.3, zoo_pgd40_survivors
+    )
     _assert_recorded(entry, survived, adaptive, 0.3)
     assert len(runs) == 1, "the adaptive attack no longer runs BPDA once: run it here"
     ran_x, ran_y, ran_eps, bpda = runs[0]
@@ -255,10 +261,12 @@ def test_thermometer_entry_numbers_and_bpda_breaks_what_pgd_cannot_reach(monkeyp
     assert bpda.double().mean().item() <= survived.double().mean().item() - 0.3
 
 
-def test_hgd_entry_numbers_and_white_box_pgd_beats_the_papers_oblivious_attack():
+def test_hgd_entry_numbers_and_white_box_pgd_beats_the_papers_oblivious_attack(zoo_pgd40_survivors):
     """Liao et al.'s oblivious attacker (examples made on mnist-cnn, transferred) against
     white-box PGD-40 through the denoiser (Athalye & Carlini 2018)."""
-    entry, predictor, x, y, survived, adaptive = _adaptive_on_subset("mnist-cnn-hgd", 0.3)
+    entry, predictor, x, y, survived, adaptive = _adaptive_on_subset(
+        "mnist-cnn-hgd", 0.3, zoo_pgd40_survivors
+    )
     _assert_recorded(entry, survived, adaptive, 0.3)
     # the denoiser does remove transferred perturbations (0.34 measured; mnist-cnn alone: 0)
     assert survived.double().mean().item() + 0.2 <= adaptive.double().mean().item()
