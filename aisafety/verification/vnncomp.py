@@ -255,7 +255,7 @@ def _joint(checker, net: Network, prop: Property, first: torch.Tensor, deadline)
     included); without a ``bab``-family verifier or on a network with sigmoid or tanh,
     nothing more than ``first``."""
     graph = net.graph
-    fallback = JointOutcome(float(first.max()), None, "no joint search")
+    fallback = JointOutcome(float(first.max()), None, "not run: it needs a ReLU network")
     if not isinstance(checker, BabVerifier) or not graph.relu_only:
         return fallback
     one = prop.to(graph.dtype)
