@@ -63,16 +63,30 @@ def sampled_margin(disjuncts, n: int = 2001) -> float:
     return float(torch.stack(per).amin())
 
 
-@pytest.mark.parametrize("verifier", ["crown", "complete"])
-def test_a_disjunct_left_unrefuted_gives_the_bound_proved_for_every_disjunct(verifier):
-    """Before: ``complete`` answered margin -inf although each atom had a bound, and
-    ``crown`` answered -0.9 (A's bound alone) although B reaches -1.9 at x = 0: not a bound."""
+def test_a_disjunct_left_unrefuted_gives_the_bound_proved_for_every_disjunct():
+    """Before: ``crown`` answered -0.9 (A's bound alone) although B reaches -1.9 at x = 0:
+    not a bound. (``complete`` answered -inf, then, until the joint search, the same as
+    ``crown``; it now refutes A: the next test.)"""
+    verifier = "crown"
     result = conjunctions([A], verifier)
     assert result.status == "unknown" and result.margin == pytest.approx(-0.9, abs=1e-5)
     assert result.margin <= sampled_margin([A])
     result = conjunctions([A, B], verifier)
     assert result.status == "unknown" and result.margin == pytest.approx(-2.9, abs=1e-5)
     assert result.margin <= sampled_margin([A, B]) == pytest.approx(-1.9)
+
+
+def test_the_joint_search_refutes_a_disjunct_that_no_atom_refutes_alone():
+    """A: each atom alone holds at a corner, both together nowhere (min_x max = 0.1 at
+    x0 = 0). The joint search splits the input x0 (two inputs: input splitting) and prunes
+    each half by the atom > 0 on it: ``unsat``, its margin a bound of 0.1 from below.
+    Before: ``unknown``, margin -0.9."""
+    result = conjunctions([A], "complete")
+    assert result.status == "unsat"
+    assert 0 < result.margin <= sampled_margin([A]) == pytest.approx(0.1)
+    assert result.margin == pytest.approx(0.1, abs=1e-6)
+    result = conjunctions([A, B], "complete")  # B holds at x1 = 0
+    assert result.status == "sat" and result.margin == pytest.approx(-1.9)
 
 
 def deadline_passes_after_the_search(monkeypatch) -> None:

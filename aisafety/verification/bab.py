@@ -235,15 +235,12 @@ class Search:
         if len(rows) == 0:
             return Outcome(self.proved, None, "")
         spec, offset = self.prop.spec[0, rows], self.prop.offset[0, rows]
-        clock = self.deadline.clock
-        share = Deadline(min(self.deadline.at, clock() + ROOT_SHARE * self.deadline.left()), clock)
-        try:
-            with time_limit(share):
-                bound, slopes = self._root(spec, offset)
-        except OutOfTime:  # the search gets the rest, from CROWN's slopes
+        found = self._root_in_share(spec, offset)
+        if found is None:  # the search gets the rest, from CROWN's slopes
             if self.deadline.passed():
                 return self._outcome_at_root(root_bound)
-            bound, slopes = torch.full_like(offset, -torch.inf), {}
+            found = torch.full_like(offset, -torch.inf), {}
+        bound, slopes = found
         root_bound = root_bound.clone()
         root_bound[rows] = torch.maximum(root_bound[rows], bound.to(root_bound.dtype))
         self.proved[root_bound > 0] = root_bound[root_bound > 0]
@@ -262,7 +259,16 @@ class Search:
         self.max_open = max(1, min(self.config.max_domains, int(memory / max(1, per_domain))))
         self.open: Domains | None = None
         self.stuck: list[torch.Tensor] = []  # bounds of domains that cannot be split
-        why = ""
+        try:
+            point = self._rounds(todo)
+        except OutOfTime:
+            return self._outcome("timeout")
+        return Outcome(root_bound, point, "") if point is not None else self._outcome("")
+
+    def _rounds(self, todo: Domains) -> torch.Tensor | None:
+        """Rounds from ``todo`` until a replayed counterexample (returned) or none left to
+        split (None). Out of time, the domains being bounded join the open ones (their
+        parents' bounds stand) and ``OutOfTime`` propagates."""
         try:
             with time_limit(self.deadline):
                 while todo is not None:
@@ -270,17 +276,32 @@ class Search:
                     point = self._bound_and_prune(todo)
                     self._inflight = None
                     every = self.config.attack_every
-                    if point is None and every and self.open is not None and len(self.open) \
-                            and self.rounds % every == every - 1:  # fmt: skip
-                        point = self._attack_from(self.open.take(torch.argsort(self.open.bound)))
+                    if point is None and every and self.rounds % every == every - 1:
+                        point = self._attack()
                     if point is not None:
-                        return Outcome(root_bound, point, "")
+                        return point
                     todo = self._next_round()
         except OutOfTime:
-            why = "timeout"
-            if self._inflight is not None:  # not bounded yet: its parents' bounds stay open
+            if self._inflight is not None:
                 self.open = Domains.cat([d for d in (self.open, self._inflight) if d is not None])
-        return self._outcome(why)
+            raise
+        return None
+
+    def _attack(self) -> torch.Tensor | None:
+        """Box-PGD from the most promising open domains (``_attack_from``), if any."""
+        if self.open is None or not len(self.open):
+            return None
+        return self._attack_from(self.open.take(torch.argsort(self.open.bound)))
+
+    def _root_in_share(self, spec: torch.Tensor, offset: torch.Tensor):
+        """``_root`` within ``ROOT_SHARE`` of the time left, or None where cut short."""
+        clock = self.deadline.clock
+        share = Deadline(min(self.deadline.at, clock() + ROOT_SHARE * self.deadline.left()), clock)
+        try:
+            with time_limit(share):
+                return self._root(spec, offset)
+        except OutOfTime:
+            return None
 
     def _root(self, spec: torch.Tensor, offset: torch.Tensor):
         """The open rows' bounds (K,) by alpha-CROWN with ``root_steps`` of Adam on their
@@ -337,6 +358,41 @@ class Search:
 
     def _bound_and_prune(self, todo: Domains) -> torch.Tensor | None:
         """Bound ``todo`` (children of ``_parents``), prune the proved, keep the rest."""
+        done, coeff, at_relu, boxes = self._bound(todo)
+        point = self._corners(done, coeff)
+        if point is not None:
+            return point
+        proved = self._pruned(done)
+        if proved.any():
+            self._prove(done.take(torch.nonzero(proved).flatten()))
+        keep = torch.nonzero(~proved).flatten()
+        rest = done.take(keep)
+        rest.branch = self._choose(rest, coeff[keep], {i: a[keep] for i, a in at_relu.items()},
+                                   [(lo[keep], hi[keep]) for lo, hi in boxes])  # fmt: skip
+        splittable = rest.branch[:, 0] >= 0
+        if (~splittable).any():
+            stuck = rest.take(torch.nonzero(~splittable).flatten())
+            self.stuck.append(torch.stack([stuck.row.double(), stuck.bound.double()], 1))
+        rest = rest.take(torch.nonzero(splittable).flatten())
+        self.open = Domains.cat([d for d in (self.open, rest) if d is not None and len(d)]) \
+            if (self.open is not None and len(self.open)) or len(rest) else None  # fmt: skip
+        self._parents = None
+        return None
+
+    def _pruned(self, done: Domains) -> torch.Tensor:
+        """(D,) True where the domain is proved: its row's bound is > 0 there."""
+        return done.bound > 0
+
+    def _prove(self, leaves: Domains) -> None:
+        """Record the pruned domains' bounds (their rows' proved bounds are the least)."""
+        self.proved.scatter_reduce_(0, leaves.row, leaves.bound.to(self.proved.dtype), "amin")
+        if self.on_prune is not None:
+            self.on_prune(leaves)
+
+    def _bound(self, todo: Domains):
+        """``todo`` bounded (alpha, beta optimised; an empty domain's bound +inf; a child
+        never below its parent), its input coefficients, the coefficients reaching each
+        ReLU and its boxes."""
         config = self.config
         steps = self.steps if self.rounds else max(self.steps, config.steps)
         done, coeff, at_relu, boxes = bound_domains(self.graph, self.root, todo, steps,
@@ -352,28 +408,7 @@ class Search:
                 self._reoptimise(done, coeff, at_relu, stalled & ~empty)
             done.bound = torch.maximum(done.bound, parent)
         done.bound = torch.where(empty, torch.full_like(done.bound, torch.inf), done.bound)
-        point = self._corners(done, coeff)
-        if point is not None:
-            return point
-        proved = done.bound > 0
-        if proved.any():
-            leaves = done.take(torch.nonzero(proved).flatten())
-            self.proved.scatter_reduce_(0, leaves.row, leaves.bound.to(self.proved.dtype), "amin")
-            if self.on_prune is not None:
-                self.on_prune(leaves)
-        keep = torch.nonzero(~proved).flatten()
-        rest = done.take(keep)
-        rest.branch = self._choose(rest, coeff[keep], {i: a[keep] for i, a in at_relu.items()},
-                                   [(lo[keep], hi[keep]) for lo, hi in boxes])  # fmt: skip
-        splittable = rest.branch[:, 0] >= 0
-        if (~splittable).any():
-            stuck = rest.take(torch.nonzero(~splittable).flatten())
-            self.stuck.append(torch.stack([stuck.row.double(), stuck.bound.double()], 1))
-        rest = rest.take(torch.nonzero(splittable).flatten())
-        self.open = Domains.cat([d for d in (self.open, rest) if d is not None and len(d)]) \
-            if (self.open is not None and len(self.open)) or len(rest) else None  # fmt: skip
-        self._parents = None
-        return None
+        return done, coeff, at_relu, boxes
 
     def _empty_when_stalled(self, done: Domains, stalled: torch.Tensor) -> torch.Tensor:
         """Children no higher than their parent, checked for emptiness on per-domain
@@ -417,12 +452,20 @@ class Search:
         if self.open is None or not len(self.open) or len(self.open) > self.max_open:
             return None
         self.rounds += 1
-        order = torch.argsort(self.open.bound)
-        n = min(self.config.domain_batch, len(order))
+        order = self._best_first(self.open)
+        n = min(self._round_size(), len(order))
         picked, rest = self.open.take(order[:n]), self.open.take(order[n:])
         self.open = rest if len(rest) else None
         self._parents = picked
         return _split(picked, self.input_split)
+
+    def _best_first(self, open_: Domains) -> torch.Tensor:
+        """The open domains' indices, the one to split first first: the lowest bound."""
+        return torch.argsort(open_.bound)
+
+    def _round_size(self) -> int:
+        """Domains split per round."""
+        return self.config.domain_batch
 
     def _corners(self, done: Domains, coeff: torch.Tensor) -> torch.Tensor | None:
         """The corner minimising each domain's linear bound, replayed: the first violation."""

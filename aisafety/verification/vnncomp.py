@@ -9,10 +9,13 @@ the platform's [0, 1] check. ``sat`` comes with the counterexample in VNN-COMP's
 
 A disjunct that is a conjunction of several output atoms (Marabou's targeted properties:
 ``Y_t >= Y_j`` for every j) is refuted when one of its atoms is certified never to hold on
-the box (each atom is verified on its own, most promising first) and is falsified by a point
-where all its atoms hold (box-PGD on the largest of their rows, then on their logsumexp,
-or a complete verifier's
-counterexample to one atom, replayed through onnxruntime). Its margin: docs/certification.md.
+the box (each atom is verified on its own, most promising first, within ``ONE_ATOM_SHARE``
+of the time left), else, with a complete verifier of the ``bab`` family on a ReLU network,
+by branch and bound over all its atoms together (``conjunction_search.py``: a domain is
+pruned when any atom's bound is > 0 there); it is falsified by a point where all its atoms
+hold (box-PGD on the largest of their rows, then on their logsumexp, a complete
+verifier's counterexample to one atom, or the joint search's, replayed through
+onnxruntime). Its margin: docs/certification.md.
 """
 
 from __future__ import annotations
@@ -27,9 +30,17 @@ import torch
 
 from aisafety.errors import ConfigError
 from aisafety.prediction.onnx_model import OnnxRuntimePredictor, load_onnx
+from aisafety.verification.bab import BabVerifier
 from aisafety.verification.base import VerifierConfig
 from aisafety.verification.complete import MIP_NOTE
-from aisafety.verification.deadline import CLOCKS, OutOfTime, time_limit
+from aisafety.verification.conjunction_search import (
+    ConjunctionSearch,
+    JointOutcome,
+    all_hold,
+    max_row_losses,
+    one_row,
+)
+from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import into_box, pgd_on_rows
 from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph, VerificationError, build_graph
@@ -47,6 +58,9 @@ from aisafety.verification.vnnlib import Row, read_disjuncts
 
 # the conjunction attack's second box-PGD: (steps, restarts) on the rows' logsumexp
 SMOOTH_PGD = (100, 30)
+# of the time left at a disjunct, what its atoms' one-atom verifications may take; the
+# joint search over all its atoms gets the rest (and whatever they leave)
+ONE_ATOM_SHARE = 0.5
 
 
 @dataclass
@@ -171,7 +185,8 @@ def _verify_rows(registry, net, lower, upper, rows, verifier, settings) -> Insta
 
 def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, settings):
     """Each disjunct (a conjunction of atoms) refuted by one atom whose row is proved
-    positive on the box, or satisfied at a replayed point; one time limit for all.
+    positive on the box, or by the joint search over its atoms (``_joint``), or satisfied
+    at a replayed point; one time limit for all.
 
     The margin is min over disjuncts of max over their atoms of the best lower bound proved
     for the atom: a lower bound of min_x min_d max_k row_k(x), positive only if ``unsat``;
@@ -202,9 +217,15 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
                 checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
             )
             return InstanceResult("unknown", 0.0, margin, note="bounds too loose")
+        share = _share(deadline, ONE_ATOM_SHARE)
         refuted, best, point, why = _refuted_by_one_atom(
-            registry, net, prop, bounds, verifier, settings, deadline
+            registry, net, prop, bounds, verifier, settings, share
         )
+        joint = None
+        if not refuted and point is None and not deadline.passed():
+            joint = _joint(checker, net, prop, bounds, deadline)
+            point, best = joint.point, max(best, joint.margin)
+            refuted = joint.point is None and not joint.why and joint.margin > 0
         if point is not None:
             return _sat(net, point, value_at(net, lower, upper, disjuncts, point))
         proved.append(best)
@@ -215,8 +236,36 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
             margin = _margin_so_far(
                 checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
             )
-            return InstanceResult(status, 0.0, margin, note="a disjunct was not refuted")
+            note = "a disjunct was not refuted"
+            if joint is not None and joint.why:
+                note += f" (joint search over its atoms: {joint.why})"
+            return InstanceResult(status, 0.0, margin, note=note)
     return InstanceResult("unsat", 0.0, min(proved), note=conjunction_note(notes))
+
+
+def _share(deadline: Deadline, fraction: float) -> Deadline:
+    """A deadline ``fraction`` of the way from now to ``deadline``."""
+    clock = deadline.clock
+    return Deadline(min(deadline.at, clock() + fraction * max(deadline.left(), 0.0)), clock)
+
+
+def _joint(checker, net: Network, prop: Property, first: torch.Tensor, deadline) -> JointOutcome:
+    """Branch and bound over all the disjunct's atoms together (``conjunction_search.py``)
+    from alpha-CROWN's root, with ``first`` (each atom's first-pass bound, offset
+    included); without a ``bab``-family verifier or on a network with sigmoid or tanh,
+    nothing more than ``first``."""
+    graph = net.graph
+    fallback = JointOutcome(float(first.max()), None, "not run: it needs a ReLU network")
+    if not isinstance(checker, BabVerifier) or not graph.relu_only:
+        return fallback
+    one = prop.to(graph.dtype)
+    try:
+        with time_limit(deadline), torch.no_grad():
+            bound, _, boxes, _ = checker.bounds_and_boxes(graph, one)
+    except OutOfTime:
+        return JointOutcome(float(first.max()), None, "timeout")
+    root = torch.maximum(first, added_down(bound, one.offset)[0].to(first.dtype))
+    return ConjunctionSearch(checker.config, graph, one, boxes, net.run, deadline).run(root)
 
 
 def conjunction_note(notes: dict[tuple[int, int], str]) -> str:
@@ -301,18 +350,8 @@ def all_rows_hold(net: Network, prop: Property) -> torch.Tensor | None:
     the largest row stopped at +0.20 at any restarts, where the smooth loss (as
     alpha-beta-CROWN's attack) finds the violation in about 2 s of CPU
     (docs/certification.md, session 15)."""
-    graph = net.graph
-
-    def rows_at(x: torch.Tensor) -> torch.Tensor:
-        return prop.rows(graph.forward(x.to(graph.dtype)))
-
-    def largest_row(x: torch.Tensor) -> torch.Tensor:
-        return rows_at(x).amax(1, keepdim=True)
-
-    def smooth_largest_row(x: torch.Tensor) -> torch.Tensor:
-        return torch.logsumexp(rows_at(x), 1, keepdim=True)
-
-    single = Property(prop.lower, prop.upper, prop.spec.new_ones(1, 1, 1), prop.offset[:, :1] * 0)
+    largest_row, smooth_largest_row = max_row_losses(net.graph, prop)
+    single = one_row(prop)
     for loss, steps, restarts in ((largest_row, 50, 2), (smooth_largest_row, *SMOOTH_PGD)):
         candidate = into_box(pgd_on_rows(loss, single, steps=steps, restarts=restarts), prop)
         if _all_hold_at(net, prop, candidate):
@@ -322,8 +361,7 @@ def all_rows_hold(net: Network, prop: Property) -> torch.Tensor | None:
 
 def _all_hold_at(net: Network, prop: Property, x: torch.Tensor) -> bool:
     """``x`` lies in the box and every row is <= 0 there, replayed through onnxruntime."""
-    rows = prop.rows(net.run(x).double())
-    return bool(prop.inside(x)[0]) and bool((rows <= 0).all())
+    return bool(all_hold(net.run, prop, x).all())
 
 
 def _sat(net: Network, x: torch.Tensor, margin: float) -> InstanceResult:
