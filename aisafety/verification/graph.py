@@ -65,19 +65,40 @@ class BoundGraph:
         return values[-1]
 
     def to(self, dtype: torch.dtype) -> BoundGraph:
+        """This graph in ``dtype``, in place. Where that rounds a weight (a float64
+        network's, BatchNorm's or a normalisation's float64 scale), the float64 graph as it
+        was is kept for ``in_dtype(float64)``: ``verify`` bounds that one (only float64
+        carries rounding margins), the network given, not its rounded copy."""
+        wide = None
+        if dtype != torch.float64 and self._rounded_by(dtype):
+            ops_copy = [copy.copy(op) for op in self.ops]
+            wide = BoundGraph(ops_copy, self.model, self.dtype).to(torch.float64)
         self.dtype = dtype
         self._copies.clear()
         for op in self.ops:
             op.to(dtype)
+        if wide is not None:
+            self._copies[torch.float64] = wide
         return self
+
+    def _rounded_by(self, dtype: torch.dtype) -> bool:
+        """Whether some stored value changes when cast to ``dtype``."""
+        return any(
+            isinstance(v, torch.Tensor) and v.is_floating_point()
+            and v.dtype.itemsize > dtype.itemsize
+            and not torch.equal(v.detach().to(dtype).to(v.dtype), v.detach())
+            for op in self.ops for v in vars(op).values()
+        )  # fmt: skip
 
     def detach(self) -> BoundGraph:
         """This graph with every stored tensor that requires grad replaced by its detached
-        view (same storage, same in-place version counter: ``memo.py`` still sees updates)."""
-        for op in self.ops:
-            for key, value in vars(op).items():
-                if isinstance(value, torch.Tensor) and value.requires_grad:
-                    setattr(op, key, value.detach())
+        view (same storage, same in-place version counter: ``memo.py`` still sees updates);
+        its kept copies too."""
+        for graph in (self, *self._copies.values()):
+            for op in graph.ops:
+                for key, value in vars(op).items():
+                    if isinstance(value, torch.Tensor) and value.requires_grad:
+                        setattr(op, key, value.detach())
         return self
 
     def in_dtype(self, dtype: torch.dtype) -> BoundGraph:
