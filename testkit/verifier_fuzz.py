@@ -39,6 +39,7 @@ FAST = {
     "stall_steps": 10,
     "alpha_steps": 5,
     "max_domains": 2000,
+    "max_size": 50,  # the SDP and LMI matrices: side 1 + inputs + hidden neurons
 }
 # verifiers whose bound of a sample is documented not to depend on its batch
 BATCH_FREE = {"ibp", "crown", "crown-ibp", "fast-lin", "deeppoly", "alpha-crown"}
