@@ -41,17 +41,19 @@ def main() -> int:
     names = [n for n in names if not args.only or n in args.only.split(",")]
     ran, found, errors = collections.Counter(), collections.Counter(), collections.Counter()
     shapes, milp = collections.Counter(), 0
+    verdicts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     out = args.out.open("a") if args.out else None
     for seed in range(args.first, args.last):
         case = random_case(seed)
         ref = reference(case)
         milp += int(ref.milp.any())
-        shapes.update(case.what.split()[:2] + [w for w in case.what.split() if "=" not in w])
+        shapes.update(w for w in case.what.split() if "=" not in w)
         print(f"seed {seed}: {case.what}{' (MILP)' if ref.milp.any() else ''}", flush=True)
         for name in names:
             began = time.process_time()
             try:
-                findings = check_verifier(registry, name, case, ref)
+                counted = collections.Counter()
+                findings = check_verifier(registry, name, case, ref, counted)
             except Exception as exc:  # noqa: BLE001 - listed, the fuzzing goes on
                 errors[(name, type(exc).__name__)] += 1
                 print(f"  ERROR {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
@@ -59,19 +61,21 @@ def main() -> int:
             if findings is None:
                 continue
             ran[name] += 1
+            verdicts[name].update(counted)
             for finding in findings:
                 found[(name, finding.kind)] += 1
                 print(f"  {finding}", flush=True)
             if out:
                 record = {"seed": seed, "verifier": name, "case": case.what,
-                          "cpu_s": time.process_time() - began,
+                          "cpu_s": time.process_time() - began, "verdicts": dict(counted),
                           "findings": [f"{f.kind}: {f.detail}" for f in findings]}  # fmt: skip
                 out.write(json.dumps(record) + "\n")
     print(f"\n{args.last - args.first} cases ({milp} with a MILP reference)")
     print("drawn:", ", ".join(f"{k} {v}" for k, v in sorted(shapes.items())))
     for name in names:
         kinds = {k: v for (n, k), v in found.items() if n == name}
-        print(f"{name}: ran {ran[name]}, findings {kinds or 'none'}")
+        counts = ", ".join(f"{v} {n}" for v, n in sorted(verdicts[name].items()))
+        print(f"{name}: ran {ran[name]} ({counts}), findings {kinds or 'none'}")
     for (name, kind), count in sorted(errors.items()):
         print(f"error {name}: {kind} x{count}")
     return 1 if found else 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -150,7 +151,7 @@ def _dense_layers(gen, width: int, classes: int, relu_only: bool, what: list[str
 
 def _conv_layers(gen, shape: tuple[int, int, int], relu_only: bool, what: list[str]):
     layers: list[nn.Module] = []
-    c, h, w = shape
+    c, (h, w) = shape[0], shape[1:]
     for _ in range(int(torch.randint(1, 3, (1,), generator=gen))):
         if min(h, w) >= 3 and _uniform(gen) < 0.25:
             layers.append(Residual(c, _activation(gen, relu_only)))
@@ -158,19 +159,39 @@ def _conv_layers(gen, shape: tuple[int, int, int], relu_only: bool, what: list[s
         out = int(torch.randint(1, 4, (1,), generator=gen))
         k = int(torch.randint(1, min(3, h, w) + 1, (1,), generator=gen))
         stride, pad = _choice(gen, [1, 1, 2]), _choice(gen, [0, 0, 1])
-        layers.append(nn.Conv2d(c, out, k, stride=stride, padding=pad))
-        what.append(f"conv{k}s{stride}p{pad}")
-        c, h, w = out, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+        dilation = (
+            2 if k > 1 and 2 * (k - 1) + 1 <= min(h, w) + 2 * pad and _uniform(gen) < 0.2 else 1
+        )
+        layers.append(nn.Conv2d(c, out, k, stride=stride, padding=pad, dilation=dilation))
+        what.append(f"conv{k}s{stride}p{pad}" + ("d2" if dilation > 1 else ""))
+        c, h, w = _out_shape(layers, shape)
         if _uniform(gen) < 0.25:
             layers.append(_batchnorm(nn.BatchNorm2d(c), gen))
             what.append("bn2d")
         layers.append(_activation(gen, relu_only))
         if min(h, w) >= 2 and _uniform(gen) < 0.4:
-            pool = _choice(gen, ["max", "avg"])
-            layers.append(nn.MaxPool2d(2) if pool == "max" else nn.AvgPool2d(2))
-            what.append(f"{pool}pool")
-            h, w = h // 2, w // 2
+            layers.append(_pool(gen, min(h, w), what))
+            c, h, w = _out_shape(layers, shape)
     return layers, c * h * w
+
+
+def _pool(gen, size: int, what: list[str]) -> nn.Module:
+    """Max, average or adaptive average pooling; kernel 2-3, any stride, padding, ceil."""
+    kind = _choice(gen, ["max", "max", "avg", "adaptive"])
+    if kind == "adaptive":
+        what.append("adaptivepool")
+        return nn.AdaptiveAvgPool2d(_choice(gen, [1, 2]))
+    k = int(torch.randint(2, min(3, size) + 1, (1,), generator=gen))
+    stride, pad = _choice(gen, [1, 2, k]), _choice(gen, [0, 0, 1])
+    ceil = _uniform(gen) < 0.3
+    what.append(f"{kind}pool{k}s{stride}p{pad}" + ("c" if ceil else ""))
+    pool = nn.MaxPool2d if kind == "max" else nn.AvgPool2d
+    return pool(k, stride=stride, padding=pad, ceil_mode=ceil)
+
+
+def _out_shape(layers: list[nn.Module], shape: tuple[int, ...]) -> tuple[int, int, int]:
+    with torch.no_grad():
+        return tuple(nn.Sequential(*layers).eval()(torch.zeros(1, *shape)).shape[1:])
 
 
 def random_net(gen: torch.Generator) -> tuple[nn.Module, tuple[int, ...], str]:
@@ -320,8 +341,11 @@ def make(registry, name: str):
     return registry.create("verifier", name, {k: v for k, v in FAST.items() if k in fields})
 
 
-def check_verifier(registry, name: str, case: Case, ref: Reference) -> list[Finding] | None:
-    """The findings of verifier ``name`` on ``case``; None where it does not take the graph."""
+def check_verifier(
+    registry, name: str, case: Case, ref: Reference, verdicts: Counter | None = None
+) -> list[Finding] | None:
+    """The findings of verifier ``name`` on ``case``; None where it does not take the graph.
+    ``verdicts`` counts the verdicts of its ``verify`` (how much each kind was exercised)."""
     verifier = make(registry, name)
     try:
         verifier.check(case.graph)
@@ -350,7 +374,10 @@ def check_verifier(registry, name: str, case: Case, ref: Reference) -> list[Find
         close = torch.isclose(alone, bounds, rtol=1e-9, atol=1e-12)
         if not (close | (gap == 0)).all():
             note("batch-dependent bound", f"alone vs batched differ by {float(gap.max()):.3g}")
-    _check_verdicts(verifier.verify(case.graph, case.prop, case.model), case, ref, note)
+    result = verifier.verify(case.graph, case.prop, case.model)
+    if verdicts is not None:
+        verdicts.update(str(v) for v in result.verdicts)
+    _check_verdicts(result, case, ref, note)
     return found
 
 
