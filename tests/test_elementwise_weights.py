@@ -43,17 +43,22 @@ def test_a_float32_batchnorm_is_read_in_float64():
     assert ((op.shift - shift).abs() <= 2**-48 * size).all()
 
 
-def test_crown_does_not_certify_what_the_network_violates():
-    """BatchNorm with mean -1e7, scale ~0.1: f(x) ~ 999995.015 + 0.1 x. Read in float32 the
-    graph held scale 0.125 and shift 999995.0, 0.0076 above f at x = 0.9, so CROWN
-    certified ``f(x) >= f(0.9) + 0.004`` on the point 0.9."""
-    norm = batchnorm(torch.tensor([-1e7]), torch.tensor([1.0]), [0.1], [0.0])
-    graph = build_graph(nn.Sequential(norm), (1,), "bn", dtype=torch.float64)
+def crown_at_the_point(norm: nn.BatchNorm1d, dtype: torch.dtype):
+    """CROWN on the point 0.9 with the row ``f(x) - f(0.9) - 0.004`` (violated there)."""
+    graph = build_graph(nn.Sequential(norm), (1,), "bn", dtype=dtype)
     scale, shift = exact(norm)
     x = torch.tensor([[0.9]], dtype=torch.float64)
     value = float(scale * 0.9 + shift)
     prop = Property(x, x, torch.ones(1, 1, 1, dtype=torch.float64),
                     torch.tensor([[-(value + 0.004)]], dtype=torch.float64))  # fmt: skip
-    result = CrownVerifier({"clock": "cpu"}).verify(graph, prop)
+    return CrownVerifier({"clock": "cpu"}).verify(graph, prop)
+
+
+def test_crown_does_not_certify_what_the_network_violates():
+    """BatchNorm with mean -1e7, scale ~0.1: f(x) ~ 999995.015 + 0.1 x. Read in float32 the
+    graph held scale 0.125 and shift 999995.0, 0.0076 above f at x = 0.9, so CROWN
+    certified ``f(x) >= f(0.9) + 0.004`` on the point 0.9."""
+    norm = batchnorm(torch.tensor([-1e7]), torch.tensor([1.0]), [0.1], [0.0])
+    result = crown_at_the_point(norm, torch.float64)
     assert not result.certified.any()
     assert result.margins.double().item() <= -0.004 + 1e-9

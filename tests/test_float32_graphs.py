@@ -17,9 +17,8 @@ from verifier_fuzz import random_case, reference
 
 from aisafety.plugins import default_registry
 from aisafety.verification.graph import VerificationError, build_graph
-from aisafety.verification.property import Property
 from aisafety.verification.registry import make_verifier
-from tests.test_elementwise_weights import batchnorm, exact
+from tests.test_elementwise_weights import batchnorm, crown_at_the_point
 
 REGISTRY = default_registry()
 
@@ -88,12 +87,6 @@ def test_crown_on_a_float32_batchnorm_graph_does_not_certify_a_violation():
     """f(x) = 999995.0549 + 0.0999995 x; float32 rounds the shift up to 999995.0625, 0.0076
     above f: the float32 graph certified ``f(x) >= f(0.9) + 0.004`` at the point 0.9."""
     norm = batchnorm(torch.tensor([-1e7]), torch.tensor([1.0]), [0.1], [0.04])
-    graph = build_graph(nn.Sequential(norm), (1,), "bn", dtype=torch.float32)
-    scale, shift = exact(norm)
-    x = torch.tensor([[0.9]], dtype=torch.float64)
-    value = float(scale * 0.9 + shift)
-    prop = Property(x, x, torch.ones(1, 1, 1, dtype=torch.float64),
-                    torch.tensor([[-(value + 0.004)]], dtype=torch.float64))  # fmt: skip
-    result = make_verifier(REGISTRY, "crown", {"clock": "cpu"}).verify(graph, prop)
+    result = crown_at_the_point(norm, torch.float32)
     assert not result.certified.any()
     assert result.margins.double().item() <= -0.004 + 1e-9

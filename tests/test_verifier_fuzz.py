@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 from verifier_fuzz import check_verifier, random_case, reference
 
-from aisafety.hookspecs import hookimpl
 from aisafety.plugins import build_registry, default_registry
-from aisafety.verification.incomplete import CrownVerifier
+from tests.test_contract import _BadVerifiers
 
 REGISTRY = default_registry()
 # chosen to cover, cheaply, what the generator draws (every verifier on some; certified,
@@ -42,23 +41,8 @@ def test_a_verifier_keeps_the_invariants_on_random_cases(name, cases):
     assert ran, f"{name} takes none of the slice's graphs"
 
 
-class _Shifted:
-    @staticmethod
-    @hookimpl
-    def aisafety_verifiers() -> list[type]:
-        class ShiftedCrown(CrownVerifier):
-            name = "shifted-crown"
-            description = "CROWN plus 0.2: deliberately unsound (the fuzzing's own test)"
-
-            def lower_bounds(self, graph, prop):
-                bound, coeff = super().lower_bounds(graph, prop)
-                return bound + 0.2, coeff
-
-        return [ShiftedCrown]
-
-
 def test_the_harness_finds_a_bound_moved_up(cases):
-    registry = build_registry([("shifted", _Shifted)])
+    registry = build_registry([("bad-verifiers", _BadVerifiers)])  # CROWN plus 0.2
     kinds = {f.kind for case, ref in cases for f in check_verifier(registry, "shifted-crown",
                                                                     case, ref) or []}  # fmt: skip
     assert "bound above a value" in kinds
