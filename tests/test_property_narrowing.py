@@ -100,7 +100,9 @@ def test_a_float32_graph_does_not_certify_what_the_original_box_breaks(monkeypat
 
     monkeypatch.setattr(verifier, "lower_bounds", exact_minimum)
     result = verifier.verify(graph, prop)
-    assert seen and seen[0].lower.dtype == torch.float32
+    # since session 16 ``verify`` bounds a float32 graph as its float64 copy (only float64
+    # passes carry rounding margins, tests/test_float32_graphs.py): the box is the given one
+    assert seen and seen[0].lower.dtype == torch.float64 and float(seen[0].lower) == L
     assert result.verdicts[0].value != "certified"
     assert float(result.margins[0]) <= 0
 

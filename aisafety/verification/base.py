@@ -166,10 +166,16 @@ class Verifier(ABC):
     def verify(
         self, graph: BoundGraph, prop: Property, model: Model | None = None
     ) -> VerificationResult:
-        """Verdicts for every sample; ``model`` (the predictor) replays counterexamples."""
+        """Verdicts for every sample; ``model`` (the predictor) replays counterexamples.
+
+        A graph of another dtype than float64 (``build_graph(..., dtype=torch.float32)``) is
+        bounded as its float64 copy, the same weights: only float64 boxes and passes carry
+        rounding margins (``ibp_rounding.py``; a float32 graph is training's objective), so
+        a float32 graph's bounds could be above the network's values."""
         self.check(graph)
         self.prepare()
         model = model or (lambda x: graph.forward(x.to(graph.dtype)))
+        graph = graph.in_dtype(torch.float64)
         budget, held = self.memory_budget(), HELD_COPIES * 4 * prop.lower.numel()
         size = self.fitting_batch(graph, prop, budget, held)
         limit = budget - held  # the bound passes' share

@@ -65,19 +65,40 @@ class BoundGraph:
         return values[-1]
 
     def to(self, dtype: torch.dtype) -> BoundGraph:
+        """This graph in ``dtype``, in place. Where that rounds a weight (a float64
+        network's, BatchNorm's or a normalisation's float64 scale), the float64 graph as it
+        was is kept for ``in_dtype(float64)``: ``verify`` bounds that one (only float64
+        carries rounding margins), the network given, not its rounded copy."""
+        wide = None
+        if dtype != torch.float64 and self._rounded_by(dtype):
+            ops_copy = [copy.copy(op) for op in self.ops]
+            wide = BoundGraph(ops_copy, self.model, self.dtype).to(torch.float64)
         self.dtype = dtype
         self._copies.clear()
         for op in self.ops:
             op.to(dtype)
+        if wide is not None:
+            self._copies[torch.float64] = wide
         return self
+
+    def _rounded_by(self, dtype: torch.dtype) -> bool:
+        """Whether some stored value changes when cast to ``dtype``."""
+        return any(
+            isinstance(v, torch.Tensor) and v.is_floating_point()
+            and v.dtype.itemsize > dtype.itemsize
+            and not torch.equal(v.detach().to(dtype).to(v.dtype), v.detach())
+            for op in self.ops for v in vars(op).values()
+        )  # fmt: skip
 
     def detach(self) -> BoundGraph:
         """This graph with every stored tensor that requires grad replaced by its detached
-        view (same storage, same in-place version counter: ``memo.py`` still sees updates)."""
-        for op in self.ops:
-            for key, value in vars(op).items():
-                if isinstance(value, torch.Tensor) and value.requires_grad:
-                    setattr(op, key, value.detach())
+        view (same storage, same in-place version counter: ``memo.py`` still sees updates);
+        its kept copies too."""
+        for graph in (self, *self._copies.values()):
+            for op in graph.ops:
+                for key, value in vars(op).items():
+                    if isinstance(value, torch.Tensor) and value.requires_grad:
+                        setattr(op, key, value.detach())
         return self
 
     def in_dtype(self, dtype: torch.dtype) -> BoundGraph:
@@ -319,13 +340,13 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
         return ops.PositiveLinear(name, inputs, out_shape, fn=fn, in_shape=in_shape,
                                   permutation=True)  # fmt: skip
     if type(target).__name__ == "OnnxBatchNorm" and len(traced_inputs) == 1:
-        return _elementwise(node, target, args, values, inputs, first, out_shape, model)
+        return _elementwise(node, target, args, inputs, first, out_shape, model)
     if _is_reshape(node, target) or isinstance(target, nn.Flatten | nn.Unflatten):
         if values[first].numel() != out.numel():
             raise _unsupported(node, "a reshape that changes the number of values", model)
         return ops.Reshape(name, inputs, out_shape, in_shape=in_shape)
     if target is aten.batch_norm.default and not args[5]:  # args[5]: training
-        return _elementwise(node, target, args, values, inputs, first, out_shape, model)
+        return _elementwise(node, target, args, inputs, first, out_shape, model)
     if isinstance(target, nn.BatchNorm1d | nn.BatchNorm2d) or _is_elementwise(target):
         if len(traced_inputs) == 2 and _binary(target) is operator.add:
             return ops.Add(name, [index[n] for n in traced_inputs], out_shape)
@@ -333,7 +354,7 @@ def _make_op(node, target, args, values, traced_inputs, index, model) -> ops.Op 
             raise _unsupported(node, "the difference of two branches", model)
         if len(traced_inputs) != 1 or in_shape != out_shape:
             raise _unsupported(node, f"{_describe(node, target)} of two traced values", model)
-        return _elementwise(node, target, args, values, inputs, first, out_shape, model)
+        return _elementwise(node, target, args, inputs, first, out_shape, model)
     if target in (F.linear, aten.linear.default):
         weight, bias = args[1], args[2] if len(args) > 2 else node.kwargs.get("bias")
         return _dense(name, inputs, in_shape, out_shape, weight, bias, node, model)
@@ -507,8 +528,13 @@ def _is_elementwise(target: Any) -> bool:
     return _binary(target) is not None or type(target).__name__ == "Normalize"
 
 
-def _elementwise(node, target, args, values, inputs, first, out_shape, model) -> ops.Elementwise:
-    """scale and shift of an elementwise affine map, read off by evaluating it at 0 and 1."""
+def _elementwise(node, target, args, inputs, first, out_shape, model) -> ops.Elementwise:
+    """scale and shift of an elementwise affine map, read off by evaluating it at 0 and 1,
+    in float64 whatever the network's dtype: in float32, ``f(0)`` and ``f(1) - f(0)`` round
+    to the spacing of ``f``'s values (a BatchNorm of mean -1e7 and scale 0.1 was read as
+    0.125), and the graph then bounded another network (docs/certification.md)."""
+    target, args = _widened(target), tuple(_widened(a) for a in args)
+    kwargs = {k: _widened(v) for k, v in node.kwargs.items()}
     if isinstance(target, nn.BatchNorm1d | nn.BatchNorm2d):
         if target.training or target.running_mean is None:
             raise _unsupported(node, "BatchNorm in training mode", model)
@@ -520,7 +546,7 @@ def _elementwise(node, target, args, values, inputs, first, out_shape, model) ->
     elif type(target).__name__ == "Normalize":
         fn = target
     elif target is aten.batch_norm.default:
-        fn = _bind(target, args, kwargs=node.kwargs)
+        fn = _bind(target, args, kwargs=kwargs)
     else:
         position = next(i for i, a in enumerate(node.args) if a is first)
         op = _binary(target)
@@ -537,7 +563,17 @@ def _elementwise(node, target, args, values, inputs, first, out_shape, model) ->
                c.dim() == len(out_shape) + 1 for c in constant):  # fmt: skip
             raise _unsupported(node, "an elementwise op with a per-sample constant", model)
     with torch.no_grad():
-        zero = fn(torch.zeros(1, *out_shape, dtype=values[first].dtype))
-        one = fn(torch.ones(1, *out_shape, dtype=values[first].dtype))
+        zero = fn(torch.zeros(1, *out_shape, dtype=torch.float64))
+        one = fn(torch.ones(1, *out_shape, dtype=torch.float64))
     shift, scale = zero[0].detach().double(), (one - zero)[0].detach().double()
     return ops.Elementwise(node.name, inputs, out_shape, scale=scale, shift=shift)
+
+
+def _widened(value: Any) -> Any:
+    """``value`` in float64: a module as a float64 copy, a floating tensor cast, anything
+    else (a Python number, an integer tensor, a node's other arguments) as it is."""
+    if isinstance(value, nn.Module):
+        return copy.deepcopy(value).double()
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().double()
+    return value
