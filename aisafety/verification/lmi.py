@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aisafety.verification.quadratic import Qcqp, certified_bound, require_cvxpy
+from aisafety.verification.quadratic import Qcqp, certified_bound, require_cvxpy, solved
 from aisafety.verification.sdp import SdpVerifier
 
 
@@ -47,8 +47,7 @@ class LmiVerifier(SdpVerifier):
         combined = qcqp.ineq.T @ mu + (qcqp.eq.T @ lam if qcqp.eq.shape[0] else 0)
         lmi = cp.vec(slack, order="C") == q - gamma * corner - combined
         problem = cp.Problem(cp.Maximize(gamma), [lmi])
-        problem.solve(solver=cp.CLARABEL)
-        if problem.status not in ("optimal", "optimal_inaccurate"):
+        if not solved(problem, cp):
             return float("-inf")
         found = lam.value if qcqp.eq.shape[0] else np.zeros(0)
         return certified_bound(qcqp, row, float(gamma.value), mu.value, found)

@@ -22,6 +22,7 @@ norm of its matrix's error; ``certified_bound`` charges them with its own roundi
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -48,6 +49,21 @@ def require_cvxpy(verifier: str):
             "pip install 'aisafety[sdp]'"
         ) from None
     return cvxpy
+
+
+def solved(problem, cp) -> bool:
+    """Clarabel on ``problem``: whether it reached an (inaccurate) optimum. A solver failure
+    (``SolverError``, e.g. on weights of order 1e3) is no answer rather than an error that
+    ends the whole call: the caller keeps CROWN's bound. Clarabel's "may be inaccurate"
+    warning is dropped: every solution is re-certified (``certified_bound``), so its
+    accuracy costs tightness only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+        try:
+            problem.solve(solver=cp.CLARABEL)
+        except cp.error.SolverError:
+            return False
+    return problem.status in ("optimal", "optimal_inaccurate")
 
 
 @dataclass

@@ -24,7 +24,14 @@ from aisafety.verification import bounds as b
 from aisafety.verification.base import Verifier, VerifierConfig
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.property import Property
-from aisafety.verification.quadratic import Qcqp, build, certified_bound, require_cvxpy, size_of
+from aisafety.verification.quadratic import (
+    Qcqp,
+    build,
+    certified_bound,
+    require_cvxpy,
+    size_of,
+    solved,
+)
 
 
 class SdpConfig(VerifierConfig):
@@ -81,8 +88,7 @@ class SdpVerifier(Verifier):
         if qcqp.eq.shape[0]:
             lifted.append(qcqp.eq @ flat == 0)
         problem = cp.Problem(cp.Minimize(q @ flat), lifted)
-        problem.solve(solver=cp.CLARABEL)
-        if problem.status not in ("optimal", "optimal_inaccurate"):
+        if not solved(problem, cp):
             return float("-inf")
         mu = lifted[1].dual_value
         lam = lifted[2].dual_value if len(lifted) > 2 else np.zeros(0)
