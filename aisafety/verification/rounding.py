@@ -73,7 +73,10 @@ def fast_graph(
         return None
     copy = graph.in_dtype(torch.float32)
     if not hasattr(copy, "exact"):
-        copy.exact = all(_same(a, b) for a, b in zip(graph.ops, copy.ops, strict=True))
+        copy.exact = all(
+            a.kind == "elementwise" or _same(a, b)  # elementwise: ``_weighted`` covers it
+            for a, b in zip(graph.ops, copy.ops, strict=True)
+        )
         copy.wide = graph
     return copy if copy.exact else None
 
@@ -336,7 +339,14 @@ def _weighted(op: Op, centre: torch.Tensor, radius: torch.Tensor) -> tuple:
         return conv(radius, None), wide * conv(centre.abs(), b), terms
     if op.kind == "elementwise":  # one product per element
         scale = op.scale.abs()
-        return scale * radius, wide * (scale * centre.abs() + op.shift.abs()), 1
+        radial = scale * radius
+        if not torch.equal(op.scale.float().double(), op.scale):
+            # the float32 copy's scale is the float64 one rounded (a normalisation's
+            # 1 / 0.3, read in float64): |a s64 - fl(a s32)| <= u |a s64| + gamma(1) |a s32|
+            # <= gamma(2) |a s64|, so this op's term is charged gamma(2) where
+            # ``exact_shift`` multiplies it by gamma(terms) >= gamma(1)
+            radial = radial * (gamma(2) / gamma(1))
+        return radial, wide * (scale * centre.abs() + op.shift.abs()), 1
     raise ValueError(f"no rounding bound for {op.kind} node {op.name!r}")
 
 
