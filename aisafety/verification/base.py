@@ -122,10 +122,8 @@ class Verifier(ABC):
         breaks nothing and the bounds get the rest, so at a limit too tight for both the
         bound pass still runs: a verifier that attacks first then settles what ``crown``
         settles with the rest of the limit (#33, docs/certification.md "Time limit")."""
-        clock = deadline.clock
-        share = Deadline(clock() + self.config.attack_share * deadline.left(), clock)
         try:
-            with time_limit(share):
+            with time_limit(deadline.share(self.config.attack_share)):
                 return self.attack(graph, prop, model)
         except OutOfTime:
             if deadline.passed():
