@@ -120,7 +120,7 @@ class LPFullVerifier(Verifier):
         super().check(graph)
         if not graph.relu_only:
             raise VerificationError(
-                f"verifier 'lp-full' needs a ReLU network; model {graph.model!r} has sigmoid "
+                f"verifier {self.name!r} needs a ReLU network; model {graph.model!r} has sigmoid "
                 "or tanh activations (use 'alpha-crown' or 'crown', which bound them)"
             )
 
