@@ -133,7 +133,8 @@ def test_lp_full_is_between_crown_fast_lin_crown_ibp_and_the_exact_milp_per_row(
             assert lp_full[s, k] <= exact + 1e-6, (s, k)
 
 
-def test_lp_full_names_a_network_it_cannot_bound():
+@pytest.mark.parametrize("name", ["lp-full", "k-relu"])  # k-relu's named lp-full before
+def test_lp_full_names_a_network_it_cannot_bound(name):
     net = nn.Sequential(nn.Linear(4, 3), nn.Sigmoid(), nn.Linear(3, 2))
-    with pytest.raises(VerificationError, match="'lp-full' needs a ReLU network.*'sig'"):
-        make_verifier(default_registry(), "lp-full").check(build_graph(net, (4,), "sig"))
+    with pytest.raises(VerificationError, match=f"'{name}' needs a ReLU network.*'sig'"):
+        make_verifier(default_registry(), name).check(build_graph(net, (4,), "sig"))

@@ -163,6 +163,7 @@ class BabVerifier(AlphaCrownVerifier):
     def noted_bounds(self, graph: BoundGraph, prop: Property):
         """alpha-CROWN's root, then a search on each open sample: its bound, its
         coefficients and per sample why the search left it open (the root's note if none)."""
+        self.require_float64(graph)  # its searches are float64; ``complete`` shares this
         self._found: dict[int, torch.Tensor] = {}  # this batch's, even if it runs out of time
         bounds, coeff, boxes, note = self.bounds_and_boxes(graph, prop)  # records each bound
         why = [f"bounds too loose ({note})" if note else ""] * len(prop)
@@ -173,8 +174,7 @@ class BabVerifier(AlphaCrownVerifier):
         for s in range(len(prop)):
             if (bounds[s] + prop.offset[s]).min() > 0:
                 continue
-            share = min(batch.left() / (len(prop) - s), self.config.timeout)
-            deadline = Deadline(min(batch.at, batch.clock() + share), batch.clock)
+            deadline = batch.share(1 / (len(prop) - s), at_most=self.config.timeout)
             sample_boxes = [(lo[s : s + 1], hi[s : s + 1]) for lo, hi in boxes]
             outcome = self.search(graph, prop[s : s + 1], sample_boxes, bounds[s], deadline)
             # stored less the offset, rounded down: to nearest, it could be an ulp above
@@ -295,10 +295,8 @@ class Search:
 
     def _root_in_share(self, spec: torch.Tensor, offset: torch.Tensor):
         """``_root`` within ``ROOT_SHARE`` of the time left, or None where cut short."""
-        clock = self.deadline.clock
-        share = Deadline(min(self.deadline.at, clock() + ROOT_SHARE * self.deadline.left()), clock)
         try:
-            with time_limit(share):
+            with time_limit(self.deadline.share(ROOT_SHARE)):
                 return self._root(spec, offset)
         except OutOfTime:
             return None

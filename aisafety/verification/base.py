@@ -33,7 +33,7 @@ from aisafety.verification.budget import GIB, box_bytes, current_budget, memory_
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import Model, checked, pgd_on_rows, replay
 from aisafety.verification.float64_margin import added_down
-from aisafety.verification.graph import BoundGraph
+from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.property import Property
 from aisafety.verification.result import (
     Verdict,
@@ -122,10 +122,8 @@ class Verifier(ABC):
         breaks nothing and the bounds get the rest, so at a limit too tight for both the
         bound pass still runs: a verifier that attacks first then settles what ``crown``
         settles with the rest of the limit (#33, docs/certification.md "Time limit")."""
-        clock = deadline.clock
-        share = Deadline(clock() + self.config.attack_share * deadline.left(), clock)
         try:
-            with time_limit(share):
+            with time_limit(deadline.share(self.config.attack_share)):
                 return self.attack(graph, prop, model)
         except OutOfTime:
             if deadline.passed():
@@ -144,6 +142,19 @@ class Verifier(ABC):
     def check(self, graph: BoundGraph) -> None:
         """Raise, before any work, if ``graph`` has an op this verifier cannot bound."""
         graph.require(self.kinds, f"verifier {self.name!r}")
+
+    def require_float64(self, graph: BoundGraph) -> None:
+        """Refuse a graph of another dtype than float64 where ``lower_bounds`` is called
+        directly (``verify`` bounds the float64 copy): this verifier's LP rows or searches
+        are float64, and a float32 graph's own bounds would carry no rounding margin (the
+        bound-propagation verifiers' float32 pass is training's objective)."""
+        if graph.dtype != torch.float64:
+            raise VerificationError(
+                f"verifier {self.name!r} bounds float64 graphs only; model {graph.model!r} "
+                f"has a {graph.dtype} graph. Call verify(), which bounds the graph's float64 "
+                "copy, or lower_bounds on graph.in_dtype(torch.float64) (or a graph built "
+                "with dtype=torch.float64)"
+            )
 
     def prepare(self) -> None:
         """One-time process setup, before any sample's clock starts (none by default)."""

@@ -180,8 +180,7 @@ class CompleteVerifier(BabVerifier):
             return Verdict.TIMEOUT, float(bound.min()), None, "timeout"
         proved, refined = bound.clone(), False
         if self.config.refine_share > 0:
-            share = self.config.refine_share * self.config.timeout
-            refine_by = Deadline(min(deadline.at, deadline.clock() + share), deadline.clock)
+            refine_by = deadline.share(1.0, at_most=self.config.refine_share * self.config.timeout)
             boxes, refined = refine_boxes(graph, boxes, refine_by, self.config.refine_neuron_time)
             try:
                 with torch.no_grad(), time_limit(deadline):

@@ -13,6 +13,7 @@ one-thread run on a shared machine gets the same budget whatever the load).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,6 +48,15 @@ class Deadline:
 
     def passed(self) -> bool:
         return self.left() <= 0
+
+    def share(self, fraction: float, at_most: float = math.inf) -> Deadline:
+        """A deadline ``fraction`` of the way from now to this one, and at most ``at_most``
+        seconds from now, on the same clock: a phase's part of the time left. Never later
+        than this one (a share rounded past it, or of a deadline already passed, ends
+        with it), so a phase within its share is within the whole."""
+        now = self.clock()
+        seconds = min(fraction * max(self.at - now, 0.0), at_most)
+        return Deadline(min(self.at, now + seconds), self.clock)
 
 
 _CURRENT: ContextVar[Deadline | None] = ContextVar("verification_deadline", default=None)

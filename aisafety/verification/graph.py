@@ -22,9 +22,12 @@ from torch import fx, nn
 
 from aisafety.errors import ConfigError
 from aisafety.prediction.torch_module import weight_dtype
+from aisafety.randomness import generator
 from aisafety.verification import ops
 from aisafety.verification.attention import attention_message, product_of_inputs
 from aisafety.verification.relaxations import RELU, SIGMOID, TANH
+
+EXAMPLE_SEED = 0  # the tracing example's draw: the same graph whatever the global state
 
 SUPPORTED = (
     "Linear/Gemm, Conv2d, ReLU, Sigmoid, Tanh, MaxPool2d (the bound-propagation, LP and MILP "
@@ -197,7 +200,11 @@ def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) ->
     product = product_of_inputs(traced.graph, modules)
     if product is not None:  # attention: name it, not the first op that would fail
         raise VerificationError(attention_message(product, traced.graph, modules, model))
-    example = torch.rand(2, *input_shape, dtype=weight_dtype(network))
+    # its own generator: drawn from torch's global one, building a graph moved the user's
+    # later unseeded draws; any values in [0, 1) trace it and check it (``_check``)
+    example = torch.rand(
+        2, *input_shape, generator=generator(EXAMPLE_SEED), dtype=weight_dtype(network)
+    )
     values: dict[fx.Node, Any] = {}
     index: dict[fx.Node, int] = {}  # traced node -> op index, for input-dependent nodes
     graph_ops: list[ops.Op] = []

@@ -120,12 +120,13 @@ class LPFullVerifier(Verifier):
         super().check(graph)
         if not graph.relu_only:
             raise VerificationError(
-                f"verifier 'lp-full' needs a ReLU network; model {graph.model!r} has sigmoid "
+                f"verifier {self.name!r} needs a ReLU network; model {graph.model!r} has sigmoid "
                 "or tanh activations (use 'alpha-crown' or 'crown', which bound them)"
             )
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         """Each row's LP optimum (CROWN's bound where HiGHS does not reach optimality)."""
+        self.require_float64(graph)
         crown = b.linear_boxes(graph, prop.lower, prop.upper)
         bound, _ = b.spec_lower(graph, crown, prop.spec)
         for s in range(len(prop)):

@@ -61,10 +61,7 @@ class SShapeSearch:
         of the time or until they stall, then branch and bound over the S-shape neurons on
         their boxes. The bound per row, a replayed counterexample or None, and why it
         stopped short (or '')."""
-        share = Deadline(
-            min(self.deadline.at, self.deadline.clock() + SLOPE_SHARE * self.deadline.left()),
-            self.deadline.clock,
-        )
+        share = self.deadline.share(SLOPE_SHARE)
         best, boxes = self.slope_rounds(root_bound, rows, spec, offset, share)
         self.proved[best > 0] = best[best > 0]
         keep = best[rows] <= 0

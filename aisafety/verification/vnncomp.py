@@ -40,7 +40,7 @@ from aisafety.verification.conjunction_search import (
     max_row_losses,
     one_row,
 )
-from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
+from aisafety.verification.deadline import CLOCKS, OutOfTime, time_limit
 from aisafety.verification.falsify import into_box, pgd_on_rows
 from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph, VerificationError, build_graph
@@ -217,7 +217,7 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
                 checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
             )
             return InstanceResult("unknown", 0.0, margin, note="bounds too loose")
-        share = _share(deadline, ONE_ATOM_SHARE)
+        share = deadline.share(ONE_ATOM_SHARE)
         refuted, best, point, why = _refuted_by_one_atom(
             registry, net, prop, bounds, verifier, settings, share
         )
@@ -241,12 +241,6 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
                 note += f" (joint search over its atoms: {joint.why})"
             return InstanceResult(status, 0.0, margin, note=note)
     return InstanceResult("unsat", 0.0, min(proved), note=conjunction_note(notes))
-
-
-def _share(deadline: Deadline, fraction: float) -> Deadline:
-    """A deadline ``fraction`` of the way from now to ``deadline``."""
-    clock = deadline.clock
-    return Deadline(min(deadline.at, clock() + fraction * max(deadline.left(), 0.0)), clock)
 
 
 def _joint(checker, net: Network, prop: Property, first: torch.Tensor, deadline) -> JointOutcome:
