@@ -2,7 +2,7 @@
 ``export`` lines and both ``ray start`` lines) starts the suite's one Ray cluster (the
 ``ray_cluster`` fixture of tests/conftest.py), and the block "Running a plan on a cluster"
 (``aisafety evaluate plan.yaml --executor ray --address auto --db ...``) is the driver
-tests/test_scale_out_docs.py runs on it.
+tests/test_scale_out.py's PostgreSQL test and tests/test_scale_out_docs.py run on it.
 
 What is changed in the documented lines, and why: the port 6379 becomes a free one and
 ``HEAD_IP`` 127.0.0.1 (other clusters may run on this machine); each node gets ``--block``

@@ -17,6 +17,7 @@ from pathlib import Path
 import children
 import pytest
 import torch
+import yaml
 from sqlalchemy import text
 
 from aisafety.config import plan_from_dict
@@ -65,6 +66,19 @@ def _evaluate(plan: dict, *args: str, env: dict[str, str], cwd: Path) -> subproc
         env={**os.environ, **env},
         cwd=cwd,
     )
+
+
+def _documented(plan: dict, url: str, cluster, cwd: Path, *args: str) -> subprocess.Popen:
+    """docs/scale-out.md's driver command (``aisafety evaluate plan.yaml --executor ray
+    --address auto --db URL``, tests/documented_cluster.py) on ``plan``, ``auto`` finding
+    ``cluster`` through ``RAY_ADDRESS``, with ``args`` appended."""
+    from documented_cluster import documented_driver
+
+    path = cwd / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    env = {**os.environ, **cluster.env, "RAY_ADDRESS": cluster.address}
+    return children.start([*documented_driver(path, url), *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)  # fmt: skip
 
 
 def _count(url: str, sql: str) -> int:
@@ -198,11 +212,14 @@ def test_a_plan_on_ray_and_postgresql_stores_what_a_local_run_stores_in_sqlite(
     every number bit-identical to the same plan run here into SQLite with as many torch
     threads as a Ray task has (with 2 threads here, ACAC differs in its last bits:
     0.8513860192590054 against 0.8513860188197844, as on another machine); --resume then
-    finds every unit and computes nothing."""
+    finds every unit and computes nothing. The driver is docs/scale-out.md's command as
+    written (``--address auto``), so this test also runs that documented command on the
+    documented cluster (tests/test_scale_out_docs.py's own run of it is slow since
+    session 17)."""
     local = _local(tmp_path, "local.db", threads=1, shard_size=10, batch_size=10)
     plan = {**PLAN, "shard_size": 10, "batch_size": 10}
-    args = _stores_what_local_stores(plan, local, ray_cluster, postgres_url, tmp_path)
-    resumed = _evaluate(plan, *args, "--resume", env=ray_cluster.env, cwd=tmp_path)
+    _stores_what_local_stores(plan, local, ray_cluster, postgres_url, tmp_path)
+    resumed = _documented(plan, postgres_url, ray_cluster, tmp_path, "--resume")
     out, err = children.communicate(resumed)
     assert resumed.returncode == 0, err
     assert "(4 finished unit(s) taken from the database)" in out
@@ -219,18 +236,16 @@ def test_without_shards_each_unit_is_one_task_and_stores_what_a_local_run_stores
     _stores_what_local_stores(PLAN, local, ray_cluster, postgres_url, tmp_path)
 
 
-def _stores_what_local_stores(plan, local, ray_cluster, postgres_url, tmp_path) -> tuple:
-    """Run ``plan`` (PLAN's 4 units) on the cluster into PostgreSQL; assert every stored
-    number equals the ``local`` run's. Returns the command-line arguments it used."""
-    args = ("--executor", "ray", "--address", ray_cluster.address, "--db", postgres_url)
-    driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
+def _stores_what_local_stores(plan, local, ray_cluster, postgres_url, tmp_path) -> None:
+    """Run ``plan`` (PLAN's 4 units) on the cluster into PostgreSQL with the documented
+    driver command; assert every stored number equals the ``local`` run's."""
+    driver = _documented(plan, postgres_url, ray_cluster, tmp_path)
     out, err = children.communicate(driver)
     assert driver.returncode == 0, err
     assert "4/4 units done" in err
     counts, differences = compare(local, postgres_url)
     assert differences == []
     assert counts == {"metric_values": 10, "attack_runs": 3, "sample_outcomes": 90}
-    return args
 
 
 def _one_slot(address: str, temp_dir: Path) -> tuple[list[str], list[str]]:

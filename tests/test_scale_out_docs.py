@@ -2,9 +2,10 @@
 tests/conftest.py) is the one the block "Starting the cluster" starts (its ``export`` lines
 and both ``ray start`` lines, tests/documented_cluster.py), and the block "Running a plan on a
 cluster" (``aisafety evaluate plan.yaml --executor ray --address auto --db ...``) runs a plan
-on it into PostgreSQL. A driver without the token, or with another one, is refused with exit
-2 and a message naming the variables and the fix. What the tests change in the documented
-lines, and why: tests/documented_cluster.py.
+on it into PostgreSQL (in the default suite as tests/test_scale_out.py's driver, which checks
+every stored number; its run here is slow). A driver without the token, or with another
+one, is refused with exit 2 and a message naming the variables and the fix. What the tests
+change in the documented lines, and why: tests/documented_cluster.py.
 """
 
 from __future__ import annotations
@@ -85,9 +86,13 @@ def test_ray_s_refusals_are_told_apart_from_an_unreachable_cluster(monkeypatch):
     assert "is not the cluster's" in advice and "a-secret-token" not in advice
 
 
+@pytest.mark.slow  # ~8 s idle: the same documented command runs in the default suite
 def test_the_documented_cluster_runs_the_documented_driver_command(
     ray_cluster, postgres_url, tmp_path
 ):
+    """Covered in the default suite by tests/test_scale_out.py::
+    test_a_plan_on_ray_and_postgresql_stores_what_a_local_run_stores_in_sqlite, whose driver
+    (and --resume) is this documented command on this cluster (session 17)."""
     driver = _drive(ray_cluster, postgres_url, tmp_path)
     assert driver.returncode == 0, driver.stderr[-3000:]
     assert "2/2 units done" in driver.stderr
