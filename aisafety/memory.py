@@ -21,6 +21,12 @@ glibc's ceiling for its dynamic ones (32 MiB mmap, 64 MiB trim; ``mallopt`` cann
 the dynamic mode itself). Where the C library has no ``mallopt`` (macOS, musl) this does
 nothing; CUDA memory has PyTorch's own caching allocator. ``AISAFETY_REUSE_FREED_MEMORY=0``
 turns it off.
+
+No block outlives its call (``open_blocks()`` is 0 between calls; the test suite checks it
+after every test): the count goes up inside the block's ``try`` and down first in its
+``finally``, with no call in between where CPython could run a signal handler, so a Ctrl-C,
+SIGTERM (``terminate_as_interrupt``) or a forward's SIGALRM cannot leave it counted, and a
+restore such an exception cuts short is run once more (docs/memory.md, session 17).
 """
 
 from __future__ import annotations
@@ -63,18 +69,31 @@ def reuse_freed_memory() -> Iterator[None]:
         yield
         return
     global _depth
-    with _lock:
-        if _depth == 0:
-            _set_thresholds(libc, INSIDE, NO_TRIM)
-        _depth += 1
+    counted = False
     try:
+        with _lock:
+            _depth += 1
+            counted = True  # no call between the two lines: no signal handler runs there
+            if _depth == 1:
+                _set_thresholds(libc, INSIDE, NO_TRIM)
         yield
     finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                _set_thresholds(libc, AFTER["mmap"], AFTER["trim"])
-                libc.malloc_trim(ctypes.c_size_t(0))
+        if counted:  # nothing before the decrement runs a signal handler either
+            with _lock:
+                _depth -= 1
+                if _depth == 0:
+                    try:
+                        _set_thresholds(libc, AFTER["mmap"], AFTER["trim"])
+                    except BaseException:  # a signal handler's exception cut it short
+                        _set_thresholds(libc, AFTER["mmap"], AFTER["trim"])
+                        raise
+                    libc.malloc_trim(ctypes.c_size_t(0))
+
+
+def open_blocks() -> int:
+    """How many ``reuse_freed_memory`` blocks are open in the process: 0 between calls (the
+    test suite checks it after every test)."""
+    return _depth
 
 
 def _set_thresholds(libc: ctypes.CDLL, mmap: int, trim: int) -> None:

@@ -38,6 +38,7 @@ import torch
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.database.zoo import load_zoo_model
+from aisafety.memory import open_blocks
 from aisafety.prediction.torch_module import TorchPredictor
 
 
@@ -94,6 +95,17 @@ def no_run_outlives_its_test():
         if t not in before and t.name.startswith("aisafety-heartbeat-") and t.is_alive()
     ]
     assert not left, f"runs left running (finish_run them in the test): {left}"
+
+
+@pytest.fixture(autouse=True)
+def no_memory_block_outlives_its_test():
+    """A ``reuse_freed_memory`` block (aisafety/memory.py) opened in a test is closed by its
+    end: one left open keeps glibc's thresholds raised and the heap untrimmed for the rest of
+    the process (a notebook's, a Ray worker's). Compared with the count before the test, so
+    only the test that left it open fails."""
+    before = open_blocks()
+    yield
+    assert open_blocks() == before, "a reuse_freed_memory block was left open"
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import json
 import os
 import resource
 import sys
+import threading
 
 import children
 import pytest
@@ -104,3 +105,72 @@ def test_inside_the_heap_is_never_trimmed(monkeypatch):
         inside = dict(libc.calls)
     assert inside == {memory._M_TRIM_THRESHOLD: -1, memory._M_MMAP_THRESHOLD: 1 << 30}
     assert dict(libc.calls)[memory._M_TRIM_THRESHOLD] == 64 << 20  # glibc's ceiling after
+
+
+class InterruptedOnce:
+    """Raises KeyboardInterrupt once, right after ``call`` has done its work: where CPython
+    runs a signal handler (Ctrl-C, SIGTERM's ``terminate_as_interrupt``, a forward's SIGALRM)
+    as a call returns."""
+
+    def __init__(self, call):
+        self.call, self.fired = call, False
+
+    def __call__(self, *args):
+        result = self.call(*args)
+        if not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+        return result
+
+
+class LockInterruptedOnRelease:
+    """The module's lock, with a signal handler's exception as it is first released."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.release = InterruptedOnce(lambda: None)
+
+    def __enter__(self):
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        self.release()
+
+
+def thresholds(calls: list[tuple[int, int]]) -> dict[int, int]:
+    """The thresholds the recorded mallopt calls left set."""
+    return dict(calls)
+
+
+AFTER = {memory._M_TRIM_THRESHOLD: 64 << 20, memory._M_MMAP_THRESHOLD: 32 << 20}
+
+
+def test_an_interruption_as_a_block_opens_leaves_none_open(monkeypatch):
+    """Before session 17 the count went up outside the block's ``try``: a Ctrl-C as the
+    lock was released left the block open for the life of the process (thresholds raised,
+    never trimmed again; 138 of 3,000 SIGALRMs in a loop of empty blocks, 0 after)."""
+    libc = RecordingLibc()
+    monkeypatch.setattr(memory, "_libc", lambda: libc)
+    monkeypatch.setattr(memory, "_lock", LockInterruptedOnRelease())
+    with pytest.raises(KeyboardInterrupt), memory.reuse_freed_memory():
+        pass
+    assert memory.open_blocks() == 0
+    assert thresholds(libc.calls) == AFTER
+
+
+@pytest.mark.parametrize("cut", ["raising", "restoring"])
+def test_an_interruption_while_thresholds_are_set_leaves_them_restored(monkeypatch, cut):
+    """A signal handler's exception as a mallopt call returns: on the way in (before
+    session 17 the count had not gone up yet, so nothing restored them) or on the way out
+    (the restore is run once more)."""
+    libc = RecordingLibc()
+    monkeypatch.setattr(memory, "_libc", lambda: libc)
+    inside = memory.reuse_freed_memory()
+    if cut == "raising":
+        monkeypatch.setattr(libc, "mallopt", InterruptedOnce(libc.mallopt))
+    with pytest.raises(KeyboardInterrupt), inside:
+        if cut == "restoring":
+            monkeypatch.setattr(libc, "mallopt", InterruptedOnce(libc.mallopt))
+    assert memory.open_blocks() == 0
+    assert thresholds(libc.calls) == AFTER

@@ -27,9 +27,11 @@ def test_the_meter_sees_an_allocation_and_the_time_it_took():
     # resident size at the reset: on a busy CI machine the process's other pages (file-backed
     # code, freed garbage) shrank while the block was allocated, and VmHWM grew 54 MiB for the
     # 64 touched. The block is an anonymous mmap of its own, touched page by page and
-    # unmapped: returned at once whatever malloc's thresholds are (a numpy block came from
-    # malloc, which a `reuse_freed_memory` block still open elsewhere in the process serves
-    # from the heap's resident pages: the fresh clone of session 16 saw no growth at all).
+    # unmapped: returned at once whatever the heap holds. A 64 MiB numpy block came from
+    # malloc, which serves it from a free chunk of the heap where one fits (whatever the mmap
+    # threshold) and keeps it there when freed: after earlier tests' large temporaries left
+    # such chunks below live blocks, the fresh clone of session 16 saw no growth at all
+    # (no `reuse_freed_memory` block was found open in the suite: docs/memory.md, session 17).
     gc.collect()
     meter = CostMeter()
     before = meter.read()
