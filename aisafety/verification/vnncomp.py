@@ -9,13 +9,13 @@ the platform's [0, 1] check. ``sat`` comes with the counterexample in VNN-COMP's
 
 A disjunct that is a conjunction of several output atoms (Marabou's targeted properties:
 ``Y_t >= Y_j`` for every j) is refuted when one of its atoms is certified never to hold on
-the box (each atom is verified on its own, most promising first, within ``ONE_ATOM_SHARE``
-of the time left), else, with a complete verifier of the ``bab`` family on a ReLU network,
-by branch and bound over all its atoms together (``conjunction_search.py``: a domain is
-pruned when any atom's bound is > 0 there); it is falsified by a point where all its atoms
-hold (box-PGD on the largest of their rows, then on their logsumexp, a complete
-verifier's counterexample to one atom, or the joint search's, replayed through
-onnxruntime). Its margin: docs/certification.md.
+the box (each atom is verified on its own, most promising first, until a search of one
+stops improving: ``stall.py``), else, with a complete verifier of the ``bab`` family on a
+ReLU network, by branch and bound over all its atoms together with the time left
+(``conjunction_search.py``: a domain is pruned when any atom's bound is > 0 there); it is
+falsified by a point where all its atoms hold (box-PGD on the largest of their rows, then
+on their logsumexp, a complete verifier's counterexample to one atom, or the joint
+search's, replayed through onnxruntime). Its margin: docs/certification.md.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from aisafety.verification.conjunction_search import (
     max_row_losses,
     one_row,
 )
-from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
+from aisafety.verification.deadline import CLOCKS, OutOfTime, time_limit
 from aisafety.verification.falsify import into_box, pgd_on_rows
 from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph, VerificationError, build_graph
@@ -54,13 +54,11 @@ from aisafety.verification.input_space import (
 from aisafety.verification.property import Property
 from aisafety.verification.registry import PluginRegistry, make_verifier
 from aisafety.verification.result import Verdict
+from aisafety.verification.stall import StallWatch, watching
 from aisafety.verification.vnnlib import Row, read_disjuncts
 
 # the conjunction attack's second box-PGD: (steps, restarts) on the rows' logsumexp
 SMOOTH_PGD = (100, 30)
-# of the time left at a disjunct, what its atoms' one-atom verifications may take; the
-# joint search over all its atoms gets the rest (and whatever they leave)
-ONE_ATOM_SHARE = 0.5
 
 
 @dataclass
@@ -217,9 +215,8 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
                 checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
             )
             return InstanceResult("unknown", 0.0, margin, note="bounds too loose")
-        share = _share(deadline, ONE_ATOM_SHARE)
         refuted, best, point, why = _refuted_by_one_atom(
-            registry, net, prop, bounds, verifier, settings, share
+            registry, net, prop, bounds, verifier, settings, deadline
         )
         joint = None
         if not refuted and point is None and not deadline.passed():
@@ -241,12 +238,6 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
                 note += f" (joint search over its atoms: {joint.why})"
             return InstanceResult(status, 0.0, margin, note=note)
     return InstanceResult("unsat", 0.0, min(proved), note=conjunction_note(notes))
-
-
-def _share(deadline: Deadline, fraction: float) -> Deadline:
-    """A deadline ``fraction`` of the way from now to ``deadline``."""
-    clock = deadline.clock
-    return Deadline(min(deadline.at, clock() + fraction * max(deadline.left(), 0.0)), clock)
 
 
 def _joint(checker, net: Network, prop: Property, first: torch.Tensor, deadline) -> JointOutcome:
@@ -315,14 +306,16 @@ def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadli
 
     An atom's counterexample satisfies the disjunct when it is the disjunct's only atom (or
     all the others hold there too); a falsified atom's margin is its point's value, not a
-    proved bound, so only its first-pass bound counts."""
+    proved bound, so only its first-pass bound counts. A search that stops improving
+    (``stall.StallWatch``) ends the route: the joint search gets the time left."""
     best = bounds.clone()
     for k in bounds.argsort(descending=True).tolist():
         if deadline.passed():
             break
         left = {**settings, "timeout": max(deadline.left(), 1e-3)}
         checker = make_verifier(registry, verifier, left)
-        result = checker.verify(net.graph, prop_row(prop, k), net.run)
+        with watching(StallWatch(deadline)) as watch:
+            result = checker.verify(net.graph, prop_row(prop, k), net.run)
         verdict = result.verdicts[0]
         if verdict is Verdict.FALSIFIED:
             point = result.counterexamples[:1]
@@ -333,6 +326,8 @@ def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadli
         if verdict is Verdict.CERTIFIED:
             note = result.notes[0] if result.notes else ""
             return True, float(best.max()), None, (k, note) if note else None
+        if watch.stalled:  # the joint search gets the time left
+            break
     return False, float(best.max()), None, None
 
 

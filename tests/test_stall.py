@@ -1,0 +1,151 @@
+"""The stall rule that hands a conjunction's time from the one-atom search to the joint
+search (``stall.py``, ``vnncomp._refuted_by_one_atom``, #33).
+
+Time is a fake clock throughout: the rule reads only the reports' clock readings, and the
+route is checked on a clock that never moves (no deadline passes, no wall-clock check).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from test_conjunction_search import relu_instance
+
+from aisafety.plugins import default_registry
+from aisafety.verification import stall, vnncomp
+from aisafety.verification.deadline import CLOCKS, Deadline
+from aisafety.verification.graph import BoundGraph, build_graph
+from aisafety.verification.registry import make_verifier
+from aisafety.verification.result import Verdict
+
+LIMIT = 300.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stalled_at(curve, step: float = 1.0) -> float | None:
+    """The first time (a report every ``step`` s from ``step``) at which a watch with
+    ``LIMIT`` s stops a search whose lowest bound is ``curve(t)``; None if never."""
+    clock = FakeClock()
+    watch = stall.StallWatch(Deadline(LIMIT, clock))
+    while clock.now + step <= LIMIT:
+        clock.now += step
+        try:
+            watch.note(curve(clock.now))
+        except stall.Stalled:
+            assert watch.stalled
+            return clock.now
+    assert not watch.stalled
+    return None
+
+
+def test_a_bound_rising_like_a_log_keeps_its_time():
+    """A tree of splits, each level a fixed rise: never stalled within the limit."""
+    assert stalled_at(lambda t: -60 + 5 * math.log(t)) is None
+    assert stalled_at(lambda t: -60 + 5 * math.log(t), step=0.05) is None
+
+
+def test_a_bound_that_flattens_stalls_after_the_first_slice():
+    """A bound approaching a plateau (b -> -5) stalls once its last quarter's rise is a
+    small part of the whole; a flat bound at the first report after the first slice
+    (``FIRST_SLICE`` of the limit), never before."""
+    first = stall.FIRST_SLICE * LIMIT
+    at = stalled_at(lambda t: -5 - 50 * math.exp(-t / 10))
+    assert at is not None and first <= at < LIMIT / 2
+    assert stalled_at(lambda t: -7.0) == first
+    # a bound still rising fast at the end of the first slice is not stalled then
+    assert stalled_at(lambda t: -60 + t / 10) is None
+
+
+def test_an_infinite_report_is_not_a_point_of_the_curve():
+    """A search with no domain open reports inf: skipped (it would make every later rise
+    look small)."""
+    clock = FakeClock()
+    watch = stall.StallWatch(Deadline(LIMIT, clock))
+    watch.note(math.inf)
+    assert watch.bounds == [] and not watch.stalled
+
+
+class StallsAtSecondReport(stall.StallWatch):
+    """A watch whose rule always says stalled from its second report."""
+
+    made = 0
+
+    def __init__(self, deadline: Deadline):
+        super().__init__(deadline)
+        StallsAtSecondReport.made += 1
+
+    def note(self, bound: float) -> None:
+        self.bounds.append(bound)
+        if len(self.bounds) >= 2:
+            self.stalled = True
+            raise stall.Stalled
+
+
+# seed, target, eps: atoms 0, 2 and 3 are falsified alone, atom 1 (the highest bound, so
+# the route's first) neither proved nor falsified in 5 s; the joint search proves that the
+# conjunction never holds (``unsat``) in a few seconds
+INSTANCE, BEST_ATOM = (2, 1, 0.25), 1
+
+
+def test_bab_reports_each_round_and_a_stalled_search_keeps_its_anytime_bound(monkeypatch):
+    """``bab``'s search on one atom reports its lowest bound after each round, and ends
+    at ``Stalled`` as at its deadline: its margin is the bound it reported last, not a
+    verdict. Before: no report (the watch saw nothing, the search ran on)."""
+    monkeypatch.setitem(CLOCKS, "cpu", FakeClock())
+    net, prop = relu_instance(*INSTANCE)
+    graph = build_graph(net, (1, 4, 4), "mlp")
+    checker = make_verifier(default_registry(), "bab", {"timeout": LIMIT, "clock": "cpu"})
+    atom = vnncomp.prop_row(prop, BEST_ATOM)
+    with stall.watching(StallsAtSecondReport(checker.deadline(1))) as watch:
+        result = checker.verify(graph, atom.to(graph.dtype))
+    assert watch.stalled and len(watch.bounds) == 2
+    assert result.verdicts[0] not in (Verdict.CERTIFIED, Verdict.FALSIFIED)
+    assert watch.bounds[0] <= watch.bounds[1] <= 0
+    # the margin is that bound, rounded down where stored (float32 there)
+    assert watch.bounds[1] - 1e-6 <= float(result.margins[0]) <= watch.bounds[1]
+
+
+@dataclass
+class Mlp:
+    """Stands for ``vnncomp.Network``: the bound graph and the replay."""
+
+    graph: BoundGraph
+    module: torch.nn.Module
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.module(x.float())
+
+
+def test_the_one_atom_route_keeps_all_the_time_until_its_search_stalls(monkeypatch):
+    """The best atom's search is given all the time left (before: ``ONE_ATOM_SHARE``, half
+    of it), and a stall ends the route at once: no other atom is searched, and the joint
+    search, with the time left, refutes the conjunction (``unsat``, margin > 0)."""
+    monkeypatch.setitem(CLOCKS, "cpu", FakeClock())  # no deadline passes
+    monkeypatch.setattr(vnncomp, "StallWatch", StallsAtSecondReport)
+    given = []
+
+    def recorded(registry, name, settings):
+        given.append(settings["timeout"])
+        return make_verifier(registry, name, settings)
+
+    monkeypatch.setattr(vnncomp, "make_verifier", recorded)
+    StallsAtSecondReport.made = 0
+    net, prop = relu_instance(*INSTANCE)
+    graph = build_graph(net, (1, 4, 4), "mlp")
+    atoms = [[(prop.spec[0, k].float(), 0.0) for k in range(prop.spec.shape[1])]]
+    result = vnncomp._verify_conjunctions(default_registry(), Mlp(graph, net), prop.lower,
+                                          prop.upper, atoms, "bab",
+                                          {"timeout": LIMIT, "clock": "cpu"})  # fmt: skip
+    assert StallsAtSecondReport.made == 1
+    assert given == [LIMIT, LIMIT]  # the checker, then the one atom's: all the time left
+    assert result.status == "unsat" and result.margin > 0
