@@ -96,6 +96,26 @@ def test_the_measured_marabou_atoms_keep_their_time(curve):
     assert not watch.stalled
 
 
+def test_a_search_below_its_rival_at_the_same_age_stops_there():
+    """The equal-age rule: the joint search's probe reached -5 in 10 s of its own; a search
+    at -6 after 10 s stops at that report (before the first slice), one at -4 goes on,
+    and the rival is not read again (a later dip below -5 does not stop it)."""
+    for bound, stops in ((-6.0, True), (-4.0, False)):
+        clock = FakeClock()
+        watch = stall.StallWatch(Deadline(LIMIT, clock), rival=(10.0, -5.0))
+        clock.now = 9.0
+        watch.note(-8.0)  # younger than the rival's 10 s: not compared
+        clock.now = 10.0
+        if stops:
+            with pytest.raises(stall.Stalled):
+                watch.note(bound)
+        else:
+            watch.note(bound)
+            clock.now = 11.0
+            watch.note(-4.0)
+        assert watch.stalled is stops
+
+
 def test_an_infinite_report_is_not_a_point_of_the_curve():
     """A search with no domain open reports inf: skipped (it would make every later rise
     look small)."""
@@ -110,8 +130,8 @@ class StallsAtSecondReport(stall.StallWatch):
 
     made = 0
 
-    def __init__(self, deadline: Deadline):
-        super().__init__(deadline)
+    def __init__(self, deadline: Deadline, rival=None):
+        super().__init__(deadline, rival)
         StallsAtSecondReport.made += 1
 
     def note(self, bound: float) -> None:
@@ -162,6 +182,7 @@ def test_the_one_atom_route_keeps_all_the_time_until_its_search_stalls(monkeypat
     of it), and a stall ends the route at once: no other atom is searched, and the joint
     search, with the time left, refutes the conjunction (``unsat``, margin > 0)."""
     monkeypatch.setitem(CLOCKS, "cpu", FakeClock())  # no deadline passes
+    monkeypatch.setattr(vnncomp, "PROBE_SHARE", 0.0)  # the probe: no time, no rival lead
     monkeypatch.setattr(vnncomp, "StallWatch", StallsAtSecondReport)
     given = []
 
@@ -179,4 +200,30 @@ def test_the_one_atom_route_keeps_all_the_time_until_its_search_stalls(monkeypat
                                           {"timeout": LIMIT, "clock": "cpu"})  # fmt: skip
     assert StallsAtSecondReport.made == 1
     assert given == [LIMIT, LIMIT]  # the checker, then the one atom's: all the time left
+    assert result.status == "unsat" and result.margin > 0
+
+
+def test_the_joint_search_probes_first_then_gets_the_time_left(monkeypatch):
+    """The joint search runs first within ``PROBE_SHARE`` of the time left (on a clock that
+    never moves, its whole share: it refutes the conjunction there, and no atom is
+    searched alone); its deadline is the share, not the whole limit."""
+    monkeypatch.setitem(CLOCKS, "cpu", FakeClock())
+    deadlines = []
+    real = vnncomp._joint
+
+    def recorded(checker, net, prop, first, deadline):
+        deadlines.append(deadline.left())
+        return real(checker, net, prop, first, deadline)
+
+    monkeypatch.setattr(vnncomp, "_joint", recorded)
+    monkeypatch.setattr(vnncomp, "StallWatch", StallsAtSecondReport)
+    StallsAtSecondReport.made = 0
+    net, prop = relu_instance(*INSTANCE)
+    graph = build_graph(net, (1, 4, 4), "mlp")
+    atoms = [[(prop.spec[0, k].float(), 0.0) for k in range(prop.spec.shape[1])]]
+    result = vnncomp._verify_conjunctions(default_registry(), Mlp(graph, net), prop.lower,
+                                          prop.upper, atoms, "bab",
+                                          {"timeout": LIMIT, "clock": "cpu"})  # fmt: skip
+    assert deadlines == [vnncomp.PROBE_SHARE * LIMIT]
+    assert StallsAtSecondReport.made == 0
     assert result.status == "unsat" and result.margin > 0

@@ -93,8 +93,9 @@ def deadline_passes_after_the_search(monkeypatch) -> None:
     """The deadline passes as the search of the first unrefuted disjunct ends."""
     real = vnncomp._refuted_by_one_atom
 
-    def search_then_out_of_time(registry, net, prop, bounds, verifier, settings, deadline):
-        found = real(registry, net, prop, bounds, verifier, settings, deadline)
+    def search_then_out_of_time(registry, net, prop, bounds, verifier, settings, deadline,
+                                rival=None):  # fmt: skip
+        found = real(registry, net, prop, bounds, verifier, settings, deadline, rival)
         monkeypatch.setattr(type(deadline), "passed", lambda self: True)
         return found
 

@@ -46,9 +46,14 @@ class Stalled(OutOfTime):
 class StallWatch:
     """The bounds a search reported, on ``deadline``'s clock, and whether it stalled."""
 
-    def __init__(self, deadline: Deadline):
+    def __init__(self, deadline: Deadline, rival: tuple[float, float] | None = None):
+        """``rival``: (seconds, bound) another route reached in that many seconds of its
+        own; at the first report after as many seconds, a bound below it stops this search
+        (the other route rose faster: the equal-age rule)."""
         self.clock = deadline.clock
-        self.first_slice_ends = self.clock() + FIRST_SLICE * max(deadline.left(), 0.0)
+        self.start = self.clock()
+        self.first_slice_ends = self.start + FIRST_SLICE * max(deadline.left(), 0.0)
+        self.rival = rival
         self.times: list[float] = []
         self.bounds: list[float] = []
         self.stalled = False
@@ -61,11 +66,15 @@ class StallWatch:
         now = self.clock()
         self.times.append(now)
         self.bounds.append(bound)
-        if now >= self.first_slice_ends and self._flat(now, bound):
+        behind = False
+        if self.rival is not None and now - self.start >= self.rival[0]:
+            behind, self.rival = bound < self.rival[1], None
+        if behind or (now >= self.first_slice_ends and self._flat(now, bound)):
             self.stalled = True
             raise Stalled
 
     def _flat(self, now: float, bound: float) -> bool:
+        """The last half's rise at most ``STALL_RATIO`` of the quarter's before."""
         elapsed = now - self.times[0]
         half, quarter = self._at(now - elapsed / 2), self._at(now - 3 * elapsed / 4)
         return bound - half <= STALL_RATIO * (half - quarter)

@@ -10,8 +10,9 @@ the platform's [0, 1] check. ``sat`` comes with the counterexample in VNN-COMP's
 A disjunct that is a conjunction of several output atoms (Marabou's targeted properties:
 ``Y_t >= Y_j`` for every j) is refuted when one of its atoms is certified never to hold on
 the box (each atom is verified on its own, most promising first, until a search of one
-stops improving: ``stall.py``), else, with a complete verifier of the ``bab`` family on a
-ReLU network, by branch and bound over all its atoms together with the time left
+stops improving or stands below the joint search's probe at the same age: ``stall.py``),
+else, with a complete verifier of the ``bab`` family on a ReLU network, by branch and
+bound over all its atoms together (a probe of ``PROBE_SHARE`` first, then the time left)
 (``conjunction_search.py``: a domain is pruned when any atom's bound is > 0 there); it is
 falsified by a point where all its atoms hold (box-PGD on the largest of their rows, then
 on their logsumexp, a complete verifier's counterexample to one atom, or the joint
@@ -40,7 +41,7 @@ from aisafety.verification.conjunction_search import (
     max_row_losses,
     one_row,
 )
-from aisafety.verification.deadline import CLOCKS, OutOfTime, time_limit
+from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
 from aisafety.verification.falsify import into_box, pgd_on_rows
 from aisafety.verification.float64_margin import added_down
 from aisafety.verification.graph import BoundGraph, VerificationError, build_graph
@@ -59,6 +60,10 @@ from aisafety.verification.vnnlib import Row, read_disjuncts
 
 # the conjunction attack's second box-PGD: (steps, restarts) on the rows' logsumexp
 SMOOTH_PGD = (100, 30)
+# of the time left at an unrefuted disjunct, the joint search's probe, run first: the atom
+# route's search is stopped where its bound is below the probe's at the same age, then
+# the joint search runs again from its root with the time left (docs/certification.md)
+PROBE_SHARE = 0.05
 
 
 @dataclass
@@ -215,9 +220,20 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
                 checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
             )
             return InstanceResult("unknown", 0.0, margin, note="bounds too loose")
-        refuted, best, point, why = _refuted_by_one_atom(
-            registry, net, prop, bounds, verifier, settings, deadline
+        start = deadline.clock()
+        probe = _joint(checker, net, prop, bounds, _share(deadline, PROBE_SHARE))
+        if probe.point is not None:
+            return _sat(net, probe.point, value_at(net, lower, upper, disjuncts, probe.point))
+        if not probe.why and probe.margin > 0:
+            proved.append(probe.margin)
+            continue
+        rival = (
+            None if probe.why.startswith("not run") else (deadline.clock() - start, probe.margin)
         )
+        refuted, best, point, why = _refuted_by_one_atom(
+            registry, net, prop, bounds, verifier, settings, deadline, rival
+        )
+        best = max(best, probe.margin)
         joint = None
         if not refuted and point is None and not deadline.passed():
             joint = _joint(checker, net, prop, bounds, deadline)
@@ -238,6 +254,12 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
                 note += f" (joint search over its atoms: {joint.why})"
             return InstanceResult(status, 0.0, margin, note=note)
     return InstanceResult("unsat", 0.0, min(proved), note=conjunction_note(notes))
+
+
+def _share(deadline: Deadline, fraction: float) -> Deadline:
+    """A deadline ``fraction`` of the way from now to ``deadline``."""
+    clock = deadline.clock
+    return Deadline(min(deadline.at, clock() + fraction * max(deadline.left(), 0.0)), clock)
 
 
 def _joint(checker, net: Network, prop: Property, first: torch.Tensor, deadline) -> JointOutcome:
@@ -299,22 +321,23 @@ def _margin_so_far(checker, net, deadline, lower, upper, proved: list[float], re
     return min(proved)
 
 
-def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadline):
+def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadline, rival=None):
     """A complete verifier on each atom alone, the most promising (highest bound) first:
     (refuted, the disjunct's best proved bound, a replayed point where all its atoms hold,
     and (atom, note) where the refuting certificate has a note, else None).
 
     An atom's counterexample satisfies the disjunct when it is the disjunct's only atom (or
     all the others hold there too); a falsified atom's margin is its point's value, not a
-    proved bound, so only its first-pass bound counts. A search that stops improving
-    (``stall.StallWatch``) ends the route: the joint search gets the time left."""
+    proved bound, so only its first-pass bound counts. A search that stops improving, or
+    stands below ``rival`` (the joint search's probe: seconds, bound) at the same age
+    (``stall.StallWatch``), ends the route: the joint search gets the time left."""
     best = bounds.clone()
     for k in bounds.argsort(descending=True).tolist():
         if deadline.passed():
             break
         left = {**settings, "timeout": max(deadline.left(), 1e-3)}
         checker = make_verifier(registry, verifier, left)
-        with watching(StallWatch(deadline)) as watch:
+        with watching(StallWatch(deadline, rival)) as watch:
             result = checker.verify(net.graph, prop_row(prop, k), net.run)
         verdict = result.verdicts[0]
         if verdict is Verdict.FALSIFIED:
