@@ -1,10 +1,12 @@
 """When a search has stopped improving, so its time goes to another route (#33).
 
 ``vnncomp``'s one-atom route gives a conjunction's most promising atom its own branch and
-bound (``bab``) with all the time left. The joint search over all the atoms
-(``conjunction_search.py``) takes over only once that search has stalled: it starts
-again from the root, so a handover while the atom's bound still rises costs the margin
-the atom would have gained (docs/certification.md, "The time between the two routes").
+bound (``bab``) with all the time left after a short probe of the joint search over all
+the atoms (``conjunction_search.py``). The joint search takes over when the atom's search
+stands below the probe at the same age (``rival``), or once it has stalled: the joint
+search starts again from its root, so a handover while the atom's bound still rises
+faster costs the margin the atom would have gained (docs/certification.md, "The time
+between the two routes").
 
 The rule compares the search's rise over the last half of its time with its rise over
 the quarter before. After each round the search reports its lowest bound (``report``);
@@ -14,7 +16,7 @@ has run ``FIRST_SLICE`` of its time it has stalled when
     b(e) - b(e / 2) <= STALL_RATIO * (b(e / 2) - b(e / 4))
 
 A bound rising like a log, a ln t (a tree of splits, each level a fixed rise; the shape
-measured on the Marabou nets' best atoms, ratio 0.76-0.97 after 10 s), has ratio 1 and
+measured on the Marabou nets' best atoms, ratio 0.76-1.09 after 10 s), has ratio 1 and
 never stalls; one closing in on a limit as fast as c - a / t has ratio 1/2 and stalls,
 and so does a flat one (the atom's true minimum is near, or below 0, where no search of
 that atom alone can pass 0). The first slice is the search's own: its first rounds split
