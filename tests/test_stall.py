@@ -177,6 +177,18 @@ class Mlp:
             return self.module(x.float())
 
 
+def conjunction_route() -> vnncomp.InstanceResult:
+    """``_verify_conjunctions`` with ``bab`` on ``INSTANCE``'s one disjunct of all its
+    atoms, ``LIMIT`` s; counts the watches made afresh."""
+    StallsAtSecondReport.made = 0
+    net, prop = relu_instance(*INSTANCE)
+    graph = build_graph(net, (1, 4, 4), "mlp")
+    atoms = [[(prop.spec[0, k].float(), 0.0) for k in range(prop.spec.shape[1])]]
+    return vnncomp._verify_conjunctions(default_registry(), Mlp(graph, net), prop.lower,
+                                        prop.upper, atoms, "bab",
+                                        {"timeout": LIMIT, "clock": "cpu"})  # fmt: skip
+
+
 def test_the_one_atom_route_keeps_all_the_time_until_its_search_stalls(monkeypatch):
     """The best atom's search is given all the time left (before: ``ONE_ATOM_SHARE``, half
     of it), and a stall ends the route at once: no other atom is searched, and the joint
@@ -191,13 +203,7 @@ def test_the_one_atom_route_keeps_all_the_time_until_its_search_stalls(monkeypat
         return make_verifier(registry, name, settings)
 
     monkeypatch.setattr(vnncomp, "make_verifier", recorded)
-    StallsAtSecondReport.made = 0
-    net, prop = relu_instance(*INSTANCE)
-    graph = build_graph(net, (1, 4, 4), "mlp")
-    atoms = [[(prop.spec[0, k].float(), 0.0) for k in range(prop.spec.shape[1])]]
-    result = vnncomp._verify_conjunctions(default_registry(), Mlp(graph, net), prop.lower,
-                                          prop.upper, atoms, "bab",
-                                          {"timeout": LIMIT, "clock": "cpu"})  # fmt: skip
+    result = conjunction_route()
     assert StallsAtSecondReport.made == 1
     assert given == [LIMIT, LIMIT]  # the checker, then the one atom's: all the time left
     assert result.status == "unsat" and result.margin > 0
@@ -217,13 +223,7 @@ def test_the_joint_search_probes_first_then_gets_the_time_left(monkeypatch):
 
     monkeypatch.setattr(vnncomp, "_joint", recorded)
     monkeypatch.setattr(vnncomp, "StallWatch", StallsAtSecondReport)
-    StallsAtSecondReport.made = 0
-    net, prop = relu_instance(*INSTANCE)
-    graph = build_graph(net, (1, 4, 4), "mlp")
-    atoms = [[(prop.spec[0, k].float(), 0.0) for k in range(prop.spec.shape[1])]]
-    result = vnncomp._verify_conjunctions(default_registry(), Mlp(graph, net), prop.lower,
-                                          prop.upper, atoms, "bab",
-                                          {"timeout": LIMIT, "clock": "cpu"})  # fmt: skip
+    result = conjunction_route()
     assert deadlines == [vnncomp.PROBE_SHARE * LIMIT]
     assert StallsAtSecondReport.made == 0
     assert result.status == "unsat" and result.margin > 0
