@@ -287,17 +287,26 @@ def test_aisafety_verify_prints_the_note_of_a_milp_certificate(tmp_path, capsys)
         assert all("rest on HiGHS's MIP bound" in line for line in notes)
 
 
-def test_a_conjunction_refuted_by_a_milp_certificate_keeps_its_note(tmp_path, capsys):
+def test_a_conjunction_refuted_by_a_milp_certificate_keeps_its_note(tmp_path, capsys, monkeypatch):
     """A conjunction (two asserted atoms: Y_1 >= Y_0 and Y_0 <= 1000, the second true on the
     whole box) is refuted by the first atom alone, which only HiGHS's MIP answer certifies at
     bias 2.5: the note reaches ``verify_instance``'s result (which the VNN-COMP bench rows
     store) and ``aisafety verify``'s ``# note:`` line, naming the disjunct and the atom.
-    Before: the conjunction path dropped it (``unsat`` with no note)."""
+    Before: the conjunction path dropped it (``unsat`` with no note).
+
+    Session 17: by default the joint search's probe runs first and refutes this
+    conjunction itself (input splits on the two inputs, bab's rounding-safe bounds: no MIP
+    answer, so no note); the atom route is reached here with the probe given no time."""
     from aisafety.cli import main
     from aisafety.plugins import default_registry
+    from aisafety.verification import vnncomp
     from aisafety.verification.vnncomp import verify_instance
 
     spec = _unit_square_spec(tmp_path / "conjunction.vnnlib", "(>= Y_1 Y_0)", "(<= Y_0 1000.0)")
+    probed = verify_instance(default_registry(), _diamond_onnx(tmp_path / "probed.onnx", 2.5),
+                             spec, "complete", 30.0)  # fmt: skip
+    assert probed.status == "unsat" and probed.note == ""
+    monkeypatch.setattr(vnncomp, "PROBE_SHARE", 0.0)
     for bias, unproved in ((2.5, True), (3.5, False)):
         net = _diamond_onnx(tmp_path / f"diamond{bias}.onnx", bias)
         result = verify_instance(default_registry(), net, spec, "complete", 30.0)

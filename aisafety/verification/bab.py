@@ -67,6 +67,7 @@ from aisafety.verification.split_bounds import (
     root_domains,
 )
 from aisafety.verification.sshape_search import SShapeSearch
+from aisafety.verification.stall import report, watched
 
 # the root's slope search may take this share of a sample's time; cut short, the search
 # starts from CROWN's slopes with the rest
@@ -280,12 +281,21 @@ class Search:
                         point = self._attack()
                     if point is not None:
                         return point
+                    if watched():  # a caller hands the time on once this stops rising
+                        report(self._lowest())
                     todo = self._next_round()
         except OutOfTime:
             if self._inflight is not None:
                 self.open = Domains.cat([d for d in (self.open, self._inflight) if d is not None])
             raise
         return None
+
+    def _lowest(self) -> float:
+        """The least bound over proved and open domains (``stall.report``'s measure)."""
+        low = float(self.proved.min())
+        if self.open is not None and len(self.open):
+            low = min(low, float(self.open.bound.min()))
+        return low
 
     def _attack(self) -> torch.Tensor | None:
         """Box-PGD from the most promising open domains (``_attack_from``), if any."""

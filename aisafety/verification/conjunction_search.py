@@ -143,6 +143,12 @@ class ConjunctionSearch(Search):
         """(G,) per domain the max over its atoms' bounds: a lower bound of max_k row_k."""
         return d.bound.reshape(-1, self.atoms).amax(1)
 
+    def _lowest(self) -> float:
+        """The least objective over pruned and open domains."""
+        if self.open is None or not len(self.open):
+            return self.best
+        return min(self.best, float(self.objective(self.open).min()))
+
     def _entries(self, groups: torch.Tensor) -> torch.Tensor:
         """The entry indices of domains ``groups``, in their order."""
         return (groups[:, None] * self.atoms + torch.arange(self.atoms)).flatten()
@@ -197,9 +203,7 @@ class ConjunctionSearch(Search):
 
     def _joint_outcome(self, why: str) -> JointOutcome:
         """The least objective over open, unsplittable and pruned domains."""
-        margin = self.best
-        if self.open is not None and len(self.open):
-            margin = min(margin, float(self.objective(self.open).min()))
+        margin = self._lowest()
         if self.stuck:
             stuck = torch.cat(self.stuck)[:, 1].reshape(-1, self.atoms).amax(1)
             margin = min(margin, float(stuck.min()))

@@ -9,13 +9,14 @@ the platform's [0, 1] check. ``sat`` comes with the counterexample in VNN-COMP's
 
 A disjunct that is a conjunction of several output atoms (Marabou's targeted properties:
 ``Y_t >= Y_j`` for every j) is refuted when one of its atoms is certified never to hold on
-the box (each atom is verified on its own, most promising first, within ``ONE_ATOM_SHARE``
-of the time left), else, with a complete verifier of the ``bab`` family on a ReLU network,
-by branch and bound over all its atoms together (``conjunction_search.py``: a domain is
-pruned when any atom's bound is > 0 there); it is falsified by a point where all its atoms
-hold (box-PGD on the largest of their rows, then on their logsumexp, a complete
-verifier's counterexample to one atom, or the joint search's, replayed through
-onnxruntime). Its margin: docs/certification.md.
+the box (each atom is verified on its own, most promising first, until a search of one
+stops improving or stands below the joint search's probe at the same age: ``stall.py``),
+else, with a complete verifier of the ``bab`` family on a ReLU network, by branch and
+bound over all its atoms together (a probe of ``PROBE_SHARE`` first, then the time left)
+(``conjunction_search.py``: a domain is pruned when any atom's bound is > 0 there); it is
+falsified by a point where all its atoms hold (box-PGD on the largest of their rows, then
+on their logsumexp, a complete verifier's counterexample to one atom, or the joint
+search's, replayed through onnxruntime). Its margin: docs/certification.md.
 """
 
 from __future__ import annotations
@@ -54,13 +55,15 @@ from aisafety.verification.input_space import (
 from aisafety.verification.property import Property
 from aisafety.verification.registry import PluginRegistry, make_verifier
 from aisafety.verification.result import Verdict
+from aisafety.verification.stall import StallWatch, watching
 from aisafety.verification.vnnlib import Row, read_disjuncts
 
 # the conjunction attack's second box-PGD: (steps, restarts) on the rows' logsumexp
 SMOOTH_PGD = (100, 30)
-# of the time left at a disjunct, what its atoms' one-atom verifications may take; the
-# joint search over all its atoms gets the rest (and whatever they leave)
-ONE_ATOM_SHARE = 0.5
+# of the time left at an unrefuted disjunct, the joint search's probe, run first: the atom
+# route's search is stopped where its bound is below the probe's at the same age, then
+# the joint search runs again from its root with the time left (docs/certification.md)
+PROBE_SHARE = 0.05
 
 
 @dataclass
@@ -217,10 +220,20 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
                 checker, net, deadline, lower, upper, proved, disjuncts[i + 1 :]
             )
             return InstanceResult("unknown", 0.0, margin, note="bounds too loose")
-        share = deadline.share(ONE_ATOM_SHARE)
-        refuted, best, point, why = _refuted_by_one_atom(
-            registry, net, prop, bounds, verifier, settings, share
+        start = deadline.clock()
+        probe = _joint(checker, net, prop, bounds, deadline.share(PROBE_SHARE))
+        if probe.point is not None:
+            return _sat(net, probe.point, value_at(net, lower, upper, disjuncts, probe.point))
+        if not probe.why and probe.margin > 0:
+            proved.append(probe.margin)
+            continue
+        rival = (
+            None if probe.why.startswith("not run") else (deadline.clock() - start, probe.margin)
         )
+        refuted, best, point, why = _refuted_by_one_atom(
+            registry, net, prop, bounds, verifier, settings, deadline, rival
+        )
+        best = max(best, probe.margin)
         joint = None
         if not refuted and point is None and not deadline.passed():
             joint = _joint(checker, net, prop, bounds, deadline)
@@ -302,21 +315,24 @@ def _margin_so_far(checker, net, deadline, lower, upper, proved: list[float], re
     return min(proved)
 
 
-def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadline):
+def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadline, rival=None):
     """A complete verifier on each atom alone, the most promising (highest bound) first:
     (refuted, the disjunct's best proved bound, a replayed point where all its atoms hold,
     and (atom, note) where the refuting certificate has a note, else None).
 
     An atom's counterexample satisfies the disjunct when it is the disjunct's only atom (or
     all the others hold there too); a falsified atom's margin is its point's value, not a
-    proved bound, so only its first-pass bound counts."""
+    proved bound, so only its first-pass bound counts. A search that stops improving, or
+    stands below ``rival`` (the joint search's probe: seconds, bound) at the same age
+    (``stall.StallWatch``), ends the route: the joint search gets the time left."""
     best = bounds.clone()
     for k in bounds.argsort(descending=True).tolist():
         if deadline.passed():
             break
         left = {**settings, "timeout": max(deadline.left(), 1e-3)}
         checker = make_verifier(registry, verifier, left)
-        result = checker.verify(net.graph, prop_row(prop, k), net.run)
+        with watching(StallWatch(deadline, rival)) as watch:
+            result = checker.verify(net.graph, prop_row(prop, k), net.run)
         verdict = result.verdicts[0]
         if verdict is Verdict.FALSIFIED:
             point = result.counterexamples[:1]
@@ -327,6 +343,8 @@ def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadli
         if verdict is Verdict.CERTIFIED:
             note = result.notes[0] if result.notes else ""
             return True, float(best.max()), None, (k, note) if note else None
+        if watch.stalled:  # the joint search gets the time left
+            break
     return False, float(best.max()), None, None
 
 
