@@ -46,9 +46,15 @@ def test_a_grandchild_that_outlives_its_finished_parent_is_killed(tmp_path):
 
 def test_survivors_are_found_by_the_session_mark():
     token = os.environ[children.SESSION_VARIABLE]
-    escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                               start_new_session=True)  # fmt: skip
+    # The child says it is up before it is looked for: Popen returns once exec has begun,
+    # and until the kernel has laid out the new program's stack /proc/PID/environ reads
+    # empty (seen once in a fresh-clone run: the pid was not found).
+    escaped = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+        start_new_session=True, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
+        assert escaped.stdout.readline() == "up\n"
         assert escaped.pid in {pid for pid, _ in children.leftovers(token)}
     finally:
         escaped.kill()
