@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import resource
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 
 import torch
 
 from aisafety import memory_ledger
 from aisafety.errors import MemoryBudgetError
+from aisafety.scoped import scoped
 
 FRACTION = 0.5  # of the available memory: the rest is the process, the OS and neighbours
 GIB = 1 << 30
@@ -71,14 +72,9 @@ def default_budget(device: torch.device | str = "cpu") -> int:
     return memory_ledger.claim(lambda pending: int(FRACTION * available_bytes(device, pending)))
 
 
-@contextmanager
-def memory_limit(budget: int | None) -> Iterator[int | None]:
+def memory_limit(budget: int | None) -> AbstractContextManager[int | None]:
     """Work inside this block chunks to stay under ``budget`` bytes (None: the default)."""
-    token = _CURRENT.set(None if budget is None else int(budget))
-    try:
-        yield budget
-    finally:
-        _CURRENT.reset(token)
+    return scoped(_CURRENT, None if budget is None else int(budget))
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from test_conjunction_search import relu_instance
 
 from aisafety.plugins import default_registry
 from aisafety.verification import stall, vnncomp
+from aisafety.verification.conjunction_search import JointOutcome
 from aisafety.verification.deadline import CLOCKS, Deadline
 from aisafety.verification.graph import BoundGraph, build_graph
 from aisafety.verification.registry import make_verifier
@@ -227,3 +228,34 @@ def test_the_joint_search_probes_first_then_gets_the_time_left(monkeypatch):
     assert deadlines == [vnncomp.PROBE_SHARE * LIMIT]
     assert StallsAtSecondReport.made == 0
     assert result.status == "unsat" and result.margin > 0
+
+
+@pytest.mark.parametrize("ran", [True, False])
+def test_the_atom_route_has_a_rival_exactly_where_the_probe_ran(monkeypatch, ran):
+    """The probe's ``ran`` field, not its reason text, says whether the atom's search has
+    a rival: a probe that ran and stopped short for any reason (even one worded as ``not
+    run``) is a rival; one that did not apply is none."""
+    monkeypatch.setitem(CLOCKS, "cpu", FakeClock())
+    probe = JointOutcome(-1.0, None, "not run: worded so on purpose", ran=ran)
+    monkeypatch.setattr(vnncomp, "_joint", lambda *args: probe)
+    rivals = []
+
+    def no_atom_refutes(*args):
+        rivals.append(args[-1])
+        return False, -math.inf, None, None
+
+    monkeypatch.setattr(vnncomp, "_refuted_by_one_atom", no_atom_refutes)
+    result = conjunction_route()
+    assert rivals == ([(0.0, -1.0)] if ran else [None])
+    assert result.status == "unknown" and result.margin == -1.0
+
+
+def test_the_probe_does_not_run_without_a_bab_family_verifier():
+    """``_joint`` with a verifier that has no joint search: the atoms' first-pass bound,
+    marked as not run."""
+    net, prop = relu_instance(*INSTANCE)
+    graph = build_graph(net, (1, 4, 4), "mlp")
+    checker = make_verifier(default_registry(), "lp-full", {"timeout": LIMIT})
+    first = torch.tensor([-2.0, -1.0], dtype=torch.float64)
+    outcome = vnncomp._joint(checker, Mlp(graph, net), prop, first, checker.deadline(1))
+    assert not outcome.ran and outcome.point is None and outcome.margin == -1.0

@@ -50,11 +50,14 @@ ATTACK_STARTS = 4  # domains whose leading corners box-PGD starts from
 class JointOutcome:
     """A sound lower bound of min_x max_k row_k on the box, a replayed point where every
     atom holds (or None), and why the search stopped short ('' when every domain was
-    pruned, then the bound is > 0; ``timeout``, ``not split further``, ``domain limit``)."""
+    pruned, then the bound is > 0; ``timeout``, ``not split further``, ``domain limit``).
+    ``ran`` is False where no joint search applies (``vnncomp``: no ``bab``-family verifier,
+    or sigmoid/tanh): the margin is then the atoms' first-pass bound, no rival route."""
 
     margin: float
     point: torch.Tensor | None
     why: str
+    ran: bool = True
 
 
 def all_hold(model: Model, prop: Property, x: torch.Tensor) -> torch.Tensor:

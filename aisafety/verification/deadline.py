@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
+
+from aisafety.scoped import scoped
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
@@ -62,14 +64,9 @@ class Deadline:
 _CURRENT: ContextVar[Deadline | None] = ContextVar("verification_deadline", default=None)
 
 
-@contextmanager
-def time_limit(deadline: Deadline) -> Iterator[Deadline]:
+def time_limit(deadline: Deadline) -> AbstractContextManager[Deadline]:
     """``check_time`` inside this block raises ``OutOfTime`` once ``deadline`` passed."""
-    token = _CURRENT.set(deadline)
-    try:
-        yield deadline
-    finally:
-        _CURRENT.reset(token)
+    return scoped(_CURRENT, deadline)
 
 
 def current_deadline() -> Deadline | None:

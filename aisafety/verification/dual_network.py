@@ -95,6 +95,7 @@ class DualNetworkVerifier(Verifier):
         graph.require_sequential(self.name, use="'fast-lin' or 'crown'")
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self.require_float64(graph, prop)
         boxes = dual_boxes(graph, prop.lower, prop.upper)
         c = prop.spec.reshape(*prop.spec.shape[:2], *graph.ops[-1].out_shape)
         return dual_objective(graph, len(graph.ops) - 1, c, boxes)

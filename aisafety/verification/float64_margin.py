@@ -128,7 +128,9 @@ def dot(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     b = rows.shape[0]
     column = v.flatten(1).expand(b, -1).unsqueeze(2).to(rows.dtype)
     total = torch.bmm(rows, column).squeeze(2)
-    signs = rows.sign() if rows.requires_grad else rows.sign_()  # autograd keeps ``rows``
+    # autograd keeps ``rows`` where the product has a gradient: through ``v`` too (a float64
+    # slope search, whose boxes come from the slopes)
+    signs = rows.sign() if total.requires_grad else rows.sign_()
     n = torch.bmm(signs, rows.new_ones(b, rows.shape[2], 1)).squeeze(2)
     return factor(n) * total
 

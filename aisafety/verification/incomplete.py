@@ -35,6 +35,7 @@ class IBPVerifier(Verifier):
     kinds = b.IBP_KINDS
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self.require_float64(graph, prop)
         boxes = b.interval_boxes(graph, prop.lower, prop.upper)
         return b.ibp_spec_lower(graph, boxes, prop.spec), None
 
@@ -76,6 +77,7 @@ class CrownVerifier(Verifier):
 
     @budget.budget_read_once()  # one ledger claim for the boxes' and the spec rows' passes
     def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self.require_float64(graph, prop)
         boxes = self.boxes(graph, prop)
         bound, coeff = b.spec_lower(graph, boxes, prop.spec, self.mode)
         return torch.maximum(bound, b.ibp_spec_lower(graph, boxes, prop.spec)), coeff
@@ -222,6 +224,7 @@ class AlphaCrownVerifier(CrownVerifier):
         return size if one + held > limit else min(size, (limit - held) // one)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self.require_float64(graph, prop)
         return self.noted_bounds(graph, prop)[:2]
 
     def noted_bounds(self, graph: BoundGraph, prop: Property):

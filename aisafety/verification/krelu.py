@@ -49,7 +49,7 @@ class KReluVerifier(LPFullVerifier):
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         """Each row's LP optimum (CROWN's bound where HiGHS does not reach optimality)."""
-        self.require_float64(graph)
+        self.require_float64(graph, prop)
         crown = b.linear_boxes(graph, prop.lower, prop.upper)
         bound, _ = b.spec_lower(graph, crown, prop.spec)
         for s in range(len(prop)):

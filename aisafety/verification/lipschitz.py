@@ -89,6 +89,7 @@ class OpNormVerifier(Verifier):
         graph.require_sequential(self.name, relu=False)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self.require_float64(graph, prop)
         value, radius = centre_rows(graph, prop)
         constant = row_gradient(graph, prop).abs().flatten(2).sum(2)
         # ``C W_L`` cancels; the rest are products of non-negative numbers
@@ -119,6 +120,7 @@ class FastLipVerifier(Verifier):
         graph.require_sequential(self.name)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self.require_float64(graph, prop)
         value, radius = centre_rows(graph, prop)
         bound = jacobian_bound(graph, prop)  # (B, K, *input)
         bound = bound + gradient_error(graph, prop.spec.to(graph.dtype))

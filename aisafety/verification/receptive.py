@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from aisafety.scoped import scoped
 from aisafety.verification import ops
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.ops import Box
@@ -61,14 +61,9 @@ SPATIAL_RATIO = 16
 _ENABLED: ContextVar[bool] = ContextVar("receptive_crops", default=True)
 
 
-@contextmanager
-def dense_passes() -> Iterator[None]:
+def dense_passes() -> AbstractContextManager[bool]:
     """Bound every neuron with dense passes inside this block (tests, the bench)."""
-    token = _ENABLED.set(False)
-    try:
-        yield
-    finally:
-        _ENABLED.reset(token)
+    return scoped(_ENABLED, False)
 
 
 @dataclass

@@ -54,6 +54,7 @@ class RecurJacVerifier(Verifier):
         return 8 * 8 * rows * inputs * widest + super().peak_bytes(graph, 1, rows)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self.require_float64(graph, prop)
         value, radius = centre_rows(graph, prop)
         levels = sum(op.kind == "activation" for op in graph.ops)
         error = gradient_error(graph, prop.spec.to(graph.dtype), doublings=levels + 1)

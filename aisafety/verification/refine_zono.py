@@ -54,7 +54,7 @@ class RefineZonoVerifier(DeepZVerifier):
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
         """The refined zonotope's bound, DeepZ's where that is higher (both are sound)."""
-        self.require_float64(graph)
+        self.require_float64(graph, prop)
         rows = []
         for s in range(len(prop)):
             zonotope = self._refined(graph, prop.lower[s : s + 1], prop.upper[s : s + 1])

@@ -18,13 +18,13 @@ ReLU, whose float32 chord is re-checked in ``relaxations.py``; the boxes stay fl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 
+from aisafety.scoped import scoped
 from aisafety.verification import memo
 from aisafety.verification.graph import BoundGraph
 from aisafety.verification.ibp_rounding import U32, U64, gamma
@@ -45,15 +45,10 @@ FINAL_SMALL = 1 << 22
 _MODE: ContextVar[str] = ContextVar("bound_pass_precision", default="auto")
 
 
-@contextmanager
-def pass_precision(mode: str) -> Iterator[None]:
+def pass_precision(mode: str) -> AbstractContextManager[str]:
     """Backward passes inside this block run in ``"float64"`` (the exact relaxation, for
     comparisons and the bench), in ``"float32"`` wherever sound (tests), or ``"auto"``."""
-    token = _MODE.set(mode)
-    try:
-        yield
-    finally:
-        _MODE.reset(token)
+    return scoped(_MODE, mode)
 
 
 def fast_graph(

@@ -69,6 +69,7 @@ class SdpVerifier(Verifier):
         """Each row's better sound bound: the SDP's certificate or CROWN's (CROWN's is
         higher where the solver fails, and where the certificate's rounding and eigenvalue
         charges take it below CROWN's, e.g. on a net whose neurons are all stable)."""
+        self.require_float64(graph, prop)
         crown = b.linear_boxes(graph, prop.lower, prop.upper)
         bound, _ = b.spec_lower(graph, crown, prop.spec)
         for s in range(len(prop)):

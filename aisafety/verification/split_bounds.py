@@ -25,9 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from aisafety.verification import budget, float64_margin, rounding
+from aisafety.verification import bounds, budget, float64_margin, rounding
 from aisafety.verification.bounds import (
-    SEARCH_DTYPE,
     concretize,
     forward_from,
     in_chunks,
@@ -288,7 +287,7 @@ def bound_domains(
     the bound can fall for dozens of steps before it rises, so the best is often the
     start, and resuming from it would repeat the same steps."""
     boxes = domain_boxes(graph, root, domains, input_split, intermediate)
-    search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
+    search = graph.in_dtype(bounds.SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search.dtype
     s_boxes = [(lo.to(cast), hi.to(cast)) for lo, hi in boxes]
     s_dom = Domains(domains.spec.to(cast), domains.offset.to(cast), domains.row, *s_boxes[0],
@@ -335,7 +334,7 @@ def cheap_bounds(graph: BoundGraph, boxes: list[Box], domains: Domains) -> torch
     """One beta-CROWN pass (D,) in the search dtype with the domains' own alpha and beta,
     on ``boxes`` (one per domain) cut to their splits: FSB's estimate of a split, used
     to choose a branch, never to prune."""
-    search = graph.in_dtype(SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
+    search = graph.in_dtype(bounds.SEARCH_DTYPE) if graph.dtype == torch.float64 else graph
     cast = search.dtype
     cut = domain_boxes(graph, boxes, domains)
     cut = [(lo.to(cast), hi.to(cast)) for lo, hi in cut]
@@ -366,11 +365,11 @@ def root_domains(
         n = flat_lo.shape[1]
         splits[i] = torch.zeros(k, n, dtype=torch.int8)
         if slopes is not None and i in slopes:
-            alpha[i] = slopes[i].reshape(k, 1, n).to(SEARCH_DTYPE).clone()
+            alpha[i] = slopes[i].reshape(k, 1, n).to(bounds.SEARCH_DTYPE).clone()
         else:
             alpha[i] = relu_default_slope(flat_lo, flat_hi, "adaptive").expand(k, n)
-            alpha[i] = alpha[i].unsqueeze(1).to(SEARCH_DTYPE).clone()
-        beta[i] = torch.zeros(k, 1, n, dtype=SEARCH_DTYPE)
+            alpha[i] = alpha[i].unsqueeze(1).to(bounds.SEARCH_DTYPE).clone()
+        beta[i] = torch.zeros(k, 1, n, dtype=bounds.SEARCH_DTYPE)
     lower, upper = root[0]
     return Domains(spec.unsqueeze(1), offset, torch.as_tensor(rows),
                    lower.expand(k, *lower.shape[1:]), upper.expand(k, *upper.shape[1:]),

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 
+from aisafety.scoped import scoped
 from aisafety.verification.deadline import Deadline, OutOfTime
 
 FIRST_SLICE = 0.1  # of the watched time, always the search's own
@@ -89,14 +89,9 @@ class StallWatch:
 _WATCH: ContextVar[StallWatch | None] = ContextVar("verification_stall_watch", default=None)
 
 
-@contextmanager
-def watching(watch: StallWatch) -> Iterator[StallWatch]:
+def watching(watch: StallWatch) -> AbstractContextManager[StallWatch]:
     """``report`` inside this block records into ``watch`` (and may raise ``Stalled``)."""
-    token = _WATCH.set(watch)
-    try:
-        yield watch
-    finally:
-        _WATCH.reset(token)
+    return scoped(_WATCH, watch)
 
 
 def watched() -> bool:

@@ -227,9 +227,7 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
         if not probe.why and probe.margin > 0:
             proved.append(probe.margin)
             continue
-        rival = (
-            None if probe.why.startswith("not run") else (deadline.clock() - start, probe.margin)
-        )
+        rival = (deadline.clock() - start, probe.margin) if probe.ran else None
         refuted, best, point, why = _refuted_by_one_atom(
             registry, net, prop, bounds, verifier, settings, deadline, rival
         )
@@ -262,7 +260,7 @@ def _joint(checker, net: Network, prop: Property, first: torch.Tensor, deadline)
     included); without a ``bab``-family verifier or on a network with sigmoid or tanh,
     nothing more than ``first``."""
     graph = net.graph
-    fallback = JointOutcome(float(first.max()), None, "not run: it needs a ReLU network")
+    fallback = JointOutcome(float(first.max()), None, "not run: it needs a ReLU network", ran=False)
     if not isinstance(checker, BabVerifier) or not graph.relu_only:
         return fallback
     one = prop.to(graph.dtype)

@@ -163,5 +163,6 @@ class DeepZVerifier(Verifier):
         graph.require_sequential(self.name)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
+        self.require_float64(graph, prop)
         zonotope = output_zonotope(graph, prop.lower, prop.upper)
         return spec_bounds(graph, prop, zonotope), None
