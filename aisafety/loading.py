@@ -212,6 +212,13 @@ def apply_defenses(
 
 
 def load_data(spec: DatasetSpec, registry: Registry) -> LoadedDataset:
+    """The plan's dataset, subset as its ``limit`` and ``sampling`` say."""
+    return subset(load_whole_data(spec, registry), spec)
+
+
+def load_whole_data(spec: DatasetSpec, registry: Registry) -> LoadedDataset:
+    """The whole split the plan names, before its ``limit``: the labels are checked on it,
+    since a small subset can miss the one label the model cannot predict."""
     source = registry.get("dataset", spec.name)()
     data = source.load(spec.path, spec.split)
     if len(data) == 0:
@@ -220,6 +227,11 @@ def load_data(spec: DatasetSpec, registry: Registry) -> LoadedDataset:
             f"dataset {spec.name!r} ({spec.split} split{where}) holds no samples; give a "
             "file or folder with at least one image"
         )
+    return data
+
+
+def subset(data: LoadedDataset, spec: DatasetSpec) -> LoadedDataset:
+    """``data`` cut to the plan's ``limit`` by its ``sampling``."""
     if spec.sampling == "uniform":
         return data.uniform_subset(spec.limit, spec.seed)
     return data.balanced_subset(spec.limit, spec.seed)

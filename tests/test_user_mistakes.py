@@ -195,6 +195,39 @@ def test_labels_beyond_the_models_classes_are_refused_before_any_work(tmp_path):
     assert "numbered from 1? give y - 1" in message
 
 
+@pytest.mark.parametrize("sampling", ["balanced", "uniform"])
+def test_labels_beyond_the_models_classes_are_refused_when_the_limit_samples_none(
+    tmp_path, sampling
+):
+    """The check ran on the plan's subset: labels 1..10 with ``limit: 2`` sampled 1 and 2,
+    and ca was stored (0.0 on a model whose every prediction was one off)."""
+    x, _ = _images(4)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 10))
+    y = np.array([1, 2, 10, 3]) if sampling == "balanced" else np.array([10, 1, 1, 1])
+    plan = {"dataset": {"limit": 1, "sampling": sampling}, "metrics": ["ca"]}
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(plan, f"sqlite:///{tmp_path}/a.db", model=net, data=(x, y))
+    assert "has labels 1..10, but model 'Sequential' has 10 classes" in str(caught.value)
+
+
+def five_classes() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 5))
+
+
+def test_a_plan_datasets_labels_are_checked_before_its_limit(tmp_path):
+    """A 5-class model on the embedded CIFAR-10 images with ``limit: 4`` (labels 0..3
+    sampled) stored ca for a model that can never predict classes 5..9."""
+    model = {"name": "five", "source": "python", "factory": f"{__name__}:five_classes"}
+    plan = {
+        "model": {**model, "input_shape": [3, 32, 32]},
+        "dataset": {"name": "cifar10-embedded", "limit": 4},
+        "metrics": ["ca"],
+    }
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(plan, f"sqlite:///{tmp_path}/a.db")
+    assert "has labels 0..9, but model 'five' has 5 classes" in str(caught.value)
+
+
 def _deep(width: int, classes: int = 10) -> nn.Sequential:
     """ResNet-18's shape of problem: 20 conv + BatchNorm layers, each as wide as ``width``."""
     layers = [nn.Conv2d(3, width, 3), nn.BatchNorm2d(width)]
