@@ -185,17 +185,21 @@ def _module_predictor(spec: ModelSpec, module: torch.nn.Module, device) -> Torch
 
 
 def _probe_classes(spec: ModelSpec, module: torch.nn.Module) -> int:
-    """One forward pass on a zero image tells the number of outputs."""
+    return probe_classes(spec.name, module, spec.input_shape, "check input_shape")
+
+
+def probe_classes(name: str, module: torch.nn.Module, shape, fix: str) -> int:
+    """One forward pass on a zero image tells the number of outputs; a module that does
+    not run on ``shape`` is named with torch's first line and ``fix``, not a traceback."""
     try:
         with torch.no_grad():
-            out = module(torch.zeros(1, *spec.input_shape, dtype=weight_dtype(module)))
+            out = module(torch.zeros(1, *shape, dtype=weight_dtype(module)))
     except (RuntimeError, IndexError, AssertionError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ConfigError(
-            f"model {spec.name!r} does not run on input_shape {spec.input_shape} ({first}); "
-            "check input_shape"
+            f"model {name!r} does not run on input_shape {tuple(shape)} ({first}); {fix}"
         ) from None
-    problem = output_problem(spec.name, out)
+    problem = output_problem(name, out)
     if problem:
         raise ConfigError(problem)
     return int(out.shape[1])

@@ -210,6 +210,17 @@ def test_labels_beyond_the_models_classes_are_refused_when_the_limit_samples_non
     assert "has labels 1..10, but model 'Sequential' has 10 classes" in str(caught.value)
 
 
+def test_a_module_that_does_not_run_on_the_images_handed_in_is_named_not_a_traceback(tmp_path):
+    """An MNIST-shaped module given CIFAR images: torch's RuntimeError reached the user
+    from aisafety.evaluate (the plan route already named the model and input_shape)."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net, data=_images())
+    message = str(caught.value)
+    assert "model 'Sequential' does not run on input_shape (3, 4, 4) (mat1 and mat2" in message
+    assert "the shape of one image of data=" in message
+
+
 def five_classes() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 5))
 
