@@ -221,6 +221,22 @@ def test_a_module_that_does_not_run_on_the_images_handed_in_is_named_not_a_trace
     assert "the shape of one image of data=" in message
 
 
+def test_a_state_dict_given_as_an_export_archive_is_named_without_torchs_log(tmp_path, capfd):
+    """torch.export.load logged a 20-line traceback to stderr, then the error said
+    "Please check the warnings above"; a torch.save file was not named as one."""
+    from aisafety.prediction.exported import load_exported
+
+    path = tmp_path / "weights.pt"
+    torch.save(nn.Linear(2, 2).state_dict(), path)
+    with pytest.raises(ConfigError) as caught:
+        load_exported(path.read_bytes(), "m")
+    message = str(caught.value)
+    assert "(PytorchStreamReader failed locating file archive_format: file not found)" in message
+    assert "it is a torch.save file (a state dict?)" in message
+    assert "warnings above" not in message and "miniz" not in message
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def five_classes() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 5))
 
