@@ -237,6 +237,28 @@ def test_a_state_dict_given_as_an_export_archive_is_named_without_torchs_log(tmp
     assert "Traceback" not in capfd.readouterr().err
 
 
+def _saved(checkpoint: dict) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    return buffer.getvalue()
+
+
+def test_a_checkpoint_with_a_model_and_its_ema_copy_is_not_guessed_under_state_dict():
+    """timm's checkpoint (``state_dict`` and ``state_dict_ema``): ``state_dict`` was taken
+    without a word, though the docs say two candidates are named, not guessed."""
+    net, ema = nn.Linear(3, 2), nn.Linear(3, 2)
+    optimiser = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.ones(1, 3)).sum().backward()
+    optimiser.step()
+    timm = {"epoch": 3, "state_dict": net.state_dict(), "optimizer": optimiser.state_dict()}
+    state = read_state_dict(_saved(timm), "m", "last.pth.tar")  # one candidate: taken
+    assert torch.equal(state["weight"], net.weight)
+    timm["state_dict_ema"] = ema.state_dict()
+    with pytest.raises(ConfigError) as caught:
+        read_state_dict(_saved(timm), "m", "last.pth.tar")
+    assert "holds several state dicts ('state_dict', 'state_dict_ema')" in str(caught.value)
+
+
 def five_classes() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 5))
 
