@@ -259,6 +259,20 @@ def test_a_checkpoint_with_a_model_and_its_ema_copy_is_not_guessed_under_state_d
     assert "holds several state dicts ('state_dict', 'state_dict_ema')" in str(caught.value)
 
 
+def test_a_predictor_built_in_python_refuses_a_mean_in_0_255_units(tmp_path):
+    """The plan and evaluate(mean=...) refused it; TorchPredictor(mean=...) and the
+    ONNX Runtime predictor took it and the accuracy sat at chance without a word."""
+    from aisafety.prediction.onnx_model import load_onnx
+
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 10))
+    with pytest.raises(ConfigError, match=r"normalisation: mean \[125.3, 123.0, 113.9\] exceeds"):
+        TorchPredictor(net, (3, 4, 4), 10, mean=MEAN_255, std=STD_255)
+    torch.onnx.export(net, (torch.zeros(1, 3, 4, 4),), str(tmp_path / "m.onnx"), dynamo=False)
+    with pytest.raises(ConfigError, match=r"normalisation: mean \[125.3"):
+        load_onnx(str(tmp_path / "m.onnx"), mean=MEAN_255, std=STD_255)
+    TorchPredictor(net, (3, 4, 4), 10, mean=(1.0, 0.5, 0.0), std=STD_255)  # [0, 1]: taken
+
+
 def five_classes() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 5))
 

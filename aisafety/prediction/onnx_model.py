@@ -36,7 +36,7 @@ from aisafety.files import MAX_MODEL_BYTES, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction import onnx_converters, onnx_rewrite, onnx_tensors
 from aisafety.prediction.base import Predictor
-from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.prediction.torch_module import TorchPredictor, check_normalisation
 
 
 class OnnxConversionError(AISafetyError):
@@ -228,8 +228,7 @@ class OnnxRuntimePredictor(Predictor):
         channels = self.input_shape[0]
         self._mean = np.asarray(mean or [0.0] * channels, np.float32).reshape(1, -1, 1, 1)
         self._std = np.asarray(std or [1.0] * channels, np.float32).reshape(1, -1, 1, 1)
-        if (self._std <= 0).any():
-            raise ConfigError(f"normalisation std must be > 0, got {tuple(std or ())}")
+        check_normalisation(self._mean.ravel().tolist(), self._std.ravel().tolist())
         if batch_size <= 0:
             raise ConfigError(f"batch_size must be > 0, got {batch_size}")
         self.batch_size = batch_size
