@@ -273,6 +273,20 @@ def test_a_predictor_built_in_python_refuses_a_mean_in_0_255_units(tmp_path):
     TorchPredictor(net, (3, 4, 4), 10, mean=(1.0, 0.5, 0.0), std=STD_255)  # [0, 1]: taken
 
 
+def test_an_export_archive_with_a_fixed_batch_above_one_loads_and_runs_in_chunks(tmp_path):
+    """Exported with a batch of 3 (its example batch, no dynamic_shapes): the classes were
+    probed with one image, and loading failed with "does not run on input_shape (3, 4, 4)
+    (Guard failed: input.size()[0] == 3); check input_shape", an input_shape that was right."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 10)).eval()
+    torch.export.save(torch.export.export(net, (torch.rand(3, 3, 4, 4),)), tmp_path / "n.pt2")
+    spec = ModelSpec(name="n", source="export", path=tmp_path / "n.pt2", input_shape=(3, 4, 4))
+    predictor, _ = load_model(spec, torch.device("cpu"))
+    assert predictor.num_classes == 10
+    x = torch.rand(5, 3, 4, 4)  # a chunk of 3 and a padded one of 2
+    assert torch.allclose(predictor.logits(x), net(x), atol=1e-6)
+
+
 def five_classes() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 5))
 
