@@ -114,6 +114,14 @@ class TorchPredictor(Predictor):
         finally:
             for handle in handles:
                 handle.remove()
+        silent = [layer for layer in layers if layer not in captured]
+        if silent:  # a KeyError later, in the metric
+            raise ConfigError(
+                f"model {self.name!r}: layer(s) {silent} never ran in a forward pass (their "
+                "parent uses their weights directly, as nn.MultiheadAttention does with "
+                "out_proj), so they have no outputs; choose other layers (the metric's "
+                "'layers')"
+            )
         return captured
 
 
