@@ -24,9 +24,8 @@ from aisafety.database.datasets.base import LoadedDataset, images_to_tensor
 from aisafety.database.datasets.npz import image_layout
 from aisafety.errors import ConfigError
 from aisafety.interfaces import IN_MEMORY_DATA, EvaluationPlan, ModelSpec, mean_problem
-from aisafety.loading import fingerprint, predictor_fingerprint
+from aisafety.loading import fingerprint, predictor_fingerprint, probe_classes
 from aisafety.prediction.base import Predictor
-from aisafety.prediction.outputs import output_problem
 from aisafety.prediction.torch_module import TorchPredictor
 
 
@@ -160,10 +159,6 @@ def _short(digest: str | None) -> str:
 
 def _module_predictor(module: nn.Module, shape, name: str, mean, std) -> TorchPredictor:
     predictor = TorchPredictor(module, shape, 2, name=name, mean=mean, std=std)
-    with torch.no_grad():  # one forward pass tells the number of classes
-        out = predictor.network(torch.zeros(1, *predictor.input_shape))
-    problem = output_problem(name, out)
-    if problem:
-        raise ConfigError(problem)
-    predictor.num_classes = int(out.shape[1])
+    fix = "the shape of one image of data=; give images of the shape the model was trained on"
+    predictor.num_classes = probe_classes(name, predictor.network, predictor.input_shape, fix)
     return predictor

@@ -166,10 +166,13 @@ def _load_robustbench(spec: ModelSpec, device: torch.device) -> tuple[Predictor,
 
 
 def _load_export(spec: ModelSpec, data: bytes, device: torch.device) -> Predictor:
-    from aisafety.prediction.exported import ExportedPredictor, load_exported
+    from aisafety.prediction.exported import ExportedPredictor, exported_input, load_exported
 
     program = load_exported(data, spec.name)
-    num_classes = spec.num_classes or _probe_classes(spec, program.module())  # eval at export
+    batch, _ = exported_input(program, spec.name)  # a fixed batch runs only at its own size
+    num_classes = spec.num_classes or probe_classes(
+        spec.name, program.module(), spec.input_shape, "check input_shape", batch or 1
+    )  # eval at export
     return ExportedPredictor(
         program, spec.input_shape, num_classes,
         name=spec.name, mean=spec.mean, std=spec.std, device=device,
@@ -185,17 +188,23 @@ def _module_predictor(spec: ModelSpec, module: torch.nn.Module, device) -> Torch
 
 
 def _probe_classes(spec: ModelSpec, module: torch.nn.Module) -> int:
-    """One forward pass on a zero image tells the number of outputs."""
+    return probe_classes(spec.name, module, spec.input_shape, "check input_shape")
+
+
+def probe_classes(name: str, module: torch.nn.Module, shape, fix: str, batch: int = 1) -> int:
+    """One forward pass on zero images tells the number of outputs; a module that does
+    not run on ``shape`` is named with torch's first line and ``fix``, not a traceback.
+    ``batch``: the size an exported program is fixed to (it refuses one image)."""
     try:
         with torch.no_grad():
-            out = module(torch.zeros(1, *spec.input_shape, dtype=weight_dtype(module)))
+            out = module(torch.zeros(batch, *shape, dtype=weight_dtype(module)))
     except (RuntimeError, IndexError, AssertionError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ConfigError(
-            f"model {spec.name!r} does not run on input_shape {spec.input_shape} ({first}); "
-            "check input_shape"
+            f"model {name!r} does not run on input_shape {tuple(shape)} ({first}); {fix}"
         ) from None
-    problem = output_problem(spec.name, out)
+    first = out[:1] if isinstance(out, torch.Tensor) and out.dim() else out  # one image's
+    problem = output_problem(name, first)
     if problem:
         raise ConfigError(problem)
     return int(out.shape[1])
@@ -212,6 +221,13 @@ def apply_defenses(
 
 
 def load_data(spec: DatasetSpec, registry: Registry) -> LoadedDataset:
+    """The plan's dataset, subset as its ``limit`` and ``sampling`` say."""
+    return subset(load_whole_data(spec, registry), spec)
+
+
+def load_whole_data(spec: DatasetSpec, registry: Registry) -> LoadedDataset:
+    """The whole split the plan names, before its ``limit``: the labels are checked on it,
+    since a small subset can miss the one label the model cannot predict."""
     source = registry.get("dataset", spec.name)()
     data = source.load(spec.path, spec.split)
     if len(data) == 0:
@@ -220,6 +236,11 @@ def load_data(spec: DatasetSpec, registry: Registry) -> LoadedDataset:
             f"dataset {spec.name!r} ({spec.split} split{where}) holds no samples; give a "
             "file or folder with at least one image"
         )
+    return data
+
+
+def subset(data: LoadedDataset, spec: DatasetSpec) -> LoadedDataset:
+    """``data`` cut to the plan's ``limit`` by its ``sampling``."""
     if spec.sampling == "uniform":
         return data.uniform_subset(spec.limit, spec.seed)
     return data.balanced_subset(spec.limit, spec.seed)

@@ -43,7 +43,15 @@ from aisafety.interfaces import (
     RunRecord,
 )
 from aisafety.limits import check_budgets, check_memory, check_targets, check_work_limits
-from aisafety.loading import apply_defenses, fingerprint, load_data, load_model, resolve_device
+from aisafety.loading import (
+    apply_defenses,
+    fingerprint,
+    load_data,
+    load_model,
+    load_whole_data,
+    resolve_device,
+    subset,
+)
 from aisafety.memory import reuse_freed_memory
 from aisafety.memory_budget import GIB, memory_limit
 from aisafety.plugins import Registry, default_registry
@@ -149,7 +157,8 @@ def with_plan_precision(plan: EvaluationPlan, registry: Registry) -> EvaluationP
 
 def _check_labels(data: LoadedDataset, predictor) -> None:
     """Labels beyond the model's classes, refused before any work: with ``ca`` alone they
-    ran, and a label the model can never predict (1..10 for 0..9) counted as an error."""
+    ran, and a label the model can never predict (1..10 for 0..9) counted as an error.
+    ``data`` is the whole set: a plan's ``limit`` could sample only labels in range."""
     if not len(data):
         return
     low, high, classes = int(data.y.min()), int(data.y.max()), predictor.num_classes
@@ -332,8 +341,9 @@ class Runner:
         for model in (predictor, reference):  # a forward pass that never returns ends
             if model is not None:  # its unit (prediction/watch.py)
                 model.forward_timeout = plan.limits.forward_seconds
-        data = self._data()
-        _check_labels(data, predictor)
+        whole = self._whole_data()
+        _check_labels(whole, predictor)  # all of it: a small limit can miss a wrong label
+        data = subset(whole, plan.dataset)
         self._check_capabilities(predictor)
         for attack in self.attacks.values():  # bf16 where the device has none: fail now
             attack.search_predictor(predictor)
@@ -376,14 +386,11 @@ class Runner:
             check_memory(label, config, limits, batch, predictor.input_shape)
             layer = layer.inner
 
-    def _data(self) -> LoadedDataset:
-        """The plan's dataset, or the data handed in, subset as the plan's dataset says."""
+    def _whole_data(self) -> LoadedDataset:
+        """The plan's dataset, or the data handed in, before the plan's ``limit``."""
         if self.given_data is None:
-            return load_data(self.plan.dataset, self.registry)
-        spec = self.plan.dataset
-        if spec.sampling == "uniform":
-            return self.given_data.uniform_subset(spec.limit, spec.seed)
-        return self.given_data.balanced_subset(spec.limit, spec.seed)
+            return load_whole_data(self.plan.dataset, self.registry)
+        return self.given_data
 
     def _profile_data(self) -> LoadedDataset:
         """Neuron bounds' data: the plan's profile set; for data handed in without one, that

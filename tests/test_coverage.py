@@ -193,6 +193,33 @@ def test_unknown_layer_is_a_clear_error():
         clean(NeuronBoundaryCoverage, layers=["nope"]).compute(pixel_context())[0]
 
 
+class TinyTransformer(nn.Module):
+    """A ViT's shape of problem: nn.MultiheadAttention uses its out_proj's weights in a
+    functional call, so out_proj's forward (and a hook on it) never runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.block = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.head(self.block(self.embed(x.reshape(len(x), 4, 4))).mean(1))
+
+
+def test_a_transformers_out_proj_is_not_a_default_layer_and_never_a_keyerror():
+    """tkncov on a TransformerEncoderLayer net failed with KeyError 'block.self_attn.out_proj'
+    after the attacks had run: it was a default layer, and its hook never fired."""
+    torch.manual_seed(0)
+    predictor = TorchPredictor(TinyTransformer().eval(), (1, 4, 4), 10)
+    layers = default_layers(predictor)  # no activation modules: the weight layers but the last
+    assert layers == ("embed", "block.linear1", "block.linear2")
+    x = torch.rand(3, 1, 4, 4)
+    assert predictor.features(x, layers)["block.linear1"].shape == (3, 4, 16)
+    with pytest.raises(ConfigError, match=r"\['block.self_attn.out_proj'\] never ran"):
+        predictor.features(x, ["block.self_attn.out_proj"])
+
+
 def test_bounds_and_outputs_are_computed_once_for_all_coverage_metrics():
     ctx = pixel_context()
     for metric in (KMultisectionNeuronCoverage, NeuronBoundaryCoverage):

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from aisafety.cli import main
+from aisafety.errors import ConfigError
 from aisafety.interfaces import ModelSpec
 from aisafety.loading import load_model
 from aisafety.store.results import ResultStore
@@ -130,6 +131,20 @@ def test_exported_graph_gives_the_modules_logits(tmp_path, way):
     print(f"{way}: max |onnx - torch| logit difference {difference:.3g}")
     assert difference < 1e-4
     assert predictor.name == f"tiny-{way}"
+
+
+@pytest.mark.parametrize("gradients", [False, True])
+def test_layout_nhwc_on_a_channels_first_graph_is_refused_at_load(tmp_path, gradients):
+    """It was read as (H, W, C) = (3, 32, 32) and the first batch was refused with "takes
+    batches of shape (N, 32, 3, 32) ... add a batch dimension or resize the images"."""
+    export(tiny_resnet(), "legacy-17-fold", tmp_path / "tiny.onnx")
+    spec = ModelSpec(name="tiny", source="onnx", path=tmp_path / "tiny.onnx",
+                     gradients=gradients, layout="nhwc")  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        load_model(spec, torch.device("cpu"))
+    message = str(caught.value)
+    assert "layout is nhwc, but the graph's input ['batch', 3, 32, 32] is channels-first" in message
+    assert "remove layout: nhwc" in message
 
 
 PLAN = """

@@ -87,6 +87,22 @@ def test_cli_report_latest_and_errors(report_db, tmp_path, capsys):
     assert "neither a run id nor a model" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "where, reason",
+    [("folder", "it is a folder"), ("under-a-file", "plain' is a file, not a folder")],
+)
+def test_an_output_path_that_cannot_be_written_is_one_error_not_a_traceback(
+    report_db, tmp_path, capsys, where, reason
+):
+    """``-o`` naming a folder raised IsADirectoryError, and a path under a file
+    FileExistsError, both as tracebacks after the report was built."""
+    (tmp_path / "plain").write_text("")
+    out = tmp_path if where == "folder" else tmp_path / "plain" / "report.html"
+    assert main(["report", "--db", report_db[0], "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: cannot write -o {str(out)!r}: " in err and reason in err
+
+
 def test_comparison_ranks_models_and_marks_the_best(report_db, tmp_path):
     url, run_id = report_db
     store = ResultStore(url)

@@ -5,9 +5,9 @@ requirement) or 2 (a usage error, a non-comparable baseline included)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aisafety.cli.common import write_output
 from aisafety.errors import ConfigError
 from aisafety.store import DEFAULT_URL
 
@@ -91,15 +91,14 @@ def write_outputs(args, store: ResultStore, candidate: GateRun, verdicts, header
     from aisafety.report.gate.output import junit_xml, markdown
 
     if args.junit:
-        _write(args.junit, junit_xml(verdicts, header), "JUnit XML")
+        _write(args.junit, junit_xml(verdicts, header), "--junit", "JUnit XML")
     if args.markdown:
-        _write(args.markdown, markdown(verdicts, header), "Markdown summary")
+        _write(args.markdown, markdown(verdicts, header), "--markdown", "Markdown summary")
     if args.report:
-        _write(args.report, gate_report(store, candidate, verdicts, header), "HTML report")
+        html = gate_report(store, candidate, verdicts, header)
+        _write(args.report, html, "--report", "HTML report")
 
 
-def _write(path: str, text: str, what: str) -> None:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+def _write(path: str, text: str, option: str, what: str) -> None:
+    out = write_output(path, text, option)
     print(f"wrote {out} ({what})")

@@ -4,6 +4,7 @@ informational lines go."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def default_registry():
@@ -18,3 +19,30 @@ def info_printer(fmt: str):
     csv/json, so that stdout redirected to a file is valid CSV or JSON."""
     stream = sys.stdout if fmt == "table" else sys.stderr
     return lambda line: print(line, file=stream)
+
+
+def write_output(path: str, text: str, option: str) -> Path:
+    """``text`` written to ``path`` (its folder made), or one error naming the path, the
+    reason and the option to change: a folder or a read-only place was a traceback."""
+    from aisafety.errors import ConfigError
+
+    out = Path(path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write {option} {str(out)!r}: {_why_unwritable(out, exc)}; give the path "
+            "of a file in a folder you can write"
+        ) from None
+    return out
+
+
+def _why_unwritable(out: Path, exc: OSError) -> str:
+    """The reason in the user's terms: mkdir under a file says only 'File exists'."""
+    if out.is_dir():
+        return "it is a folder"
+    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        return f"{str(blocking)!r} is a file, not a folder"
+    return exc.strerror or str(exc)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from aisafety.cli.common import write_output
 from aisafety.errors import ConfigError
 from aisafety.store import DEFAULT_URL
 
@@ -36,9 +36,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise ConfigError("give a RUN_ID or --latest, not both")
         run_ids = [args.run_id if args.run_id is not None else latest_run_id(store)]
         html = build_report(store, run_ids[0])
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(html, encoding="utf-8")
+    out = write_output(args.output, html, "-o")
     what = f"runs {', '.join(map(str, run_ids))}" if args.compare else f"run {run_ids[0]}"
     print(f"wrote {out} ({what}, {len(html) / 1024:.0f} KiB)")
     return 0

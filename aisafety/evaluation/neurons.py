@@ -51,7 +51,10 @@ def default_layers(predictor: Predictor) -> tuple[str, ...]:
             f"cannot be chosen for it; set the metric's 'layers' to some of "
             f"{predictor.layer_names()}"
         )
-    leaves = [(n, m) for n, m in module.named_modules() if n and not list(m.children())]
+    unrun = _unrun_leaves(module)
+    leaves = [
+        (n, m) for n, m in module.named_modules() if n and not list(m.children()) and n not in unrun
+    ]
     layers = [n for n, m in leaves if issubclass(layer_type(m), ACTIVATION_TYPES)]
     if not layers:
         layers = [n for n, m in leaves if issubclass(layer_type(m), WEIGHT_TYPES)][:-1]
@@ -61,6 +64,18 @@ def default_layers(predictor: Predictor) -> tuple[str, ...]:
             f"set the metric's 'layers' to some of {predictor.layer_names()}"
         )
     return tuple(layers)
+
+
+def _unrun_leaves(module: nn.Module) -> set[str]:
+    """Layers whose forward never runs: ``nn.MultiheadAttention`` reads its ``out_proj``'s
+    weights in a functional call, so a hook there never fired and coverage failed with
+    KeyError 'block.self_attn.out_proj' on a transformer."""
+    return {
+        f"{name}.{child}" if name else child
+        for name, m in module.named_modules()
+        if issubclass(layer_type(m), nn.MultiheadAttention)
+        for child, _ in m.named_children()
+    }
 
 
 def neuron_values(output: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import importlib
 import io
+import logging
 import warnings
-from collections.abc import Sequence
+import zipfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -25,16 +28,46 @@ from aisafety.prediction.torch_module import TorchPredictor
 
 def load_exported(data: bytes, model: str) -> torch.export.ExportedProgram:
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _export_log_kept() as logged:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
             return torch.export.load(io.BytesIO(data))
     except Exception as exc:  # a zip that is not an export archive, a newer format, ...
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        cause = logged[0] if logged else exc  # torch logs the real error, raises another
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        first = first.split(". ")[0][:300]  # miniz's advice on corrupted files misleads here
+        saved = " it is a torch.save file (a state dict?);" if _torch_saved(data) else ""
         raise ConfigError(
-            f"model {model!r} is not a torch.export archive ({first}); save one with "
+            f"model {model!r} is not a torch.export archive ({first});{saved} save one with "
             "torch.export.save(torch.export.export(model, (example,)), 'model.pt2'), or load "
             "a state dict with source: python"
         ) from None
+
+
+@contextmanager
+def _export_log_kept() -> Iterator[list[BaseException]]:
+    """The errors torch.export logs while loading, kept instead of printed: its own stderr
+    handler printed a traceback, then torch raised 'check the warnings above'."""
+    logger, kept = logging.getLogger("torch.export"), []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info and record.exc_info[1] is not None:
+                kept.append(record.exc_info[1])
+
+    handlers, logger.handlers = logger.handlers, [Keep()]
+    try:
+        yield kept
+    finally:
+        logger.handlers = handlers
+
+
+def _torch_saved(data: bytes) -> bool:
+    """A zip written by ``torch.save``: its one folder holds ``data.pkl``."""
+    try:
+        names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    except zipfile.BadZipFile:
+        return False
+    return any(name.endswith("/data.pkl") for name in names)
 
 
 def exported_input(program: torch.export.ExportedProgram, model: str) -> tuple[int | None, tuple]:

@@ -36,7 +36,7 @@ from aisafety.files import MAX_MODEL_BYTES, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction import onnx_converters, onnx_rewrite, onnx_tensors
 from aisafety.prediction.base import Predictor
-from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.prediction.torch_module import TorchPredictor, check_normalisation
 
 
 class OnnxConversionError(AISafetyError):
@@ -228,8 +228,7 @@ class OnnxRuntimePredictor(Predictor):
         channels = self.input_shape[0]
         self._mean = np.asarray(mean or [0.0] * channels, np.float32).reshape(1, -1, 1, 1)
         self._std = np.asarray(std or [1.0] * channels, np.float32).reshape(1, -1, 1, 1)
-        if (self._std <= 0).any():
-            raise ConfigError(f"normalisation std must be > 0, got {tuple(std or ())}")
+        check_normalisation(self._mean.ravel().tolist(), self._std.ravel().tolist())
         if batch_size <= 0:
             raise ConfigError(f"batch_size must be > 0, got {batch_size}")
         self.batch_size = batch_size
@@ -270,6 +269,7 @@ class OnnxRuntimePredictor(Predictor):
             if len(shape) != 3:
                 raise ConfigError(f"input_shape is (C, H, W), got {tuple(given)}")
         elif concrete and len(sample) == 3:
+            self._check_layout(sample)
             shape = tuple(sample) if self.layout == "nchw" else (sample[2], sample[0], sample[1])
         else:
             raise ConfigError(
@@ -291,6 +291,16 @@ class OnnxRuntimePredictor(Predictor):
                 f"{math.prod(shape)}; give the (C, H, W) the graph was trained on"
             )
         return shape, tuple(sample)
+
+    def _check_layout(self, sample: Sequence[int]) -> None:
+        """``layout: nhwc`` on a channels-first graph was read as H=3, W=32, C=32, and the
+        first batch was refused with "takes (N, 32, 3, 32) ... resize the images"."""
+        channels_first = sample[0] in (1, 3) and sample[2] not in (1, 3)
+        if self.layout == "nhwc" and channels_first:
+            raise ConfigError(
+                f"ONNX model {self.name!r}: layout is nhwc, but the graph's input "
+                f"{self.graph_shape} is channels-first (N, C, H, W); remove layout: nhwc"
+            )
 
     def _try_relaxed(self, data: bytes) -> None:
         """Switch to a symbolic batch dimension if it gives the same numbers."""

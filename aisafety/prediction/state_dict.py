@@ -51,9 +51,6 @@ def read_state_dict(data: bytes, model: str, path: object) -> dict[str, torch.Te
             f"model {model!r}: {path} holds a {type(state).__name__}, not a state "
             "dict; save one with torch.save(model.state_dict(), path)"
         )
-    for key in NESTED_KEYS:
-        if isinstance(state.get(key), Mapping):
-            return dict(state[key])
     return _nested_tensors(state, model, path)
 
 
@@ -62,7 +59,9 @@ def _nested_tensors(state: dict, model: str, path: object) -> dict:
 
     Training scripts save ``{"net": net.state_dict(), "acc": acc, "epoch": epoch}`` or
     ``{"model": ..., "optimizer": ...}``; the optimizer's state is no dict of tensors, so the
-    weights are the only candidate. Two candidates (a model and its EMA copy) are not guessed.
+    weights are the only candidate. Two candidates (a model and its EMA copy) are not guessed,
+    also where one is under a training loop's usual key (timm saves ``state_dict`` and
+    ``state_dict_ema``): that key took precedence, and the EMA copy went unmentioned.
     """
     if all(isinstance(value, torch.Tensor) for value in state.values()):
         return state
@@ -71,7 +70,7 @@ def _nested_tensors(state: dict, model: str, path: object) -> dict:
         for key, value in state.items()
         if isinstance(value, Mapping)
         and value
-        and all(isinstance(tensor, torch.Tensor) for tensor in value.values())
+        and (key in NESTED_KEYS or all(isinstance(t, torch.Tensor) for t in value.values()))
     ]
     if len(candidates) == 1:
         return dict(state[candidates[0]])

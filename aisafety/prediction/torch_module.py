@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from aisafety.errors import ConfigError
-from aisafety.interfaces import Capability
+from aisafety.interfaces import Capability, mean_problem
 from aisafety.prediction.base import Predictor
 
 
@@ -24,13 +24,22 @@ class Normalize(nn.Module):
         self, mean: Sequence[float], std: Sequence[float], dtype: torch.dtype = torch.float32
     ):
         super().__init__()
-        if any(s <= 0 for s in std):
-            raise ConfigError(f"normalisation std must be > 0, got {tuple(std)}")
+        check_normalisation(mean, std)
         self.register_buffer("mean", torch.tensor(mean, dtype=dtype).view(1, -1, 1, 1))
         self.register_buffer("std", torch.tensor(std, dtype=dtype).view(1, -1, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x.to(self.mean.dtype) - self.mean) / self.std
+
+
+def check_normalisation(mean: Sequence[float], std: Sequence[float]) -> None:
+    """A std of 0, or a mean in 0..255 units over [0, 1] pixels, refused where a predictor
+    is built: the plan's and ``evaluate(mean=...)``'s check did not cover a predictor made
+    in Python, whose accuracy then sat at chance without a word."""
+    if any(s <= 0 for s in std):
+        raise ConfigError(f"normalisation std must be > 0, got {tuple(std)}")
+    if problem := mean_problem(mean, std, plan=False):
+        raise ConfigError(f"normalisation: {problem}")
 
 
 def weight_dtype(module: nn.Module) -> torch.dtype:
@@ -105,6 +114,14 @@ class TorchPredictor(Predictor):
         finally:
             for handle in handles:
                 handle.remove()
+        silent = [layer for layer in layers if layer not in captured]
+        if silent:  # a KeyError later, in the metric
+            raise ConfigError(
+                f"model {self.name!r}: layer(s) {silent} never ran in a forward pass (their "
+                "parent uses their weights directly, as nn.MultiheadAttention does with "
+                "out_proj), so they have no outputs; choose other layers (the metric's "
+                "'layers')"
+            )
         return captured
 
 
