@@ -66,14 +66,17 @@ class PostgresServer:
         return f"postgresql+psycopg://{USER}@127.0.0.1:{self.port}/{database}"
 
     def create_database(self) -> str:
-        """A new empty database; returns its URL."""
+        """A new empty database; returns its URL. ``FILE_COPY`` (PostgreSQL 15+; before 15
+        the only way): the template's files copied, where 15's default writes all of them
+        through the WAL (0.24 s against 0.08 s per database at load 7)."""
         import psycopg
 
         name = f"test_{next(self._names)}"
         with psycopg.connect(
             host="127.0.0.1", port=self.port, user=USER, dbname="postgres", autocommit=True
         ) as connection:
-            connection.execute(f'CREATE DATABASE "{name}"')
+            copy = " STRATEGY FILE_COPY" if connection.info.server_version >= 150000 else ""
+            connection.execute(f'CREATE DATABASE "{name}"{copy}')
         return self.url(name)
 
     def pause(self) -> None:

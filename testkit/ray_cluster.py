@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -117,7 +118,7 @@ def start_ray_cluster(
     head, worker = nodes(cluster.address, temp_dir)
     cluster.nodes.append(_start(head, temp_dir.parent / f"{temp_dir.name}-head.log", env))
     try:
-        time.sleep(2)  # the worker node retries until the head's GCS answers
+        _wait_for_gcs(cluster, timeout)  # was a fixed 2 s
         cluster.nodes.append(_start(worker, temp_dir.parent / f"{temp_dir.name}-worker.log", env))
         _wait_for_nodes(cluster, 2, timeout)
     except BaseException:
@@ -126,17 +127,44 @@ def start_ray_cluster(
     return cluster
 
 
+def _wait_for_gcs(cluster: RayCluster, timeout: float) -> None:
+    """Until the head's GCS accepts connections on the cluster's port, where the worker
+    node connects: the worker starts as soon as it can be answered, not after a guess."""
+    host, port = cluster.address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cluster.nodes[0].poll() is not None:
+            raise RuntimeError(f"the Ray head node exited; logs in {cluster.temp_dir.parent}")
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"the Ray head's GCS at {cluster.address} is not up after {timeout} s")
+
+
+# Connects once and asks the GCS every 0.2 s for up to argv[3] seconds: a new process per
+# question (Ray's import and a driver's connection, 2-3 s each) had the second node's start
+# waiting for a whole question after it was up.
+_COUNT_NODES = """
+import sys, time
+import ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+count, until = int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+alive = sum(n["Alive"] for n in ray.nodes())
+while alive < count and time.monotonic() < until:
+    time.sleep(0.2)
+    alive = sum(n["Alive"] for n in ray.nodes())
+print(alive)
+"""
+
+
 def _wait_for_nodes(cluster: RayCluster, count: int, timeout: float) -> None:
-    check = (
-        "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
-        "print(sum(n['Alive'] for n in ray.nodes()))"
-    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(node.poll() is not None for node in cluster.nodes):
             raise RuntimeError(f"a Ray node exited; logs in {cluster.temp_dir.parent}")
+        wait = str(min(30.0, max(deadline - time.monotonic(), 0.0)))  # then a node check
         result = subprocess.run(
-            [sys.executable, "-c", check, cluster.address],
+            [sys.executable, "-c", _COUNT_NODES, cluster.address, str(count), wait],
             capture_output=True, text=True, env={**os.environ, **cluster.env},
         )  # fmt: skip
         lines = result.stdout.strip().splitlines()
