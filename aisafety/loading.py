@@ -8,12 +8,12 @@ import torch
 
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.zoo import list_models, load_zoo_model, sha256_bytes
-from aisafety.errors import ConfigError, UnknownNameError
+from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
 from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
 from aisafety.interfaces import DatasetSpec, DefenseSpec, ModelSpec
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
-from aisafety.prediction.outputs import output_problem
+from aisafety.prediction.outputs import model_raised, output_problem
 from aisafety.prediction.python_factory import build_module, resolve_factory
 from aisafety.prediction.state_dict import load_into, read_state_dict
 from aisafety.prediction.torch_module import TorchPredictor, module_fingerprint, weight_dtype
@@ -198,11 +198,10 @@ def probe_classes(name: str, module: torch.nn.Module, shape, fix: str, batch: in
     try:
         with torch.no_grad():
             out = module(torch.zeros(batch, *shape, dtype=weight_dtype(module)))
-    except (RuntimeError, IndexError, AssertionError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise ConfigError(
-            f"model {name!r} does not run on input_shape {tuple(shape)} ({first}); {fix}"
-        ) from None
+    except AISafetyError:
+        raise
+    except Exception as exc:  # the user's forward can raise anything
+        raise model_raised(name, exc, f"on input_shape {tuple(shape)}", fix) from None
     first = out[:1] if isinstance(out, torch.Tensor) and out.dim() else out  # one image's
     problem = output_problem(name, first)
     if problem:

@@ -29,6 +29,7 @@ from aisafety.errors import (
     TamperingError,
 )
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric, checked_values
+from aisafety.evaluation.chance import warn_if_at_chance
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.reference import missing_reference
@@ -317,6 +318,7 @@ class Runner:
         prepared.context.clean_logits  # noqa: B018 - computed now, under the check below
         warn_if_not_repeatable(prepared.context)  # a second pass of one batch, also checked
         integrity.check(f"model {prepared.context.predictor.name!r} (the clean forward pass)")
+        warn_if_at_chance(prepared.context)  # wrong mean/std, scale or layout: a warning
 
     def _integrity(self, prepared: Prepared) -> RunIntegrity:
         """The fingerprints of ``prepared``'s shared state (taken on first use)."""

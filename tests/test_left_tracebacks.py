@@ -41,7 +41,7 @@ def _evaluate(tmp_path, capsys, plan: str) -> str:
 
 @pytest.mark.parametrize(
     "module, message",
-    [(_Raises(), "failed on a batch of shape (8, 1, 28, 28): builtins.ValueError: boom"),
+    [(_Raises(), "does not run on input_shape (1, 28, 28) (builtins.ValueError: boom)"),
      (_Tuple(), "returned scores of shape <class 'tuple'> for 8 input(s)"),
      (_Int64(), "returned scores of dtype torch.int64; expected floating-point scores")],
 )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 import aisafety
-from aisafety.errors import ConfigError, InputError
+from aisafety.errors import ConfigError, InputError, ModelOutputError
 from aisafety.interfaces import ModelSpec
 from aisafety.loading import load_model
 from aisafety.prediction.state_dict import load_into, read_state_dict
@@ -217,7 +218,8 @@ def test_a_module_that_does_not_run_on_the_images_handed_in_is_named_not_a_trace
     with pytest.raises(ConfigError) as caught:
         aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net, data=_images())
     message = str(caught.value)
-    assert "model 'Sequential' does not run on input_shape (3, 4, 4) (mat1 and mat2" in message
+    head = "model 'Sequential' does not run on input_shape (3, 4, 4) (RuntimeError: mat1 and mat2"
+    assert head in message
     assert "the shape of one image of data=" in message
 
 
@@ -405,3 +407,100 @@ def test_verify_refuses_a_property_written_for_another_network(tmp_path, capsys)
     assert main(["verify", own, net]) == 2
     err = capsys.readouterr().err
     assert "the network comes first" in err and f"aisafety verify {net} {own}" in err
+
+
+class Raising(nn.Module):
+    """A forward that raises what user code raises: not only torch's RuntimeError."""
+
+    def __init__(self, error: Exception):
+        super().__init__()
+        self.error = error
+        self.fc = nn.Linear(48, 10)
+
+    def forward(self, x):
+        raise self.error
+
+
+ERRORS = [
+    (ValueError("too many values to unpack\nsecond line"), "ValueError: too many values to unpack"),
+    (TypeError("forward() missing 1 required argument"), "TypeError: forward() missing 1"),
+    (KeyError("logits"), "KeyError: 'logits'"),
+]
+
+
+@pytest.mark.parametrize("error, named", ERRORS)
+def test_a_forward_raising_any_exception_in_the_class_probe_is_named(error, named, tmp_path):
+    """probe_classes caught RuntimeError, IndexError and AssertionError only: a ValueError
+    of the user's forward reached the user as a traceback."""
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=Raising(error), data=_images())
+    message = str(caught.value)
+    assert f"model 'Raising' does not run on input_shape (3, 4, 4) ({named}" in message
+    assert "second line" not in message and "the shape of one image of data=" in message
+
+
+@pytest.mark.parametrize("error, named", ERRORS)
+def test_a_forward_raising_in_the_clean_pass_is_named(error, named, tmp_path):
+    """With num_classes given nothing probes the model: its first call is the run's clean
+    pass, where the same exceptions were a traceback."""
+    from aisafety.runner import Runner
+    from aisafety.store.results import ResultStore
+
+    predictor = TorchPredictor(Raising(error), (1, 28, 28), 10, name="raising")
+    plan = aisafety.config.plan_from_dict({"device": "cpu", **PLAN}, "p")
+    with pytest.raises(ModelOutputError) as caught:
+        store = ResultStore(f"sqlite:///{tmp_path}/a.db")
+        Runner(plan, store, quiet=True, model=(predictor, "raising")).run()
+    message = str(caught.value)
+    assert f"model 'raising' failed on a batch of shape (2, 1, 28, 28): {named}" in message
+
+
+class BatchAsConstant(nn.Module):
+    """Reads the batch size as a Python int: torch.jit.trace records it as a constant, so
+    the archive runs only at the batch it was traced on."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(48, 10)
+
+    def forward(self, x):
+        return self.fc(x.reshape(int(x.shape[0]), -1))
+
+
+def _traced(batch: int) -> tuple[nn.Module, torch.jit.ScriptModule]:
+    torch.manual_seed(0)
+    net = BatchAsConstant().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the constant, as intended
+        traced = torch.jit.trace(net, torch.rand(batch, 3, 4, 4))
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    return net, buffer.getvalue()
+
+
+@pytest.mark.parametrize("num_classes", [None, 10])
+def test_a_torchscript_archive_traced_on_one_image_runs_image_by_image(num_classes):
+    """Traced on one image (the usual example input), it failed on the run's first batch."""
+    from aisafety.prediction.torchscript import TorchScriptPredictor
+
+    net, archive = _traced(1)
+    predictor = TorchScriptPredictor(archive, (3, 4, 4), num_classes, name="traced")
+    assert (predictor.num_classes, predictor.batch) == (10, 1)
+    for n in (1, 3, 4, 6, 9):
+        x = torch.rand(n, 3, 4, 4)
+        assert torch.allclose(predictor.logits(x), net(x), atol=1e-6)
+
+
+def test_a_torchscript_archive_traced_on_a_batch_above_one_says_what_to_do():
+    """An archive does not record the batch it was traced on (its input is a bare Tensor):
+    the size cannot be learnt, so the error says how to make one that runs at any size."""
+    from aisafety.prediction.torchscript import TorchScriptPredictor
+
+    _, archive = _traced(4)
+    with pytest.raises(ConfigError) as caught:
+        TorchScriptPredictor(archive, (3, 4, 4), 10, name="traced")
+    message = str(caught.value)
+    assert "model 'traced' does not run on input_shape (3, 4, 4) (RuntimeError: " in message
+    assert "The following operation failed" not in message  # the cause, not torch's header
+    assert "traced with torch.jit.trace on a batch of N > 1" in message
+    assert "script it (torch.jit.script)" in message and "source: export" in message

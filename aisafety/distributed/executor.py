@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ from ray.exceptions import RayError, RayTaskError
 
 from aisafety.distributed import tasks
 from aisafety.distributed.schedule import Schedule, Task
-from aisafety.errors import AISafetyError, ConfigError
+from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError
 from aisafety.interfaces import EvaluationPlan, ExecutorSpec, MetricValue, RunRecord
 from aisafety.progress import RunProgress
 from aisafety.runner import Runner, WorkUnit
@@ -62,6 +63,8 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
         info = ray.get(info_ref)
     except RayTaskError as exc:  # a bad model path, a capability the model lacks, ...
         raise _user_error(exc) from None
+    for message in info["warnings"]:  # the worker's warnings do not reach this process
+        warnings.warn(message, AISafetyWarning, stacklevel=2)
     units: list[WorkUnit] = info["units"]
     done = runner.store.finished_units() if runner.resume else set()
     todo = [u for u in units if u.key not in done]

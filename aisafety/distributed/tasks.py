@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from aisafety.attack.result import AttackResult
+from aisafety.evaluation.chance import at_chance_message
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
 from aisafety.store.interruption import HANG_ENDS_PROCESS
@@ -47,6 +48,7 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
         "shards": len(prepared.context.shards()),
+        "warnings": [m for m in [at_chance_message(prepared.context)] if m],  # the driver's
     }
     return info, prepared.context.clean_logits
 

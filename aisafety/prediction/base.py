@@ -14,6 +14,7 @@ import torch
 
 from aisafety.errors import AISafetyError, CapabilityError, InputError, ModelOutputError
 from aisafety.interfaces import Capability
+from aisafety.prediction.outputs import raised_text
 from aisafety.prediction.watch import (
     check_forward,
     forward_deadline,
@@ -68,17 +69,10 @@ class Predictor(ABC):
                 scores = self._logits(x)
         except AISafetyError:
             raise
-        except (
-            RuntimeError,
-            ValueError,
-            IndexError,
-            TypeError,
-            torch.jit.Error,
-        ) as exc:  # its code
-            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-            reason = (lines[-1] if lines else type(exc).__name__)[:300]
+        except Exception as exc:  # its code, which can raise anything (KeyError, ...)
             raise ModelOutputError(
-                f"model {self.name!r} failed on a batch of shape {tuple(x.shape)}: {reason} "
+                f"model {self.name!r} failed on a batch of shape {tuple(x.shape)}: "
+                f"{raised_text(exc)} "
                 "(check input_shape, num_classes and that the file is the intended model)"
             ) from exc
         check_forward(self.name, x, watched, before)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from aisafety.errors import ConfigError
+from aisafety.prediction.fixed_batch import fixed_batches, run_fixed
 from aisafety.prediction.torch_module import TorchPredictor
 
 
@@ -164,27 +165,15 @@ class ExportedPredictor(TorchPredictor):
                 )
             }
 
-    def _chunks(self, x: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
-        """``x`` cut into batches of the exported size, the last one padded by repeating its
-        last image; each with the number of real images in it."""
-        out = []
-        for chunk in x.split(self.batch):
-            real = len(chunk)
-            if real < self.batch:
-                chunk = torch.cat([chunk, chunk[-1:].expand(self.batch - real, *chunk.shape[1:])])
-            out.append((chunk, real))
-        return out
-
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.device)
         if self.batch is None:
             return self.network(x)
-        return torch.cat([self.network(chunk)[:real] for chunk, real in self._chunks(x)])
+        return run_fixed(self.network, x, self.batch)
 
     def features(self, x: torch.Tensor, layers: Sequence[str]) -> dict[str, torch.Tensor]:
         if self.batch is None:
             return super().features(x, layers)
-        parts = [
-            (TorchPredictor.features(self, chunk, layers), real) for chunk, real in self._chunks(x)
-        ]
+        chunks = fixed_batches(x, self.batch)
+        parts = [(TorchPredictor.features(self, chunk, layers), real) for chunk, real in chunks]
         return {layer: torch.cat([p[layer][:real] for p, real in parts]) for layer in layers}

@@ -11,6 +11,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from aisafety.errors import ConfigError
+
+TORCHSCRIPT_HEAD = "The following operation failed in the TorchScript interpreter"
 FIX = "a classifier returns one (N, num_classes) logits tensor"
 
 
@@ -47,3 +50,18 @@ def output_problem(model: str, out: object) -> str | None:
         f"model {model!r} returns a {type(out).__name__} ({listed}) for one image; {FIX}: "
         f"{hint} (docs/own-model.md)"
     )
+
+
+def raised_text(exc: Exception) -> str:
+    """``exc``'s type and first line; for TorchScript, its cause (the last line, typed)."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [""]
+    if lines[0].startswith(TORCHSCRIPT_HEAD):  # a TorchScript traceback follows, cause last
+        return lines[-1][:300]  # "RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+    first = lines[0][:300]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def model_raised(name: str, exc: Exception, where: str, fix: str) -> ConfigError:
+    """The error for a user's forward that raised: the model, the exception's type and
+    first line, and ``fix``, instead of a traceback through the user's code."""
+    return ConfigError(f"model {name!r} does not run {where} ({raised_text(exc)}); {fix}")

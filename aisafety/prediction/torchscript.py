@@ -22,6 +22,8 @@ from aisafety.errors import ConfigError
 from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.fixed_batch import run_fixed
+from aisafety.prediction.outputs import model_raised, output_problem
 from aisafety.prediction.torch_module import Normalize
 
 
@@ -92,20 +94,51 @@ class TorchScriptPredictor(Predictor):
             p.requires_grad_(False)
         self.capabilities = frozenset({Capability.LABELS, Capability.SCORES, Capability.GRADIENTS})
         self.unavailable = UNAVAILABLE
-        self.num_classes = int(num_classes) if num_classes else self._probe_classes()
+        self.batch: int | None = None  # the one batch size a traced archive runs at
+        probed = self._probe()  # also with num_classes given: it learns the batch
+        self.num_classes = int(num_classes) if num_classes else self._classes(probed)
 
-    def _probe_classes(self) -> int:
-        with torch.inference_mode():
-            out = self.network(torch.zeros((1, *self.input_shape), device=self.device))
-        if out.dim() != 2 or out.shape[1] < 2:
-            raise ConfigError(
-                f"TorchScript model {self.name!r} returns shape {tuple(out.shape)} for one image "
-                f"of shape {self.input_shape}; a classifier returns (N, num_classes) logits"
-            )
+    def _probe(self) -> torch.Tensor:
+        """The outputs for two images, or for one where only one runs: an archive traced
+        on one image with its batch size turned into a constant, run image by image."""
+        try:
+            return self._zeros_forward(2)
+        except Exception as exc:  # torch.jit.Error, or whatever the archive's code raises
+            try:
+                out, self.batch = self._zeros_forward(1), 1
+            except Exception:
+                raise self._refusal(exc) from None
+            return out
+
+    def _classes(self, out: torch.Tensor) -> int:
+        """The number of classes the probe's outputs ``out`` show."""
+        first = out[:1] if isinstance(out, torch.Tensor) and out.dim() else out  # one image's
+        problem = output_problem(self.name, first)
+        if problem:
+            raise ConfigError(problem)
         return int(out.shape[1])
 
+    def _zeros_forward(self, n: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.network(torch.zeros((n, *self.input_shape), device=self.device))
+
+    def _refusal(self, exc: Exception) -> ConfigError:
+        """Neither one image nor two run: the shape is wrong, or the archive was traced with
+        a fixed batch above one, which it does not record (its input is a bare Tensor)."""
+        fix = (
+            "check input_shape; if it was traced with torch.jit.trace on a batch of N > 1 "
+            "and runs only at that N (a batch size became a constant), script it "
+            "(torch.jit.script), trace it again on a batch of one or with the batch read "
+            "from x.shape[0], or export it with torch.export (source: export runs a fixed "
+            "batch at its own size)"
+        )
+        return model_raised(self.name, exc, f"on input_shape {self.input_shape}", fix)
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.network(x.to(self.device))
+        x = x.to(self.device)
+        if self.batch is None:
+            return self.network(x)
+        return run_fixed(self.network, x, self.batch)
 
 
 def load_torchscript(
