@@ -78,10 +78,37 @@ class Mixed(nn.Module):
 
 
 def test_the_layout_comes_from_the_layer_type_and_an_activation_from_the_layer_before_it():
-    module = Mixed()
+    module = Mixed().eval()
     layers = ("conv", "relu", "norm", "gelu", "drop", "block", "block.linear1", "block.norm2")
-    assert channels_last(module, layers) == (False, False, True, True, True, True, True, True)
-    assert channels_last(None, ("conv", "norm")) == (False, False)  # no modules: DeepGauge's
+    with torch.no_grad():
+        layouts = channels_last(module, layers, lambda: module(torch.rand(1, 1, 2, 2)))
+    assert layouts == (False, False, True, True, True, True, True, True)
+    assert channels_last(None, ("conv", "norm"), lambda: None) == (False, False)
+
+
+class SharedReluLast(nn.Module):
+    """A CNN that registers its one ReLU after its head and calls it last on a conv map."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 1)
+        self.head = nn.Linear(3, 2)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        return self.head(self.relu(self.conv(x)).mean((2, 3)))
+
+
+def test_an_activation_takes_the_layout_of_the_layer_called_before_it_not_registered():
+    module = SharedReluLast().eval()
+    with torch.no_grad():
+        assert channels_last(module, ("relu",), lambda: module(torch.rand(1, 1, 2, 2))) == (False,)
+    model = TorchPredictor(module, (1, 2, 2), 2, name="shared-relu")
+    x = torch.rand(2, 1, 2, 2)
+    values, sizes = neuron_outputs(model, x, ("relu",), batch_size=2)
+    assert sizes == (3,)  # the three channels, not the two columns of the map
+    with torch.no_grad():
+        torch.testing.assert_close(values, module.relu(module.conv(x)).mean((2, 3)))
 
 
 def test_conv_and_channels_last_layers_side_by_side():

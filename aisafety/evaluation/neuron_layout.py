@@ -5,12 +5,13 @@ channel. ``nn.Linear``, ``nn.LayerNorm``, attention and transformer layers act o
 dimension: on a token sequence (N, T, D) their neurons are the D hidden units, not the T
 tokens (before session 18 a ViT's coverage was computed on the tokens, without an error).
 The layout comes from the layer's type; an element-wise layer (ReLU, GELU, Dropout, ...)
-keeps the layout of the nearest weight, norm or pooling layer registered before it.
+keeps the layout of the layer that ran just before it (call order, from one forward pass:
+registration order would misread a CNN that registers its shared ReLU after its head).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torch import nn
 
@@ -32,25 +33,52 @@ CHANNELS_LAST_TYPES: tuple[type[nn.Module], ...] = (
 )  # fmt: skip
 
 
-def channels_last(module: nn.Module | None, layers: Sequence[str]) -> tuple[bool, ...]:
+def channels_last(
+    module: nn.Module | None, layers: Sequence[str], forward: Callable[[], object]
+) -> tuple[bool, ...]:
     """Per layer, whether its neurons are the last dimension of its output.
 
-    Element-wise layers look back in registration order (a ViT's MLP registers Linear, GELU,
-    Dropout, Linear in the order it calls them) past other element-wise layers; any other
-    layer type, and a model without modules, reads channels-first (DeepGauge's layout); a
-    name the model lacks too (``Predictor.features`` refuses it, naming the layers).
+    ``forward`` runs one forward pass (one image is enough), only where an element-wise layer
+    is watched: such a layer takes the layout of the last other layer to finish before its
+    last call (the producer of its input in a sequential flow). Any other layer type, a
+    model without modules, and a name the model lacks (``Predictor.features`` refuses it)
+    read channels-first (DeepGauge's layout).
     """
     if module is None:
         return tuple(False for _ in layers)
-    leaves = [(n, m) for n, m in module.named_modules() if n and not list(m.children())]
-    index = {name: i for i, (name, _) in enumerate(leaves)}
     modules = dict(module.named_modules())
-    return tuple(_last(modules.get(name), leaves[: index.get(name, 0)]) for name in layers)
+    kinds = {name: layer_type(modules[name]) if name in modules else nn.Module for name in layers}
+    if any(issubclass(kind, ELEMENTWISE_TYPES) for kind in kinds.values()):
+        order = _call_order(module, forward)
+        kinds = {name: _input_kind(name, kind, order) for name, kind in kinds.items()}
+    return tuple(issubclass(kinds[name], CHANNELS_LAST_TYPES) for name in layers)
 
 
-def _last(layer: nn.Module | None, before: list[tuple[str, nn.Module]]) -> bool:
-    kind = layer_type(layer) if layer is not None else nn.Module
-    if issubclass(kind, ELEMENTWISE_TYPES):
-        kinds = (layer_type(m) for _, m in reversed(before))
-        kind = next((k for k in kinds if not issubclass(k, ELEMENTWISE_TYPES)), nn.Module)
-    return issubclass(kind, CHANNELS_LAST_TYPES)
+def _call_order(module: nn.Module, forward: Callable[[], object]) -> list[tuple[str, type]]:
+    """(name, type) of every leaf and channels-last layer, in the order their calls end."""
+    order: list[tuple[str, type]] = []
+    watched = [
+        (n, m)
+        for n, m in module.named_modules()
+        if n and (not list(m.children()) or issubclass(layer_type(m), CHANNELS_LAST_TYPES))
+    ]
+    handles = [
+        m.register_forward_hook(lambda *_, n=n, k=layer_type(m): order.append((n, k)))
+        for n, m in watched
+    ]
+    try:
+        forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return order
+
+
+def _input_kind(name: str, kind: type, order: list[tuple[str, type]]) -> type:
+    """An element-wise layer's kind is that of the last non-element-wise layer before it."""
+    if not issubclass(kind, ELEMENTWISE_TYPES):
+        return kind
+    calls = [i for i, (n, _) in enumerate(order) if n == name]
+    before = order[: calls[-1]] if calls else []
+    earlier = (k for _, k in reversed(before) if not issubclass(k, ELEMENTWISE_TYPES))
+    return next(earlier, nn.Module)

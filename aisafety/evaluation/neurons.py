@@ -89,8 +89,11 @@ def _channels_first(output: torch.Tensor, last: bool) -> torch.Tensor:
     return output.movedim(-1, 1) if last and output.dim() > 2 else output
 
 
-def _layouts(predictor: Predictor, layers: Sequence[str]) -> tuple[bool, ...]:
-    return channels_last(torch_module(predictor), layers)
+def _layouts(predictor: Predictor, x: torch.Tensor, layers: Sequence[str]) -> tuple[bool, ...]:
+    with torch.inference_mode():
+        return channels_last(
+            torch_module(predictor), layers, lambda: predictor.logits(x[:1].to(predictor.device))
+        )
 
 
 def _batch_first(name: str, output: torch.Tensor, n: int) -> torch.Tensor:
@@ -151,7 +154,7 @@ def neuron_outputs(
     """(n, N) neuron values of ``layers`` for ``x`` (one forward pass) and neurons per layer."""
     parts: list[torch.Tensor] = []
     batch_size = _fitting_batch(predictor, batch_size, copies=1)
-    layouts = _layouts(predictor, layers)
+    layouts = _layouts(predictor, x, layers)
     with torch.inference_mode():
         for b in _batches(len(x), batch_size):
             features = predictor.features(x[b].to(predictor.device), layers)
@@ -178,7 +181,7 @@ def neuron_deviation(
     """
     parts: list[list[torch.Tensor]] = [[] for _ in layers]
     batch_size = _fitting_batch(predictor, batch_size, copies=2)
-    layouts = _layouts(predictor, layers)
+    layouts = _layouts(predictor, x, layers)
     with torch.inference_mode():
         for b in _batches(len(x), batch_size):
             pair = torch.cat([x[b], x_other[b]]).to(predictor.device)
