@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from aisafety.errors import ConfigError
+from aisafety.evaluation.features import extract_features
 from aisafety.evaluation.neuron_layout import channels_last
 from aisafety.evaluation.neurons import neuron_deviation, neuron_outputs
 from aisafety.prediction.torch_module import TorchPredictor
@@ -129,3 +130,11 @@ def test_a_sequence_first_transformer_is_refused_not_read_as_the_batch():
     model = TorchPredictor(Mixed(batch_first=False).eval(), (1, 2, 2), 2, name="seq-first")
     with pytest.raises(ConfigError, match=r"layer 'block'.*does not start with the batch"):
         neuron_outputs(model, torch.rand(3, 1, 2, 2), ("block",), batch_size=3)
+
+
+def test_a_sequence_first_layer_is_refused_as_a_feature_layer_too():
+    """RDI/ROBY flatten the layer's output per image: tokens in dim 0 would be read as images
+    (4 'feature vectors' for 3 images, beside 3 predicted labels)."""
+    model = TorchPredictor(Mixed(batch_first=False).eval(), (1, 2, 2), 2, name="seq-first")
+    with pytest.raises(ConfigError, match=r"layer 'block'.*does not start with the batch"):
+        extract_features(model, torch.rand(3, 1, 2, 2), "block")

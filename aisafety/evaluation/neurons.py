@@ -96,8 +96,9 @@ def _layouts(predictor: Predictor, x: torch.Tensor, layers: Sequence[str]) -> tu
         )
 
 
-def _batch_first(name: str, output: torch.Tensor, n: int) -> torch.Tensor:
-    """A sequence-first transformer (``batch_first=False``) puts the tokens in dim 0; read as
+def batch_first(name: str, output: torch.Tensor, n: int) -> torch.Tensor:
+    """``output`` of layer ``name`` for ``n`` images, refused where its dim 0 is not the batch:
+    a sequence-first transformer (``batch_first=False``) puts the tokens there, and read as
     the batch, its tokens and images would mix without an error."""
     if output.shape[0] != n:
         raise ConfigError(
@@ -159,7 +160,7 @@ def neuron_outputs(
         for b in _batches(len(x), batch_size):
             features = predictor.features(x[b].to(predictor.device), layers)
             values = [
-                neuron_values(_batch_first(name, features[name], len(x[b])), last)
+                neuron_values(batch_first(name, features[name], len(x[b])), last)
                 for name, last in zip(layers, layouts, strict=True)
             ]
             parts.append(torch.cat(values, 1).cpu())
@@ -187,7 +188,7 @@ def neuron_deviation(
             pair = torch.cat([x[b], x_other[b]]).to(predictor.device)
             features = predictor.features(pair, layers)
             for i, (name, last) in enumerate(zip(layers, layouts, strict=True)):
-                output = _channels_first(_batch_first(name, features[name], len(pair)), last)
+                output = _channels_first(batch_first(name, features[name], len(pair)), last)
                 clean, other = output.chunk(2)
                 diff = (clean - other).abs().reshape(clean.shape[0], clean.shape[1], -1)
                 parts[i].append(diff.mean(2).cpu())
