@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from aisafety.errors import ConfigError
-from aisafety.evaluation.neurons import torch_module
+from aisafety.evaluation.neurons import batch_first, torch_module
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import layer_type
 
@@ -91,6 +91,7 @@ def extract_features(
                 feats = logits = predictor.logits(xb)
             else:
                 feats, logits = _capture(predictor, module, layer == HEAD_INPUT, xb)
+                feats = batch_first(layer, feats, len(xb))
             vectors.append(feats.flatten(1).double().cpu())
             predicted.append(logits.argmax(1).cpu())
     return Features(torch.cat(vectors), torch.cat(predicted))

@@ -1,7 +1,9 @@
 """Neuron outputs and their training-data bounds, computed once and shared by the metrics.
 
 A *neuron* follows DeepGauge (Ma et al. 2018): a unit of a fully connected layer as is, a
-channel of a convolutional layer reduced to its spatial mean. Bounds (per-neuron min and max)
+channel of a convolutional layer reduced to its spatial mean; on a token sequence (N, T, D) of a
+linear, norm or transformer layer, a hidden unit reduced to its mean over the tokens
+(neuron_layout.py). Bounds (per-neuron min and max)
 come from the *profile* data (by default the training split of the evaluated dataset), because
 coverage asks whether the tested inputs reach the ranges the model saw in training.
 
@@ -20,16 +22,12 @@ from torch import nn
 
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError
+from aisafety.evaluation.neuron_layout import ACTIVATION_TYPES, channels_last
 from aisafety.memory_budget import fitting
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.footprint import activations_bytes, image_bytes
 from aisafety.prediction.torch_module import layer_type
 
-# Outputs of these modules are what DeepGauge calls neuron outputs: after the non-linearity.
-ACTIVATION_TYPES: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
-    nn.Mish, nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus,
-)  # fmt: skip
 WEIGHT_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
@@ -78,11 +76,37 @@ def _unrun_leaves(module: nn.Module) -> set[str]:
     }
 
 
-def neuron_values(output: torch.Tensor) -> torch.Tensor:
-    """(N, C, *spatial) -> (N, C) by spatial mean (DeepGauge's conv neurons); (N, D) as is."""
+def neuron_values(output: torch.Tensor, last: bool = False) -> torch.Tensor:
+    """(N, C, *spatial) -> (N, C) by spatial mean (DeepGauge's conv neurons); (N, D) as is;
+    with ``last`` (a channels-last layer), (N, *tokens, D) -> (N, D) by the mean over tokens."""
+    output = _channels_first(output, last)
     if output.dim() <= 2:
         return output.reshape(output.shape[0], -1)
     return output.flatten(2).mean(2)
+
+
+def _channels_first(output: torch.Tensor, last: bool) -> torch.Tensor:
+    return output.movedim(-1, 1) if last and output.dim() > 2 else output
+
+
+def _layouts(predictor: Predictor, x: torch.Tensor, layers: Sequence[str]) -> tuple[bool, ...]:
+    with torch.inference_mode():
+        return channels_last(
+            torch_module(predictor), layers, lambda: predictor.logits(x[:1].to(predictor.device))
+        )
+
+
+def batch_first(name: str, output: torch.Tensor, n: int) -> torch.Tensor:
+    """``output`` of layer ``name`` for ``n`` images, refused where its dim 0 is not the batch:
+    a sequence-first transformer (``batch_first=False``) puts the tokens there, and read as
+    the batch, its tokens and images would mix without an error."""
+    if output.shape[0] != n:
+        raise ConfigError(
+            f"layer {name!r}: output of shape {tuple(output.shape)} for {n} images does not "
+            "start with the batch (a sequence-first transformer, batch_first=False?); choose "
+            "layers whose output is batch-first (the metric's 'layers')"
+        )
+    return output
 
 
 @dataclass(frozen=True)
@@ -131,10 +155,14 @@ def neuron_outputs(
     """(n, N) neuron values of ``layers`` for ``x`` (one forward pass) and neurons per layer."""
     parts: list[torch.Tensor] = []
     batch_size = _fitting_batch(predictor, batch_size, copies=1)
+    layouts = _layouts(predictor, x, layers)
     with torch.inference_mode():
         for b in _batches(len(x), batch_size):
             features = predictor.features(x[b].to(predictor.device), layers)
-            values = [neuron_values(features[name]) for name in layers]
+            values = [
+                neuron_values(batch_first(name, features[name], len(x[b])), last)
+                for name, last in zip(layers, layouts, strict=True)
+            ]
             parts.append(torch.cat(values, 1).cpu())
     return torch.cat(parts), tuple(v.shape[1] for v in values)
 
@@ -148,17 +176,20 @@ def neuron_deviation(
 ) -> list[torch.Tensor]:
     """Per layer, the (n, C) mean absolute difference of each neuron's output map between
     ``x`` and ``x_other``: ||f_{l,m}(x) - f_{l,m}(x')||_1 / dim(f_{l,m}(x)) (AISafety eq. 22).
+    A neuron of a channels-last layer is a hidden unit, its map the unit over the tokens.
 
     Both inputs go through one forward pass per batch; the full maps are never stored.
     """
     parts: list[list[torch.Tensor]] = [[] for _ in layers]
     batch_size = _fitting_batch(predictor, batch_size, copies=2)
+    layouts = _layouts(predictor, x, layers)
     with torch.inference_mode():
         for b in _batches(len(x), batch_size):
             pair = torch.cat([x[b], x_other[b]]).to(predictor.device)
             features = predictor.features(pair, layers)
-            for i, name in enumerate(layers):
-                clean, other = features[name].chunk(2)
+            for i, (name, last) in enumerate(zip(layers, layouts, strict=True)):
+                output = _channels_first(batch_first(name, features[name], len(pair)), last)
+                clean, other = output.chunk(2)
                 diff = (clean - other).abs().reshape(clean.shape[0], clean.shape[1], -1)
                 parts[i].append(diff.mean(2).cpu())
     return [torch.cat(p) for p in parts]

@@ -1,8 +1,9 @@
 """Model-structure metrics over hidden neurons: sensitivity and uncertainty, one row per layer.
 
-A neuron is a linear unit or a convolution channel (``evaluation/neurons.py``); each metric
-gives one ``MetricValue`` per watched layer, labelled ``<name>(layer=<module>)``, whose value
-is the mean over that layer's neurons (the AISafety paper's Fig. 7 reports these means).
+A neuron is a linear unit, a convolution channel or a token layer's hidden unit
+(``evaluation/neurons.py``); each metric gives one ``MetricValue`` per watched layer,
+labelled ``<name>(layer=<module>)``, whose value is the mean over that layer's neurons (the
+AISafety paper's Fig. 7 reports these means).
 
 Registered metrics: ``neuron-sensitivity``, ``neuron-uncertainty``.
 """
