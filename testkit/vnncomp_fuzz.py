@@ -99,7 +99,9 @@ def random_case(seed: int, family: str | None = None) -> Case:
             net, shape, what = random_net(gen)
     net = net.to(choice(gen, [torch.float32, torch.float32, torch.float64]))
     reference = copy.deepcopy(net).double().eval()
-    centre = torch.rand(1, *shape, generator=gen, dtype=torch.float64)
+    # float32 centres: a degenerate input (lower = upper) then has a point the replay can
+    # take (a float64 one has none: ``falsify.into_box`` finds no float32 inside it)
+    centre = torch.rand(1, *shape, generator=gen, dtype=torch.float64).float().double()
     radius = torch.full_like(centre, choice(gen, RADII))
     radius[torch.rand(centre.shape, generator=gen) < 0.2] = 0.0
     lower, upper = centre - radius, centre + radius
