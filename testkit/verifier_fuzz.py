@@ -110,16 +110,16 @@ class Case:
             return self.prop.rows(self.reference(x))
 
 
-def _choice(gen: torch.Generator, options):
+def choice(gen: torch.Generator, options):
     return options[int(torch.randint(len(options), (1,), generator=gen))]
 
 
-def _uniform(gen: torch.Generator) -> float:
+def uniform(gen: torch.Generator) -> float:
     return float(torch.rand((), generator=gen, dtype=torch.float64))
 
 
 def _activation(gen: torch.Generator, relu_only: bool) -> nn.Module:
-    return nn.ReLU() if relu_only else _choice(gen, [nn.ReLU, nn.Sigmoid, nn.Tanh])()
+    return nn.ReLU() if relu_only else choice(gen, [nn.ReLU, nn.Sigmoid, nn.Tanh])()
 
 
 def _batchnorm(module: nn.Module, gen: torch.Generator) -> nn.Module:
@@ -137,10 +137,10 @@ def _dense_layers(gen, width: int, classes: int, relu_only: bool, what: list[str
     for _ in range(int(torch.randint(1, 4, (1,), generator=gen))):
         out = int(torch.randint(2, 9, (1,), generator=gen))
         layers.append(nn.Linear(width, out))
-        if _uniform(gen) < 0.2:
+        if uniform(gen) < 0.2:
             layers.append(_batchnorm(nn.BatchNorm1d(out), gen))
             what.append("bn1d")
-        if _uniform(gen) < 0.15:
+        if uniform(gen) < 0.15:
             layers.append(Affine((out,), gen))
             what.append("affine")
         layers.append(_activation(gen, relu_only))
@@ -153,23 +153,23 @@ def _conv_layers(gen, shape: tuple[int, int, int], relu_only: bool, what: list[s
     layers: list[nn.Module] = []
     c, (h, w) = shape[0], shape[1:]
     for _ in range(int(torch.randint(1, 3, (1,), generator=gen))):
-        if min(h, w) >= 3 and _uniform(gen) < 0.25:
+        if min(h, w) >= 3 and uniform(gen) < 0.25:
             layers.append(Residual(c, _activation(gen, relu_only)))
             what.append("residual")
         out = int(torch.randint(1, 4, (1,), generator=gen))
         k = int(torch.randint(1, min(3, h, w) + 1, (1,), generator=gen))
-        stride, pad = _choice(gen, [1, 1, 2]), _choice(gen, [0, 0, 1])
+        stride, pad = choice(gen, [1, 1, 2]), choice(gen, [0, 0, 1])
         dilation = (
-            2 if k > 1 and 2 * (k - 1) + 1 <= min(h, w) + 2 * pad and _uniform(gen) < 0.2 else 1
+            2 if k > 1 and 2 * (k - 1) + 1 <= min(h, w) + 2 * pad and uniform(gen) < 0.2 else 1
         )
         layers.append(nn.Conv2d(c, out, k, stride=stride, padding=pad, dilation=dilation))
         what.append(f"conv{k}s{stride}p{pad}" + ("d2" if dilation > 1 else ""))
         c, h, w = _out_shape(layers, shape)
-        if _uniform(gen) < 0.25:
+        if uniform(gen) < 0.25:
             layers.append(_batchnorm(nn.BatchNorm2d(c), gen))
             what.append("bn2d")
         layers.append(_activation(gen, relu_only))
-        if min(h, w) >= 2 and _uniform(gen) < 0.4:
+        if min(h, w) >= 2 and uniform(gen) < 0.4:
             layers.append(_pool(gen, min(h, w), what))
             c, h, w = _out_shape(layers, shape)
     return layers, c * h * w
@@ -177,13 +177,13 @@ def _conv_layers(gen, shape: tuple[int, int, int], relu_only: bool, what: list[s
 
 def _pool(gen, size: int, what: list[str]) -> nn.Module:
     """Max, average or adaptive average pooling; kernel 2-3, any stride, padding, ceil."""
-    kind = _choice(gen, ["max", "max", "avg", "adaptive"])
+    kind = choice(gen, ["max", "max", "avg", "adaptive"])
     if kind == "adaptive":
         what.append("adaptivepool")
-        return nn.AdaptiveAvgPool2d(_choice(gen, [1, 2]))
+        return nn.AdaptiveAvgPool2d(choice(gen, [1, 2]))
     k = int(torch.randint(2, min(3, size) + 1, (1,), generator=gen))
-    stride, pad = _choice(gen, [1, 2, k]), _choice(gen, [0, 0, 1])
-    ceil = _uniform(gen) < 0.3
+    stride, pad = choice(gen, [1, 2, k]), choice(gen, [0, 0, 1])
+    ceil = uniform(gen) < 0.3
     what.append(f"{kind}pool{k}s{stride}p{pad}" + ("c" if ceil else ""))
     pool = nn.MaxPool2d if kind == "max" else nn.AvgPool2d
     return pool(k, stride=stride, padding=pad, ceil_mode=ceil)
@@ -196,10 +196,10 @@ def _out_shape(layers: list[nn.Module], shape: tuple[int, ...]) -> tuple[int, in
 
 def random_net(gen: torch.Generator) -> tuple[nn.Module, tuple[int, ...], str]:
     """A small random network, its per-sample input shape and a short description."""
-    relu_only = _uniform(gen) < 0.6
+    relu_only = uniform(gen) < 0.6
     classes = int(torch.randint(2, 5, (1,), generator=gen))
     what: list[str] = ["relu" if relu_only else "mixed-act"]
-    if _uniform(gen) < 0.4:
+    if uniform(gen) < 0.4:
         n = int(torch.randint(1, 7, (1,), generator=gen))
         shape: tuple[int, ...] = (n,)
         layers = _dense_layers(gen, n, classes, relu_only, what)
@@ -217,9 +217,9 @@ def random_net(gen: torch.Generator) -> tuple[nn.Module, tuple[int, ...], str]:
         if isinstance(module, nn.Linear | nn.Conv2d):
             module.reset_parameters()
     scaled = [m for m in net.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
-    factor = _choice(gen, [1.0, 1.0, 1.0, 4.0, 1e3, 1e-3])
+    factor = choice(gen, [1.0, 1.0, 1.0, 4.0, 1e3, 1e-3])
     if factor != 1.0:
-        layer = _choice(gen, scaled)
+        layer = choice(gen, scaled)
         with torch.no_grad():
             layer.weight.mul_(factor)
         what.append(f"x{factor:g}")
@@ -230,16 +230,16 @@ def random_property(gen: torch.Generator, case_net: nn.Module, shape, dtype) -> 
     """1-3 samples with their own boxes and rows; offsets put the rows near zero."""
     n = int(torch.randint(1, 4, (1,), generator=gen))
     centre = torch.rand(n, *shape, generator=gen, dtype=torch.float64)
-    radius = torch.tensor([_choice(gen, RADII) for _ in range(n)], dtype=torch.float64)
+    radius = torch.tensor([choice(gen, RADII) for _ in range(n)], dtype=torch.float64)
     radius = radius.reshape(n, *([1] * len(shape))).expand_as(centre).clone()
     radius[torch.rand(centre.shape, generator=gen) < 0.2] = 0.0  # degenerate inputs
     lower, upper = centre - radius, centre + radius
-    if _uniform(gen) < 0.5:
+    if uniform(gen) < 0.5:
         lower, upper = lower.clamp(0, 1), upper.clamp(0, 1)
     with torch.no_grad():
         outputs = copy.deepcopy(case_net).double()(centre)
     classes = outputs.shape[1]
-    if _uniform(gen) < 0.4:
+    if uniform(gen) < 0.4:
         spec = margin_spec(outputs.argmax(1), classes)
     else:
         k = int(torch.randint(1, 4, (1,), generator=gen))
@@ -248,7 +248,7 @@ def random_property(gen: torch.Generator, case_net: nn.Module, shape, dtype) -> 
     spread = 10 ** (4 * torch.rand(at_centre.shape, generator=gen, dtype=torch.float64) - 3)
     sign = torch.where(torch.rand(at_centre.shape, generator=gen) < 0.7, 1.0, -1.0)
     offset = -at_centre + sign * spread * (1 + at_centre.abs())
-    if _uniform(gen) < 0.2:
+    if uniform(gen) < 0.2:
         offset = torch.round(offset * 8) / 8 + 0.1  # a decimal, not a float32, offset
     return Property(lower, upper, spec, offset)
 
@@ -256,7 +256,7 @@ def random_property(gen: torch.Generator, case_net: nn.Module, shape, dtype) -> 
 def random_case(seed: int) -> Case:
     gen = torch.Generator().manual_seed(seed)
     net, shape, what = random_net(gen)
-    dtype = _choice(gen, [torch.float32, torch.float64])
+    dtype = choice(gen, [torch.float32, torch.float64])
     net = net.to(dtype)
     prop = random_property(gen, net, shape, dtype)
     graph = build_graph(net, shape, f"fuzz{seed}", dtype=dtype)

@@ -141,11 +141,8 @@ def verify_instance(
     if settings["timeout"] <= 0:
         note = "timeout (loading the instance took the whole limit)"
         result = InstanceResult("timeout", 0.0, -math.inf, note=note)
-    elif all(len(rows) == 1 for rows in disjuncts):
-        result = _verify_rows(registry, net, lower, upper, [r[0] for r in disjuncts], verifier,
-                              settings)  # fmt: skip
     else:
-        result = _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, settings)
+        result = verify_disjuncts(registry, net, lower, upper, disjuncts, verifier, settings)
     engine = getattr(checker, "engine", None)
     result.how = engine(net.graph) if engine is not None else verifier
     result.seconds = time.perf_counter() - began
@@ -161,6 +158,18 @@ def _check_order(network: str | Path, spec: str | Path) -> None:
             f"network comes first (aisafety verify NET.onnx SPEC.vnnlib)"
             + (f": aisafety verify {spec} {network}" if Path(spec).suffix == ".onnx" else "")
         )
+
+
+def verify_disjuncts(registry, net, lower, upper, disjuncts, verifier, settings):
+    """The property "no disjunct holds on the box" for ``net`` (anything with the bound
+    ``graph`` and the replay ``run`` of ``Network``): one verification of every row where
+    each disjunct is one atom, else disjunct by disjunct (``_verify_conjunctions``); the
+    verifier's ``settings`` include its time limit. Public for the fuzzing of this route
+    (testkit/vnncomp_fuzz.py), which gives it networks that are not ONNX files."""
+    if all(len(rows) == 1 for rows in disjuncts):
+        rows = [r[0] for r in disjuncts]
+        return _verify_rows(registry, net, lower, upper, rows, verifier, settings)
+    return _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, settings)
 
 
 def rows_property(lower: torch.Tensor, upper: torch.Tensor, rows: list[Row]) -> Property:
