@@ -238,7 +238,27 @@ class SShapeRelaxation(Relaxation):
                   torch.minimum(torch.maximum(z_star, lo), hi)]  # fmt: skip
         values = torch.stack([self.fn(p) - slope * p for p in points])
         margin = self.safety * (1 + values.abs().amax(0))
-        return values.amin(0) - margin, values.amax(0) + margin
+        return _extreme(-values, points) * -1 - margin, _extreme(values, points) + margin
+
+
+def _extreme(values: torch.Tensor, points: list[torch.Tensor]) -> torch.Tensor:
+    """``values.amax(0)`` (values of f - kz at ``points``); with gradients (the slope
+    search's passes) its gradient is the mean of those of every point whose value is within
+    ``TIE`` x (1 + |l| + |u|) of the largest. Why: CROWN's lines are chords and tangents
+    through an end, so their extreme is reached at two points at once, and the search
+    starts there; which of the two the float32 box's last bits put on top picked the
+    first step's gradient (-l or -z* for the slope: 5x apart on fuzz seed 2137), Adam's
+    second moment kept that step's size, and a sample's bound moved by 1.2e-3 with its
+    batch (docs/certification.md, "A tie at the search's start"). The value is the exact
+    maximum either way (an infinite one too), so every line stays sound and a pass
+    without gradients is unchanged bit for bit: only the search's direction at a tie."""
+    top = values.amax(0)
+    if not values.requires_grad:
+        return top
+    scale = TIE * (1 + points[0].abs() + points[1].abs()).detach()
+    near = (top - values).detach() <= scale
+    mean = values.masked_fill(~near, 0.0).sum(0) / near.sum(0)
+    return top.detach() + (mean - mean.detach()).nan_to_num(0.0)  # 0 but on an infinite box
 
 
 def _outwards(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -250,6 +270,10 @@ def _outwards(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 _EPS64 = torch.finfo(torch.float64).eps
+# near ties of ``_extreme``, relative to the box: a search pass's float32 box is ~1e-7
+# relative from the box its start slopes were chosen on (fuzz seed 2137: l 1.2e-7 apart
+# alone and batched, the tied values 1.1e-8 apart), so 1e-6 x (1 + |l| + |u|) holds it
+TIE = 1e-6
 TOUCH_STEPS = 40  # Newton steps at most in ``_tangent_points`` (12 measured at most)
 
 
