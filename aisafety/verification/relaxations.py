@@ -116,8 +116,8 @@ class SShapeRelaxation(Relaxation):
             least, most = self.slope_range(lo, hi)
             down, up = (least + t.double() * (most - least) for t in lower_slope.unbind(2))
             down, up = down.to(dtype), up.to(dtype)
-        low_gap, _ = self.gaps(lo, hi, down.double())
-        _, high_gap = self.gaps(lo, hi, up.double())
+        low_gap = self.gap(lo, hi, down.double(), lowest=True)
+        high_gap = self.gap(lo, hi, up.double(), lowest=False)
         return down, -_outwards(-low_gap, dtype), up, _outwards(high_gap, dtype)
 
     def default_slopes(
@@ -231,14 +231,21 @@ class SShapeRelaxation(Relaxation):
         return at.clamp(0, 1).unsqueeze(1).expand(-1, 2, *lo.shape[1:]).to(lo.dtype)
 
     def gaps(self, lo: torch.Tensor, hi: torch.Tensor, slope: torch.Tensor) -> Lines:
-        """The minimum and maximum of f(z) - slope z on [lo, hi], widened by ``safety``:
-        f - kz is smooth, so they lie at lo, hi or where f' = k (+-z*, clamped inside)."""
+        """The minimum and maximum of f(z) - slope z on [lo, hi] (``gap``)."""
+        return self.gap(lo, hi, slope, lowest=True), self.gap(lo, hi, slope, lowest=False)
+
+    def gap(self, lo, hi, slope: torch.Tensor, lowest: bool) -> torch.Tensor:
+        """The minimum (``lowest``) or maximum of f(z) - slope z on [lo, hi], widened by
+        ``safety``: f - kz is smooth, so it lies at lo, hi or where f' = k (+-z*, clamped
+        inside). One side only: a line needs one (the search's ``_extreme`` costs)."""
         z_star = self.stationary(slope)
         points = [lo, hi, torch.minimum(torch.maximum(-z_star, lo), hi),
                   torch.minimum(torch.maximum(z_star, lo), hi)]  # fmt: skip
         values = torch.stack([self.fn(p) - slope * p for p in points])
         margin = self.safety * (1 + values.abs().amax(0))
-        return _extreme(-values, points) * -1 - margin, _extreme(values, points) + margin
+        if lowest:
+            return -_extreme(-values, points) - margin
+        return _extreme(values, points) + margin
 
 
 def _extreme(values: torch.Tensor, points: list[torch.Tensor]) -> torch.Tensor:
