@@ -116,8 +116,8 @@ class SShapeRelaxation(Relaxation):
             least, most = self.slope_range(lo, hi)
             down, up = (least + t.double() * (most - least) for t in lower_slope.unbind(2))
             down, up = down.to(dtype), up.to(dtype)
-        low_gap, _ = self.gaps(lo, hi, down.double())
-        _, high_gap = self.gaps(lo, hi, up.double())
+        low_gap = self.gap(lo, hi, down.double(), lowest=True)
+        high_gap = self.gap(lo, hi, up.double(), lowest=False)
         return down, -_outwards(-low_gap, dtype), up, _outwards(high_gap, dtype)
 
     def default_slopes(
@@ -231,14 +231,41 @@ class SShapeRelaxation(Relaxation):
         return at.clamp(0, 1).unsqueeze(1).expand(-1, 2, *lo.shape[1:]).to(lo.dtype)
 
     def gaps(self, lo: torch.Tensor, hi: torch.Tensor, slope: torch.Tensor) -> Lines:
-        """The minimum and maximum of f(z) - slope z on [lo, hi], widened by ``safety``:
-        f - kz is smooth, so they lie at lo, hi or where f' = k (+-z*, clamped inside)."""
+        """The minimum and maximum of f(z) - slope z on [lo, hi] (``gap``)."""
+        return self.gap(lo, hi, slope, lowest=True), self.gap(lo, hi, slope, lowest=False)
+
+    def gap(self, lo, hi, slope: torch.Tensor, lowest: bool) -> torch.Tensor:
+        """The minimum (``lowest``) or maximum of f(z) - slope z on [lo, hi], widened by
+        ``safety``: f - kz is smooth, so it lies at lo, hi or where f' = k (+-z*, clamped
+        inside). One side only: a line needs one (the search's ``_extreme`` costs)."""
         z_star = self.stationary(slope)
         points = [lo, hi, torch.minimum(torch.maximum(-z_star, lo), hi),
                   torch.minimum(torch.maximum(z_star, lo), hi)]  # fmt: skip
         values = torch.stack([self.fn(p) - slope * p for p in points])
         margin = self.safety * (1 + values.abs().amax(0))
-        return values.amin(0) - margin, values.amax(0) + margin
+        if lowest:
+            return -_extreme(-values, points) - margin
+        return _extreme(values, points) + margin
+
+
+def _extreme(values: torch.Tensor, points: list[torch.Tensor]) -> torch.Tensor:
+    """``values.amax(0)`` (values of f - kz at ``points``); with gradients (the slope
+    search's passes) its gradient is the mean of those of every point whose value is within
+    ``TIE`` x (1 + |l| + |u|) of the largest. Why: CROWN's lines are chords and tangents
+    through an end, so their extreme is reached at two points at once, and the search
+    starts there; which of the two the float32 box's last bits put on top picked the
+    first step's gradient (-l or -z* for the slope: 5x apart on fuzz seed 2137), Adam's
+    second moment kept that step's size, and a sample's bound moved by 1.2e-3 with its
+    batch (docs/certification.md, "A tie at the search's start"). The value is the exact
+    maximum either way (an infinite one too), so every line stays sound and a pass
+    without gradients is unchanged bit for bit: only the search's direction at a tie."""
+    top = values.amax(0)
+    if not values.requires_grad:
+        return top
+    scale = TIE * (1 + points[0].abs() + points[1].abs()).detach()
+    near = (top - values).detach() <= scale
+    mean = values.masked_fill(~near, 0.0).sum(0) / near.sum(0)
+    return top.detach() + (mean - mean.detach()).nan_to_num(0.0)  # 0 but on an infinite box
 
 
 def _outwards(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -250,6 +277,10 @@ def _outwards(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 _EPS64 = torch.finfo(torch.float64).eps
+# near ties of ``_extreme``, relative to the box: a search pass's float32 box is ~1e-7
+# relative from the box its start slopes were chosen on (fuzz seed 2137: l 1.2e-7 apart
+# alone and batched, the tied values 1.1e-8 apart), so 1e-6 x (1 + |l| + |u|) holds it
+TIE = 1e-6
 TOUCH_STEPS = 40  # Newton steps at most in ``_tangent_points`` (12 measured at most)
 
 
