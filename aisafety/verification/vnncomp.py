@@ -15,8 +15,9 @@ else, with a complete verifier of the ``bab`` family on a ReLU network, by branc
 bound over all its atoms together (a probe of ``PROBE_SHARE`` first, then the time left)
 (``conjunction_search.py``: a domain is pruned when any atom's bound is > 0 there); it is
 falsified by a point where all its atoms hold (box-PGD on the largest of their rows, then
-on their logsumexp, a complete verifier's counterexample to one atom, or the joint
-search's, replayed through onnxruntime). Its margin: docs/certification.md.
+on their logsumexp, on every disjunct before any bound work; a complete verifier's
+counterexample to one atom, or the joint search's, replayed through onnxruntime). Its
+margin: docs/certification.md.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def _verify_rows(registry, net, lower, upper, rows, verifier, settings) -> Insta
 def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, settings):
     """Each disjunct (a conjunction of atoms) refuted by one atom whose row is proved
     positive on the box, or by the joint search over its atoms (``_joint``), or satisfied
-    at a replayed point; one time limit for all.
+    at a replayed point (box-PGD on every disjunct first); one time limit for all.
 
     The margin is min over disjuncts of max over their atoms of the best lower bound proved
     for the atom: a lower bound of min_x min_d max_k row_k(x), positive only if ``unsat``;
@@ -208,15 +209,19 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
     ``unsat`` keeps the notes of the atoms' certificates (``conjunction_note``)."""
     checker = make_verifier(registry, verifier, settings)
     deadline = checker.deadline(1)
+    try:
+        with time_limit(deadline):
+            point = _any_disjunct_holds(net, lower, upper, disjuncts)
+    except OutOfTime:
+        return InstanceResult("timeout", 0.0, -math.inf, note="timeout")
+    if point is not None:
+        return _sat(net, point, value_at(net, lower, upper, disjuncts, point))
     proved: list[float] = []  # per disjunct so far: the best bound proved for it
     notes: dict[tuple[int, int], str] = {}  # (disjunct, atom) -> its certificate's note
     for i, rows in enumerate(disjuncts):
         prop = rows_property(lower, upper, rows)
         try:
             with time_limit(deadline):
-                point = all_rows_hold(net, prop)
-                if point is not None:
-                    return _sat(net, point, value_at(net, lower, upper, disjuncts, point))
                 bounds = _first_pass(checker, net, prop)
         except OutOfTime:
             return InstanceResult("timeout", 0.0, -math.inf, note="timeout")
@@ -353,6 +358,18 @@ def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadli
         if watch.stalled:  # the joint search gets the time left
             break
     return False, float(best.max()), None, None
+
+
+def _any_disjunct_holds(net: Network, lower, upper, disjuncts) -> torch.Tensor | None:
+    """Box-PGD on every disjunct (``all_rows_hold``) before any bound work on one: a
+    replayed point where some disjunct holds, or None. Attacked one at a time between the
+    bound passes, a disjunct after one left open (``unknown``, or the search out of time)
+    was never attacked: a violated property answered ``unknown`` or ``timeout``."""
+    for rows in disjuncts:
+        point = all_rows_hold(net, rows_property(lower, upper, rows))
+        if point is not None:
+            return point
+    return None
 
 
 def prop_row(prop: Property, k: int) -> Property:
