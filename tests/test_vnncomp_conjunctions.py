@@ -68,7 +68,7 @@ def test_a_disjunct_left_unrefuted_gives_the_bound_proved_for_every_disjunct(mon
     not a bound. (``complete`` answered -inf, then, until the joint search, the same as
     ``crown``; it now refutes A: the next test.) Box-PGD is switched off (as if it missed
     B's points): with it, [A, B] is ``sat`` (``test_every_disjunct_is_attacked_...``)."""
-    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda net, prop: None)
+    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda *args, **stages: None)
     verifier = "crown"
     result = conjunctions([A], verifier)
     assert result.status == "unknown" and result.margin == pytest.approx(-0.9, abs=1e-5)
@@ -113,12 +113,12 @@ def test_no_time_left_for_the_rest_leaves_the_margin_unbounded(monkeypatch):
     every disjunct has its bound. Before: -inf in both cases. Box-PGD is switched off:
     it would find B's points before any search."""
     deadline_passes_after_the_search(monkeypatch)
-    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda net, prop: None)
+    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda *args, **stages: None)
     result = conjunctions([A, B], "complete")
     assert result.status == "timeout" and result.margin == -math.inf
     monkeypatch.undo()
     deadline_passes_after_the_search(monkeypatch)
-    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda net, prop: None)
+    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda *args, **stages: None)
     result = conjunctions([A], "complete")
     assert result.status == "timeout" and result.margin == pytest.approx(-0.9, abs=1e-5)
 
@@ -127,7 +127,7 @@ def test_a_one_atom_disjunct_falsified_by_the_complete_verifier_is_sat(monkeypat
     """Box-PGD on the disjunct's rows is switched off (as if it missed the point): the
     complete verifier's counterexample for the only atom satisfies the disjunct. Before:
     ``unknown`` (a disjunct was not refuted)."""
-    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda net, prop: None)
+    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda *args, **stages: None)
     refuted = [(E1, 2.0), (-E1, 0.1)]  # x1 + 2 >= 1 on the box
     result = conjunctions([[(E0, -0.5)], refuted], "complete")
     assert result.status == "sat"
