@@ -63,10 +63,12 @@ def sampled_margin(disjuncts, n: int = 2001) -> float:
     return float(torch.stack(per).amin())
 
 
-def test_a_disjunct_left_unrefuted_gives_the_bound_proved_for_every_disjunct():
+def test_a_disjunct_left_unrefuted_gives_the_bound_proved_for_every_disjunct(monkeypatch):
     """Before: ``crown`` answered -0.9 (A's bound alone) although B reaches -1.9 at x = 0:
     not a bound. (``complete`` answered -inf, then, until the joint search, the same as
-    ``crown``; it now refutes A: the next test.)"""
+    ``crown``; it now refutes A: the next test.) Box-PGD is switched off (as if it missed
+    B's points): with it, [A, B] is ``sat`` (``test_every_disjunct_is_attacked_...``)."""
+    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda *args, **stages: None)
     verifier = "crown"
     result = conjunctions([A], verifier)
     assert result.status == "unknown" and result.margin == pytest.approx(-0.9, abs=1e-5)
@@ -108,12 +110,15 @@ def deadline_passes_after_the_search(monkeypatch) -> None:
 def test_no_time_left_for_the_rest_leaves_the_margin_unbounded(monkeypatch):
     """The disjuncts after the one the search stopped at get their first pass only before
     the deadline: none left, the margin says nothing (-inf); stopped at the last disjunct,
-    every disjunct has its bound. Before: -inf in both cases."""
+    every disjunct has its bound. Before: -inf in both cases. Box-PGD is switched off:
+    it would find B's points before any search."""
     deadline_passes_after_the_search(monkeypatch)
+    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda *args, **stages: None)
     result = conjunctions([A, B], "complete")
     assert result.status == "timeout" and result.margin == -math.inf
     monkeypatch.undo()
     deadline_passes_after_the_search(monkeypatch)
+    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda *args, **stages: None)
     result = conjunctions([A], "complete")
     assert result.status == "timeout" and result.margin == pytest.approx(-0.9, abs=1e-5)
 
@@ -122,7 +127,7 @@ def test_a_one_atom_disjunct_falsified_by_the_complete_verifier_is_sat(monkeypat
     """Box-PGD on the disjunct's rows is switched off (as if it missed the point): the
     complete verifier's counterexample for the only atom satisfies the disjunct. Before:
     ``unknown`` (a disjunct was not refuted)."""
-    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda net, prop: None)
+    monkeypatch.setattr(vnncomp, "all_rows_hold", lambda *args, **stages: None)
     refuted = [(E1, 2.0), (-E1, 0.1)]  # x1 + 2 >= 1 on the box
     result = conjunctions([[(E0, -0.5)], refuted], "complete")
     assert result.status == "sat"
@@ -140,3 +145,23 @@ def test_a_disjunct_found_by_box_pgd_is_sat_with_its_points_value():
     x = [float(line.split()[1].rstrip(")")) for line in result.counterexample.splitlines()]
     at_a, at_b = max(x[0] + 0.1, -x[0] + 0.1), max(x[1] - 1.9, -x[1] - 1.9)
     assert result.margin == pytest.approx(min(at_a, at_b)) and result.margin <= 0
+
+
+@pytest.mark.parametrize("verifier", ["crown", "complete"])
+def test_every_disjunct_is_attacked_before_any_bound_work(verifier, monkeypatch):
+    """[A, B]: A is left open by ``crown`` (no atom refutes it) and, here, by ``complete``
+    (the deadline passes as its search ends), B holds at x1 = 0. Before, box-PGD ran on a
+    disjunct only once the ones before it were refuted: ``unknown`` and ``timeout`` where B
+    is violated at the box's centre. Now every disjunct is attacked before any bound: ``sat``,
+    the counterexample replayed (B holds there) and no bound computed."""
+    deadline_passes_after_the_search(monkeypatch)
+    passes = []
+    real = vnncomp._first_pass
+    monkeypatch.setattr(vnncomp, "_first_pass", lambda *a: passes.append(1) or real(*a))
+    result = conjunctions([A, B], verifier)
+    assert result.status == "sat" and not passes
+    x = [float(line.split()[1].rstrip(")")) for line in result.counterexample.splitlines()]
+    y = identity().run(torch.tensor(x[:2]).reshape(1, 1, 1, 2))[0].double()
+    assert max(y[1] - 1.9, -y[1] - 1.9) <= 0 and all(-1 <= v <= 1 for v in x[:2])
+    assert result.margin == pytest.approx(vnncomp.value_at(identity(), LOWER, UPPER, [A, B],
+                                                           torch.tensor([x[:2]])))  # fmt: skip

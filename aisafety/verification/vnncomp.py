@@ -15,8 +15,9 @@ else, with a complete verifier of the ``bab`` family on a ReLU network, by branc
 bound over all its atoms together (a probe of ``PROBE_SHARE`` first, then the time left)
 (``conjunction_search.py``: a domain is pruned when any atom's bound is > 0 there); it is
 falsified by a point where all its atoms hold (box-PGD on the largest of their rows, then
-on their logsumexp, a complete verifier's counterexample to one atom, or the joint
-search's, replayed through onnxruntime). Its margin: docs/certification.md.
+on their logsumexp, on every disjunct before any bound work; a complete verifier's
+counterexample to one atom, or the joint search's, replayed through onnxruntime). Its
+margin: docs/certification.md.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ from aisafety.verification.vnnlib import Row, read_disjuncts
 
 # the conjunction attack's second box-PGD: (steps, restarts) on the rows' logsumexp
 SMOOTH_PGD = (100, 30)
+# the conjunction attack's stages, cheap first: (steps, restarts) on the largest row, then
+# on the logsumexp (``all_rows_hold``); the first runs on every disjunct before any bound
+STAGES = ((50, 2), SMOOTH_PGD)
 # of the time left at an unrefuted disjunct, the joint search's probe, run first: the atom
 # route's search is stopped where its bound is below the probe's at the same age, then
 # the joint search runs again from its root with the time left (docs/certification.md)
@@ -198,7 +202,7 @@ def _verify_rows(registry, net, lower, upper, rows, verifier, settings) -> Insta
 def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, settings):
     """Each disjunct (a conjunction of atoms) refuted by one atom whose row is proved
     positive on the box, or by the joint search over its atoms (``_joint``), or satisfied
-    at a replayed point; one time limit for all.
+    at a replayed point (box-PGD on every disjunct first); one time limit for all.
 
     The margin is min over disjuncts of max over their atoms of the best lower bound proved
     for the atom: a lower bound of min_x min_d max_k row_k(x), positive only if ``unsat``;
@@ -214,7 +218,8 @@ def _verify_conjunctions(registry, net, lower, upper, disjuncts, verifier, setti
         prop = rows_property(lower, upper, rows)
         try:
             with time_limit(deadline):
-                point = all_rows_hold(net, prop)
+                point = _any_disjunct_holds(net, lower, upper, disjuncts) if i == 0 else None
+                point = point if point is not None else all_rows_hold(net, prop, stages=(1,))
                 if point is not None:
                     return _sat(net, point, value_at(net, lower, upper, disjuncts, point))
                 bounds = _first_pass(checker, net, prop)
@@ -355,12 +360,27 @@ def _refuted_by_one_atom(registry, net, prop, bounds, verifier, settings, deadli
     return False, float(best.max()), None, None
 
 
+def _any_disjunct_holds(net: Network, lower, upper, disjuncts) -> torch.Tensor | None:
+    """The cheap stage of ``all_rows_hold`` on every disjunct before any bound work: a
+    replayed point where some disjunct holds, or None. Attacked one at a time between the
+    bound passes, a disjunct after one left open (``unknown``, or the search out of time)
+    was never attacked: a violated property answered ``unknown`` or ``timeout``. Each
+    disjunct's costly stage still runs just before its own bounds: all of them first, the
+    attacks alone took the whole 3 s limit on a fuzz case (seed 131) that the bounds left
+    ``unknown`` with the exact value as margin."""
+    for rows in disjuncts:
+        point = all_rows_hold(net, rows_property(lower, upper, rows), stages=(0,))
+        if point is not None:
+            return point
+    return None
+
+
 def prop_row(prop: Property, k: int) -> Property:
     """The one-row property of row ``k``."""
     return Property(prop.lower, prop.upper, prop.spec[:, k : k + 1], prop.offset[:, k : k + 1])
 
 
-def all_rows_hold(net: Network, prop: Property) -> torch.Tensor | None:
+def all_rows_hold(net: Network, prop: Property, stages=(0, 1)) -> torch.Tensor | None:
     """A point of the box where every row is <= 0 (all atoms hold), replayed, or None.
 
     Box-PGD on the largest row first (cheap; its gradient reaches one row at a time), then
@@ -368,10 +388,11 @@ def all_rows_hold(net: Network, prop: Property) -> torch.Tensor | None:
     its gradient on every row), with more restarts: on cifar10_medium index2317 (eps 0.012)
     the largest row stopped at +0.20 at any restarts, where the smooth loss (as
     alpha-beta-CROWN's attack) finds the violation in about 2 s of CPU
-    (docs/certification.md, session 15)."""
-    largest_row, smooth_largest_row = max_row_losses(net.graph, prop)
+    (docs/certification.md, session 15). ``stages``: which of the two (``STAGES``) run."""
+    losses = max_row_losses(net.graph, prop)
     single = one_row(prop)
-    for loss, steps, restarts in ((largest_row, 50, 2), (smooth_largest_row, *SMOOTH_PGD)):
+    for stage in stages:
+        loss, (steps, restarts) = losses[stage], STAGES[stage]
         candidate = into_box(pgd_on_rows(loss, single, steps=steps, restarts=restarts), prop)
         if _all_hold_at(net, prop, candidate):
             return candidate
