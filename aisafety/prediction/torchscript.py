@@ -23,7 +23,7 @@ from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.fixed_batch import run_fixed
-from aisafety.prediction.outputs import model_raised, output_problem
+from aisafety.prediction.outputs import classes_of, model_raised
 from aisafety.prediction.torch_module import Normalize
 
 
@@ -96,7 +96,7 @@ class TorchScriptPredictor(Predictor):
         self.unavailable = UNAVAILABLE
         self.batch: int | None = None  # the one batch size a traced archive runs at
         probed = self._probe()  # also with num_classes given: it learns the batch
-        self.num_classes = int(num_classes) if num_classes else self._classes(probed)
+        self.num_classes = int(num_classes) if num_classes else classes_of(self.name, probed)
 
     def _probe(self) -> torch.Tensor:
         """The outputs for two images, or for one where only one runs: an archive traced
@@ -109,14 +109,6 @@ class TorchScriptPredictor(Predictor):
             except Exception:
                 raise self._refusal(exc) from None
             return out
-
-    def _classes(self, out: torch.Tensor) -> int:
-        """The number of classes the probe's outputs ``out`` show."""
-        first = out[:1] if isinstance(out, torch.Tensor) and out.dim() else out  # one image's
-        problem = output_problem(self.name, first)
-        if problem:
-            raise ConfigError(problem)
-        return int(out.shape[1])
 
     def _zeros_forward(self, n: int) -> torch.Tensor:
         with torch.inference_mode():
