@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aisafety.errors import ConfigError
+from aisafety.errors import AISafetyWarning, ConfigError
 from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
@@ -82,6 +82,7 @@ class TorchScriptPredictor(Predictor):
             script = _jit_load(model, self.device)
             default_name = "torchscript-model" if isinstance(model, bytes) else Path(model).name
         self.name = name or default_name
+        self.file = None if isinstance(model, (bytes, torch.jit.ScriptModule)) else str(model)
         self.input_shape = tuple(int(s) for s in input_shape)  # type: ignore[assignment]
         if len(self.input_shape) != 3:
             raise ConfigError(f"input_shape is (C, H, W), got {tuple(input_shape)}")
@@ -108,7 +109,20 @@ class TorchScriptPredictor(Predictor):
                 out, self.batch = self._zeros_forward(1), 1
             except Exception:
                 raise self._refusal(exc) from None
+            warnings.warn(self._one_by_one(), AISafetyWarning, stacklevel=3)
             return out
+
+    def _one_by_one(self) -> str:
+        """Why the run is slower than the archive need be: right, but one image per pass."""
+        archive = f"TorchScript archive {self.file!r}" if self.file else "the TorchScript archive"
+        return (
+            f"model {self.name!r}: {archive} runs on one image but not on two (traced on one "
+            "image with its batch size turned into a constant), so it runs one image per "
+            "forward pass: its results are right but slow; script it (torch.jit.script), "
+            "trace it again on one image with a dynamic batch (x.flatten(1) or "
+            "x.reshape(x.shape[0], -1), not int(x.shape[0])), or export it with torch.export "
+            "(source: export)"
+        )
 
     def _zeros_forward(self, n: int) -> torch.Tensor:
         with torch.inference_mode():
