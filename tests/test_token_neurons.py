@@ -9,10 +9,12 @@ import pytest
 import torch
 from torch import nn
 
+from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError
 from aisafety.evaluation.features import extract_features
 from aisafety.evaluation.neuron_layout import channels_last
-from aisafety.evaluation.neurons import neuron_deviation, neuron_outputs
+from aisafety.evaluation.neurons import NeuronArtifacts, neuron_deviation, neuron_outputs
+from aisafety.prediction.footprint import activations_bytes
 from aisafety.prediction.torch_module import TorchPredictor
 
 
@@ -138,3 +140,30 @@ def test_a_sequence_first_layer_is_refused_as_a_feature_layer_too():
     model = TorchPredictor(Mixed(batch_first=False).eval(), (1, 2, 2), 2, name="seq-first")
     with pytest.raises(ConfigError, match=r"layer 'block'.*does not start with the batch"):
         extract_features(model, torch.rand(3, 1, 2, 2), "block")
+
+
+def test_a_runs_layout_pass_runs_once_per_layer_set_and_changes_no_value():
+    """The layouts' one-image forward pass (an element-wise layer is watched) ran on every
+    outputs, deviation and bounds call: once for the profile data and again per tested set.
+    The run's neuron cache finds it once per layer set; the values are those of the uncached
+    functions, bit for bit."""
+    torch.manual_seed(0)
+    model = TorchPredictor(Mixed().eval(), (1, 2, 2), 2, name="mixed")
+    x, adv, profile = (torch.rand(4, 1, 2, 2) for _ in range(3))
+    layers = ("relu", "gelu", "block")
+    activations_bytes(model)  # the memory probe's one-image pass, kept on the predictor
+    one_image = []  # now the layout pass is the only one-image call: the batches hold 4 or 8
+    model.module.register_forward_pre_hook(lambda _, args: one_image.append(len(args[0]) == 1))
+    data = LoadedDataset("profile", profile, torch.zeros(4, dtype=torch.long), ("a", "b"))
+    artifacts = NeuronArtifacts(model, 4, lambda: data)
+    bounds = artifacts.bounds(layers)
+    clean = artifacts.outputs(layers, "clean", x)
+    attacked = artifacts.outputs(layers, "adv", adv)
+    deviation = artifacts.deviation(layers, "adv", x, adv)
+    assert sum(one_image) == 1
+    assert torch.equal(bounds.low, neuron_outputs(model, profile, layers, 4)[0].amin(0))
+    assert torch.equal(clean, neuron_outputs(model, x, layers, 4)[0])
+    assert torch.equal(attacked, neuron_outputs(model, adv, layers, 4)[0])
+    for got, want in zip(deviation, neuron_deviation(model, x, adv, layers, 4), strict=True):
+        assert torch.equal(got, want)
+    assert sum(one_image) == 1 + 4  # each of the four uncached calls runs it

@@ -150,7 +150,9 @@ class Verifier(ABC):
         own bounds were above values the network takes (fuzz seeds 1002, 1003, 1011: 12 of the
         13 verifiers that bounded it, by 1.7e-8 to 2.7e-6; training bounds its float32 graph
         through ``margins.py``, not a verifier), and a box of another dtype than the graph's
-        failed inside torch (``mat1 and mat2 must have the same dtype``)."""
+        failed inside torch (``mat1 and mat2 must have the same dtype``). The spec rows and
+        offsets too: a float32 spec was torch's ``addmv`` error in 11 verifiers and taken
+        silently by the 7 others, a float32 offset taken by all (session 19)."""
         box = prop.lower.dtype
         if graph.dtype != torch.float64 or box != torch.float64 or prop.upper.dtype != box:
             raise VerificationError(
@@ -160,6 +162,14 @@ class Verifier(ABC):
                 "float64, or lower_bounds on graph.in_dtype(torch.float64) (or a graph built "
                 "with dtype=torch.float64) and prop.to(torch.float64) (exact)"
             )
+        for what, tensor in (("spec", prop.spec), ("offset", prop.offset)):
+            if tensor.dtype != torch.float64:
+                raise VerificationError(
+                    f"verifier {self.name!r} bounds float64 properties only; the property's "
+                    f"{what} is {tensor.dtype} on model {graph.model!r}'s {graph.dtype} graph. "
+                    "Call verify(), which widens the property to float64, or lower_bounds on "
+                    "prop.to(torch.float64) (exact)"
+                )
 
     def prepare(self) -> None:
         """One-time process setup, before any sample's clock starts (none by default)."""
