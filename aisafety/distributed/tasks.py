@@ -18,6 +18,7 @@ import torch
 
 from aisafety.attack.result import AttackResult
 from aisafety.evaluation.chance import at_chance_message
+from aisafety.evaluation.repeatable import not_repeatable_message
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
 from aisafety.store.interruption import HANG_ENDS_PROCESS
@@ -44,13 +45,16 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
     """The plan's units (keyed from the model and data as a worker sees them), the device
     and shard count, and the clean logits: computed once, shared through the object store."""
     runner, prepared = _prepared(plan, url, cwd)
+    ctx = prepared.context
+    ctx.clean_logits  # noqa: B018 - computed first, as the local run's checks read them
+    checks = [not_repeatable_message(ctx), at_chance_message(ctx)]  # as Runner's clean pass
     info = {
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
-        "shards": len(prepared.context.shards()),
-        "warnings": [m for m in [at_chance_message(prepared.context)] if m],  # the driver's
+        "shards": len(ctx.shards()),
+        "warnings": [m for m in checks if m],  # the driver warns them: a worker's do not reach it
     }
-    return info, prepared.context.clean_logits
+    return info, ctx.clean_logits
 
 
 def attack(
