@@ -423,6 +423,9 @@ class NoisyBlind(nn.Module):
 """
 
 
+# Slow (~20 s at load 6: the driver's and a fresh worker's imports); the prepare task's
+# messages are checked in process by tests/test_at_chance.py.
+@pytest.mark.slow
 def test_the_clean_pass_checks_of_a_worker_reach_the_driver(ray_cluster, tmp_path):
     """A model that is not deterministic and one at chance accuracy are named on the
     driver's stderr as a local run names them: the clean pass runs on a worker, whose
