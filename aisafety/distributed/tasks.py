@@ -18,6 +18,7 @@ import torch
 
 from aisafety.attack.result import AttackResult
 from aisafety.evaluation.chance import at_chance_message
+from aisafety.evaluation.class_count import class_count_message
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
 from aisafety.store.interruption import HANG_ENDS_PROCESS
@@ -44,11 +45,13 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
     """The plan's units (keyed from the model and data as a worker sees them), the device
     and shard count, and the clean logits: computed once, shared through the object store."""
     runner, prepared = _prepared(plan, url, cwd)
+    ctx = prepared.context
+    found = [class_count_message(ctx.data, ctx.predictor), at_chance_message(ctx)]
     info = {
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
-        "shards": len(prepared.context.shards()),
-        "warnings": [m for m in [at_chance_message(prepared.context)] if m],  # the driver's
+        "shards": len(ctx.shards()),
+        "warnings": [m for m in found if m],  # the driver's
     }
     return info, prepared.context.clean_logits
 
