@@ -5,6 +5,8 @@ and uncertainty were computed on the wrong units without any error."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -167,3 +169,59 @@ def test_a_runs_layout_pass_runs_once_per_layer_set_and_changes_no_value():
     for got, want in zip(deviation, neuron_deviation(model, x, adv, layers, 4), strict=True):
         assert torch.equal(got, want)
     assert sum(one_image) == 1 + 4  # each of the four uncached calls runs it
+
+
+class Attending(nn.Module):
+    """Two one-value tokens through one attention head whose projections are all 1 (no
+    bias): token i's output is sum_j softmax_j(t_i t_j) t_j."""
+
+    def __init__(self, batch_first: bool = True):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(1, 1, bias=False, batch_first=batch_first)
+        self.lstm = nn.LSTM(1, 1, batch_first=True)
+        self.head = nn.Linear(2, 2)
+        with torch.no_grad():
+            self.attn.in_proj_weight.fill_(1.0)
+            self.attn.out_proj.weight.fill_(1.0)
+
+    def forward(self, x):
+        tokens = x.reshape(-1, 2, 1)
+        if not self.attn.batch_first:
+            tokens = tokens.transpose(0, 1)
+        out, _ = self.attn(tokens, tokens, tokens)  # a tuple: (output, weights)
+        out = out if self.attn.batch_first else out.transpose(0, 1)
+        return self.head(self.lstm(out)[0].flatten(1))
+
+
+PAIR = torch.tensor([[[[0.0, 1.0]]], [[[0.3, 0.3]]]])  # tokens (0, 1) and (.3, .3)
+E = math.e / (1 + math.e)  # softmax of scores (0, 1) on its second entry
+
+
+def attending() -> TorchPredictor:
+    return TorchPredictor(Attending().eval(), (1, 1, 2), 2, name="attending")
+
+
+def test_an_attention_layers_neuron_is_its_output_element_0_over_tokens():
+    """``nn.MultiheadAttention`` returns (output, weights): a watched one failed with
+    ``'tuple' object has no attribute 'shape'``. Tokens (0, 1): scores (0, 0) and (0, 1), so
+    the outputs are 0.5 and e/(1+e); equal tokens attend to themselves."""
+    values, sizes = neuron_outputs(attending(), PAIR, ("attn",), batch_size=2)
+    assert sizes == (1,)  # one hidden unit, two tokens
+    torch.testing.assert_close(values, torch.tensor([[(0.5 + E) / 2], [0.3]]))
+    (deviation,) = neuron_deviation(attending(), PAIR, PAIR.flip(0), ("attn",), batch_size=2)
+    # |(.5, e/(1+e)) - (.3, .3)| averaged over the two tokens, both ways
+    torch.testing.assert_close(deviation, torch.full((2, 1), (0.2 + E - 0.3) / 2))
+
+
+def test_an_attention_layer_is_a_feature_layer_too_and_sequence_first_is_refused():
+    features = extract_features(attending(), PAIR, "attn")
+    want = torch.tensor([[0.5, E], [0.3, 0.3]], dtype=torch.float64)  # (tokens x 1 unit)
+    torch.testing.assert_close(features.vectors, want)
+    seq_first = TorchPredictor(Attending(False).eval(), (1, 1, 2), 2, name="seq-first")
+    with pytest.raises(ConfigError, match=r"layer 'attn'.*does not start with the batch"):
+        neuron_outputs(seq_first, torch.rand(3, 1, 1, 2), ("attn",), batch_size=3)
+
+
+def test_another_layer_returning_a_tuple_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"layer 'lstm' \(LSTM\) returns tuple \(Tensor, "):
+        neuron_outputs(attending(), PAIR, ("lstm",), batch_size=2)

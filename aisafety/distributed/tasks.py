@@ -18,6 +18,7 @@ import torch
 
 from aisafety.attack.result import AttackResult
 from aisafety.evaluation.chance import at_chance_message
+from aisafety.evaluation.class_count import class_count_message
 from aisafety.evaluation.repeatable import not_repeatable_message
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
@@ -46,8 +47,9 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
     and shard count, and the clean logits: computed once, shared through the object store."""
     runner, prepared = _prepared(plan, url, cwd)
     ctx = prepared.context
+    before = class_count_message(ctx.data, ctx.predictor)  # as Runner's, before any work
     ctx.clean_logits  # noqa: B018 - computed first, as the local run's checks read them
-    checks = [not_repeatable_message(ctx), at_chance_message(ctx)]  # as Runner's clean pass
+    checks = [before, not_repeatable_message(ctx), at_chance_message(ctx)]  # as Runner's
     info = {
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),

@@ -188,7 +188,8 @@ class Verifier(ABC):
         self, graph: BoundGraph, prop: Property
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Lower bounds (B, K) of the spec rows, and input coefficients (B, K, *in) or None.
-        Each built-in starts with ``require_float64`` (``verify`` passes float64 only)."""
+        Each built-in starts with ``require_float64`` for direct calls; the routes that call
+        it (``verify``, the VNN-COMP disjuncts' first pass) check it for any verifier."""
 
     def verify(
         self, graph: BoundGraph, prop: Property, model: Model | None = None
@@ -259,6 +260,7 @@ class Verifier(ABC):
         began = self.began()
         deadline = self.deadline(len(prop), began)
         prop = prop.to(graph.dtype)
+        self.require_float64(graph, prop)  # here for every verifier: a plugin need not call it
         n = len(prop)
         broken, point = torch.zeros(n, dtype=torch.bool), prop.lower
         margins = torch.full((n,), float("-inf"), dtype=prop.lower.dtype)

@@ -320,9 +320,12 @@ def value_at(net: Network, lower, upper, disjuncts, x: torch.Tensor) -> float:
 
 
 def _first_pass(checker, net: Network, prop: Property) -> torch.Tensor:
-    """Every atom's proved lower bound (offset included) from one bound pass."""
+    """Every atom's proved lower bound (offset included) from one bound pass; the graph and
+    box checked float64 for any verifier (a plugin's ``lower_bounds`` need not check)."""
+    prop = prop.to(net.graph.dtype)
+    checker.require_float64(net.graph, prop)
     with torch.no_grad():
-        bounds, _ = checker.lower_bounds(net.graph, prop.to(net.graph.dtype))
+        bounds, _ = checker.lower_bounds(net.graph, prop)
     return added_down(bounds, prop.offset)[0]
 
 
