@@ -1,14 +1,16 @@
 """Joint against layerwise alpha-CROWN on one eran sigmoid/ReLU spec (#32, #33).
 
     python bench/joint_alpha.py [--spec 1211] [--steps 20 75] [--lr 0.1 0.01] [--relu-lr 0.1]
-                                [--net ffnnSIGMOID__Point_6x200]
+                                [--net ffnnSIGMOID__Point_6x200] [--search float32 float64 ...]
 
 Per run: the spec rows' bounds (least and largest) and the CPU seconds of CROWN
 (``crown``), alpha-CROWN layer by layer (``bounds.linear_boxes`` with ``alpha_steps``, then
 the spec rows' slopes) and joint alpha-CROWN (``joint_alpha.py``) for each step count and
 learning rate (``--lr``: the layerwise search's, and the joint one's for sigmoid/tanh
-slopes; ``--relu-lr``: the joint one's for ReLU slopes). Every bound printed is the sound
-one (the re-bounded pass); run it alone with OMP_NUM_THREADS=1 (one thread is set here).
+slopes; ``--relu-lr``: the joint one's for ReLU slopes). ``--search``: the joint search's
+dtypes (``bounds.SEARCH_DTYPE``), one run each in that order (``float32 float64 float64
+float32``: two interleaved pairs). Every bound printed is the sound one (the re-bounded
+pass); run it alone with OMP_NUM_THREADS=1 (one thread is set here).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, nargs="*", default=[0.1, 0.01])
     parser.add_argument("--relu-lr", type=float, default=0.1, help="joint: ReLU slopes' lr")
     parser.add_argument("--no-layerwise", action="store_true")
+    parser.add_argument("--search", nargs="*", choices=["float32", "float64"], default=["float32"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     eran = shared_data("vnncomp2021_eran")
@@ -69,10 +72,12 @@ def main() -> None:
                     boxes = b.linear_boxes(graph, lower, upper, "adaptive", steps)
                     bound, _ = b.optimise_slopes(graph, boxes, spec, steps, lr)
                     show(f"layerwise {steps} steps lr {lr}", bound + prop.offset, began)
-                began = time.process_time()
-                crown_boxes = b.linear_boxes(graph, lower, upper)
-                bound, _, _ = joint_alpha(graph, crown_boxes, spec, steps, args.relu_lr, lr)
-                show(f"joint {steps} steps lr {lr}", bound + prop.offset, began)
+                for search in args.search:
+                    b.SEARCH_DTYPE = getattr(torch, search)
+                    began = time.process_time()
+                    crown_boxes = b.linear_boxes(graph, lower, upper)
+                    bound, _, _ = joint_alpha(graph, crown_boxes, spec, steps, args.relu_lr, lr)
+                    show(f"joint {steps} steps lr {lr} {search}", bound + prop.offset, began)
 
 
 if __name__ == "__main__":

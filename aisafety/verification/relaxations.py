@@ -280,6 +280,9 @@ _EPS64 = torch.finfo(torch.float64).eps
 # near ties of ``_extreme``, relative to the box: a search pass's float32 box is ~1e-7
 # relative from the box its start slopes were chosen on (fuzz seed 2137: l 1.2e-7 apart
 # alone and batched, the tied values 1.1e-8 apart), so 1e-6 x (1 + |l| + |u|) holds it
+# The band's edge is a switch of its own, which a long search crosses by rounding now and
+# then; no width or ramp removed that without losing tightness (docs/certification.md,
+# session 19)
 TIE = 1e-6
 TOUCH_STEPS = 40  # Newton steps at most in ``_tangent_points`` (12 measured at most)
 
