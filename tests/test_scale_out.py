@@ -226,6 +226,43 @@ def test_a_plan_on_ray_and_postgresql_stores_what_a_local_run_stores_in_sqlite(
     assert _count(postgres_url, "SELECT COUNT(*) FROM units") == 4
 
 
+BLIND_MODULE = """import torch
+from torch import nn
+
+
+class Constant(nn.Module):  # class 0 for every image: at chance
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(784, 10)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1)) * 0 + torch.arange(10.0, 0, -1)
+"""
+
+
+def test_a_workers_warning_is_printed_by_the_driver_and_stored_with_the_run(
+    ray_cluster, postgres_url, tmp_path
+):
+    """The clean pass runs on a worker, whose warnings do not reach the driver's terminal:
+    the model at chance comes back to the driver, which prints it and stores it with the
+    run (``run_warnings``), once (tests/test_run_warnings.py: the local executor)."""
+    (tmp_path / "blind_model.py").write_text(BLIND_MODULE)
+    model = {"name": "blind", "source": "python", "factory": "blind_model:Constant",
+             "input_shape": [1, 28, 28]}  # fmt: skip
+    plan = {"model": model, "dataset": {"limit": 40}, "metrics": ["ca"], "device": "cpu",
+            "executor": {"name": "ray"}}  # fmt: skip
+    args = ("--address", ray_cluster.address, "--db", postgres_url, "--quiet")
+    driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
+    out, err = children.communicate(driver)
+    assert driver.returncode == 0, err
+    assert err.count("not above chance") == 1
+    ((run, unit, category, message),) = ResultStore(postgres_url).query(
+        "SELECT run_id, unit_key, category, message FROM run_warnings"
+    )[1]
+    assert (run, unit, category) == (1, None, "AISafetyWarning")
+    assert message.startswith("model 'blind' has clean accuracy 0.100 (4/40)")
+
+
 @pytest.mark.slow
 def test_without_shards_each_unit_is_one_task_and_stores_what_a_local_run_stores(
     ray_cluster, postgres_url, tmp_path

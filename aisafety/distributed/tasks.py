@@ -17,11 +17,12 @@ from collections.abc import Callable
 import torch
 
 from aisafety.attack.result import AttackResult
-from aisafety.evaluation.chance import at_chance_message
+from aisafety.evaluation.chance import warn_if_at_chance
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
 from aisafety.store.interruption import HANG_ENDS_PROCESS
 from aisafety.store.results import ResultStore
+from aisafety.warning_log import keeping
 
 # One plan per worker process at a time: its runner (with the store) and prepared context.
 _PREPARED: dict[str, tuple[Runner, Prepared]] = {}
@@ -36,19 +37,24 @@ def _prepared(plan: EvaluationPlan, url: str, cwd: str) -> tuple[Runner, Prepare
         if os.path.isdir(cwd):  # plan paths relative to where `aisafety evaluate` ran
             os.chdir(cwd)
         runner = Runner(plan, ResultStore(url), quiet=True)
-        _PREPARED[key] = (runner, runner.prepare())
+        with keeping(runner.warning_log):  # handed to the driver by ``prepare``
+            _PREPARED[key] = (runner, runner.prepare())
     return _PREPARED[key]
 
 
 def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tensor]:
     """The plan's units (keyed from the model and data as a worker sees them), the device
-    and shard count, and the clean logits: computed once, shared through the object store."""
+    and shard count, the warnings of loading and of the clean pass (this worker's do not
+    reach the driver, which warns and stores them) and the clean logits: computed once,
+    shared through the object store."""
     runner, prepared = _prepared(plan, url, cwd)
+    with keeping(runner.warning_log):
+        warn_if_at_chance(prepared.context)  # the clean pass
     info = {
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
         "shards": len(prepared.context.shards()),
-        "warnings": [m for m in [at_chance_message(prepared.context)] if m],  # the driver's
+        "warnings": runner.warning_log.entries,  # all of them: a second run reuses the worker
     }
     return info, prepared.context.clean_logits
 

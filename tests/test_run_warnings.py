@@ -1,0 +1,100 @@
+"""A run's ``AISafetyWarning``\\ s are stored with it (``run_warnings``), unit by unit where
+they belong to one, identical ones of a unit once; they are still
+printed as the warning filters say (tests/test_warning_log.py). On Ray:
+tests/test_scale_out.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from aisafety.config import plan_from_dict
+from aisafety.errors import AISafetyWarning, TamperingError
+from aisafety.evaluation.metrics.accuracy import AdversarialAccuracyWhiteBox
+from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.runner import Runner
+from aisafety.store.results import ResultStore
+
+CHANCE = "not above chance"
+
+
+class _Constant(nn.Module):
+    """Class 0 for every image: 4 of the first 40 embedded MNIST images (at chance)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(784, 10)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1)) * 0 + torch.arange(10.0, 0, -1)
+
+
+def _run(tmp_path, model=None, **plan):
+    fields = {"device": "cpu", "metrics": ["ca"], "dataset": {"limit": 40}, **plan}
+    store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        record = Runner(plan_from_dict(fields, "p"), store, quiet=True, model=model).run()
+    return store, record.run_id, [str(w.message) for w in shown]
+
+
+def _rows(store: ResultStore) -> list[tuple]:
+    return store.query("SELECT run_id, unit_key, category, message FROM run_warnings")[1]
+
+
+def test_a_run_at_chance_stores_its_warning(tmp_path):
+    blind = TorchPredictor(_Constant(), (1, 28, 28), 10, name="blind")
+    store, run_id, shown = _run(tmp_path, (blind, "blind"))
+    ((run, unit, category, message),) = _rows(store)
+    assert (run, unit, category) == (run_id, None, "AISafetyWarning")  # the run's own
+    assert message.startswith("model 'blind' has clean accuracy 0.100 (4/40)") and CHANCE in message
+    assert [m for m in shown if CHANCE in m] == [message]  # still printed, once
+
+
+def test_a_run_without_warnings_stores_none(tmp_path):
+    store, _, shown = _run(tmp_path)  # the zoo's mnist-cnn, 99% clean accuracy
+    assert _rows(store) == [] and not [m for m in shown if CHANCE in m]
+
+
+def _warning_metric(monkeypatch, *messages: str) -> None:
+    """aaw warns ``messages`` each time it computes (once per unit), then computes."""
+    original = AdversarialAccuracyWhiteBox.compute
+
+    def compute(self, ctx, spec, eps):
+        for message in messages:
+            warnings.warn(message, AISafetyWarning, stacklevel=2)
+        return original(self, ctx, spec, eps)
+
+    monkeypatch.setattr(AdversarialAccuracyWhiteBox, "compute", compute)
+
+
+def test_a_units_warnings_are_its_own_and_identical_ones_are_stored_once(tmp_path, monkeypatch):
+    _warning_metric(monkeypatch, "same", "same", "other", "same")
+    plan = {"attacks": [{"name": "fgsm", "eps": [0.1, 0.2]}], "metrics": ["ca", "aaw"]}
+    store, run_id, shown = _run(tmp_path, **plan)
+    _, rows = store.query(
+        "SELECT u.description, w.message FROM run_warnings w JOIN units u ON u.key = w.unit_key "
+        "ORDER BY w.id"
+    )
+    assert rows == [
+        ("fgsm eps=0.1", "same"),
+        ("fgsm eps=0.1", "other"),
+        ("fgsm eps=0.2", "same"),
+        ("fgsm eps=0.2", "other"),
+    ]
+    assert store.run_warnings(run_id) == [(u, "AISafetyWarning", m) for u, m in rows]
+    assert shown.count("same") == 6  # printed as the filters say ("always" here)
+
+
+def test_a_failed_units_warnings_are_kept_with_its_key(tmp_path, monkeypatch):
+    def tampering(self, ctx, spec, eps):
+        warnings.warn("before the failure", AISafetyWarning, stacklevel=2)
+        raise TamperingError("changed its inputs")
+
+    monkeypatch.setattr(AdversarialAccuracyWhiteBox, "compute", tampering)
+    plan = {"attacks": [{"name": "fgsm", "eps": [0.1]}], "metrics": ["ca", "aaw"]}
+    store, run_id, _ = _run(tmp_path, **plan)
+    ((key,),) = store.query("SELECT key FROM unit_failures")[1]
+    assert _rows(store) == [(run_id, key, "AISafetyWarning", "before the failure")]
