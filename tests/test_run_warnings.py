@@ -1,5 +1,5 @@
 """A run's ``AISafetyWarning``\\ s are stored with it (``run_warnings``), unit by unit where
-they belong to one, identical ones of a unit once; they are still
+they belong to one, identical ones of a unit once, and the report shows them; they are still
 printed as the warning filters say (tests/test_warning_log.py). On Ray:
 tests/test_scale_out.py."""
 
@@ -14,6 +14,7 @@ from aisafety.config import plan_from_dict
 from aisafety.errors import AISafetyWarning, TamperingError
 from aisafety.evaluation.metrics.accuracy import AdversarialAccuracyWhiteBox
 from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.report_page import build_report
 from aisafety.runner import Runner
 from aisafety.store.results import ResultStore
 
@@ -44,18 +45,22 @@ def _rows(store: ResultStore) -> list[tuple]:
     return store.query("SELECT run_id, unit_key, category, message FROM run_warnings")[1]
 
 
-def test_a_run_at_chance_stores_its_warning(tmp_path):
+def test_a_run_at_chance_stores_its_warning_and_the_report_shows_it(tmp_path):
     blind = TorchPredictor(_Constant(), (1, 28, 28), 10, name="blind")
     store, run_id, shown = _run(tmp_path, (blind, "blind"))
     ((run, unit, category, message),) = _rows(store)
     assert (run, unit, category) == (run_id, None, "AISafetyWarning")  # the run's own
     assert message.startswith("model 'blind' has clean accuracy 0.100 (4/40)") and CHANCE in message
     assert [m for m in shown if CHANCE in m] == [message]  # still printed, once
+    html = build_report(store, run_id)
+    assert '<section id="warnings"' in html and "<td>the run</td>" in html
+    assert "clean accuracy 0.100 (4/40) on the plan&#39;s images, not above chance" in html
 
 
-def test_a_run_without_warnings_stores_none(tmp_path):
-    store, _, shown = _run(tmp_path)  # the zoo's mnist-cnn, 99% clean accuracy
+def test_a_run_without_warnings_stores_none_and_the_report_has_no_warnings_section(tmp_path):
+    store, run_id, shown = _run(tmp_path)  # the zoo's mnist-cnn, 99% clean accuracy
     assert _rows(store) == [] and not [m for m in shown if CHANCE in m]
+    assert '<section id="warnings"' not in build_report(store, run_id)
 
 
 def _warning_metric(monkeypatch, *messages: str) -> None:
