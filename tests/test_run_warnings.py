@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import warnings
 
-import torch
-from torch import nn
+from test_at_chance import blind
 
 from aisafety.config import plan_from_dict
 from aisafety.errors import AISafetyWarning, TamperingError
@@ -19,17 +18,6 @@ from aisafety.runner import Runner
 from aisafety.store.results import ResultStore
 
 CHANCE = "not above chance"
-
-
-class _Constant(nn.Module):
-    """Class 0 for every image: 4 of the first 40 embedded MNIST images (at chance)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(784, 10)
-
-    def forward(self, x):
-        return self.linear(x.flatten(1)) * 0 + torch.arange(10.0, 0, -1)
 
 
 def _run(tmp_path, model=None, **plan):
@@ -46,8 +34,8 @@ def _rows(store: ResultStore) -> list[tuple]:
 
 
 def test_a_run_at_chance_stores_its_warning_and_the_report_shows_it(tmp_path):
-    blind = TorchPredictor(_Constant(), (1, 28, 28), 10, name="blind")
-    store, run_id, shown = _run(tmp_path, (blind, "blind"))
+    model = TorchPredictor(blind(), (1, 28, 28), 10, name="blind")  # class 0: 4 of 40 images
+    store, run_id, shown = _run(tmp_path, (model, "blind"))
     ((run, unit, category, message),) = _rows(store)
     assert (run, unit, category) == (run_id, None, "AISafetyWarning")  # the run's own
     assert message.startswith("model 'blind' has clean accuracy 0.100 (4/40)") and CHANCE in message
