@@ -194,10 +194,10 @@ class Runner:
         self.quiet = quiet
         # the run's own warnings (the plan's, loading, the clean pass), stored with the run
         self.warning_log = WarningLog()
-        # Build every attack and metric now: a bad name or config fails before any work.
-        self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
-        self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
         with keeping(self.warning_log):
+            # Build every attack and metric now: a bad name or config fails before any work.
+            self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
+            self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
             warn_unmeasured_attacks(self.attacks.values(), self.metrics)
             check_attack_metrics_have_attacks(self.attacks.values(), self.metrics)
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
