@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 from test_at_chance import blind
 
 from aisafety.config import plan_from_dict
@@ -20,9 +21,9 @@ from aisafety.store.results import ResultStore
 CHANCE = "not above chance"
 
 
-def _run(tmp_path, model=None, **plan):
+def _run(tmp_path, model=None, url=None, **plan):
     fields = {"device": "cpu", "metrics": ["ca"], "dataset": {"limit": 40}, **plan}
-    store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
+    store = ResultStore(url or f"sqlite:///{tmp_path / 'r.db'}")
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
         record = Runner(plan_from_dict(fields, "p"), store, quiet=True, model=model).run()
@@ -63,10 +64,14 @@ def _warning_metric(monkeypatch, *messages: str) -> None:
     monkeypatch.setattr(AdversarialAccuracyWhiteBox, "compute", compute)
 
 
-def test_a_units_warnings_are_its_own_and_identical_ones_are_stored_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("server", ["sqlite", "postgresql"])
+def test_a_units_warnings_are_its_own_and_identical_ones_are_stored_once(
+    server, tmp_path, monkeypatch, request
+):
     _warning_metric(monkeypatch, "same", "same", "other", "same")
     plan = {"attacks": [{"name": "fgsm", "eps": [0.1, 0.2]}], "metrics": ["ca", "aaw"]}
-    store, run_id, shown = _run(tmp_path, **plan)
+    url = request.getfixturevalue("postgres_url") if server == "postgresql" else None
+    store, run_id, shown = _run(tmp_path, url=url, **plan)
     _, rows = store.query(
         "SELECT u.description, w.message FROM run_warnings w JOIN units u ON u.key = w.unit_key "
         "ORDER BY w.id"
