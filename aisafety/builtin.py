@@ -263,7 +263,6 @@ def aisafety_verifiers() -> list[type]:
 
 @hookimpl
 def aisafety_report_sections() -> list[type]:
-    from aisafety.report.gate.section import GateVerdicts
-    from aisafety.report.sections import BUILTIN_SECTIONS
+    from aisafety.report.builtin_sections import builtin_sections
 
-    return [*BUILTIN_SECTIONS, GateVerdicts]
+    return builtin_sections()

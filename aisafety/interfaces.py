@@ -315,6 +315,8 @@ Seed = Annotated[int, Field(ge=0, le=2**63 - 1, strict=True)]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
+# the unit of the neuron coverage metrics: a share of neurons, not of images (no interval)
+NEURON_SHARE = "fraction of neurons"
 IN_MEMORY_DATA = "arrays"  # the dataset name of data handed to aisafety.evaluate(data=...)
 
 

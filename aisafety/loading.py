@@ -13,7 +13,7 @@ from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
 from aisafety.interfaces import DatasetSpec, DefenseSpec, ModelSpec
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
-from aisafety.prediction.outputs import model_raised, output_problem
+from aisafety.prediction.outputs import classes_of, model_raised
 from aisafety.prediction.python_factory import build_module, resolve_factory
 from aisafety.prediction.state_dict import load_into, read_state_dict
 from aisafety.prediction.torch_module import TorchPredictor, module_fingerprint, weight_dtype
@@ -202,11 +202,7 @@ def probe_classes(name: str, module: torch.nn.Module, shape, fix: str, batch: in
         raise
     except Exception as exc:  # the user's forward can raise anything
         raise model_raised(name, exc, f"on input_shape {tuple(shape)}", fix) from None
-    first = out[:1] if isinstance(out, torch.Tensor) and out.dim() else out  # one image's
-    problem = output_problem(name, first)
-    if problem:
-        raise ConfigError(problem)
-    return int(out.shape[1])
+    return classes_of(name, out)
 
 
 def apply_defenses(

@@ -2,7 +2,9 @@
 
 Jinja2 (autoescaping) lays out the page; every figure is a Matplotlib PNG embedded as a data
 URI, so the file opens anywhere with no network, server or JavaScript. Sections come from
-the plugin registry (``aisafety_report_sections``), built-ins and third parties alike.
+the plugin registry (``aisafety_report_sections``), built-ins and third parties alike; with
+only the built-ins installed, from their shipped listing, without importing torch
+(report_catalog.py).
 """
 
 from __future__ import annotations
@@ -13,19 +15,22 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from aisafety.errors import ConfigError
-from aisafety.evaluation.metrics.neuron_coverage import NEURON_SHARE
-from aisafety.plugins import Registry, default_registry
+from aisafety.interfaces import NEURON_SHARE
 from aisafety.report.data import RunData, load_run
 from aisafety.report.plots import Plot, Series, line_plot
 from aisafety.report.sections import ReportSection, worst_case
-from aisafety.sanity import Check, attack_config_defaults, sanity_checks
+from aisafety.report_catalog import Catalog, default_catalog, registry_catalog
+from aisafety.sanity import Check, sanity_checks
 from aisafety.store.results import ResultStore
+
+if TYPE_CHECKING:
+    from aisafety.plugins import Registry
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,7 @@ class Report:
 
     data: RunData
     checks: list[Check]
+    catalog: Catalog = field(default_factory=default_catalog)
     plots: int = 0
     glossary: dict[str, str] = field(default_factory=dict)
     # fraction metrics that are not a rate over samples (neuron coverage): no interval
@@ -69,7 +75,7 @@ class Report:
 
     def attack_defaults(self, attack: str) -> dict[str, Any]:
         """The registered attack's default settings (a plan's config lists only changes)."""
-        return attack_config_defaults(attack)
+        return self.catalog.attack_defaults(attack)
 
 
 @dataclass
@@ -79,16 +85,14 @@ class RenderedSection:
     html: Markup
 
 
-def sections(registry: Registry | None = None) -> list[ReportSection]:
-    registry = registry or default_registry()
-    classes = [registry.get("report_section", n) for n in registry.names("report_section")]
-    return [cls() for cls in sorted(classes, key=lambda c: (c.order, c.name))]
+def sections(catalog: Catalog) -> list[ReportSection]:
+    return [cls() for cls in sorted(catalog.sections, key=lambda c: (c.order, c.name))]
 
 
-def render_sections(report: Report, registry: Registry | None = None) -> list[RenderedSection]:
+def render_sections(report: Report) -> list[RenderedSection]:
     """Each section's HTML; a section that raises is shown as a failure, not a lost report."""
     out = []
-    for section in sections(registry):
+    for section in sections(report.catalog):
         try:
             html = section.render(report)
         except Exception as exc:  # a third-party section must not take the report down
@@ -111,40 +115,38 @@ def page(title: str, subtitle: str, rendered: list[RenderedSection], plots: int)
     )
 
 
-def glossary(names: list[str], registry: Registry) -> dict[str, str]:
+def glossary(names: list[str], catalog: Catalog) -> dict[str, str]:
     """Each metric name's expansion: its registered description (a plugin metric no longer
     installed keeps its bare name)."""
-    found = {}
-    for name in dict.fromkeys(names):
-        try:
-            found[name] = registry.get("metric", name).description
-        except Exception:  # not installed here
-            continue
-    return found
+    return {
+        n: catalog.metrics[n]["description"] for n in dict.fromkeys(names) if n in catalog.metrics
+    }
 
 
-def coverage_metrics(names: list[str], registry: Registry) -> set[str]:
+def coverage_metrics(names: list[str], catalog: Catalog) -> set[str]:
     """The ``data``-category fraction metrics (neuron coverage: a share of neurons or of their
     sections, which a binomial interval over images does not describe)."""
     found = set()
     for name in set(names):
-        try:
-            cls = registry.get("metric", name)
-        except Exception:  # not installed here
-            continue
-        if cls.category == "data" and getattr(cls, "unit", None) == NEURON_SHARE:
+        info = catalog.metrics.get(name)  # None: not installed here
+        if info is not None and info["category"] == "data" and info["unit"] == NEURON_SHARE:
             found.add(name)
     return found
 
 
+def catalog_of(registry: Registry | None) -> Catalog:
+    """``registry``'s catalog; None: the installed plugins' (no torch with only built-ins)."""
+    return default_catalog() if registry is None else registry_catalog(registry)
+
+
 def build_report(store: ResultStore, run_id: int, registry: Registry | None = None) -> str:
     """The self-contained HTML report of run ``run_id``."""
-    registry = registry or default_registry()
+    catalog = catalog_of(registry)
     data = load_run(store, run_id)
-    report = Report(data, sanity_checks(data))
-    report.glossary = glossary([m.name for m in data.metrics], registry)
-    report.not_rates = coverage_metrics([m.name for m in data.metrics], registry)
-    rendered = render_sections(report, registry)
+    report = Report(data, sanity_checks(data, catalog.attack_defaults), catalog)
+    report.glossary = glossary([m.name for m in data.metrics], catalog)
+    report.not_rates = coverage_metrics([m.name for m in data.metrics], catalog)
+    rendered = render_sections(report)
     models = ", ".join(data.model_names) or "no models"
     subtitle = (
         f"{models} on {', '.join(d['name'] for d in data.datasets) or 'no data'}; "
@@ -166,14 +168,12 @@ class Column:
     metric: str = ""  # the metric the label starts with (expanded on the page)
 
 
-def _category(metric: str, registry: Registry) -> str:
-    try:
-        return registry.get("metric", metric).category
-    except Exception:  # a plugin metric no longer installed
-        return "other"
+def _category(metric: str, catalog: Catalog) -> str:
+    info = catalog.metrics.get(metric)
+    return "other" if info is None else info["category"]  # None: a plugin no longer installed
 
 
-def _columns(runs: list[RunData], registry: Registry) -> dict[tuple, Column]:
+def _columns(runs: list[RunData], catalog: Catalog) -> dict[tuple, Column]:
     columns: dict[tuple, Column] = {}
     # models evaluated on different data are never ranked in one column
     several = len({d["name"] for data in runs for d in data.datasets}) > 1
@@ -188,7 +188,7 @@ def _columns(runs: list[RunData], registry: Registry) -> dict[tuple, Column]:
             column = columns.setdefault(
                 key,
                 Column(
-                    _category(m.name, registry), label, m.unit, m.direction, metric=m.metric
+                    _category(m.name, catalog), label, m.unit, m.direction, metric=m.metric
                 ),  # fmt: skip
             )
             column.values[m.model].append(m.value)
@@ -209,8 +209,11 @@ def _columns(runs: list[RunData], registry: Registry) -> dict[tuple, Column]:
     return columns
 
 
+_NO_CATALOG = Catalog([], {}, {})  # worst_case reads the data only
+
+
 def worst_case_of(data: RunData, model: str) -> dict[tuple[str, float], tuple[float, int]]:
-    return worst_case(Report(data, []), model)
+    return worst_case(Report(data, [], _NO_CATALOG), model)
 
 
 def _ranks(values: dict[str, float], direction: str) -> dict[str, float]:
@@ -227,10 +230,10 @@ def _cell(values: list[float]) -> str:
 
 
 def leaderboard(
-    runs: list[RunData], registry: Registry, checks: list[Check] = ()
+    runs: list[RunData], catalog: Catalog, checks: list[Check] = ()
 ) -> list[dict[str, Any]]:
     """One table per metric family: a row per model, a column per metric, ranked."""
-    columns = _columns(runs, registry)
+    columns = _columns(runs, catalog)
     models = list(dict.fromkeys(m for data in runs for m in data.model_names))
     run_ids = defaultdict(list)
     for data in runs:
@@ -292,16 +295,16 @@ def build_comparison(
     """The comparison page of several runs: leaderboard per metric family + overlaid curves."""
     if not run_ids:
         raise ConfigError("--compare needs at least one run id (or model name)")
-    registry = registry or default_registry()
+    catalog = catalog_of(registry)
     runs = [load_run(store, run_id) for run_id in run_ids]
-    checks = [c for data in runs for c in sanity_checks(data)]
-    report = Report(runs[0], checks)
-    report.glossary = glossary([m.name for data in runs for m in data.metrics], registry)
+    checks = [c for data in runs for c in sanity_checks(data, catalog.attack_defaults)]
+    report = Report(runs[0], checks, catalog)
+    report.glossary = glossary([m.name for data in runs for m in data.metrics], catalog)
     rendered = [
         RenderedSection(
             "leaderboard",
             "Leaderboard",
-            report.template("leaderboard.html.j2", families=leaderboard(runs, registry, checks)),
+            report.template("leaderboard.html.j2", families=leaderboard(runs, catalog, checks)),
         ),
         RenderedSection(
             "curves",

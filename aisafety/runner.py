@@ -30,6 +30,7 @@ from aisafety.errors import (
 )
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric, checked_values
 from aisafety.evaluation.chance import warn_if_at_chance
+from aisafety.evaluation.class_count import warn_if_class_count_differs
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.reference import missing_reference
@@ -238,6 +239,8 @@ class Runner:
 
     def _run(self) -> RunRecord:
         prepared = self.prepare()
+        context = prepared.context  # a CIFAR-100 model on CIFAR-10: a warning, before any work
+        warn_if_class_count_differs(context.data, context.predictor)
         plan = self.plan
         done = self.store.finished_units() if self.resume else set()
         values: list[MetricValue] = []

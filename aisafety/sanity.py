@@ -10,6 +10,7 @@ which to add). Tolerances allow for sampling noise: ``tolerance(n)`` is 2 sample
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -25,6 +26,7 @@ ZERO_GRADIENT_LIMIT = 0.10  # share of samples with a zero/NaN gradient before i
 WHITE_BOX = "gradient"
 BLACK_BOX = ("score", "decision")
 NOISE = "random-noise"
+Defaults = Callable[[str], dict]  # attack name -> its default settings
 EFFORT_KEYS = ("steps", "restarts", "n_restarts", "queries", "iterations", "max_iter")
 
 
@@ -45,8 +47,10 @@ def tolerance(n: int) -> float:
     return max(2.0 / max(n, 1), 0.01)
 
 
-def sanity_checks(data: RunData) -> list[Check]:
-    """Every check for every model of the run that was attacked."""
+def sanity_checks(data: RunData, defaults: Defaults | None = None) -> list[Check]:
+    """Every check for every model of the run that was attacked; ``defaults``: an attack's
+    default settings by name (None: the installed plugins', report_catalog.py)."""
+    defaults = defaults or installed_defaults()
     checks: list[Check] = []
     for model in dict.fromkeys(a.model for a in data.attack_runs):
         runs = [a for a in data.attack_runs if a.model == model]
@@ -56,7 +60,7 @@ def sanity_checks(data: RunData) -> list[Check]:
             monotone_in_budget(model, runs),
             breaks_at_large_budget(model, runs),
             black_box_not_stronger(model, runs, data),
-            more_effort_not_weaker(model, runs),
+            more_effort_not_weaker(model, runs, defaults),
             gradients_alive(model, data),
             noise_weaker_than_attacks(model, runs),
         ]
@@ -193,34 +197,36 @@ def black_box_not_stronger(model: str, runs: list[AttackRunRow], data: RunData) 
     return Check(name, model, "pass", f"{compared} budget(s) compared")
 
 
-def attack_config_defaults(attack: str) -> dict:
-    """The attack's default settings (a plan's config lists only what it changed)."""
-    from aisafety.errors import AISafetyError
-    from aisafety.plugins import default_registry
+def installed_defaults() -> Defaults:
+    """The installed attacks' default settings (a plan's config lists only what it changed);
+    {} for an attack no longer installed."""
+    from aisafety.report_catalog import default_catalog
 
-    try:
-        return default_registry().get("attack", attack).Config().model_dump()
-    except (AISafetyError, TypeError, ValueError):  # a plugin no longer installed
-        return {}
+    return default_catalog().attack_defaults
 
 
-def _effort(run: AttackRunRow) -> tuple[int, ...]:
-    defaults = attack_config_defaults(run.name)
-    return tuple(int(run.config.get(k, defaults.get(k)) or 0) for k in EFFORT_KEYS)
+def _effort(run: AttackRunRow, defaults: Defaults) -> tuple[int, ...]:
+    default = defaults(run.name)
+    return tuple(int(run.config.get(k, default.get(k)) or 0) for k in EFFORT_KEYS)
 
 
-def more_effort_not_weaker(model: str, runs: list[AttackRunRow]) -> Check:
+def more_effort_not_weaker(
+    model: str, runs: list[AttackRunRow], defaults: Defaults | None = None
+) -> Check:
     name = "more steps or restarts do not raise robust accuracy"
+    defaults = defaults or installed_defaults()
     groups: dict[tuple, list[AttackRunRow]] = defaultdict(list)
     for run in runs:
         rest = {k: v for k, v in run.config.items() if k not in EFFORT_KEYS}
         groups[(run.name, run.norm, run.eps, repr(sorted(rest.items())))].append(run)
     problems, compared = [], 0
+    effort = {id(run): _effort(run, defaults) for run in runs}
     for group in groups.values():
         for weak in group:
             for strong in group:
-                more = all(s >= w for s, w in zip(_effort(strong), _effort(weak), strict=True))
-                if strong is weak or not more or _effort(strong) == _effort(weak):
+                high, low = effort[id(strong)], effort[id(weak)]
+                more = all(s >= w for s, w in zip(high, low, strict=True))
+                if strong is weak or not more or high == low:
                     continue
                 compared += 1
                 if strong.robust_accuracy > weak.robust_accuracy + tolerance(strong.n_samples):

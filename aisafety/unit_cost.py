@@ -17,8 +17,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
 
@@ -34,6 +32,8 @@ class CostMeter:
     """Started when the unit starts; ``read()`` gives what it cost so far."""
 
     def __init__(self) -> None:
+        import torch  # here: the store reads UnitCost's fields without torch (aisafety report)
+
         self._gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
         if self._gpu:
             torch.cuda.reset_peak_memory_stats()
@@ -41,6 +41,8 @@ class CostMeter:
         self._wall, self._cpu = time.perf_counter(), time.process_time()
 
     def read(self) -> UnitCost:
+        import torch
+
         gpu = torch.cuda.max_memory_allocated() / 2**20 if self._gpu else None
         return UnitCost(
             seconds=time.perf_counter() - self._wall,

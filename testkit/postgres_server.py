@@ -4,7 +4,9 @@ a free port.
 Debian's PostgreSQL refuses to run as root, so as root the cluster is made and started as
 the ``postgres`` user (``runuser``); as any other user it runs as that user. The server
 listens on 127.0.0.1 only, with ``trust`` authentication (nothing else can reach it), and
-its data directory is deleted when the server stops.
+its data directory is deleted when the server stops. The directory is in memory (``/dev/shm``)
+where that has room: on disk, deleting it after its files were written back cost the
+suite's last test 8-21 s of teardown (see ``data_parent``).
 
 Use it through the fixtures of ``tests/conftest.py``: ``postgres_server`` (one server per
 test session) and ``postgres_url`` (a fresh, empty database on it per test), e.g.::
@@ -29,6 +31,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 USER = "postgres"  # the superuser initdb creates (also the OS user as root)
+SHM = Path("/dev/shm")
+SHM_ROOM = 2 * 1024**3  # bytes free: the whole suite's ~50 databases are ~0.4 GB
+
+
+def data_parent() -> str | None:
+    """Where the cluster's folder goes: ``/dev/shm`` (a tmpfs) where it has ``SHM_ROOM``
+    free, else the temporary directory (None). Each database is a copy of the template's
+    ~300 files; once the kernel has written them back (after ~30 s), deleting them frees
+    blocks on the disk, which on this machine's ext4 (mounted with ``discard``) took 7.9 s
+    for 136 MB at the end of 73 tests (load 6.5) and 15 s for 5,100 files of 24 KiB
+    written and synced (0.37 s unsynced, 0.10 s on tmpfs, session 19)."""
+    try:
+        if shutil.disk_usage(SHM).free >= SHM_ROOM and os.access(SHM, os.W_OK | os.X_OK):
+            return str(SHM)
+    except OSError:
+        pass
+    return None
 
 
 def find_bindir() -> Path | None:
@@ -121,7 +140,7 @@ def start_postgres() -> PostgresServer:
     if bindir is None:
         raise RuntimeError("PostgreSQL server binaries (initdb) not found; apt install postgresql")
     as_postgres = os.geteuid() == 0
-    root = Path(tempfile.mkdtemp(prefix="aisafety-pg-"))
+    root = Path(tempfile.mkdtemp(prefix="aisafety-pg-", dir=data_parent()))
     datadir = root / "data"
     if as_postgres:
         shutil.chown(root, USER, USER)

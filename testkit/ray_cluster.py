@@ -6,6 +6,11 @@ cluster has two workers on two nodes (as two machines would); stopping kills exa
 process groups (never ``ray stop``, which would stop every Ray on the machine). Use it through
 the ``ray_cluster`` fixture of tests/conftest.py: ``cluster.address`` goes to
 ``aisafety evaluate --executor ray --address ...``.
+
+Each node's output goes to ``<temp_dir>-head.log`` / ``<temp_dir>-worker.log`` beside the
+cluster's temporary directory (outside it: Ray writes its own session there). A clean stop
+removes both and the directory; a cluster that failed (a start that did not finish, a node
+that exited on its own before the stop) keeps them and names them: they are the evidence.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +47,11 @@ class RayCluster:
     temp_dir: Path
     env: dict[str, str]
     nodes: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def logs(self) -> list[Path]:
+        """Each node's output (head, then worker), beside ``temp_dir``."""
+        return [self.temp_dir.parent / f"{self.temp_dir.name}-{n}.log" for n in ("head", "worker")]
 
     def worker_pids(self, busy_with: str = "") -> list[int]:
         """PIDs of this cluster's worker processes (``ray::<task>`` titles), optionally only
@@ -69,15 +80,29 @@ class RayCluster:
             pid = int(stat.rsplit(")", 1)[1].split()[1])
         return False
 
-    def stop(self) -> None:
+    def stop(self, failed: bool = False) -> None:
         """SIGKILL to each node's process group (its raylet, GCS and workers): a throw-away
-        cluster needs no draining, which takes Ray 30 s after SIGTERM."""
+        cluster needs no draining, which takes Ray 30 s after SIGTERM. Its files are removed,
+        unless it ``failed`` or a node had exited before the kill: then they are kept, and
+        a warning names them."""
+        exited = [node.args for node in self.nodes if node.poll() is not None]
         for node in reversed(self.nodes):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.pid, signal.SIGKILL)
         for node in self.nodes:
             node.wait(30)
+        if failed or exited:
+            why = "it failed to start" if failed else "a node had exited before the stop"
+            warnings.warn(f"Ray cluster {self.address}: {why}; {self.evidence()}", stacklevel=2)
+            return
+        for log in self.logs:
+            log.unlink(missing_ok=True)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def evidence(self) -> str:
+        """Where this cluster's logs are (kept when it failed)."""
+        logs = ", ".join(str(log) for log in self.logs if log.exists())
+        return f"the nodes' output is in {logs or '(no log written)'}, Ray's in {self.temp_dir}"
 
 
 def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -116,13 +141,14 @@ def start_ray_cluster(
     env = {"RAY_USAGE_STATS_ENABLED": "0", **env}
     cluster = RayCluster(f"127.0.0.1:{free_port()}", temp_dir, env)
     head, worker = nodes(cluster.address, temp_dir)
-    cluster.nodes.append(_start(head, temp_dir.parent / f"{temp_dir.name}-head.log", env))
+    head_log, worker_log = cluster.logs
+    cluster.nodes.append(_start(head, head_log, env))
     try:
         _wait_for_gcs(cluster, timeout)  # was a fixed 2 s
-        cluster.nodes.append(_start(worker, temp_dir.parent / f"{temp_dir.name}-worker.log", env))
+        cluster.nodes.append(_start(worker, worker_log, env))
         _wait_for_nodes(cluster, 2, timeout)
     except BaseException:
-        cluster.stop()
+        cluster.stop(failed=True)
         raise
     return cluster
 
@@ -134,11 +160,13 @@ def _wait_for_gcs(cluster: RayCluster, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cluster.nodes[0].poll() is not None:
-            raise RuntimeError(f"the Ray head node exited; logs in {cluster.temp_dir.parent}")
+            raise RuntimeError(f"the Ray head node exited; {cluster.evidence()}")
         with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
             return
         time.sleep(0.05)
-    raise RuntimeError(f"the Ray head's GCS at {cluster.address} is not up after {timeout} s")
+    raise RuntimeError(
+        f"the Ray head's GCS at {cluster.address} is not up after {timeout} s; {cluster.evidence()}"
+    )
 
 
 # Connects once and asks the GCS every 0.2 s for up to argv[3] seconds: a new process per
@@ -161,7 +189,7 @@ def _wait_for_nodes(cluster: RayCluster, count: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(node.poll() is not None for node in cluster.nodes):
-            raise RuntimeError(f"a Ray node exited; logs in {cluster.temp_dir.parent}")
+            raise RuntimeError(f"a Ray node exited; {cluster.evidence()}")
         wait = str(min(30.0, max(deadline - time.monotonic(), 0.0)))  # then a node check
         result = subprocess.run(
             [sys.executable, "-c", _COUNT_NODES, cluster.address, str(count), wait],
@@ -172,5 +200,6 @@ def _wait_for_nodes(cluster: RayCluster, count: int, timeout: float) -> None:
             return
         time.sleep(1)
     raise RuntimeError(
-        f"the Ray cluster at {cluster.address} has not {count} nodes after {timeout} s"
+        f"the Ray cluster at {cluster.address} has not {count} nodes after {timeout} s; "
+        f"{cluster.evidence()}"
     )

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.sparse import csr_matrix, hstack
+from max_row_milp import with_max_row
 from torch import nn
 from verifier_fuzz import FAST, MILP_MAX_UNSTABLE, Finding, choice, random_net, uniform
 
@@ -38,7 +38,7 @@ from aisafety.verification import deadline
 from aisafety.verification.bounds import interval_boxes
 from aisafety.verification.falsify import pgd_on_rows
 from aisafety.verification.graph import BoundGraph, VerificationError, build_graph
-from aisafety.verification.milp import Encoding, encode, solve
+from aisafety.verification.milp import encode, solve
 from aisafety.verification.property import Property
 from aisafety.verification.vnncomp import rows_property, verify_disjuncts
 
@@ -201,7 +201,8 @@ def _few_unstable(graph: BoundGraph, lower, upper) -> bool:
 
 def _milp_point(graph: BoundGraph, case: Case, prop: Property) -> torch.Tensor | None:
     """The input minimising max_k row_k of one disjunct, by HiGHS to optimality: the
-    network's MILP plus t >= row_k per atom, t within the rows' interval bounds."""
+    network's MILP plus t >= row_k per atom (``with_max_row``), t within the rows' interval
+    bounds."""
     boxes = interval_boxes(graph, case.lower, case.upper)
     try:
         enc = encode(graph, boxes)
@@ -213,18 +214,7 @@ def _milp_point(graph: BoundGraph, case: Case, prop: Property) -> torch.Tensor |
     row_hi = np.clip(spec, 0, None) @ hi + np.clip(spec, None, 0) @ lo + offset
     if not (np.isfinite(row_lo).all() and np.isfinite(row_hi).all()):
         return None
-    k = len(offset)
-    coeff = enc.out_matrix @ spec.T  # (variables, K)
-    const = enc.out_const @ spec.T + offset
-    rows = [hstack([r, csr_matrix((r.shape[0], 1))]).tocsr() for r in enc.rows]
-    rows.append(csr_matrix(np.hstack([-coeff.T, np.ones((k, 1))])))
-    out = np.vstack([enc.out_matrix, np.zeros((1, enc.out_matrix.shape[1]))])
-    with_t = Encoding(enc.n_vars + 1, np.append(enc.lower, row_lo.max() - 1),
-                      np.append(enc.upper, row_hi.max() + 1), np.append(enc.integrality, 0),
-                      rows, [*enc.row_lower, const], [*enc.row_upper, np.full(k, np.inf)],
-                      out, enc.out_const, enc.n_inputs)  # fmt: skip
-    cost = np.zeros(enc.n_vars + 1)
-    cost[-1] = 1.0
+    with_t, cost = with_max_row(enc, spec, offset, row_lo.max() - 1, row_hi.max() + 1)
     found = solve(with_t, cost, 0.0, 10.0, options={"mip_rel_gap": 0.0, "mip_abs_gap": 1e-9})
     if found.point is None:
         return None

@@ -100,3 +100,30 @@ def test_a_ray_worker_hands_the_warning_to_the_driver(tmp_path):
     (warning,) = info["warnings"]
     assert warning.category is AISafetyWarning and warning.unit_key is None
     assert warning.message.startswith("model 'blind' has clean accuracy 0.100 (4/40)")
+
+
+class _NoisyBlind(nn.Module):
+    """Class 0 for every image, plus noise far below the logit gaps: at chance accuracy, and
+    two forward passes of one batch differ."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.arange(10.0, 0, -1).expand(len(x), 10) + 0.01 * torch.randn(len(x), 10)
+
+
+def noisy_blind() -> nn.Module:
+    return _NoisyBlind()
+
+
+def test_a_ray_worker_hands_the_determinism_warning_to_the_driver(tmp_path):
+    """The prepare task makes the local run's determinism check too (session 19) and returns
+    its message beside the chance one; the whole path on a cluster is
+    test_scale_out.test_the_clean_pass_checks_of_a_worker_reach_the_driver."""
+    from aisafety.distributed.tasks import prepare
+
+    model = {"name": "noisy", "source": "python", "factory": f"{__name__}:noisy_blind"}
+    fields = {"model": {**model, "input_shape": [1, 28, 28]}, "dataset": {"limit": 40}}
+    plan = plan_from_dict({"device": "cpu", "metrics": ["ca"], **fields}, "p")
+    info, _ = prepare(plan, f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
+    determinism, chance = (w.message for w in info["warnings"])
+    assert determinism.startswith("model 'noisy' is not deterministic: two forward passes")
+    assert chance.startswith("model 'noisy' has clean accuracy 0.100 (4/40)")

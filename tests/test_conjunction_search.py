@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.sparse import csr_matrix, hstack
+from max_row_milp import with_max_row
 from torch import nn
 
 from aisafety.plugins import default_registry
@@ -53,22 +53,11 @@ def target_is_largest(x: torch.Tensor, t: int, eps: float) -> Property:
 def point_below(enc: Encoding, spec: np.ndarray, offset: np.ndarray, value: float) -> bool:
     """Whether some point of the encoding has max_k (spec_k . f + offset_k) < ``value``,
     decided exactly by HiGHS: min t over the encoding with one more variable t and a row
-    t - row_k >= 0 per atom, searched only below ``value`` (``milp.solve``'s cutoff: no
-    point there proves the minimum >= ``value``; 100x faster than the optimum to a 1e-9
-    gap, 1.2 s a domain here)."""
-    k = len(offset)
-    coeff = enc.out_matrix @ spec.T  # (variables, K): row_k = vars . coeff_k + const_k
-    const = enc.out_const @ spec.T + offset
-    rows = [hstack([r, csr_matrix((r.shape[0], 1))]).tocsr() for r in enc.rows]
-    rows.append(csr_matrix(np.hstack([-coeff.T, np.ones((k, 1))])))
+    t - row_k >= 0 per atom (testkit's ``with_max_row``), searched only below ``value``
+    (``milp.solve``'s cutoff: no point there proves the minimum >= ``value``; 100x faster
+    than the optimum to a 1e-9 gap, 1.2 s a domain here)."""
     big = 1e4  # |row| is far below this on these nets
-    out = np.vstack([enc.out_matrix, np.zeros((1, enc.out_matrix.shape[1]))])
-    with_t = Encoding(enc.n_vars + 1, np.append(enc.lower, -big), np.append(enc.upper, big),
-                      np.append(enc.integrality, 0), rows, [*enc.row_lower, const],
-                      [*enc.row_upper, np.full(k, np.inf)], out, enc.out_const,
-                      enc.n_inputs)  # fmt: skip
-    cost = np.zeros(enc.n_vars + 1)
-    cost[-1] = 1.0
+    with_t, cost = with_max_row(enc, spec, offset, -big, big)
     found = solve(with_t, cost, 0.0, 60.0, cutoff=value)
     return found.point is not None and found.value < value
 

@@ -12,6 +12,8 @@ a float32 graph or a float32 box with a float64 graph."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from verifier_fuzz import random_case, reference
@@ -78,6 +80,23 @@ def test_every_verifier_refuses_a_float32_box_on_a_float64_graph(name, cases):
         graph = case.graph.in_dtype(torch.float64)
         message = refused(name, graph, case.prop.to(torch.float32))
         assert "prop.to(torch.float64)" in message
+    assert ran
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_verifier_refuses_a_float32_spec_or_offset_on_a_float64_graph(name, cases):
+    """Before (session 19): a float32 spec was torch's ``addmv ... must have the same
+    dtype`` in 11 verifiers and taken silently by the 7 others; a float32 offset was taken
+    by all. The property's every tensor is float64 as its box is."""
+    ran = 0
+    for case in filter(lambda case: takes(name, case.graph), cases):
+        ran += 1
+        graph, prop = case.graph.in_dtype(torch.float64), case.prop.to(torch.float64)
+        for what in ("spec", "offset"):
+            wrong = replace(prop, **{what: getattr(prop, what).float()})
+            message = refused(name, graph, wrong)
+            assert f"the property's {what} is torch.float32 on model " in message
+            assert "torch.float64 graph" in message and "prop.to(torch.float64)" in message
     assert ran
 
 

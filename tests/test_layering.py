@@ -91,6 +91,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.distributed",  # units as Ray tasks
             "aisafety.zoo_build",
             "aisafety.report_page",  # builds pages from the registry's sections
+            "aisafety.report_catalog",  # what the report reads of the registry (or its listing)
             "aisafety.sanity",  # reads attack defaults from the registry
             "aisafety.check",  # the release gate: evaluates, reads sanity checks, writes pages
             "aisafety.listing",  # what `aisafety list` shows: reads the registry and the zoo

@@ -93,3 +93,18 @@ def test_a_failed_unit_is_recorded_with_its_error(postgres_url):
     assert store.failures(run_id) == [("k", "fgsm eps=0.1", "RuntimeError: out of memory")]
     assert store.finished_units() == set()
     store.finish_run(run_id, "failed")
+
+
+def test_the_test_server_lives_in_memory_only_where_that_has_room(monkeypatch, tmp_path):
+    """testkit/postgres_server.py puts the server's files in /dev/shm (deleting them from
+    this machine's disk cost the suite's last test 8-21 s of teardown), else in the
+    temporary directory (None): a CI container's small /dev/shm is not filled."""
+    import postgres_server
+
+    monkeypatch.setattr(postgres_server, "SHM", tmp_path / "absent")
+    assert postgres_server.data_parent() is None
+    monkeypatch.setattr(postgres_server, "SHM", tmp_path)
+    monkeypatch.setattr(postgres_server, "SHM_ROOM", 0)
+    assert postgres_server.data_parent() == str(tmp_path)
+    monkeypatch.setattr(postgres_server, "SHM_ROOM", 2**62)  # more than any disk
+    assert postgres_server.data_parent() is None

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from test_conjunction_search import relu_instance
+from test_conjunction_search import OUTPUTS, relu_instance
 
+from aisafety.database.scaled_mlp import scaled_mlp
 from aisafety.plugins import default_registry
 from aisafety.verification import stall, vnncomp
 from aisafety.verification.conjunction_search import JointOutcome
@@ -259,3 +260,24 @@ def test_the_probe_does_not_run_without_a_bab_family_verifier():
     first = torch.tensor([-2.0, -1.0], dtype=torch.float64)
     outcome = vnncomp._joint(checker, Mlp(graph, net), prop, first, checker.deadline(1))
     assert not outcome.ran and outcome.point is None and outcome.margin == -1.0
+
+
+@pytest.mark.parametrize("verifier, relu", [("lp-full", True), ("bab", False), ("complete", False)])
+def test_the_probe_says_what_it_lacks_for_the_verifier_and_network_it_has(verifier, relu):
+    """The reason was "it needs a ReLU network" for any verifier: false for one outside the
+    ``bab`` family on a ReLU network (the note of an open disjunct carries it)."""
+    net, prop = relu_instance(*INSTANCE)
+    if not relu:
+        net = scaled_mlp(1, 3.0, [16, 12, OUTPUTS], [torch.nn.Sigmoid])
+    graph = build_graph(net, (1, 4, 4), "mlp")
+    checker = make_verifier(default_registry(), verifier, {"timeout": LIMIT})
+    first = torch.tensor([-2.0, -1.0], dtype=torch.float64)
+    outcome = vnncomp._joint(checker, Mlp(graph, net), prop, first, checker.deadline(1))
+    assert not outcome.ran and outcome.margin == -1.0
+    if relu:
+        assert outcome.why == (
+            "not run: it is branch and bound's ('bab' or 'complete'), and verifier "
+            "'lp-full' is not of that family"
+        )
+    else:
+        assert outcome.why == "not run: it needs a ReLU network (model 'mlp' has sigmoid or tanh)"

@@ -5,14 +5,18 @@ and uncertainty were computed on the wrong units without any error."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
+from aisafety.database.datasets.base import LoadedDataset
 from aisafety.errors import ConfigError
 from aisafety.evaluation.features import extract_features
 from aisafety.evaluation.neuron_layout import channels_last
-from aisafety.evaluation.neurons import neuron_deviation, neuron_outputs
+from aisafety.evaluation.neurons import NeuronArtifacts, neuron_deviation, neuron_outputs
+from aisafety.prediction.footprint import activations_bytes
 from aisafety.prediction.torch_module import TorchPredictor
 
 
@@ -138,3 +142,86 @@ def test_a_sequence_first_layer_is_refused_as_a_feature_layer_too():
     model = TorchPredictor(Mixed(batch_first=False).eval(), (1, 2, 2), 2, name="seq-first")
     with pytest.raises(ConfigError, match=r"layer 'block'.*does not start with the batch"):
         extract_features(model, torch.rand(3, 1, 2, 2), "block")
+
+
+def test_a_runs_layout_pass_runs_once_per_layer_set_and_changes_no_value():
+    """The layouts' one-image forward pass (an element-wise layer is watched) ran on every
+    outputs, deviation and bounds call: once for the profile data and again per tested set.
+    The run's neuron cache finds it once per layer set; the values are those of the uncached
+    functions, bit for bit."""
+    torch.manual_seed(0)
+    model = TorchPredictor(Mixed().eval(), (1, 2, 2), 2, name="mixed")
+    x, adv, profile = (torch.rand(4, 1, 2, 2) for _ in range(3))
+    layers = ("relu", "gelu", "block")
+    activations_bytes(model)  # the memory probe's one-image pass, kept on the predictor
+    one_image = []  # now the layout pass is the only one-image call: the batches hold 4 or 8
+    model.module.register_forward_pre_hook(lambda _, args: one_image.append(len(args[0]) == 1))
+    data = LoadedDataset("profile", profile, torch.zeros(4, dtype=torch.long), ("a", "b"))
+    artifacts = NeuronArtifacts(model, 4, lambda: data)
+    bounds = artifacts.bounds(layers)
+    clean = artifacts.outputs(layers, "clean", x)
+    attacked = artifacts.outputs(layers, "adv", adv)
+    deviation = artifacts.deviation(layers, "adv", x, adv)
+    assert sum(one_image) == 1
+    assert torch.equal(bounds.low, neuron_outputs(model, profile, layers, 4)[0].amin(0))
+    assert torch.equal(clean, neuron_outputs(model, x, layers, 4)[0])
+    assert torch.equal(attacked, neuron_outputs(model, adv, layers, 4)[0])
+    for got, want in zip(deviation, neuron_deviation(model, x, adv, layers, 4), strict=True):
+        assert torch.equal(got, want)
+    assert sum(one_image) == 1 + 4  # each of the four uncached calls runs it
+
+
+class Attending(nn.Module):
+    """Two one-value tokens through one attention head whose projections are all 1 (no
+    bias): token i's output is sum_j softmax_j(t_i t_j) t_j."""
+
+    def __init__(self, batch_first: bool = True):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(1, 1, bias=False, batch_first=batch_first)
+        self.lstm = nn.LSTM(1, 1, batch_first=True)
+        self.head = nn.Linear(2, 2)
+        with torch.no_grad():
+            self.attn.in_proj_weight.fill_(1.0)
+            self.attn.out_proj.weight.fill_(1.0)
+
+    def forward(self, x):
+        tokens = x.reshape(-1, 2, 1)
+        if not self.attn.batch_first:
+            tokens = tokens.transpose(0, 1)
+        out, _ = self.attn(tokens, tokens, tokens)  # a tuple: (output, weights)
+        out = out if self.attn.batch_first else out.transpose(0, 1)
+        return self.head(self.lstm(out)[0].flatten(1))
+
+
+PAIR = torch.tensor([[[[0.0, 1.0]]], [[[0.3, 0.3]]]])  # tokens (0, 1) and (.3, .3)
+E = math.e / (1 + math.e)  # softmax of scores (0, 1) on its second entry
+
+
+def attending() -> TorchPredictor:
+    return TorchPredictor(Attending().eval(), (1, 1, 2), 2, name="attending")
+
+
+def test_an_attention_layers_neuron_is_its_output_element_0_over_tokens():
+    """``nn.MultiheadAttention`` returns (output, weights): a watched one failed with
+    ``'tuple' object has no attribute 'shape'``. Tokens (0, 1): scores (0, 0) and (0, 1), so
+    the outputs are 0.5 and e/(1+e); equal tokens attend to themselves."""
+    values, sizes = neuron_outputs(attending(), PAIR, ("attn",), batch_size=2)
+    assert sizes == (1,)  # one hidden unit, two tokens
+    torch.testing.assert_close(values, torch.tensor([[(0.5 + E) / 2], [0.3]]))
+    (deviation,) = neuron_deviation(attending(), PAIR, PAIR.flip(0), ("attn",), batch_size=2)
+    # |(.5, e/(1+e)) - (.3, .3)| averaged over the two tokens, both ways
+    torch.testing.assert_close(deviation, torch.full((2, 1), (0.2 + E - 0.3) / 2))
+
+
+def test_an_attention_layer_is_a_feature_layer_too_and_sequence_first_is_refused():
+    features = extract_features(attending(), PAIR, "attn")
+    want = torch.tensor([[0.5, E], [0.3, 0.3]], dtype=torch.float64)  # (tokens x 1 unit)
+    torch.testing.assert_close(features.vectors, want)
+    seq_first = TorchPredictor(Attending(False).eval(), (1, 1, 2), 2, name="seq-first")
+    with pytest.raises(ConfigError, match=r"layer 'attn'.*does not start with the batch"):
+        neuron_outputs(seq_first, torch.rand(3, 1, 1, 2), ("attn",), batch_size=3)
+
+
+def test_another_layer_returning_a_tuple_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"layer 'lstm' \(LSTM\) returns tuple \(Tensor, "):
+        neuron_outputs(attending(), PAIR, ("lstm",), batch_size=2)

@@ -491,6 +491,39 @@ def test_a_torchscript_archive_traced_on_one_image_runs_image_by_image(num_class
         assert torch.allclose(predictor.logits(x), net(x), atol=1e-6)
 
 
+def test_a_torchscript_archive_run_image_by_image_says_so_once(tmp_path):
+    """The image-by-image fallback gives the right logits but one image per forward pass; it
+    was silent (session 18), so a user could not tell why a run was slow, nor how to fix it."""
+    from aisafety.errors import AISafetyWarning
+    from aisafety.prediction.torchscript import TorchScriptPredictor
+
+    path = tmp_path / "traced.ts"
+    path.write_bytes(_traced(1)[1])
+    with pytest.warns(AISafetyWarning) as caught:
+        predictor = TorchScriptPredictor(path, (3, 4, 4), 10, name="traced")
+    (message,) = [str(w.message) for w in caught]
+    assert f"model 'traced': TorchScript archive {str(path)!r} runs on one image" in message
+    assert "one image per forward pass" in message
+    assert "torch.jit.script" in message and "dynamic batch" in message
+    assert "torch.export" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: at load, not on every batch
+        predictor.logits(torch.rand(3, 3, 4, 4))
+
+
+def test_a_torchscript_archive_with_a_dynamic_batch_does_not_warn():
+    """The warning is for the fallback only: a scripted module runs any batch at once."""
+    from aisafety.prediction.torchscript import TorchScriptPredictor
+
+    torch.manual_seed(0)
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(BatchAsConstant().eval()), buffer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        predictor = TorchScriptPredictor(buffer.getvalue(), (3, 4, 4), 10, name="scripted")
+    assert predictor.batch is None
+
+
 def test_a_torchscript_archive_traced_on_a_batch_above_one_says_what_to_do():
     """An archive does not record the batch it was traced on (its input is a bare Tensor):
     the size cannot be learnt, so the error says how to make one that runs at any size."""

@@ -84,7 +84,9 @@ def test_the_float64_margin_is_float64_rounding_only(name):
     """A few gamma_n of the bound's terms, not a loosened bound (the relaxation is exact)."""
     net, lo, hi = _net(0, True)
     graph = build_graph(net, (12,))
-    prop = Property(lo, hi, torch.tensor([[ROW]], dtype=torch.float64), torch.zeros(1, 1))
+    prop = Property(
+        lo, hi, torch.tensor([[ROW]], dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64)
+    )
     with torch.no_grad():
         bound = make_verifier(default_registry(), name).lower_bounds(graph, prop)[0]
     exact = float(_exact_min(net, lo, hi, ROW))

@@ -18,6 +18,8 @@ import torch
 
 from aisafety.attack.result import AttackResult
 from aisafety.evaluation.chance import warn_if_at_chance
+from aisafety.evaluation.class_count import warn_if_class_count_differs
+from aisafety.evaluation.repeatable import warn_if_not_repeatable
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
 from aisafety.store.interruption import HANG_ENDS_PROCESS
@@ -48,15 +50,19 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
     reach the driver, which warns and stores them) and the clean logits: computed once,
     shared through the object store."""
     runner, prepared = _prepared(plan, url, cwd)
-    with keeping(runner.warning_log):
-        warn_if_at_chance(prepared.context)  # the clean pass
+    ctx = prepared.context
+    with keeping(runner.warning_log):  # the local run's checks, in its order
+        warn_if_class_count_differs(ctx.data, ctx.predictor)  # before any work
+        ctx.clean_logits  # noqa: B018 - computed first, as the local run's checks read them
+        warn_if_not_repeatable(ctx)
+        warn_if_at_chance(ctx)
     info = {
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
-        "shards": len(prepared.context.shards()),
+        "shards": len(ctx.shards()),
         "warnings": runner.warning_log.entries,  # all of them: a second run reuses the worker
     }
-    return info, prepared.context.clean_logits
+    return info, ctx.clean_logits
 
 
 def attack(

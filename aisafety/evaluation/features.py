@@ -17,7 +17,7 @@ from torch import nn
 from aisafety.errors import ConfigError
 from aisafety.evaluation.neurons import batch_first, torch_module
 from aisafety.prediction.base import Predictor
-from aisafety.prediction.torch_module import layer_type
+from aisafety.prediction.torch_module import layer_output, layer_type
 
 HEAD_INPUT = "head-input"
 LOGITS = "logits"
@@ -91,6 +91,8 @@ def extract_features(
                 feats = logits = predictor.logits(xb)
             else:
                 feats, logits = _capture(predictor, module, layer == HEAD_INPUT, xb)
+                if layer != HEAD_INPUT:  # an attention layer's (output, weights): output
+                    feats = layer_output(predictor.name, layer, module, feats)
                 feats = batch_first(layer, feats, len(xb))
             vectors.append(feats.flatten(1).double().cpu())
             predicted.append(logits.argmax(1).cpu())

@@ -89,7 +89,11 @@ def _channels_first(output: torch.Tensor, last: bool) -> torch.Tensor:
     return output.movedim(-1, 1) if last and output.dim() > 2 else output
 
 
-def _layouts(predictor: Predictor, x: torch.Tensor, layers: Sequence[str]) -> tuple[bool, ...]:
+def neuron_layouts(
+    predictor: Predictor, x: torch.Tensor, layers: Sequence[str]
+) -> tuple[bool, ...]:
+    """Per layer, whether its neurons are the last dimension (``neuron_layout.channels_last``;
+    one forward pass of ``x[:1]`` where an element-wise layer is watched)."""
     with torch.inference_mode():
         return channels_last(
             torch_module(predictor), layers, lambda: predictor.logits(x[:1].to(predictor.device))
@@ -150,12 +154,17 @@ def _fitting_batch(predictor: Predictor, batch_size: int, copies: int) -> int:
 
 
 def neuron_outputs(
-    predictor: Predictor, x: torch.Tensor, layers: Sequence[str], batch_size: int
+    predictor: Predictor,
+    x: torch.Tensor,
+    layers: Sequence[str],
+    batch_size: int,
+    layouts: tuple[bool, ...] | None = None,
 ) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """(n, N) neuron values of ``layers`` for ``x`` (one forward pass) and neurons per layer."""
+    """(n, N) neuron values of ``layers`` for ``x`` (one forward pass) and neurons per layer;
+    ``layouts``: ``neuron_layouts`` of ``layers`` if known (else computed here)."""
     parts: list[torch.Tensor] = []
     batch_size = _fitting_batch(predictor, batch_size, copies=1)
-    layouts = _layouts(predictor, x, layers)
+    layouts = neuron_layouts(predictor, x, layers) if layouts is None else layouts
     with torch.inference_mode():
         for b in _batches(len(x), batch_size):
             features = predictor.features(x[b].to(predictor.device), layers)
@@ -173,16 +182,18 @@ def neuron_deviation(
     x_other: torch.Tensor,
     layers: Sequence[str],
     batch_size: int,
+    layouts: tuple[bool, ...] | None = None,
 ) -> list[torch.Tensor]:
     """Per layer, the (n, C) mean absolute difference of each neuron's output map between
     ``x`` and ``x_other``: ||f_{l,m}(x) - f_{l,m}(x')||_1 / dim(f_{l,m}(x)) (AISafety eq. 22).
     A neuron of a channels-last layer is a hidden unit, its map the unit over the tokens.
 
     Both inputs go through one forward pass per batch; the full maps are never stored.
+    ``layouts`` as in ``neuron_outputs``.
     """
     parts: list[list[torch.Tensor]] = [[] for _ in layers]
     batch_size = _fitting_batch(predictor, batch_size, copies=2)
-    layouts = _layouts(predictor, x, layers)
+    layouts = neuron_layouts(predictor, x, layers) if layouts is None else layouts
     with torch.inference_mode():
         for b in _batches(len(x), batch_size):
             pair = torch.cat([x[b], x_other[b]]).to(predictor.device)
@@ -199,7 +210,10 @@ class NeuronArtifacts:
     """The evaluation context's cache of neuron outputs, bounds and deviations.
 
     ``load_profile`` is called only when a metric first needs bounds: plans without coverage
-    metrics never read the training data.
+    metrics never read the training data. The layers' layouts are found once per layer set
+    (before session 19 their one-image forward pass ran for the profile data and again for
+    each tested set); kept here, they live as long as the run's context and its predictor, so
+    they neither keep a model alive nor outlast a change to it (a module-level cache would).
     """
 
     def __init__(
@@ -213,6 +227,7 @@ class NeuronArtifacts:
         self.load_profile = load_profile
         self._cache: dict[Hashable, Any] = {}
         self._sizes: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self._layouts: dict[tuple[str, ...], tuple[bool, ...]] = {}
         self.passes: dict[str, int] = {"outputs": 0, "deviation": 0, "bounds": 0}
 
     def _memo(self, key: Hashable, kind: str, compute: Callable[[], Any]) -> Any:
@@ -223,6 +238,12 @@ class NeuronArtifacts:
 
     def layers(self, requested: Sequence[str] | None) -> tuple[str, ...]:
         return tuple(requested) if requested else default_layers(self.predictor)
+
+    def layouts(self, layers: tuple[str, ...], x: torch.Tensor) -> tuple[bool, ...]:
+        """``neuron_layouts`` of ``layers``, found with ``x``'s first image on first use."""
+        if layers not in self._layouts:
+            self._layouts[layers] = neuron_layouts(self.predictor, x, layers)
+        return self._layouts[layers]
 
     def bounds(self, layers: tuple[str, ...]) -> NeuronBounds:
         """Per-neuron [low, high] over the profile data (computed once per layer set)."""
@@ -240,7 +261,10 @@ class NeuronArtifacts:
                     f"could not load the profile data for the neuron bounds: {exc}; set the "
                     "plan's 'profile_dataset' to data the model was trained on (its train split)"
                 ) from None
-            outputs, sizes = neuron_outputs(self.predictor, profile.x, layers, self.batch_size)
+            layouts = self.layouts(layers, profile.x)
+            outputs, sizes = neuron_outputs(
+                self.predictor, profile.x, layers, self.batch_size, layouts
+            )
             self._sizes[layers] = sizes
             return NeuronBounds.from_outputs(layers, sizes, outputs)
 
@@ -250,7 +274,10 @@ class NeuronArtifacts:
         """(n, N) neuron values of the inputs known as ``key`` (e.g. 'clean', an attack run)."""
 
         def compute() -> torch.Tensor:
-            values, self._sizes[layers] = neuron_outputs(self.predictor, x, layers, self.batch_size)
+            layouts = self.layouts(layers, x)
+            values, self._sizes[layers] = neuron_outputs(
+                self.predictor, x, layers, self.batch_size, layouts
+            )
             return values
 
         return self._memo(("outputs", layers, key), "outputs", compute)
@@ -265,5 +292,7 @@ class NeuronArtifacts:
         return self._memo(
             ("deviation", layers, key),
             "deviation",
-            lambda: neuron_deviation(self.predictor, x, x_other, layers, self.batch_size),
+            lambda: neuron_deviation(
+                self.predictor, x, x_other, layers, self.batch_size, self.layouts(layers, x)
+            ),
         )

@@ -36,19 +36,25 @@ def repeat_difference(ctx: EvaluationContext) -> float:
     return float((again.double() - before.double()).abs().max()) if len(before) else 0.0
 
 
-def warn_if_not_repeatable(ctx: EvaluationContext) -> None:
-    """Warn when the model's outputs for one batch differ between two forward passes."""
+def not_repeatable_message(ctx: EvaluationContext) -> str | None:
+    """The warning when the model's outputs for one batch differ between two forward
+    passes, else None (also what a Ray worker hands to the driver, distributed/tasks.py)."""
     if any(hasattr(d.config, "seed") for d in input_defenses(ctx.predictor)):
-        return
+        return None
     difference = repeat_difference(ctx)
     scale = float(ctx.clean_logits.abs().max()) if ctx.clean_logits.numel() else 0.0
-    if difference > TOLERANCE * (1 + scale) or difference != difference:  # NaN: differs
-        warnings.warn(
-            f"model {ctx.predictor.name!r} is not deterministic: two forward passes of the "
-            f"same batch differ by up to {difference:.3g} in the logits (largest |logit| "
-            f"{scale:.3g}), so its numbers mix the attacks' effect with the model's own "
-            "randomness; put the model in eval mode (dropout) or seed its noise, or read "
-            "the results as those of a random model (docs/reliability.md)",
-            AISafetyWarning,
-            stacklevel=2,
-        )
+    if difference <= TOLERANCE * (1 + scale):  # False for NaN: a NaN difference differs
+        return None
+    return (
+        f"model {ctx.predictor.name!r} is not deterministic: two forward passes of the "
+        f"same batch differ by up to {difference:.3g} in the logits (largest |logit| "
+        f"{scale:.3g}), so its numbers mix the attacks' effect with the model's own "
+        "randomness; put the model in eval mode (dropout) or seed its noise, or read "
+        "the results as those of a random model (docs/reliability.md)"
+    )
+
+
+def warn_if_not_repeatable(ctx: EvaluationContext) -> None:
+    """Warn when the model's outputs for one batch differ between two forward passes."""
+    if (message := not_repeatable_message(ctx)) is not None:
+        warnings.warn(message, AISafetyWarning, stacklevel=2)

@@ -52,6 +52,16 @@ def output_problem(model: str, out: object) -> str | None:
     )
 
 
+def classes_of(model: str, out: object) -> int:
+    """The number of classes a probe's outputs ``out`` show (its first image is checked, so
+    a probe fed a fixed batch of several images reads the same as one fed one image)."""
+    first = out[:1] if isinstance(out, torch.Tensor) and out.dim() else out
+    problem = output_problem(model, first)
+    if problem:
+        raise ConfigError(problem)
+    return int(out.shape[1])  # type: ignore[union-attr]  # logits: output_problem checked
+
+
 def raised_text(exc: Exception) -> str:
     """``exc``'s type and first line; for TorchScript, its cause (the last line, typed)."""
     lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [""]

@@ -122,7 +122,32 @@ class TorchPredictor(Predictor):
                 "out_proj), so they have no outputs; choose other layers (the metric's "
                 "'layers')"
             )
-        return captured
+        return {
+            layer: layer_output(self.name, layer, modules[layer], captured[layer])
+            for layer in layers
+        }
+
+
+def layer_output(model: str, layer: str, module: nn.Module, output: object) -> torch.Tensor:
+    """A watched layer's output as one tensor. ``nn.MultiheadAttention`` returns (attention
+    output, attention weights or None): its output is element 0, what the next layer reads
+    (a tuple reached the metrics' tensor code as ``'tuple' object has no attribute 'shape'``).
+    Any other layer that returns something else is refused by name."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if issubclass(layer_type(module), nn.MultiheadAttention) and isinstance(output, tuple):
+        return output[0]
+    kinds = (
+        ", ".join(type(o).__name__ for o in output)
+        if isinstance(output, tuple | list)
+        else type(output).__name__
+    )
+    raise ConfigError(
+        f"model {model!r}: layer {layer!r} ({layer_type(module).__name__}) returns "
+        f"{type(output).__name__} ({kinds}), not one tensor, so it has no neuron values; "
+        "choose layers that return one tensor (the metric's 'layers'), e.g. the submodule "
+        "whose output you mean"
+    )
 
 
 def layer_type(module: nn.Module) -> type:

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aisafety.errors import ConfigError
+from aisafety.errors import AISafetyWarning, ConfigError
 from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.fixed_batch import run_fixed
-from aisafety.prediction.outputs import model_raised, output_problem
+from aisafety.prediction.outputs import classes_of, model_raised
 from aisafety.prediction.torch_module import Normalize
 
 
@@ -82,6 +82,7 @@ class TorchScriptPredictor(Predictor):
             script = _jit_load(model, self.device)
             default_name = "torchscript-model" if isinstance(model, bytes) else Path(model).name
         self.name = name or default_name
+        self.file = None if isinstance(model, (bytes, torch.jit.ScriptModule)) else str(model)
         self.input_shape = tuple(int(s) for s in input_shape)  # type: ignore[assignment]
         if len(self.input_shape) != 3:
             raise ConfigError(f"input_shape is (C, H, W), got {tuple(input_shape)}")
@@ -96,7 +97,7 @@ class TorchScriptPredictor(Predictor):
         self.unavailable = UNAVAILABLE
         self.batch: int | None = None  # the one batch size a traced archive runs at
         probed = self._probe()  # also with num_classes given: it learns the batch
-        self.num_classes = int(num_classes) if num_classes else self._classes(probed)
+        self.num_classes = int(num_classes) if num_classes else classes_of(self.name, probed)
 
     def _probe(self) -> torch.Tensor:
         """The outputs for two images, or for one where only one runs: an archive traced
@@ -108,15 +109,20 @@ class TorchScriptPredictor(Predictor):
                 out, self.batch = self._zeros_forward(1), 1
             except Exception:
                 raise self._refusal(exc) from None
+            warnings.warn(self._one_by_one(), AISafetyWarning, stacklevel=3)
             return out
 
-    def _classes(self, out: torch.Tensor) -> int:
-        """The number of classes the probe's outputs ``out`` show."""
-        first = out[:1] if isinstance(out, torch.Tensor) and out.dim() else out  # one image's
-        problem = output_problem(self.name, first)
-        if problem:
-            raise ConfigError(problem)
-        return int(out.shape[1])
+    def _one_by_one(self) -> str:
+        """Why the run is slower than the archive need be: right, but one image per pass."""
+        archive = f"TorchScript archive {self.file!r}" if self.file else "the TorchScript archive"
+        return (
+            f"model {self.name!r}: {archive} runs on one image but not on two (traced on one "
+            "image with its batch size turned into a constant), so it runs one image per "
+            "forward pass: its results are right but slow; script it (torch.jit.script), "
+            "trace it again on one image with a dynamic batch (x.flatten(1) or "
+            "x.reshape(x.shape[0], -1), not int(x.shape[0])), or export it with torch.export "
+            "(source: export)"
+        )
 
     def _zeros_forward(self, n: int) -> torch.Tensor:
         with torch.inference_mode():

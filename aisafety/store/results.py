@@ -12,15 +12,13 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from sqlalchemy import insert, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from aisafety.attack.result import AttackResult
 from aisafety.command_clock import command_started_at
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
@@ -31,6 +29,9 @@ from aisafety.store.migration import migrate
 from aisafety.store.read_only import query_read_only
 from aisafety.unit_cost import UnitCost
 from aisafety.warning_log import KeptWarning
+
+if TYPE_CHECKING:  # torch is imported where rows are written: reading needs none
+    from aisafety.attack.result import AttackResult
 
 # Inputs kept per attack run for the report's example panels: successful ones first.
 EXAMPLES_PER_RUN = 4
@@ -434,6 +435,8 @@ def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]
 
 def _outcome_rows(attack_run_id: int, result: AttackResult) -> list[dict[str, Any]]:
     """Per-sample rows, built from whole tensors (one ``tolist`` per column)."""
+    import torch
+
     norms = result.norms
     clean_true = torch.softmax(result.clean_logits, 1).gather(1, result.y[:, None])[:, 0]
     adv_true = torch.softmax(result.adv_logits, 1).gather(1, result.y[:, None])[:, 0]
@@ -481,6 +484,8 @@ def _member_rows(attack_run_id: int, result: AttackResult) -> list[schema.Ensemb
 
 def _example_rows(attack_run_id: int, result: AttackResult) -> list[schema.ExampleImage]:
     """The first ``EXAMPLES_PER_RUN`` samples the attack broke, then unbroken ones."""
+    import torch
+
     order = torch.argsort((~result.success.bool()).to(torch.int8), stable=True)
     rows = []
     for i in order[:EXAMPLES_PER_RUN].tolist():
@@ -502,6 +507,8 @@ def _environment(run_id: int) -> schema.RunEnvironment:
     import os
     import platform
     import socket
+
+    import torch
 
     return schema.RunEnvironment(
         run_id=run_id,

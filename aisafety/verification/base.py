@@ -150,7 +150,9 @@ class Verifier(ABC):
         own bounds were above values the network takes (fuzz seeds 1002, 1003, 1011: 12 of the
         13 verifiers that bounded it, by 1.7e-8 to 2.7e-6; training bounds its float32 graph
         through ``margins.py``, not a verifier), and a box of another dtype than the graph's
-        failed inside torch (``mat1 and mat2 must have the same dtype``)."""
+        failed inside torch (``mat1 and mat2 must have the same dtype``). The spec rows and
+        offsets too: a float32 spec was torch's ``addmv`` error in 11 verifiers and taken
+        silently by the 7 others, a float32 offset taken by all (session 19)."""
         box = prop.lower.dtype
         if graph.dtype != torch.float64 or box != torch.float64 or prop.upper.dtype != box:
             raise VerificationError(
@@ -160,6 +162,14 @@ class Verifier(ABC):
                 "float64, or lower_bounds on graph.in_dtype(torch.float64) (or a graph built "
                 "with dtype=torch.float64) and prop.to(torch.float64) (exact)"
             )
+        for what, tensor in (("spec", prop.spec), ("offset", prop.offset)):
+            if tensor.dtype != torch.float64:
+                raise VerificationError(
+                    f"verifier {self.name!r} bounds float64 properties only; the property's "
+                    f"{what} is {tensor.dtype} on model {graph.model!r}'s {graph.dtype} graph. "
+                    "Call verify(), which widens the property to float64, or lower_bounds on "
+                    "prop.to(torch.float64) (exact)"
+                )
 
     def prepare(self) -> None:
         """One-time process setup, before any sample's clock starts (none by default)."""
@@ -178,7 +188,8 @@ class Verifier(ABC):
         self, graph: BoundGraph, prop: Property
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Lower bounds (B, K) of the spec rows, and input coefficients (B, K, *in) or None.
-        Each built-in starts with ``require_float64`` (``verify`` passes float64 only)."""
+        Each built-in starts with ``require_float64`` for direct calls; the routes that call
+        it (``verify``, the VNN-COMP disjuncts' first pass) check it for any verifier."""
 
     def verify(
         self, graph: BoundGraph, prop: Property, model: Model | None = None
@@ -249,6 +260,7 @@ class Verifier(ABC):
         began = self.began()
         deadline = self.deadline(len(prop), began)
         prop = prop.to(graph.dtype)
+        self.require_float64(graph, prop)  # here for every verifier: a plugin need not call it
         n = len(prop)
         broken, point = torch.zeros(n, dtype=torch.bool), prop.lower
         margins = torch.full((n,), float("-inf"), dtype=prop.lower.dtype)

@@ -274,9 +274,9 @@ def _joint(checker, net: Network, prop: Property, first: torch.Tensor, deadline)
     included); without a ``bab``-family verifier or on a network with sigmoid or tanh,
     nothing more than ``first``."""
     graph = net.graph
-    fallback = JointOutcome(float(first.max()), None, "not run: it needs a ReLU network", ran=False)
-    if not isinstance(checker, BabVerifier) or not graph.relu_only:
-        return fallback
+    missing = _joint_missing(checker, graph)
+    if missing:
+        return JointOutcome(float(first.max()), None, f"not run: {missing}", ran=False)
     one = prop.to(graph.dtype)
     try:
         with time_limit(deadline), torch.no_grad():
@@ -285,6 +285,20 @@ def _joint(checker, net: Network, prop: Property, first: torch.Tensor, deadline)
         return JointOutcome(float(first.max()), None, "timeout")
     root = torch.maximum(first, added_down(bound, one.offset)[0].to(first.dtype))
     return ConjunctionSearch(checker.config, graph, one, boxes, net.run, deadline).run(root)
+
+
+def _joint_missing(checker, graph) -> str | None:
+    """What the joint search lacks here, or None: it is branch and bound over ReLU splits,
+    so it needs a ``bab``-family verifier and a ReLU network (the text said "a ReLU network"
+    for any verifier, also a complete plugin verifier on a ReLU network)."""
+    if not isinstance(checker, BabVerifier):
+        return (
+            f"it is branch and bound's ('bab' or 'complete'), and verifier {checker.name!r} "
+            "is not of that family"
+        )
+    if not graph.relu_only:
+        return f"it needs a ReLU network (model {graph.model!r} has sigmoid or tanh)"
+    return None
 
 
 def conjunction_note(notes: dict[tuple[int, int], str]) -> str:
@@ -306,9 +320,12 @@ def value_at(net: Network, lower, upper, disjuncts, x: torch.Tensor) -> float:
 
 
 def _first_pass(checker, net: Network, prop: Property) -> torch.Tensor:
-    """Every atom's proved lower bound (offset included) from one bound pass."""
+    """Every atom's proved lower bound (offset included) from one bound pass; the graph and
+    box checked float64 for any verifier (a plugin's ``lower_bounds`` need not check)."""
+    prop = prop.to(net.graph.dtype)
+    checker.require_float64(net.graph, prop)
     with torch.no_grad():
-        bounds, _ = checker.lower_bounds(net.graph, prop.to(net.graph.dtype))
+        bounds, _ = checker.lower_bounds(net.graph, prop)
     return added_down(bounds, prop.offset)[0]
 
 

@@ -15,12 +15,18 @@ from aisafety.errors import ConfigError
 
 @dataclass(frozen=True)
 class LoadedDataset:
-    """A labelled image set held in memory (the evaluated subsets are small)."""
+    """A labelled image set held in memory (the evaluated subsets are small).
+
+    ``declared``: whether ``classes`` is the format's own class list (CIFAR-10's names, an
+    image folder's subfolders, an npz's ``classes``), or was numbered from the labels (an
+    npz without ``classes``, arrays handed in), which say nothing of the class count.
+    """
 
     name: str
     x: torch.Tensor
     y: torch.Tensor
     classes: tuple[str, ...]
+    declared: bool = True
 
     def __post_init__(self) -> None:
         if self.x.dim() != 4 or self.x.shape[0] != self.y.shape[0]:
@@ -60,7 +66,7 @@ class LoadedDataset:
 
     def take(self, index: list[int]) -> LoadedDataset:
         chosen = torch.as_tensor(index, dtype=torch.long)
-        return LoadedDataset(self.name, self.x[chosen], self.y[chosen], self.classes)
+        return LoadedDataset(self.name, self.x[chosen], self.y[chosen], self.classes, self.declared)
 
 
 def uniform_indices(n: int, limit: int, seed: int = 0) -> list[int]:

@@ -17,9 +17,7 @@ from pydantic import Field
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.metrics.neuron_base import NeuronDataMetric, NeuronMetricConfig
 from aisafety.evaluation.neurons import NeuronBounds
-from aisafety.interfaces import AttackSpec, Direction, MetricValue
-
-NEURON_SHARE = "fraction of neurons"
+from aisafety.interfaces import NEURON_SHARE, AttackSpec, Direction, MetricValue
 
 
 def covered_sections(outputs: torch.Tensor, bounds: NeuronBounds, k: int) -> torch.Tensor:
