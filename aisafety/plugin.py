@@ -54,7 +54,7 @@ from aisafety.interfaces import (
     SmoothingCertificates,
 )
 from aisafety.prediction.base import Predictor
-from aisafety.report.data import AttackRunRow, Example, MetricRow, RunData, UnitRow
+from aisafety.report.data import AttackRunRow, Example, MetricRow, RunData, UnitRow, WarningRow
 from aisafety.report.sections import ReportSection, ReportView
 from aisafety.verification.base import Verifier, VerifierConfig
 from aisafety.verification.deadline import Deadline
@@ -115,6 +115,7 @@ __all__ = [
     "ReportView",
     "RunData",
     "UnitRow",
+    "WarningRow",
     # configuration, specs and enums
     "AttackFamily",
     "AttackSpec",

@@ -64,6 +64,7 @@ from aisafety.store.interruption import interrupts_deferred, terminate_as_interr
 from aisafety.store.results import ResultStore, Subject
 from aisafety.unit_cost import CostMeter
 from aisafety.version import __version__
+from aisafety.warning_log import WarningLog, keeping
 
 log = logging.getLogger(__name__)
 
@@ -192,11 +193,14 @@ class Runner:
         self.store = store
         self.resume = resume
         self.quiet = quiet
-        # Build every attack and metric now: a bad name or config fails before any work.
-        self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
-        self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
-        warn_unmeasured_attacks(self.attacks.values(), self.metrics)
-        check_attack_metrics_have_attacks(self.attacks.values(), self.metrics)
+        # the run's own warnings (the plan's, loading, the clean pass), stored with the run
+        self.warning_log = WarningLog()
+        with keeping(self.warning_log):
+            # Build every attack and metric now: a bad name or config fails before any work.
+            self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
+            self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
+            warn_unmeasured_attacks(self.attacks.values(), self.metrics)
+            check_attack_metrics_have_attacks(self.attacks.values(), self.metrics)
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
         if baseline_users and plan.reference_model is None:
             raise missing_reference(f"metric {baseline_users[0]!r}")
@@ -228,7 +232,12 @@ class Runner:
 
     def run(self) -> RunRecord:
         """Every unit of the plan, one after the other in this process (the local executor;
-        ``aisafety.execution.run_plan`` picks the plan's executor)."""
+        ``aisafety.execution.run_plan`` picks the plan's executor). Its warnings are stored
+        with it, as well as printed."""
+        with keeping(self.warning_log):
+            return self._run()
+
+    def _run(self) -> RunRecord:
         prepared = self.prepare()
         context = prepared.context  # a CIFAR-100 model on CIFAR-10: a warning, before any work
         warn_if_class_count_differs(context.data, context.predictor)
@@ -247,6 +256,8 @@ class Runner:
             hung = before_exit_on_hang(lambda message: self._record_hang(run_id, current, message))
             with terminate_as_interrupt(), progress, hung:
                 self._check_clean_pass(prepared)
+                # the model at chance or not repeatable: kept now, whatever ends the run
+                self.store.record_warnings(run_id, self.warning_log.take())
                 for unit in units:
                     if unit.key in done:
                         values += self.store.unit_values(unit.key)
@@ -289,7 +300,7 @@ class Runner:
         thread): the unit in ``unit_failures`` with the message, the run ``failed``."""
         for unit in current:
             self.store.record_failure(run_id, unit.key, unit.description, message)
-        self.store.finish_run(run_id, "failed")
+        self.store.finish_run(run_id, "failed", self.warning_log.take())
 
     def _record_crash(self, run_id: int, exc: Exception) -> None:
         """The crashed unit and its traceback in ``unit_failures`` (``--resume`` computes
@@ -307,7 +318,7 @@ class Runner:
         """Mark the run; when an error is already ending it (a database server that stayed
         away), failing to mark it must not hide that error: it is warned about instead."""
         try:
-            self.store.finish_run(run_id, status)
+            self.store.finish_run(run_id, status, self.warning_log.take())
         except StoreError as exc:
             if completed:
                 raise
@@ -492,12 +503,24 @@ class Runner:
     def compute(self, prepared: Prepared, unit: WorkUnit, run_id: int) -> list[MetricValue]:
         """Compute one unit and store it in one transaction: the same code on every executor
         (on Ray, the attack's shards may have been handed to the context already)."""
+        with keeping(WarningLog(unit.key)) as log:
+            try:
+                return self._compute_checked(prepared, unit, run_id, log)
+            except BaseException:  # a unit that failed: its warnings go with the run's
+                for warning in log.entries:
+                    self.warning_log.keep(warning)
+                raise
+
+    def _compute_checked(
+        self, prepared: Prepared, unit: WorkUnit, run_id: int, log: WarningLog
+    ) -> list[MetricValue]:
+        """``_compute`` under the memory budget, its errors made the platform's."""
         integrity = self._integrity(prepared)
         gib = self.plan.limits.memory_gib
         try:
             # every capability chunks under the plan's memory budget (``memory_budget.py``)
             with memory_limit(None if gib is None else int(gib * GIB)):
-                return self._compute(prepared, unit, run_id, integrity)
+                return self._compute(prepared, unit, run_id, integrity, log)
         except TamperingError:
             integrity.restore()  # the next unit computes on what a run without it would
             raise
@@ -520,9 +543,11 @@ class Runner:
             integrity.end_unit()
 
     def _compute(
-        self, prepared: Prepared, unit: WorkUnit, run_id: int, integrity: RunIntegrity
-    ) -> list[MetricValue]:
-        """One unit, each plugin call followed by the integrity check naming it."""
+        self, prepared: Prepared, unit: WorkUnit, run_id: int, integrity: RunIntegrity,
+        log: WarningLog,
+    ) -> list[MetricValue]:  # fmt: skip
+        """One unit, each plugin call followed by the integrity check naming it; stored with
+        the warnings it raised (``log``)."""
         ctx, subject = prepared.context, prepared.subject
         checked, meter = integrity.checked, CostMeter()
         if unit.attack is None:
@@ -533,8 +558,9 @@ class Runner:
                         m, checked(f"metric {m.label()!r}", lambda m=m: m.compute(ctx))
                     )
             self.store.record_unit(
-                run_id, unit.key, unit.description, subject, values, __version__, None, meter.read()
-            )
+                run_id, unit.key, unit.description, subject, values, __version__, None,
+                meter.read(), log.entries,
+            )  # fmt: skip
             return values
         spec, eps = unit.attack, unit.eps
         values = []
@@ -549,6 +575,6 @@ class Runner:
         family = self.attacks[spec.key()].family.value
         self.store.record_unit(
             run_id, unit.key, unit.description, subject, values, __version__,
-            (spec, family, result), meter.read(),
+            (spec, family, result), meter.read(), log.entries,
         )  # fmt: skip
         return values

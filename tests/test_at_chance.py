@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from aisafety.config import plan_from_dict
+from aisafety.errors import AISafetyWarning
 from aisafety.evaluation.chance import (
     MIN_IMAGES,
     above_chance_p,
@@ -88,15 +89,17 @@ def blind() -> nn.Module:
 
 def test_a_ray_worker_hands_the_warning_to_the_driver(tmp_path):
     """On Ray the clean pass runs on a worker, whose warnings do not reach the driver: the
-    worker's prepare returns the message, the driver warns it (executor.py)."""
+    worker's prepare returns the warning, the driver warns and stores it (executor.py;
+    tests/test_run_warnings.py runs it on a cluster)."""
     from aisafety.distributed.tasks import prepare
 
     model = {"name": "blind", "source": "python", "factory": f"{__name__}:blind"}
     fields = {"model": {**model, "input_shape": [1, 28, 28]}, "dataset": {"limit": 40}}
     plan = plan_from_dict({"device": "cpu", "metrics": ["ca"], **fields}, "p")
     info, _ = prepare(plan, f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
-    (message,) = info["warnings"]
-    assert message.startswith("model 'blind' has clean accuracy 0.100 (4/40)")
+    (warning,) = info["warnings"]
+    assert warning.category is AISafetyWarning and warning.unit_key is None
+    assert warning.message.startswith("model 'blind' has clean accuracy 0.100 (4/40)")
 
 
 class _NoisyBlind(nn.Module):
@@ -113,7 +116,7 @@ def noisy_blind() -> nn.Module:
 
 def test_a_ray_worker_hands_the_determinism_warning_to_the_driver(tmp_path):
     """The prepare task makes the local run's determinism check too (session 19) and returns
-    its message beside the chance one; the whole path on a cluster is the slow
+    its message beside the chance one; the whole path on a cluster is
     test_scale_out.test_the_clean_pass_checks_of_a_worker_reach_the_driver."""
     from aisafety.distributed.tasks import prepare
 
@@ -121,6 +124,6 @@ def test_a_ray_worker_hands_the_determinism_warning_to_the_driver(tmp_path):
     fields = {"model": {**model, "input_shape": [1, 28, 28]}, "dataset": {"limit": 40}}
     plan = plan_from_dict({"device": "cpu", "metrics": ["ca"], **fields}, "p")
     info, _ = prepare(plan, f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
-    determinism, chance = info["warnings"]
+    determinism, chance = (w.message for w in info["warnings"])
     assert determinism.startswith("model 'noisy' is not deterministic: two forward passes")
     assert chance.startswith("model 'noisy' has clean accuracy 0.100 (4/40)")

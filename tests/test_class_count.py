@@ -107,7 +107,7 @@ def test_a_ray_worker_hands_the_warning_to_the_driver(tmp_path, monkeypatch):
     fields = {"model": {**model, "input_shape": [1, 28, 28]}, "dataset": {"limit": 4}}
     plan = plan_from_dict({"device": "cpu", "metrics": ["ca"], **fields}, "p")
     info, _ = prepare(plan, f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
-    (message,) = [m for m in info["warnings"] if "classes and dataset" in m]
+    (message,) = [w.message for w in info["warnings"] if "classes and dataset" in w.message]
     assert message.startswith(
         "model 'twelve' has 12 classes and dataset 'mnist-embedded' declares 10"
     )

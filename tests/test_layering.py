@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.files",  # files from outside, checked by stat before they are read
             "aisafety.command_clock",  # when the command began, for the wall time a user waits
             "aisafety.unit_cost",  # a unit's time and peak memory, stored with it
+            "aisafety.warning_log",  # a run's warnings, kept for the store
             "aisafety.scoped",  # a ContextVar set for a with block (deadline, budget, ...)
         ),
     ),

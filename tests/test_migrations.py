@@ -14,13 +14,14 @@ from legacy_layouts import LAYOUTS, build, dump
 from sqlalchemy import create_engine, text
 
 from aisafety.cli import main
-from aisafety.errors import StoreError
+from aisafety.errors import AISafetyWarning, StoreError
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
 from aisafety.runner import Runner
 from aisafety.store import schema
 from aisafety.store.migration import MIGRATIONS, migrate, stamped
 from aisafety.store.migrations import HEAD
 from aisafety.store.results import ResultStore
+from aisafety.warning_log import KeptWarning
 
 PLAN = EvaluationPlan(
     dataset=DatasetSpec(limit=20),
@@ -116,6 +117,46 @@ def test_an_old_layout_is_upgraded_without_losing_a_row(url, release):
     store.finish_run(big)
     # units written before their row counts existed are not taken as finished (recomputed)
     assert "k-fgsm" not in store.finished_units()
+
+
+def _upgrade(url: str, revision: str) -> None:
+    """The shipped revisions run on ``url`` up to ``revision`` (as that release's store did)."""
+    from alembic import command
+    from alembic.config import Config
+
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+    engine.dispose()
+
+
+def test_a_database_at_the_previous_head_is_upgraded_without_losing_a_row(url, tmp_path):
+    """The newest revision on a database the release before it wrote (the old layout's rows
+    brought to the previous head, a unit's cost in 0003's column): every row kept, the new
+    table there and empty, and a new run's warning is stored in it."""
+    from alembic.script import ScriptDirectory
+
+    previous = ScriptDirectory(str(MIGRATIONS)).get_revision(HEAD).down_revision
+    build(url, "7896022")
+    _upgrade(url, previous)
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE units SET seconds = 1.5 WHERE key = 'k-clean'"))
+    engine.dispose()
+    assert _revisions(url) == (previous,)
+    before = dump(url, "7896022")
+    store = ResultStore(url)
+    assert _revisions(url) == (HEAD,)
+    assert dump(url, "7896022") == before
+    assert _scalar(url, "SELECT seconds FROM units WHERE key = 'k-clean'") == 1.5
+    assert _schema_differences(url) == []
+    assert _scalar(url, "SELECT COUNT(*) FROM run_warnings") == 0
+    run_id = store.start_run(PLAN, "test", "cpu")
+    store.finish_run(run_id, "finished", [KeptWarning(None, AISafetyWarning, "at chance")])
+    assert store.run_warnings(run_id) == [(None, "AISafetyWarning", "at chance")]
 
 
 def test_a_new_database_is_created_at_the_head(url):

@@ -423,26 +423,33 @@ class NoisyBlind(nn.Module):
 """
 
 
-# Slow (~20 s at load 6: the driver's and a fresh worker's imports); the prepare task's
-# messages are checked in process by tests/test_at_chance.py.
-@pytest.mark.slow
-def test_the_clean_pass_checks_of_a_worker_reach_the_driver(ray_cluster, tmp_path):
+# In the default suite again since record-19 (~12-20 s at load 6-10: the driver's and a fresh
+# worker's imports): the driver storing a worker's warnings with the run is checked nowhere
+# else; the prepare task's messages are also checked in process by tests/test_at_chance.py.
+def test_the_clean_pass_checks_of_a_worker_reach_the_driver(ray_cluster, postgres_url, tmp_path):
     """A model that is not deterministic and one at chance accuracy are named on the
-    driver's stderr as a local run names them: the clean pass runs on a worker, whose
-    warnings do not reach the driver, so its prepare task hands their text back. The
-    determinism check was not made on Ray before session 19 (docs/reliability.md)."""
+    driver's stderr as a local run names them, once each, and stored with the run
+    (``run_warnings``, in PostgreSQL): the clean pass runs on a worker, whose warnings do
+    not reach the driver, so its prepare task hands them back. The determinism check was
+    not made on Ray before session 19 (docs/reliability.md); the warnings were not stored
+    before record-19 (tests/test_run_warnings.py: the local executor)."""
     (tmp_path / "noisy_blind.py").write_text(NOISY_BLIND)
     model = {"name": "noisy-blind", "source": "python", "factory": "noisy_blind:NoisyBlind",
              "input_shape": [1, 28, 28], "python_path": [str(tmp_path)]}  # fmt: skip
     plan = {"model": model, "dataset": {"name": "mnist-embedded", "limit": 40},
             "metrics": ["ca"], "device": "cpu"}  # fmt: skip
     args = ("--executor", "ray", "--address", ray_cluster.address, "--quiet")
-    driver = _evaluate(plan, *args, "--db", f"sqlite:///{tmp_path / 'r.db'}",
-                       env=ray_cluster.env, cwd=tmp_path)  # fmt: skip
+    driver = _evaluate(plan, *args, "--db", postgres_url, env=ray_cluster.env, cwd=tmp_path)
     out, err = children.communicate(driver)
     assert driver.returncode == 0, err
-    assert "warning: model 'noisy-blind' is not deterministic: two forward passes" in err
-    assert "warning: model 'noisy-blind' has clean accuracy 0.100 (4/40)" in err
+    determinism = "model 'noisy-blind' is not deterministic: two forward passes"
+    chance = "model 'noisy-blind' has clean accuracy 0.100 (4/40)"
+    assert err.count(f"warning: {determinism}") == 1 and err.count(f"warning: {chance}") == 1
+    stored = ResultStore(postgres_url).query(
+        "SELECT run_id, unit_key, category, message FROM run_warnings ORDER BY id"
+    )[1]
+    assert [row[:3] for row in stored] == [(1, None, "AISafetyWarning")] * 2
+    assert stored[0][3].startswith(determinism) and stored[1][3].startswith(chance)
 
 
 # In the default suite: the issue's fault test, ~35 s at load 3-4 on the shared cluster.

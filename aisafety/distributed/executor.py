@@ -26,13 +26,14 @@ from ray.exceptions import RayError, RayTaskError
 
 from aisafety.distributed import tasks
 from aisafety.distributed.schedule import Schedule, Task
-from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError
+from aisafety.errors import AISafetyError, ConfigError
 from aisafety.interfaces import EvaluationPlan, ExecutorSpec, MetricValue, RunRecord
 from aisafety.progress import RunProgress
 from aisafety.runner import Runner, WorkUnit
 from aisafety.store.engine import sqlite_file
 from aisafety.store.interruption import interrupts_deferred, terminate_as_interrupt
 from aisafety.version import __version__
+from aisafety.warning_log import KeptWarning, keeping
 
 # A progress line at least this often while the cluster works on units of minutes or hours
 HEARTBEAT_S = 60.0
@@ -43,7 +44,8 @@ def run_on_ray(runner: Runner) -> RunRecord:
     plan, spec = runner.plan, runner.plan.executor
     started_here = _connect(spec.address)
     try:
-        return _run(runner, plan, spec)
+        with keeping(runner.warning_log):  # stored with the run; units' by their workers
+            return _run(runner, plan, spec)
     finally:
         if started_here:
             ray.shutdown()
@@ -63,8 +65,7 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
         info = ray.get(info_ref)
     except RayTaskError as exc:  # a bad model path, a capability the model lacks, ...
         raise _user_error(exc) from None
-    for message in info["warnings"]:  # the worker's warnings do not reach this process
-        warnings.warn(message, AISafetyWarning, stacklevel=2)
+    _warn_again(runner, info["warnings"])
     units: list[WorkUnit] = info["units"]
     done = runner.store.finished_units() if runner.resume else set()
     todo = [u for u in units if u.key not in done]
@@ -86,6 +87,7 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
     try:  # from start_run on: whatever happens, finish_run stops the run's heartbeat
         with interrupts_deferred():  # a signal here is raised once the row exists
             run_id = runner.store.start_run(plan, __version__, f"ray:{info['device']}"[:16])
+        runner.store.record_warnings(run_id, runner.warning_log.take())
         submit = _Submitter(plan, url, cwd, run_id, logits_ref, options)
         progress = RunProgress(
             [(u.key, u.description) for u in units], enabled=not runner.quiet,
@@ -102,7 +104,7 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
         raise
     finally:
         if run_id is not None:
-            runner.store.finish_run(run_id, status)
+            runner.store.finish_run(run_id, status, runner.warning_log.take())
     values: list[MetricValue] = []
     for u in units:
         values += runner.store.unit_values(u.key) if u.key in done else computed.get(u.key, [])
@@ -114,6 +116,15 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
         resumed_units=len(units) - len(todo),
         failed_units=tuple(failed),
     )
+
+
+def _warn_again(runner: Runner, kept: list[KeptWarning]) -> None:
+    """The prepare task's warnings (loading, the clean pass), which do not reach this
+    process: warned here, where they are printed and kept; those this process raised too
+    (the plan's own, from its ``Runner``) once."""
+    for warning in kept:
+        if warning not in runner.warning_log:
+            warnings.warn(warning.message, warning.category, stacklevel=3)
 
 
 def _execute(

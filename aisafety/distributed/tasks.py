@@ -17,13 +17,14 @@ from collections.abc import Callable
 import torch
 
 from aisafety.attack.result import AttackResult
-from aisafety.evaluation.chance import at_chance_message
-from aisafety.evaluation.class_count import class_count_message
-from aisafety.evaluation.repeatable import not_repeatable_message
+from aisafety.evaluation.chance import warn_if_at_chance
+from aisafety.evaluation.class_count import warn_if_class_count_differs
+from aisafety.evaluation.repeatable import warn_if_not_repeatable
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
 from aisafety.store.interruption import HANG_ENDS_PROCESS
 from aisafety.store.results import ResultStore
+from aisafety.warning_log import keeping
 
 # One plan per worker process at a time: its runner (with the store) and prepared context.
 _PREPARED: dict[str, tuple[Runner, Prepared]] = {}
@@ -38,23 +39,28 @@ def _prepared(plan: EvaluationPlan, url: str, cwd: str) -> tuple[Runner, Prepare
         if os.path.isdir(cwd):  # plan paths relative to where `aisafety evaluate` ran
             os.chdir(cwd)
         runner = Runner(plan, ResultStore(url), quiet=True)
-        _PREPARED[key] = (runner, runner.prepare())
+        with keeping(runner.warning_log):  # handed to the driver by ``prepare``
+            _PREPARED[key] = (runner, runner.prepare())
     return _PREPARED[key]
 
 
 def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tensor]:
     """The plan's units (keyed from the model and data as a worker sees them), the device
-    and shard count, and the clean logits: computed once, shared through the object store."""
+    and shard count, the warnings of loading and of the clean pass (this worker's do not
+    reach the driver, which warns and stores them) and the clean logits: computed once,
+    shared through the object store."""
     runner, prepared = _prepared(plan, url, cwd)
     ctx = prepared.context
-    before = class_count_message(ctx.data, ctx.predictor)  # as Runner's, before any work
-    ctx.clean_logits  # noqa: B018 - computed first, as the local run's checks read them
-    checks = [before, not_repeatable_message(ctx), at_chance_message(ctx)]  # as Runner's
+    with keeping(runner.warning_log):  # the local run's checks, in its order
+        warn_if_class_count_differs(ctx.data, ctx.predictor)  # before any work
+        ctx.clean_logits  # noqa: B018 - computed first, as the local run's checks read them
+        warn_if_not_repeatable(ctx)
+        warn_if_at_chance(ctx)
     info = {
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
         "shards": len(ctx.shards()),
-        "warnings": [m for m in checks if m],  # the driver warns them: a worker's do not reach it
+        "warnings": runner.warning_log.entries,  # all of them: a second run reuses the worker
     }
     return info, ctx.clean_logits
 

@@ -74,6 +74,15 @@ class UnitRow:
 
 
 @dataclass(frozen=True)
+class WarningRow:
+    """A warning the run raised: in a unit (its description), or the run's own (None)."""
+
+    unit: str | None
+    category: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Example:
     attack_run_id: int
     sample_index: int
@@ -104,6 +113,7 @@ class RunData:
     # when the command that made it started (None: made from Python, or before it was kept)
     command_started_at: datetime | None = None
     units: list[UnitRow] = field(default_factory=list)  # in the order they finished
+    warnings: list[WarningRow] = field(default_factory=list)  # the run's own first
 
     @property
     def wall_seconds(self) -> float | None:
@@ -247,6 +257,7 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
             radii=_radii(session, [m.id for m in metrics]),
             units=_units(session, run_id),
         )
+    data.warnings = [WarningRow(*w) for w in store.run_warnings(run_id)]
     return data
 
 

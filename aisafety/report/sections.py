@@ -151,6 +151,20 @@ class Glossary(ReportSection):
                                docs=self.DOCS)  # fmt: skip
 
 
+class Warnings(ReportSection):
+    """The warnings the run raised (the model at chance, outputs not repeatable, ...):
+    near the top, since they say how far to trust every number below."""
+
+    name, title, order = "warnings", "Warnings", 8
+
+    def render(self, report: ReportView) -> str | None:
+        if not report.data.warnings:
+            return None
+        return report.template(
+            "warnings.html.j2", warnings=report.data.warnings, run_id=report.data.run_id
+        )
+
+
 class SanityChecks(ReportSection):
     name, title, order = "sanity", "Sanity checks (gradient masking)", 20
 
@@ -428,6 +442,7 @@ class UnitCosts(ReportSection):
 
 
 BUILTIN_SECTIONS = [
+    Warnings,
     Provenance,
     UnitCosts,
     ModelCards,

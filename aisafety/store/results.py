@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from aisafety.store.liveness import Heartbeat, mark_dead_runs, utc_now
 from aisafety.store.migration import migrate
 from aisafety.store.read_only import query_read_only
 from aisafety.unit_cost import UnitCost
+from aisafety.warning_log import KeptWarning
 
 if TYPE_CHECKING:  # torch is imported where rows are written: reading needs none
     from aisafety.attack.result import AttackResult
@@ -90,7 +92,10 @@ class ResultStore:
         self._heartbeats[run_id] = Heartbeat(self.engine, run_id)
         return run_id
 
-    def finish_run(self, run_id: int, status: str = "finished") -> None:
+    def finish_run(
+        self, run_id: int, status: str = "finished", warnings: Sequence[KeptWarning] = ()
+    ) -> None:
+        """Mark the run ``status``, with the ``warnings`` it raised not yet written."""
         heartbeat = self._heartbeats.pop(run_id, None)
         if heartbeat is not None:
             heartbeat.stop()
@@ -100,9 +105,38 @@ class ResultStore:
                 run = session.get(schema.Run, run_id)
                 run.status = status
                 run.finished_at = schema.utcnow()
+                session.add_all(_warning_rows(run_id, warnings))
 
         with_retries(f"mark run {run_id} {status} in {self.url}", finish)
         checkpoint(self.engine)
+
+    def record_warnings(self, run_id: int, warnings: Sequence[KeptWarning]) -> None:
+        """The ``AISafetyWarning``\\ s a run raised, each written once by its caller
+        (``WarningLog.take``), so that they outlive the terminal."""
+        if not warnings:
+            return
+
+        def write() -> None:
+            with Session(self.engine) as session, session.begin():
+                session.add_all(_warning_rows(run_id, warnings))
+
+        with_retries(f"store the warnings of run {run_id} in {self.url}", write)
+
+    def run_warnings(self, run_id: int) -> list[tuple[str | None, str, str]]:
+        """(unit description or None, category, message) of ``run_id``'s warnings, the run's
+        own first, then by unit in the order they were written (a unit that failed: its key)."""
+        w, u = schema.RunWarning, schema.Unit
+        with Session(self.engine) as session:
+            rows = session.execute(
+                select(w.unit_key, u.description, w.category, w.message)
+                .outerjoin(u, u.key == w.unit_key)
+                .where(w.run_id == run_id)
+                .order_by(w.unit_key.is_not(None), w.id)
+            ).all()
+        return [
+            (None if key is None else description or key, category, message)
+            for key, description, category, message in rows
+        ]
 
     # units ------------------------------------------------------------------------------
     def finished_units(self) -> set[str]:
@@ -144,15 +178,17 @@ class ResultStore:
         version: str,
         attack: tuple[AttackSpec, str, AttackResult] | None = None,
         cost: UnitCost | None = None,
+        warnings: Sequence[KeptWarning] = (),
     ) -> bool:
         """Write a unit, its attack run, outcomes and values in one transaction (retried
         while another process holds the write lock). Idempotent per (run, unit key): a unit
         this run already stored (a retried task whose first attempt committed) is left as it
-        is and False is returned. ``cost``: what computing it took (``unit_cost.py``)."""
+        is and False is returned. ``cost``: what computing it took (``unit_cost.py``);
+        ``warnings``: the ones raised while computing it."""
         written = with_retries(
             f"store unit {description!r} in {self.url}",
             lambda: self._write_unit(
-                run_id, key, description, subject, values, version, attack, cost
+                run_id, key, description, subject, values, version, attack, cost, warnings
             ),
         )
         checkpoint(self.engine)
@@ -192,6 +228,7 @@ class ResultStore:
         version: str,
         attack: tuple[AttackSpec, str, AttackResult] | None,
         cost: UnitCost | None = None,
+        warnings: Sequence[KeptWarning] = (),
     ) -> bool:
         with Session(self.engine) as session, session.begin():
             # Locked until commit (PostgreSQL), so two attempts of one task cannot both write;
@@ -246,6 +283,7 @@ class ResultStore:
             ]
             session.add_all(rows)
             unit.n_verdicts = _add_sample_verdicts(session, rows, values)
+            session.add_all(_warning_rows(run_id, warnings))
         return True
 
     @staticmethod
@@ -367,6 +405,16 @@ WHERE u.n_values = (
     SELECT COUNT(*) FROM smoothing_certificates sc
     WHERE sc.unit_key = u.key AND sc.run_id = u.run_id)
 """
+
+
+def _warning_rows(run_id: int, warnings: Sequence[KeptWarning]) -> list[schema.RunWarning]:
+    return [
+        schema.RunWarning(
+            run_id=run_id, unit_key=w.unit_key, category=w.category.__name__[:200],
+            message=w.message,
+        )
+        for w in warnings
+    ]  # fmt: skip
 
 
 def _add_sample_verdicts(session: Session, rows: list, values: list[MetricValue]) -> int:

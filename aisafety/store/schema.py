@@ -113,6 +113,21 @@ class UnitFailure(Base):
     failed_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class RunWarning(Base):
+    """An ``AISafetyWarning`` a run raised (aisafety/warning_log.py): the model at chance, a
+    model that is not repeatable, ... ``unit_key`` names the unit it was raised in, NULL for
+    the run's own (loading, the clean pass); identical warnings of one unit are one row."""
+
+    __tablename__ = "run_warnings"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    # no foreign key: a unit that failed has no row in units, and its warnings are kept too
+    unit_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    category: Mapped[str] = mapped_column(String(200))  # the class: AISafetyWarning, ...
+    message: Mapped[str] = mapped_column(Text)
+    raised_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
 class AttackRun(Base):
     __tablename__ = "attack_runs"
     id: Mapped[int] = mapped_column(primary_key=True)
