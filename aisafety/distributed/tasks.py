@@ -18,6 +18,7 @@ import torch
 
 from aisafety.attack.result import AttackResult
 from aisafety.evaluation.chance import at_chance_message
+from aisafety.evaluation.probabilities import probabilities_message
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
 from aisafety.store.interruption import HANG_ENDS_PROCESS
@@ -48,7 +49,11 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
         "shards": len(prepared.context.shards()),
-        "warnings": [m for m in [at_chance_message(prepared.context)] if m],  # the driver's
+        "warnings": [  # the driver's
+            m
+            for m in (at_chance_message(prepared.context), probabilities_message(prepared.context))
+            if m
+        ],
     }
     return info, prepared.context.clean_logits
 
