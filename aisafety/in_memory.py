@@ -54,7 +54,8 @@ def in_memory_data(data: tuple[Any, Any]) -> LoadedDataset:
         )
     images = images_to_tensor(x, image_layout(x.shape))
     classes = tuple(str(i) for i in range(int(y.max()) + 1 if y.size else 0))
-    return LoadedDataset(IN_MEMORY_DATA, images, torch.from_numpy(y.astype(np.int64)), classes)
+    labels = torch.from_numpy(y.astype(np.int64))
+    return LoadedDataset(IN_MEMORY_DATA, images, labels, classes, classes_named=False)
 
 
 def in_memory_model(

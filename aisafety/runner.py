@@ -30,6 +30,7 @@ from aisafety.errors import (
 )
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric, checked_values
 from aisafety.evaluation.chance import warn_if_at_chance
+from aisafety.evaluation.class_count import warn_if_other_classes
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
 from aisafety.evaluation.probabilities import warn_if_probabilities
@@ -321,6 +322,7 @@ class Runner:
         integrity.check(f"model {prepared.context.predictor.name!r} (the clean forward pass)")
         warn_if_at_chance(prepared.context)  # wrong mean/std, scale or layout: a warning
         warn_if_probabilities(prepared.context)  # a final softmax: confidences of softmax(p)
+        warn_if_other_classes(prepared.context)  # CIFAR-100 outputs on CIFAR-10 labels
 
     def _integrity(self, prepared: Prepared) -> RunIntegrity:
         """The fingerprints of ``prepared``'s shared state (taken on first use)."""

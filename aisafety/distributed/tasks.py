@@ -18,6 +18,7 @@ import torch
 
 from aisafety.attack.result import AttackResult
 from aisafety.evaluation.chance import at_chance_message
+from aisafety.evaluation.class_count import class_count_message
 from aisafety.evaluation.probabilities import probabilities_message
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
@@ -45,15 +46,13 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
     """The plan's units (keyed from the model and data as a worker sees them), the device
     and shard count, and the clean logits: computed once, shared through the object store."""
     runner, prepared = _prepared(plan, url, cwd)
+    checks = (at_chance_message, probabilities_message, class_count_message)
+    messages = [check(prepared.context) for check in checks]
     info = {
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
         "shards": len(prepared.context.shards()),
-        "warnings": [  # the driver's
-            m
-            for m in (at_chance_message(prepared.context), probabilities_message(prepared.context))
-            if m
-        ],
+        "warnings": [message for message in messages if message],  # the driver's
     }
     return info, prepared.context.clean_logits
 

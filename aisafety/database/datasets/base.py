@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,6 +21,9 @@ class LoadedDataset:
     x: torch.Tensor
     y: torch.Tensor
     classes: tuple[str, ...]
+    # False where the classes were numbered from the labels (an npz without 'classes',
+    # arrays handed in): their count then says nothing about the set the labels come from
+    classes_named: bool = True
 
     def __post_init__(self) -> None:
         if self.x.dim() != 4 or self.x.shape[0] != self.y.shape[0]:
@@ -60,7 +63,7 @@ class LoadedDataset:
 
     def take(self, index: list[int]) -> LoadedDataset:
         chosen = torch.as_tensor(index, dtype=torch.long)
-        return LoadedDataset(self.name, self.x[chosen], self.y[chosen], self.classes)
+        return replace(self, x=self.x[chosen], y=self.y[chosen])
 
 
 def uniform_indices(n: int, limit: int, seed: int = 0) -> list[int]:

@@ -112,7 +112,8 @@ class NpzDataset(DatasetSource):
     def load(self, path: Path | None, split: str) -> LoadedDataset:
         file = _resolve(self.require_path(path), split)
         x, y, classes = read_npz(file)
+        named = classes is not None
         if classes is None:
             classes = tuple(str(i) for i in range(int(y.max()) + 1 if y.size else 0))
         tensor = images_to_tensor(x, image_layout(x.shape))
-        return LoadedDataset(self.name, tensor, torch.from_numpy(y), classes)
+        return LoadedDataset(self.name, tensor, torch.from_numpy(y), classes, classes_named=named)
