@@ -66,3 +66,22 @@ def test_a_forward_moving_tensors_to_cuda_is_named_on_a_batch():
     with pytest.raises(ModelOutputError) as error:
         predictor.logits(torch.rand(2, 3, 8, 8))
     assert "moves tensors to CUDA and no CUDA GPU is visible" in str(error.value)
+
+
+@no_cuda
+def test_an_export_archive_saved_on_cuda_is_named_with_the_fix(tmp_path, monkeypatch):
+    """Its tensors carry the location tag 'cuda:0' (as torch.save writes a CUDA tensor's),
+    which torch.export.load cannot map: it said 'is not a torch.export archive'."""
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(
+        _net(3).eval(), (torch.rand(2, 3, 8, 8),), dynamic_shapes=({0: batch},)
+    )
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.export.save(program, tmp_path / "cuda.pt2")
+    spec = ModelSpec(name="c", source="export", path=tmp_path / "cuda.pt2", input_shape=(3, 8, 8))
+    with pytest.raises(ConfigError) as error:
+        load_model(spec, torch.device("cpu"))
+    message = str(error.value)
+    assert "was exported on a CUDA device" in message and "model.cpu()" in message
+    assert "is not a torch.export archive" not in message
