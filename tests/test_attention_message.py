@@ -85,3 +85,27 @@ def test_certified_accuracy_and_verify_on_the_vnncomp_vit_name_the_attention(tmp
     assert main(["verify", str(VIT), str(spec), "--timeout", "20"]) == 2
     message = capsys.readouterr().err
     assert "model 'pgd_2_3_16.onnx' cannot be bounded" in message and "(OnnxMatMul)" in message
+
+
+class TorchAttention(nn.Module):
+    """nn.MultiheadAttention, as torchvision's ViT and nn.TransformerEncoderLayer use it."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(6, 2, batch_first=True)
+        self.head = nn.Linear(24, 3)
+
+    def forward(self, x):
+        tokens = x.flatten(1, 2)  # (N, 4, 6)
+        mixed, _ = self.attention(tokens, tokens, tokens, need_weights=False)
+        return self.head(mixed.flatten(1))
+
+
+def test_torchs_multihead_attention_is_named_as_attention_not_as_untraceable():
+    """Its forward branches on its inputs: fx traced into it and failed with 'symbolically
+    traced variables cannot be used as inputs to control flow' (session 19)."""
+    with pytest.raises(VerificationError) as error:
+        build_graph(TorchAttention().eval(), (1, 4, 6), "mha")
+    message = str(error.value)
+    assert "node 'attention' (MultiheadAttention) multiplies two values computed from" in message
+    assert "cannot be traced" not in message

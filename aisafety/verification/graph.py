@@ -46,6 +46,8 @@ class VerificationError(ConfigError):
 
 class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        if isinstance(m, nn.MultiheadAttention):  # one call, named as attention: its own
+            return True  # forward branches on its inputs, which fx cannot trace
         return not isinstance(m, nn.Sequential | fx.GraphModule) and not list(m.children())
 
 
