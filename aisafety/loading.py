@@ -45,11 +45,15 @@ def normalisation(spec: ModelSpec) -> tuple[tuple[float, ...] | None, tuple[floa
     The network takes ``(x * scale - mean) / std``, which is ``(x - mean / scale) /
     (std / scale)``: one normalisation, so the bound graph sees it as any other.
     """
-    if spec.scale == 1.0:
-        return spec.mean, spec.std
-    mean = tuple(m / spec.scale for m in (spec.mean or (0.0,)))
-    std = tuple(s / spec.scale for s in (spec.std or (1.0,)))
-    return mean, std
+    return scaled_normalisation(spec.mean, spec.std, spec.scale)
+
+
+def scaled_normalisation(mean, std, scale: float) -> tuple:
+    """``(x * scale - mean) / std`` as ``(x - mean') / std'`` (``normalisation``'s rule,
+    shared with ``aisafety serve --scale``)."""
+    if scale == 1.0:
+        return mean, std
+    return tuple(m / scale for m in (mean or (0.0,))), tuple(s / scale for s in (std or (1.0,)))
 
 
 def load_model(
