@@ -64,18 +64,3 @@ def test_a_softmax_model_is_named_with_the_fix(tmp_path):
 @pytest.mark.parametrize("output", ["logits", "log_softmax"])
 def test_logits_and_log_probabilities_get_no_warning(output, tmp_path):
     assert _warnings(output, tmp_path) == []
-
-
-def softmax_net() -> nn.Module:
-    return _Net("softmax")
-
-
-def test_a_ray_worker_hands_the_warning_to_the_driver(tmp_path):
-    from aisafety.distributed.tasks import prepare
-
-    model = {"name": "soft", "source": "python", "factory": f"{__name__}:softmax_net"}
-    fields = {"model": {**model, "input_shape": [1, 28, 28]}, "dataset": {"limit": 4}}
-    plan = plan_from_dict({"device": "cpu", "metrics": ["ca"], **fields}, "p")
-    info, _ = prepare(plan, f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
-    (message,) = info["warnings"]
-    assert message.startswith("model 'soft' returns probabilities, not logits")
