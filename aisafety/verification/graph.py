@@ -24,7 +24,11 @@ from aisafety.errors import ConfigError
 from aisafety.prediction.torch_module import weight_dtype
 from aisafety.randomness import generator
 from aisafety.verification import ops
-from aisafety.verification.attention import attention_message, product_of_inputs
+from aisafety.verification.attention import (
+    ATTENTION_MODULES,
+    attention_message,
+    product_of_inputs,
+)
 from aisafety.verification.inplace import OUT_OF_PLACE, out_of_place
 from aisafety.verification.relaxations import RELU, SIGMOID, TANH
 
@@ -46,8 +50,8 @@ class VerificationError(ConfigError):
 
 class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        if isinstance(m, nn.MultiheadAttention):  # one call, named as attention: its own
-            return True  # forward branches on its inputs, which fx cannot trace
+        if isinstance(m, ATTENTION_MODULES):  # one call, named as attention (attention.py)
+            return True
         return not isinstance(m, nn.Sequential | fx.GraphModule) and not list(m.children())
 
 
