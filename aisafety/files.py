@@ -54,6 +54,19 @@ def regular_file(path: str | Path, what: str, max_bytes: int | None = None) -> P
     return path
 
 
+def read_regular_file(path: str | Path, what: str, max_bytes: int | None = None) -> bytes:
+    """``regular_file``'s checks, then the bytes: a file this user may not read (or that
+    fails to read) is a ``ConfigError`` naming it and the reason, not a traceback."""
+    checked = regular_file(path, what, max_bytes)
+    try:
+        return checked.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"{what} {str(checked)!r} cannot be read: {exc.strerror or exc}; check its "
+            "permissions and those of its folders (ls -l), or copy it where this user can read it"
+        ) from None
+
+
 def intact_archive(source: str | Path | bytes, what: str) -> None:
     """Refuse a zip archive (what ``torch.save``, ``torch.jit.save`` and
     ``torch.export.save`` write) whose members do not match their CRC-32. torch reads the

@@ -9,7 +9,7 @@ import torch
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.zoo import list_models, load_zoo_model, sha256_bytes
 from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
-from aisafety.files import MAX_MODEL_BYTES, intact_archive, regular_file
+from aisafety.files import MAX_MODEL_BYTES, intact_archive, read_regular_file, regular_file
 from aisafety.interfaces import DatasetSpec, DefenseSpec, ModelSpec
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
@@ -34,7 +34,7 @@ def _model_path(spec: ModelSpec):
 
 def _read_model_file(spec: ModelSpec) -> bytes:
     """The file's bytes; a zip archive (checkpoint, torch.export) only if its CRCs match."""
-    data = _model_path(spec).read_bytes()
+    data = read_regular_file(spec.path, f"model {spec.name!r}: file", MAX_MODEL_BYTES)
     intact_archive(data, f"model {spec.name!r}: file {str(spec.path)!r}")
     return data
 
@@ -45,11 +45,15 @@ def normalisation(spec: ModelSpec) -> tuple[tuple[float, ...] | None, tuple[floa
     The network takes ``(x * scale - mean) / std``, which is ``(x - mean / scale) /
     (std / scale)``: one normalisation, so the bound graph sees it as any other.
     """
-    if spec.scale == 1.0:
-        return spec.mean, spec.std
-    mean = tuple(m / spec.scale for m in (spec.mean or (0.0,)))
-    std = tuple(s / spec.scale for s in (spec.std or (1.0,)))
-    return mean, std
+    return scaled_normalisation(spec.mean, spec.std, spec.scale)
+
+
+def scaled_normalisation(mean, std, scale: float) -> tuple:
+    """``(x * scale - mean) / std`` as ``(x - mean') / std'`` (``normalisation``'s rule,
+    shared with ``aisafety serve --scale``)."""
+    if scale == 1.0:
+        return mean, std
+    return tuple(m / scale for m in (mean or (0.0,))), tuple(s / scale for s in (std or (1.0,)))
 
 
 def load_model(
@@ -159,7 +163,7 @@ def _load_robustbench(spec: ModelSpec, device: torch.device) -> tuple[Predictor,
     )
     shape, classes = INPUT_SHAPES[spec.dataset], CLASSES[spec.dataset]
     spec = spec.model_copy(update={"input_shape": shape, "num_classes": classes})
-    weights = regular_file(file, f"model {spec.name!r}: file", MAX_MODEL_BYTES).read_bytes()
+    weights = read_regular_file(file, f"model {spec.name!r}: file", MAX_MODEL_BYTES)
     digest = hashlib.sha256(weights)  # the weights, and which RobustBench entry built them
     digest.update(f"robustbench|{spec.name}|{spec.dataset}|{spec.threat_model}".encode())
     return _module_predictor(spec, module, device), digest.hexdigest()

@@ -33,6 +33,7 @@ from aisafety.evaluation.chance import warn_if_at_chance
 from aisafety.evaluation.class_count import warn_if_class_count_differs
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
+from aisafety.evaluation.probabilities import warn_if_probabilities
 from aisafety.evaluation.reference import missing_reference
 from aisafety.evaluation.repeatable import warn_if_not_repeatable
 from aisafety.interfaces import (
@@ -333,6 +334,7 @@ class Runner:
         warn_if_not_repeatable(prepared.context)  # a second pass of one batch, also checked
         integrity.check(f"model {prepared.context.predictor.name!r} (the clean forward pass)")
         warn_if_at_chance(prepared.context)  # wrong mean/std, scale or layout: a warning
+        warn_if_probabilities(prepared.context)  # a final softmax: confidences of softmax(p)
 
     def _integrity(self, prepared: Prepared) -> RunIntegrity:
         """The fingerprints of ``prepared``'s shared state (taken on first use)."""

@@ -85,3 +85,34 @@ def test_certified_accuracy_and_verify_on_the_vnncomp_vit_name_the_attention(tmp
     assert main(["verify", str(VIT), str(spec), "--timeout", "20"]) == 2
     message = capsys.readouterr().err
     assert "model 'pgd_2_3_16.onnx' cannot be bounded" in message and "(OnnxMatMul)" in message
+
+
+class TorchAttention(nn.Module):
+    """torch's attention modules, as torchvision's ViT and user transformers use them."""
+
+    def __init__(self, layer: str):
+        super().__init__()
+        if layer == "MultiheadAttention":
+            self.attention = nn.MultiheadAttention(6, 2, batch_first=True)
+        else:
+            self.attention = nn.TransformerEncoderLayer(6, 2, 12, batch_first=True)
+        self.head = nn.Linear(24, 3)
+
+    def forward(self, x):
+        tokens = x.flatten(1, 2)  # (N, 4, 6)
+        if isinstance(self.attention, nn.MultiheadAttention):
+            mixed, _ = self.attention(tokens, tokens, tokens, need_weights=False)
+        else:
+            mixed = self.attention(tokens)
+        return self.head(mixed.flatten(1))
+
+
+@pytest.mark.parametrize("layer", ["MultiheadAttention", "TransformerEncoderLayer"])
+def test_torchs_attention_modules_are_named_as_attention_not_as_untraceable(layer):
+    """Their forwards branch on their inputs: fx traced into them and failed with
+    'symbolically traced variables cannot be used as inputs to control flow' (session 19)."""
+    with pytest.raises(VerificationError) as error:
+        build_graph(TorchAttention(layer).eval(), (1, 4, 6), "mha")
+    message = str(error.value)
+    assert f"node 'attention' ({layer}) multiplies two values computed from" in message
+    assert "cannot be traced" not in message

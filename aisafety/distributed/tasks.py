@@ -19,6 +19,7 @@ import torch
 from aisafety.attack.result import AttackResult
 from aisafety.evaluation.chance import warn_if_at_chance
 from aisafety.evaluation.class_count import warn_if_class_count_differs
+from aisafety.evaluation.probabilities import warn_if_probabilities
 from aisafety.evaluation.repeatable import warn_if_not_repeatable
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
@@ -56,6 +57,7 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
         ctx.clean_logits  # noqa: B018 - computed first, as the local run's checks read them
         warn_if_not_repeatable(ctx)
         warn_if_at_chance(ctx)
+        warn_if_probabilities(ctx)
     info = {
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),

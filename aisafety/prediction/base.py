@@ -14,7 +14,7 @@ import torch
 
 from aisafety.errors import AISafetyError, CapabilityError, InputError, ModelOutputError
 from aisafety.interfaces import Capability
-from aisafety.prediction.outputs import raised_text
+from aisafety.prediction.outputs import cuda_fix, raised_text
 from aisafety.prediction.watch import (
     check_forward,
     forward_deadline,
@@ -72,8 +72,12 @@ class Predictor(ABC):
         except Exception as exc:  # its code, which can raise anything (KeyError, ...)
             raise ModelOutputError(
                 f"model {self.name!r} failed on a batch of shape {tuple(x.shape)}: "
-                f"{raised_text(exc)} "
-                "(check input_shape, num_classes and that the file is the intended model)"
+                f"{raised_text(exc)} ("
+                + (
+                    cuda_fix(exc)
+                    or "check input_shape, num_classes and that the file is the intended model"
+                )
+                + ")"
             ) from exc
         check_forward(self.name, x, watched, before)
         self.check_output(scores, len(x))
@@ -164,6 +168,14 @@ class Predictor(ABC):
                 "images are (C, H, W) as the platform feeds them: for a channels-last ONNX "
                 f"graph set layout: nhwc; for a module give input_shape [{c}, {h}, {w}] "
                 "(docs/prediction.md)"
+            )
+        channels = self.input_shape[0] if len(self.input_shape) == 3 else None
+        if x.dim() == 4 and channels and tuple(x.shape[2:]) == tuple(self.input_shape[1:]):
+            return (
+                f"the images have {x.shape[1]} channel(s) and the model takes {channels}: "
+                f"evaluate it on images of {channels} channel(s) (a grey model on colour "
+                "images, or the reverse, would see inputs it was not trained on), or check "
+                "input_shape"
             )
         return "add a batch dimension or resize the images"
 

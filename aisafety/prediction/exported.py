@@ -36,6 +36,13 @@ def load_exported(data: bytes, model: str) -> torch.export.ExportedProgram:
         cause = logged[0] if logged else exc  # torch logs the real error, raises another
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         first = first.split(". ")[0][:300]  # miniz's advice on corrupted files misleads here
+        if "CUDA" in first and not torch.cuda.is_available():
+            raise ConfigError(
+                f"model {model!r} was exported on a CUDA device ({first}), and "
+                "torch.export.load has no map_location: export it again from the "
+                "module on the CPU, torch.export.save(torch.export.export(model.cpu(), "
+                "(example.cpu(),)), 'model.pt2'), or save its state_dict() for source: python"
+            ) from None
         saved = " it is a torch.save file (a state dict?);" if _torch_saved(data) else ""
         raise ConfigError(
             f"model {model!r} is not a torch.export archive ({first});{saved} save one with "

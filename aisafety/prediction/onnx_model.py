@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from aisafety.errors import AISafetyError, CapabilityError, ConfigError
-from aisafety.files import MAX_MODEL_BYTES, regular_file
+from aisafety.files import MAX_MODEL_BYTES, read_regular_file, regular_file
 from aisafety.interfaces import Capability
 from aisafety.prediction import onnx_converters, onnx_rewrite, onnx_tensors
 from aisafety.prediction.base import Predictor
@@ -124,7 +124,7 @@ def read_onnx(path: Path, name: str) -> bytes:
     exporter writes them: ``model.onnx.data``) read in, so the graph travels as one blob."""
     if not path.is_file():
         raise ConfigError(f"model {name!r}: ONNX file {str(path)!r} does not exist")
-    data = path.read_bytes()
+    data = read_regular_file(path, f"model {name!r}: ONNX file", MAX_MODEL_BYTES)
     try:
         onnx = importlib.import_module("onnx")
     except ImportError:

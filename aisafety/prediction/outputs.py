@@ -74,4 +74,16 @@ def raised_text(exc: Exception) -> str:
 def model_raised(name: str, exc: Exception, where: str, fix: str) -> ConfigError:
     """The error for a user's forward that raised: the model, the exception's type and
     first line, and ``fix``, instead of a traceback through the user's code."""
+    fix = cuda_fix(exc) or fix
     return ConfigError(f"model {name!r} does not run {where} ({raised_text(exc)}); {fix}")
+
+
+def cuda_fix(exc: Exception) -> str | None:
+    """The fix for a forward that asks for CUDA on a machine without it (``x.cuda()``,
+    ``device='cuda'`` in the model's code), which the shape advice would mislead about."""
+    if torch.cuda.is_available() or "CUDA" not in str(exc):
+        return None
+    return (
+        "the model's code moves tensors to CUDA and no CUDA GPU is visible here: use the "
+        "input's device (x.device) instead of .cuda() or 'cuda' in its forward"
+    )

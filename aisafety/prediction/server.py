@@ -413,13 +413,23 @@ def open_model(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     device: str | torch.device = "cpu",
+    layout: str = "nchw",
 ) -> Predictor:
-    """A predictor for a zoo name, an ``.onnx`` file or a TorchScript archive (for ``serve``)."""
+    """A predictor for a zoo name, an ``.onnx`` file or a TorchScript archive (for ``serve``).
+    ``layout``: ``nhwc`` for a channels-last ONNX graph, which is then served as (C, H, W)."""
     path = Path(model).expanduser()
     if path.suffix.lower() == ".onnx":
         from aisafety.prediction.onnx_model import load_onnx
 
-        return load_onnx(path, input_shape=input_shape, num_classes=num_classes, mean=mean, std=std)
+        return load_onnx(
+            path, input_shape=input_shape, num_classes=num_classes, mean=mean, std=std,
+            layout=layout,
+        )  # fmt: skip
+    if layout != "nchw":
+        raise ConfigError(
+            f"--layout {layout} applies to ONNX files only; model {model!r} is not one "
+            "(a PyTorch network takes channels-first images)"
+        )
     if path.suffix.lower() in _TORCHSCRIPT_SUFFIXES or path.is_file():
         from aisafety.prediction.torchscript import TorchScriptPredictor
 

@@ -21,6 +21,11 @@ aten = torch.ops.aten
 MATMULS = {torch.matmul, operator.matmul, torch.bmm, torch.einsum, aten.matmul.default,
            aten.bmm.default, F.scaled_dot_product_attention}  # fmt: skip
 SOFTMAXES = {F.softmax, torch.softmax, aten.softmax.int, aten._softmax.default}
+# torch's attention modules: traced as one call each (their forwards branch on their inputs,
+# which torch.fx cannot trace), so the graph builder names them here as attention
+ATTENTION_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder,
+                     nn.TransformerDecoderLayer, nn.TransformerDecoder, nn.Transformer)  # fmt: skip
+_ATTENTION_NAMES = {cls.__name__ for cls in ATTENTION_MODULES}
 
 
 def _kind(node: fx.Node, modules: dict[str, nn.Module]) -> Any:
@@ -37,8 +42,10 @@ def _is_shape(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
 
 def _is_product(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
     kind = _kind(node, modules)
-    return kind in ("OnnxMatMul", "MultiheadAttention") or (
-        node.op == "call_function" and kind in MATMULS
+    return (
+        kind == "OnnxMatMul"
+        or kind in _ATTENTION_NAMES
+        or (node.op == "call_function" and kind in MATMULS)
     )
 
 
@@ -66,7 +73,7 @@ def product_of_inputs(graph: fx.Graph, modules: dict[str, nn.Module]) -> fx.Node
         computed.add(node)
         operands = [a for a in node.args[:2] if isinstance(a, fx.Node)]
         if _is_product(node, modules) and (
-            _kind(node, modules) == "MultiheadAttention"
+            _kind(node, modules) in _ATTENTION_NAMES
             or (len(operands) == 2 and all(a in computed for a in operands))
         ):
             return node

@@ -24,7 +24,12 @@ from aisafety.errors import ConfigError
 from aisafety.prediction.torch_module import weight_dtype
 from aisafety.randomness import generator
 from aisafety.verification import ops
-from aisafety.verification.attention import attention_message, product_of_inputs
+from aisafety.verification.attention import (
+    ATTENTION_MODULES,
+    attention_message,
+    product_of_inputs,
+)
+from aisafety.verification.inplace import OUT_OF_PLACE, out_of_place
 from aisafety.verification.relaxations import RELU, SIGMOID, TANH
 
 EXAMPLE_SEED = 0  # the tracing example's draw: the same graph whatever the global state
@@ -45,6 +50,8 @@ class VerificationError(ConfigError):
 
 class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        if isinstance(m, ATTENTION_MODULES):  # one call, named as attention (attention.py)
+            return True
         return not isinstance(m, nn.Sequential | fx.GraphModule) and not list(m.children())
 
 
@@ -208,6 +215,7 @@ def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) ->
     values: dict[fx.Node, Any] = {}
     index: dict[fx.Node, int] = {}  # traced node -> op index, for input-dependent nodes
     graph_ops: list[ops.Op] = []
+    order = {node: i for i, node in enumerate(traced.graph.nodes)}
     for node in traced.graph.nodes:
         if node.op == "placeholder":
             if graph_ops:
@@ -225,6 +233,10 @@ def _build(network: nn.Module, input_shape: Sequence[int], model: str, dtype) ->
         args = fx.node.map_arg(node.args, lambda n: values[n])
         kwargs = fx.node.map_arg(node.kwargs, lambda n: values[n])
         target = modules[node.target] if node.op == "call_module" else node.target
+        if target in OUT_OF_PLACE:  # torch.export's relu_, add_: read as relu, add
+            target = out_of_place(node, order)
+            if target is None:
+                raise _unsupported(node, f"{node.target} writing a value read after it", model)
         if node.op == "get_attr":
             values[node] = _attr(traced, node.target)
             continue

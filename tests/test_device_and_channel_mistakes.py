@@ -1,0 +1,87 @@
+"""Two user mistakes whose errors gave the wrong fix: a grey model fed colour images (or the
+reverse) was told to 'add a batch dimension or resize the images', and a forward calling
+``.cuda()`` on a machine without CUDA was told to 'check input_shape'."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from aisafety.errors import ConfigError, InputError, ModelOutputError
+from aisafety.interfaces import ModelSpec
+from aisafety.loading import load_model
+from aisafety.prediction.torch_module import TorchPredictor
+
+
+def _net(channels: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(channels, 2, 3), nn.Flatten(), nn.Linear(2 * 6 * 6, 10))
+
+
+@pytest.mark.parametrize("model_channels, image_channels", [(1, 3), (3, 1)])
+def test_a_channel_mismatch_is_named_as_one(model_channels, image_channels):
+    predictor = TorchPredictor(_net(model_channels), (model_channels, 8, 8), 10, name="m")
+    with pytest.raises(InputError) as error:
+        predictor.logits(torch.rand(2, image_channels, 8, 8))
+    message = str(error.value)
+    assert f"images have {image_channels} channel(s) and the model takes {model_channels}:" in (
+        message
+    )
+    assert "resize" not in message
+
+
+def test_a_wrong_image_size_still_says_resize():
+    predictor = TorchPredictor(_net(3), (3, 8, 8), 10, name="m")
+    with pytest.raises(InputError, match="resize the images"):
+        predictor.logits(torch.rand(2, 3, 9, 9))
+
+
+class OnCuda(nn.Module):
+    """A forward that moves its input to CUDA (from batch ``above`` on)."""
+
+    def __init__(self, above: int = 0) -> None:
+        super().__init__()
+        self.net, self.above = _net(3), above
+
+    def forward(self, x):
+        return self.net(x.cuda() if len(x) > self.above else x)
+
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+
+
+@no_cuda
+def test_a_forward_moving_tensors_to_cuda_is_named_at_load():
+    spec = ModelSpec(name="c", source="python", factory=f"{__name__}:OnCuda",
+                     input_shape=(3, 8, 8))  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        load_model(spec, torch.device("cpu"))
+    assert "moves tensors to CUDA and no CUDA GPU is visible" in str(error.value)
+    assert "check input_shape" not in str(error.value)
+
+
+@no_cuda
+def test_a_forward_moving_tensors_to_cuda_is_named_on_a_batch():
+    predictor = TorchPredictor(OnCuda(above=1), (3, 8, 8), 10, name="c")
+    with pytest.raises(ModelOutputError) as error:
+        predictor.logits(torch.rand(2, 3, 8, 8))
+    assert "moves tensors to CUDA and no CUDA GPU is visible" in str(error.value)
+
+
+@no_cuda
+def test_an_export_archive_saved_on_cuda_is_named_with_the_fix(tmp_path, monkeypatch):
+    """Its tensors carry the location tag 'cuda:0' (as torch.save writes a CUDA tensor's),
+    which torch.export.load cannot map: it said 'is not a torch.export archive'."""
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(
+        _net(3).eval(), (torch.rand(2, 3, 8, 8),), dynamic_shapes=({0: batch},)
+    )
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.export.save(program, tmp_path / "cuda.pt2")
+    spec = ModelSpec(name="c", source="export", path=tmp_path / "cuda.pt2", input_shape=(3, 8, 8))
+    with pytest.raises(ConfigError) as error:
+        load_model(spec, torch.device("cpu"))
+    message = str(error.value)
+    assert "was exported on a CUDA device" in message and "model.cpu()" in message
+    assert "is not a torch.export archive" not in message

@@ -1,0 +1,52 @@
+"""``aisafety serve`` of a channels-last ONNX graph taking 0..255 pixels (the shared data's
+Keras CNN): it had no --layout or --scale, so it served input [32, 32, 3] and every client
+sending (C, H, W) images was refused, told to set 'layout: nhwc', which a remote model
+cannot take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from aisafety.cli import main
+from aisafety.errors import ConfigError
+from aisafety.prediction import server
+
+
+class _ChannelsLast(nn.Module):
+    """A Keras-style classifier: (N, H, W, C) images in 0..255."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4 * 4 * 3, 5)
+
+    def forward(self, x):
+        return self.linear(x.permute(0, 3, 1, 2).flatten(1) / 255)
+
+
+@pytest.fixture(scope="module")
+def keras_like(tmp_path_factory):
+    path = tmp_path_factory.mktemp("onnx") / "nhwc.onnx"
+    net = _ChannelsLast().eval()
+    torch.onnx.export(net, (torch.rand(1, 4, 4, 3),), path, input_names=["input"],
+                      dynamic_axes={"input": {0: "batch"}}, dynamo=False)  # fmt: skip
+    return path, net
+
+
+def test_serve_takes_layout_and_scale_for_a_channels_last_graph(keras_like, monkeypatch):
+    path, net = keras_like
+    served = []
+    monkeypatch.setattr(server, "serve", lambda predictor, *_, **__: served.append(predictor))
+    assert main(["serve", str(path), "--layout", "nhwc", "--scale", "255", "--quiet"]) == 0
+    (predictor,) = served
+    assert tuple(predictor.input_shape) == (3, 4, 4)  # what clients send, as the platform
+    x = torch.rand(3, 3, 4, 4)
+    expected = net(x.permute(0, 2, 3, 1) * 255)
+    torch.testing.assert_close(predictor.logits(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_layout_is_refused_for_a_model_that_is_not_onnx():
+    with pytest.raises(ConfigError, match="--layout nhwc applies to ONNX files only"):
+        server.open_model("mnist-cnn", layout="nhwc")
