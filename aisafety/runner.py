@@ -502,10 +502,14 @@ class Runner:
         family = self.attacks[spec.key()].family
         return [m for m in self.metrics if isinstance(m, AttackMetric) and m.applies_to(family)]
 
-    def compute(self, prepared: Prepared, unit: WorkUnit, run_id: int) -> list[MetricValue]:
+    def compute(
+        self, prepared: Prepared, unit: WorkUnit, run_id: int, log: WarningLog | None = None
+    ) -> list[MetricValue]:
         """Compute one unit and store it in one transaction: the same code on every executor
-        (on Ray, the attack's shards may have been handed to the context already)."""
-        with keeping(WarningLog(unit.key)) as log:
+        (on Ray, the attack's shards may have been handed to the context already). ``log``:
+        the unit's warnings (on Ray: its shards' already in it, and its task hands them to the
+        driver, which prints them)."""
+        with keeping(WarningLog(unit.key) if log is None else log) as log:
             try:
                 return self._compute_checked(prepared, unit, run_id, log)
             except BaseException:  # a unit that failed: its warnings go with the run's

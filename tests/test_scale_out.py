@@ -406,18 +406,25 @@ def _resubmitted(cluster, driver: subprocess.Popen) -> list[str]:
 
 
 NOISY_BLIND = """
+import warnings
+
 import torch
 from torch import nn
+
+from aisafety.errors import AISafetyWarning
 
 
 class NoisyBlind(nn.Module):
     # class 0 for every image (logits 10..1, gaps of 1), plus noise far below the gaps: at
-    # chance accuracy, and two forward passes of one batch differ
+    # chance accuracy, and two forward passes of one batch differ; the attack's gradient
+    # passes warn (in its shard tasks)
     def __init__(self):
         super().__init__()
         self.linear = nn.Linear(784, 10)
 
     def forward(self, x):
+        if x.requires_grad:
+            warnings.warn("asked for a gradient", AISafetyWarning, stacklevel=2)
         noise = 0.01 * torch.randn(len(x), 10)
         return self.linear(x.flatten(1)) * 0 + torch.arange(10.0, 0, -1) + noise
 """
@@ -432,12 +439,15 @@ def test_the_clean_pass_checks_of_a_worker_reach_the_driver(ray_cluster, postgre
     (``run_warnings``, in PostgreSQL): the clean pass runs on a worker, whose warnings do
     not reach the driver, so its prepare task hands them back. The determinism check was
     not made on Ray before session 19 (docs/reliability.md); the warnings were not stored
-    before record-19 (tests/test_run_warnings.py: the local executor)."""
+    before record-19 (tests/test_run_warnings.py: the local executor). A warning of the
+    attack's two shard tasks is printed by the driver once and stored once with the unit
+    (lost before raywarn-19; the task functions: tests/test_ray_unit_warnings.py)."""
     (tmp_path / "noisy_blind.py").write_text(NOISY_BLIND)
     model = {"name": "noisy-blind", "source": "python", "factory": "noisy_blind:NoisyBlind",
              "input_shape": [1, 28, 28], "python_path": [str(tmp_path)]}  # fmt: skip
     plan = {"model": model, "dataset": {"name": "mnist-embedded", "limit": 40},
-            "metrics": ["ca"], "device": "cpu"}  # fmt: skip
+            "attacks": [{"name": "fgsm", "eps": [0.1]}], "metrics": ["ca", "robust-accuracy"],
+            "shard_size": 20, "batch_size": 20, "device": "cpu"}  # fmt: skip
     args = ("--executor", "ray", "--address", ray_cluster.address, "--quiet")
     driver = _evaluate(plan, *args, "--db", postgres_url, env=ray_cluster.env, cwd=tmp_path)
     out, err = children.communicate(driver)
@@ -445,11 +455,16 @@ def test_the_clean_pass_checks_of_a_worker_reach_the_driver(ray_cluster, postgre
     determinism = "model 'noisy-blind' is not deterministic: two forward passes"
     chance = "model 'noisy-blind' has clean accuracy 0.100 (4/40)"
     assert err.count(f"warning: {determinism}") == 1 and err.count(f"warning: {chance}") == 1
+    assert err.count("warning: asked for a gradient") == 1, err
     stored = ResultStore(postgres_url).query(
-        "SELECT run_id, unit_key, category, message FROM run_warnings ORDER BY id"
+        "SELECT w.run_id, u.description, w.category, w.message FROM run_warnings w "
+        "LEFT JOIN units u ON u.key = w.unit_key ORDER BY w.id"
     )[1]
-    assert [row[:3] for row in stored] == [(1, None, "AISafetyWarning")] * 2
+    assert [row[:3] for row in stored] == [(1, None, "AISafetyWarning")] * 2 + [
+        (1, "fgsm eps=0.1", "AISafetyWarning")
+    ]
     assert stored[0][3].startswith(determinism) and stored[1][3].startswith(chance)
+    assert stored[2][3] == "asked for a gradient"
 
 
 # In the default suite: the issue's fault test, ~35 s at load 3-4 on the shared cluster.

@@ -33,7 +33,7 @@ from aisafety.runner import Runner, WorkUnit
 from aisafety.store.engine import sqlite_file
 from aisafety.store.interruption import interrupts_deferred, terminate_as_interrupt
 from aisafety.version import __version__
-from aisafety.warning_log import KeptWarning, keeping
+from aisafety.warning_log import KeptWarning, WarningLog, keeping
 
 # A progress line at least this often while the cluster works on units of minutes or hours
 HEARTBEAT_S = 60.0
@@ -75,10 +75,13 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
 
     def unit_done(unit: WorkUnit, ref: Any) -> None:
         try:
-            computed[unit.key], seconds = ray.get(ref)
+            computed[unit.key], seconds, kept = ray.get(ref)
+            _warn_unit(unit, kept)  # stored with the unit by its worker
             progress.finish(unit.key, seconds)
         except RayError as exc:
             error = _describe(exc)
+            kept = getattr(getattr(exc, "cause", None), "unit_warnings", [])
+            runner.store.record_warnings(run_id, _warn_unit(unit, kept))
             runner.store.record_failure(run_id, unit.key, unit.description, error)
             failed.append(f"{unit.description}: {error.splitlines()[0][:300]}")
             progress.fail(unit.key, error.splitlines()[0][:120])
@@ -127,6 +130,15 @@ def _warn_again(runner: Runner, kept: list[KeptWarning]) -> None:
             warnings.warn(warning.message, warning.category, stacklevel=3)
 
 
+def _warn_unit(unit: WorkUnit, kept: list[KeptWarning]) -> list[KeptWarning]:
+    """A unit's warnings, raised on its worker: warned here, as a local run prints them,
+    each kept under the unit's key (not as the run's own); returned as kept."""
+    with keeping(WarningLog(unit.key)) as log:
+        for warning in kept:
+            warnings.warn(warning.message, warning.category, stacklevel=3)
+    return log.entries
+
+
 def _execute(
     schedule: Schedule, submit: _Submitter, options: dict[str, Any], ahead: int,
     unit_done: Callable[[WorkUnit, Any], None],
@@ -171,6 +183,8 @@ class _Submitter:
         self.remote = {f: ray.remote(f) for f in (tasks.attack_unit, tasks.attack, tasks.unit)}
         # (attack key, eps) -> the references of its result's shards (one if unsharded)
         self.results: dict[tuple[str, float], list] = {}
+        # (attack key, eps) -> the references of its shards' warnings, stored by its join
+        self.warned: dict[tuple[str, float], list] = {}
 
     def __call__(self, task: Task) -> Any:
         u, run_id, logits = task.unit, self.run_id, self.logits_ref
@@ -181,15 +195,16 @@ class _Submitter:
             self.results[(u.attack.key(), float(u.eps))] = [result_ref]
             return done_ref
         if task.kind == "shard":
-            ref = self._remote(tasks.attack, task).remote(
+            ref, warned = self._remote(tasks.attack, task, num_returns=2).remote(
                 *self.common, u.attack, u.eps, task.shard, logits
             )
             self.results.setdefault((u.attack.key(), float(u.eps)), []).append(ref)
+            self.warned.setdefault((u.attack.key(), float(u.eps)), []).append(warned)
             return ref
         if task.kind == "join":
-            shards = self.results[(u.attack.key(), float(u.eps))]
+            key = (u.attack.key(), float(u.eps))
             return self._remote(tasks.unit, task).remote(
-                *self.common, run_id, u, logits, {}, None, *shards
+                *self.common, run_id, u, logits, {}, None, *self.results[key], *self.warned[key]
             )
         # the clean unit: every attack task exists by now (Schedule submits it last)
         return self._remote(tasks.unit, task).remote(

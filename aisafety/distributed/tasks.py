@@ -13,6 +13,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
 from aisafety.store.interruption import HANG_ENDS_PROCESS
 from aisafety.store.results import ResultStore
-from aisafety.warning_log import keeping
+from aisafety.warning_log import KeptWarning, WarningLog, keeping
 
 # One plan per worker process at a time: its runner (with the store) and prepared context.
 _PREPARED: dict[str, tuple[Runner, Prepared]] = {}
@@ -62,7 +63,8 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
         "shards": len(ctx.shards()),
-        "warnings": runner.warning_log.entries,  # all of them: a second run reuses the worker
+        # all the run's own (a second run reuses the worker); not a unit's that failed here
+        "warnings": [w for w in runner.warning_log.entries if w.unit_key is None],
     }
     return info, ctx.clean_logits
 
@@ -70,30 +72,37 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
 def attack(
     plan: EvaluationPlan, url: str, cwd: str, spec: AttackSpec, eps: float, shard: int,
     clean_logits: torch.Tensor,
-) -> AttackResult:  # fmt: skip
-    """One shard of one attack at one budget (plans with ``shard_size``)."""
+) -> tuple[AttackResult, list[KeptWarning]]:  # fmt: skip
+    """One shard of one attack at one budget (plans with ``shard_size``) and, as a second
+    output, the warnings it raised, which its unit's join stores with the unit."""
     _, prepared = _prepared(plan, url, cwd)
     ctx = prepared.context
     _use_clean_logits(ctx, clean_logits)
-    return ctx.attack_shard(spec, eps, shard)
+    with keeping(WarningLog()) as log:
+        try:
+            return ctx.attack_shard(spec, eps, shard), log.entries
+        except BaseException as exc:  # its unit fails with it: the driver keeps them
+            exc.unit_warnings = log.entries  # type: ignore[attr-defined]
+            raise
 
 
 def attack_unit(
     plan: EvaluationPlan, url: str, cwd: str, run_id: int, work: WorkUnit,
     clean_logits: torch.Tensor,
-) -> tuple[tuple[list[MetricValue], float], AttackResult]:  # fmt: skip
+) -> tuple[tuple[list[MetricValue], float, list[KeptWarning]], AttackResult]:  # fmt: skip
     """A whole unsharded attack unit in one task: the attack, its metrics and its rows, so
     the unit is done when its task is (one task per unit: no metric task queued behind every
-    other unit's attack). Returns (values, seconds) and, as a second output, the attack
-    result, for clean metrics that reuse it (through the object store)."""
+    other unit's attack). Returns (values, seconds, warnings) and, as a second output, the
+    attack result, for clean metrics that reuse it (through the object store)."""
     started = time.perf_counter()
     runner, prepared = _prepared(plan, url, cwd)
     ctx = prepared.context
     _use_clean_logits(ctx, clean_logits)
+    log = WarningLog(work.key)
     try:
-        values = runner.compute(prepared, work, run_id)  # runs the attack (ctx.adversarial)
+        values = _computed(runner, prepared, work, run_id, log)  # runs the attack
         result = ctx.adversarial(work.attack, work.eps)  # kept by the context: no rerun
-        return (values, time.perf_counter() - started), result
+        return (values, time.perf_counter() - started, log.entries), result
     finally:
         ctx.forget_adversarial(work.attack, work.eps)
 
@@ -101,26 +110,44 @@ def attack_unit(
 def unit(
     plan: EvaluationPlan, url: str, cwd: str, run_id: int, work: WorkUnit,
     clean_logits: torch.Tensor, results: dict[tuple[str, float], list],
-    get: Callable[[list], list[AttackResult]] | None, *shards: AttackResult,
-) -> tuple[list[MetricValue], float]:  # fmt: skip
+    get: Callable[[list], list[AttackResult]] | None, *shards: Any,
+) -> tuple[list[MetricValue], float, list[KeptWarning]]:  # fmt: skip
     """Compute and store one unit: the attack's shards joined, then its metrics (or the clean
     metrics, which read attack results of other units through ``results`` when they need
-    them). Idempotent: a retried task whose first attempt stored the unit writes nothing.
-    Returns the values and the unit's compute time (its shards' attack time included)."""
+    them). ``shards``: each shard's result, then each shard's warnings (``attack``'s two
+    outputs), stored with the unit. Idempotent: a retried task whose first attempt stored
+    the unit writes nothing. Returns the values, the unit's compute time (its shards'
+    attack time included) and its warnings."""
     started = time.perf_counter()
     runner, prepared = _prepared(plan, url, cwd)
     ctx = prepared.context
     _use_clean_logits(ctx, clean_logits)
+    parts, warned = shards[: len(shards) // 2], shards[len(shards) // 2 :]
+    log = WarningLog(work.key)
+    for warning in (w for kept in warned for w in kept):
+        log.add(warning.category, warning.message)
     if work.attack is not None:
-        ctx.set_adversarial(work.attack, work.eps, AttackResult.concat(list(shards)))
+        ctx.set_adversarial(work.attack, work.eps, AttackResult.concat(list(parts)))
     ctx.attack_source = _lookup(results, get)
     try:
-        values = runner.compute(prepared, work, run_id)
-        return values, time.perf_counter() - started + sum(s.seconds for s in shards)
+        values = _computed(runner, prepared, work, run_id, log)
+        return values, time.perf_counter() - started + sum(s.seconds for s in parts), log.entries
     finally:
         ctx.attack_source = None
         if work.attack is not None:
             ctx.forget_adversarial(work.attack, work.eps)
+
+
+def _computed(
+    runner: Runner, prepared: Prepared, work: WorkUnit, run_id: int, log: WarningLog
+) -> list[MetricValue]:
+    """``runner.compute``; a unit that fails takes its warnings (``unit_warnings``) with its
+    exception to the driver, which prints and stores them, as a local run does."""
+    try:
+        return runner.compute(prepared, work, run_id, log)
+    except BaseException as exc:
+        exc.unit_warnings = log.entries  # type: ignore[attr-defined]
+        raise
 
 
 def _use_clean_logits(ctx, clean_logits: torch.Tensor) -> None:

@@ -1,0 +1,106 @@
+"""On Ray a unit's warnings reach the driver, which prints them as a local run does, and are
+stored under the unit's key: its attack shards' (``shard_size``) and those of a unit that
+failed on its worker too (docs/database.md, ``run_warnings``). The task functions run here in
+process (tasks.py imports no Ray); the driver's side (``_warn_unit``) needs Ray installed."""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+
+import pytest
+
+from aisafety.config import plan_from_dict
+from aisafety.distributed import tasks
+from aisafety.errors import AISafetyWarning, TamperingError
+from aisafety.evaluation.context import EvaluationContext
+from aisafety.evaluation.metrics.accuracy import AdversarialAccuracyWhiteBox
+from aisafety.store.results import ResultStore
+from aisafety.version import __version__
+from aisafety.warning_log import KeptWarning, WarningLog, keeping
+
+FIELDS = {"device": "cpu", "dataset": {"limit": 20}, "metrics": ["ca", "aaw"]}
+FGSM = [{"name": "fgsm", "eps": [0.1]}]
+
+
+@contextmanager
+def _started(tmp_path, **plan):
+    """The plan, its store's URL, a run started as the driver starts it, and the attack unit
+    and clean logits of the prepare task; the run finished afterwards."""
+    plan = plan_from_dict({**FIELDS, "attacks": FGSM, **plan}, "p")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    info, logits = tasks.prepare(plan, url, str(tmp_path))
+    (attack_unit,) = [u for u in info["units"] if u.attack is not None]
+    store = ResultStore(url)
+    run_id = store.start_run(plan, __version__, "cpu")
+    try:
+        yield plan, url, run_id, attack_unit, logits
+    finally:
+        store.finish_run(run_id)
+
+
+def _rows(url: str) -> list[tuple]:
+    return ResultStore(url).query("SELECT unit_key, message FROM run_warnings ORDER BY id")[1]
+
+
+def test_an_attack_shards_warnings_are_stored_with_its_unit_by_the_join(tmp_path, monkeypatch):
+    """Each shard task returns its warnings; the join stores them with the unit (identical
+    ones once) and returns them for the driver to print. Before raywarn-19 they were lost."""
+    original = EvaluationContext.attack_shard
+
+    def warning_shard(self, spec, eps, index):
+        warnings.warn(f"shard {index}", AISafetyWarning, stacklevel=2)
+        warnings.warn("every shard", AISafetyWarning, stacklevel=2)
+        return original(self, spec, eps, index)
+
+    monkeypatch.setattr(EvaluationContext, "attack_shard", warning_shard)
+    with _started(tmp_path, shard_size=10, batch_size=10) as (plan, url, run_id, work, logits):
+        common = (plan, url, str(tmp_path))
+        outputs = [tasks.attack(*common, work.attack, work.eps, i, logits) for i in range(2)]
+        results, warned = zip(*outputs, strict=True)
+        _, _, kept = tasks.unit(*common, run_id, work, logits, {}, None, *results, *warned)
+    assert [[w.message for w in kept] for _, kept in outputs] == [
+        ["shard 0", "every shard"],
+        ["shard 1", "every shard"],
+    ]
+    expected = [(work.key, "shard 0"), (work.key, "every shard"), (work.key, "shard 1")]
+    assert [(w.unit_key, w.message) for w in kept] == expected
+    assert _rows(url) == expected
+
+
+def test_a_unit_that_fails_on_a_worker_takes_its_warnings_to_the_driver(tmp_path, monkeypatch):
+    """The failed task's exception carries the unit's warnings (``unit_warnings``: the
+    driver stores them under the unit's key); a later prepare on that worker does not hand
+    them back as the run's own."""
+
+    def tampering(self, ctx, spec, eps):
+        warnings.warn("before the failure", AISafetyWarning, stacklevel=2)
+        raise TamperingError("changed its inputs")
+
+    monkeypatch.setattr(AdversarialAccuracyWhiteBox, "compute", tampering)
+    with _started(tmp_path) as started, pytest.raises(TamperingError) as failed:
+        plan, url, run_id, work, logits = started
+        tasks.attack_unit(plan, url, str(tmp_path), run_id, work, logits)
+    assert failed.value.unit_warnings == [
+        KeptWarning(work.key, AISafetyWarning, "before the failure")
+    ]
+    info, _ = tasks.prepare(plan, url, str(tmp_path))  # the same worker's next run
+    assert info["warnings"] == []
+
+
+def test_the_driver_prints_a_units_warnings_but_keeps_them_out_of_the_runs():
+    """``_warn_unit``: each warning shown as the filters say, returned under the unit's key
+    (a shard's have none), and not added to the run's log (the worker stored them)."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
+    from aisafety.distributed.executor import _warn_unit
+    from aisafety.runner import WorkUnit
+
+    unit = WorkUnit("k1", "fgsm eps=0.1")
+    run = WarningLog()
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with keeping(run):
+            kept = _warn_unit(unit, [KeptWarning(None, AISafetyWarning, "from a shard")])
+    assert [str(w.message) for w in shown] == ["from a shard"]
+    assert kept == [KeptWarning("k1", AISafetyWarning, "from a shard")]
+    assert run.entries == []
