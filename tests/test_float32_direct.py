@@ -119,3 +119,28 @@ def test_the_fix_named_bounds_below_every_sampled_value(name, cases, references)
         assert bounds.shape == prop.offset.shape and not bounds.isnan().any()
         assert (bounds + prop.offset <= ref.lowest + ref.tolerance).all()
     assert ran
+
+
+# the verifiers with alpha-CROWN's root and boxes (``bounds_and_boxes``: vnncomp's joint
+# search, ``complete``'s MILP engine and tests call it directly, not through lower_bounds)
+ROOTED = [name for name in NAMES if hasattr(REGISTRY.get("verifier", name), "bounds_and_boxes")]
+
+
+@pytest.mark.parametrize("name", ROOTED)
+def test_bounds_and_boxes_refuses_a_float32_graph(name, cases):
+    """Before (session 19) it bounded a float32 graph on a float32 property with no rounding
+    margin and raised torch's dtype error on a float64 one; now the check every
+    ``lower_bounds`` makes, with the same fix named."""
+    assert {"alpha-crown", "bab", "complete"} <= set(ROOTED)
+    ran = 0
+    for case in filter(lambda case: takes(name, case.graph), cases):
+        verifier = make_verifier(REGISTRY, name, {"timeout": 2.0, "clock": "cpu"})
+        for dtype in (torch.float32, torch.float64):
+            ran += 1
+            with pytest.raises(VerificationError) as refusal, torch.no_grad():
+                verifier.bounds_and_boxes(case.graph, case.prop.to(dtype))
+            message = str(refusal.value)
+            assert f"verifier {name!r}" in message
+            assert f"a torch.float32 graph and the property a {dtype} box" in message
+            assert "Call verify()" in message and "in_dtype(torch.float64)" in message
+    assert ran

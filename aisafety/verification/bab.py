@@ -164,9 +164,9 @@ class BabVerifier(AlphaCrownVerifier):
     def noted_bounds(self, graph: BoundGraph, prop: Property):
         """alpha-CROWN's root, then a search on each open sample: its bound, its
         coefficients and per sample why the search left it open (the root's note if none)."""
-        self.require_float64(graph, prop)  # direct calls; ``complete`` shares this
         self._found: dict[int, torch.Tensor] = {}  # this batch's, even if it runs out of time
-        bounds, coeff, boxes, note = self.bounds_and_boxes(graph, prop)  # records each bound
+        # checks the dtypes first (direct calls), records each bound
+        bounds, coeff, boxes, note = self.bounds_and_boxes(graph, prop)
         why = [f"bounds too loose ({note})" if note else ""] * len(prop)
         # ``verify`` runs this inside the batch's limit; called directly (the registry-wide
         # contract does), the batch gets the verifier's own limit per sample

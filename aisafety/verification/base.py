@@ -47,6 +47,14 @@ from aisafety.verification.result import (
 HELD_COPIES = 2
 
 
+def _lost(route: str) -> str:
+    """The refusal's tail where ``route`` made the float64 copy and it was lost on the way."""
+    return (
+        f"{route} bounds the graph's float64 copy on the property in float64, so this is a "
+        "defect of that route (or of a graph whose in_dtype does not convert): please report it"
+    )
+
+
 class VerifierConfig(PluginConfig):
     batch_size: int = Field(default=64, gt=0, description="samples bounded together")
     timeout: float = Field(
@@ -143,7 +151,7 @@ class Verifier(ABC):
         """Raise, before any work, if ``graph`` has an op this verifier cannot bound."""
         graph.require(self.kinds, f"verifier {self.name!r}")
 
-    def require_float64(self, graph: BoundGraph, prop: Property) -> None:
+    def require_float64(self, graph: BoundGraph, prop: Property, route: str = "") -> None:
         """Refuse a graph or a box of another dtype than float64 where ``lower_bounds`` is
         called directly (``verify`` bounds the graph's float64 copy on the property widened
         to float64). Only float64 boxes and passes carry rounding margins: a float32 graph's
@@ -152,23 +160,35 @@ class Verifier(ABC):
         through ``margins.py``, not a verifier), and a box of another dtype than the graph's
         failed inside torch (``mat1 and mat2 must have the same dtype``). The spec rows and
         offsets too: a float32 spec was torch's ``addmv`` error in 11 verifiers and taken
-        silently by the 7 others, a float32 offset taken by all (session 19)."""
+        silently by the 7 others, a float32 offset taken by all (session 19).
+
+        ``route``: the public call (``verify()``) that made the float64 copy, where the
+        check runs inside one; its refusal is then that route's defect, and "call verify()"
+        (the fix for a direct call) would be untrue."""
         box = prop.lower.dtype
         if graph.dtype != torch.float64 or box != torch.float64 or prop.upper.dtype != box:
             raise VerificationError(
                 f"verifier {self.name!r} bounds float64 graphs and boxes only; model "
                 f"{graph.model!r} has a {graph.dtype} graph and the property a {box} box. "
-                "Call verify(), which bounds the graph's float64 copy on the property in "
-                "float64, or lower_bounds on graph.in_dtype(torch.float64) (or a graph built "
-                "with dtype=torch.float64) and prop.to(torch.float64) (exact)"
+                + (
+                    _lost(route)
+                    if route
+                    else "Call verify(), which bounds the graph's float64 copy on the property "
+                    "in float64, or lower_bounds on graph.in_dtype(torch.float64) (or a graph "
+                    "built with dtype=torch.float64) and prop.to(torch.float64) (exact)"
+                )
             )
         for what, tensor in (("spec", prop.spec), ("offset", prop.offset)):
             if tensor.dtype != torch.float64:
                 raise VerificationError(
                     f"verifier {self.name!r} bounds float64 properties only; the property's "
                     f"{what} is {tensor.dtype} on model {graph.model!r}'s {graph.dtype} graph. "
-                    "Call verify(), which widens the property to float64, or lower_bounds on "
-                    "prop.to(torch.float64) (exact)"
+                    + (
+                        _lost(route)
+                        if route
+                        else "Call verify(), which widens the property to float64, or "
+                        "lower_bounds on prop.to(torch.float64) (exact)"
+                    )
                 )
 
     def prepare(self) -> None:
@@ -260,7 +280,7 @@ class Verifier(ABC):
         began = self.began()
         deadline = self.deadline(len(prop), began)
         prop = prop.to(graph.dtype)
-        self.require_float64(graph, prop)  # here for every verifier: a plugin need not call it
+        self.require_float64(graph, prop, "verify()")  # for every verifier, plugins included
         n = len(prop)
         broken, point = torch.zeros(n, dtype=torch.bool), prop.lower
         margins = torch.full((n,), float("-inf"), dtype=prop.lower.dtype)

@@ -134,6 +134,7 @@ class CompleteVerifier(BabVerifier):
         batch = self.deadline(n, began)  # box-PGD and alpha-CROWN, shared by the batch
         clock = batch.clock
         prop = prop.to(graph.dtype)
+        self.require_float64(graph, prop, "verify()")  # the base's batch check, skipped here
         attacked, attack = torch.zeros(n, dtype=torch.bool), prop.lower
         bound, boxes, self._progress = None, None, None
         try:

@@ -224,8 +224,7 @@ class AlphaCrownVerifier(CrownVerifier):
         return size if one + held > limit else min(size, (limit - held) // one)
 
     def lower_bounds(self, graph: BoundGraph, prop: Property):
-        self.require_float64(graph, prop)
-        return self.noted_bounds(graph, prop)[:2]
+        return self.noted_bounds(graph, prop)[:2]  # ``bounds_and_boxes`` checks the dtypes
 
     def noted_bounds(self, graph: BoundGraph, prop: Property):
         """The bound, its coefficients and, with a joint search that fell back, why."""
@@ -239,7 +238,10 @@ class AlphaCrownVerifier(CrownVerifier):
         ``record``-ed, so a sample out of time in the slope search keeps what CROWN proved
         (never fewer settled than ``crown``). Samples CROWN already certifies (every row's
         bound + offset > 0) leave the batch: the slope search runs on the open ones only
-        and the others keep CROWN's bound, coefficients and boxes."""
+        and the others keep CROWN's bound, coefficients and boxes. Called directly too
+        (vnncomp's joint search, ``complete``'s MILP engine, tests), so it checks the
+        dtypes: a float32 graph's bounds carry no rounding margin (``require_float64``)."""
+        self.require_float64(graph, prop)
         crown_boxes = b.linear_boxes(graph, prop.lower, prop.upper, "adaptive")
         crown, crown_coeff = b.spec_lower(graph, crown_boxes, prop.spec, "adaptive")
         crown = torch.maximum(crown, b.ibp_spec_lower(graph, crown_boxes, prop.spec))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -95,6 +96,14 @@ class Network:
     def run(self, x: torch.Tensor) -> torch.Tensor:
         """onnxruntime's logits for inputs in the network's own space (replay)."""
         return self.reference.run_network(x.reshape(len(x), *self.reference.feed_shape))
+
+
+@dataclass(frozen=True)
+class _Bounded:
+    """What ``verify_disjuncts`` uses of a network: its bound graph and the replay."""
+
+    graph: BoundGraph
+    run: Callable[[torch.Tensor], torch.Tensor]
 
 
 @lru_cache(maxsize=4)
@@ -169,7 +178,13 @@ def verify_disjuncts(registry, net, lower, upper, disjuncts, verifier, settings)
     ``graph`` and the replay ``run`` of ``Network``): one verification of every row where
     each disjunct is one atom, else disjunct by disjunct (``_verify_conjunctions``); the
     verifier's ``settings`` include its time limit. Public for the fuzzing of this route
-    (testkit/vnncomp_fuzz.py), which gives it networks that are not ONNX files."""
+    (testkit/vnncomp_fuzz.py), which gives it networks that are not ONNX files.
+
+    A graph of another dtype than float64 is bounded as its float64 copy, as ``verify``
+    does (``Verifier.verify``: only float64 boxes and passes carry rounding margins); the
+    box and rows widen to float64 exactly. Before, the conjunctions' first pass refused a
+    float32 graph that one-atom disjuncts (through ``verify``) bounded (session 19)."""
+    net = _Bounded(net.graph.in_dtype(torch.float64), net.run)
     if all(len(rows) == 1 for rows in disjuncts):
         rows = [r[0] for r in disjuncts]
         return _verify_rows(registry, net, lower, upper, rows, verifier, settings)
@@ -323,7 +338,7 @@ def _first_pass(checker, net: Network, prop: Property) -> torch.Tensor:
     """Every atom's proved lower bound (offset included) from one bound pass; the graph and
     box checked float64 for any verifier (a plugin's ``lower_bounds`` need not check)."""
     prop = prop.to(net.graph.dtype)
-    checker.require_float64(net.graph, prop)
+    checker.require_float64(net.graph, prop, "verify_disjuncts()")
     with torch.no_grad():
         bounds, _ = checker.lower_bounds(net.graph, prop)
     return added_down(bounds, prop.offset)[0]
