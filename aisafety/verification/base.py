@@ -208,8 +208,9 @@ class Verifier(ABC):
         self, graph: BoundGraph, prop: Property
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Lower bounds (B, K) of the spec rows, and input coefficients (B, K, *in) or None.
-        Each built-in starts with ``require_float64`` for direct calls; the routes that call
-        it (``verify``, the VNN-COMP disjuncts' first pass) check it for any verifier."""
+        Each built-in checks ``require_float64`` before any bound for direct calls (alpha-CROWN
+        and bab through ``bounds_and_boxes``); the routes that call it (``verify``, the
+        VNN-COMP disjuncts' first pass) check it for any verifier."""
 
     def verify(
         self, graph: BoundGraph, prop: Property, model: Model | None = None
