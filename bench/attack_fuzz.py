@@ -73,6 +73,7 @@ def main() -> int:
                       "cpu_s": time.process_time() - began,
                       "findings": [str(f) for f in findings]}  # fmt: skip
             out.write(json.dumps(record) + "\n")
+            out.flush()
     print(f"\n{totals['cases']} cases ({totals['defended']} defended), "
           f"{totals['attacks']} attack runs, {totals['broken']} broken samples, "
           f"{totals['certified']} certificates, {totals['pairs']} (certificate, attack) "

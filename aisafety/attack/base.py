@@ -7,8 +7,9 @@ capabilities and the inputs, computes the clean logits once, hands ``perturb`` o
 samples still to do (query attacks skip those the model already gets wrong), projects
 whatever ``perturb`` returns back into the budget and the [0, 1] box, and re-evaluates the
 model itself, so no attack can report a success that is over budget or that the model does
-not confirm; a sample the model gets wrong clean stays broken (``keep_clean_mistakes``). With ``precision`` bf16/fp16 (``aisafety.attack.precision``) ``perturb`` searches
-with an autocast view of the model; that final evaluation stays fp32. For every attack,
+not confirm; a sample the model gets wrong clean stays broken (``keep_clean_mistakes``).
+With ``precision`` bf16/fp16 (``aisafety.attack.precision``) ``perturb`` searches with an
+autocast view of the model; that final evaluation stays fp32. For every attack,
 plugins included, ``perturb`` works on its own copies of the inputs (writing into them changes
 nothing outside), and its result must have the inputs' shape, dtype and device (nothing is
 broadcast), one step count per sample and no NaN or inf: otherwise a ``PluginError`` names
