@@ -21,8 +21,9 @@ and, for l2 and l1 attacks, at a budget of their own scale. On every result:
 Then, undefended cases only, every verifier that takes the graph runs on the l-inf property
 at the case's budget: a certified sample must be classified correctly and no attack at that
 budget, of any norm (the l2 and l1 balls of radius eps lie inside the l-inf one), may have
-broken it with a replayed point inside the float64 box. Shared by the bench
-(bench/attack_fuzz.py, many seeds) and the test slice (tests/test_attack_fuzz.py).
+broken it with a replayed point inside the float64 box, nor falsified by another verifier.
+Shared by the bench (bench/attack_fuzz.py, many seeds) and the test slice
+(tests/test_attack_fuzz.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.verification.graph import VerificationError, build_graph
 from aisafety.verification.property import robustness_property
+from aisafety.verification.result import VerificationResult
 
 # shorter runs only, applied where an attack's Config has the field
 ATTACK_FAST = {
@@ -79,6 +81,7 @@ ROUNDING = (
     "certified sample broken in float32 only",
     "certified a clean mistake of float32 only",
     "broken only outside the box",
+    "certified and falsified in float32 only",
 )
 SIZE = {
     Norm.LINF: lambda d: d.abs().amax(1),
@@ -238,8 +241,8 @@ def _check_members(result: AttackResult, note: Callable[[str, str], None]) -> No
             note("breaker did not run", f"broken_by {broken_by.tolist()}")
 
 
-def certificates(registry, case: AttackCase, names: list[str]) -> dict[str, torch.Tensor]:
-    """Per verifier that takes the case's graph, its certified mask at the case's budget."""
+def certificates(registry, case: AttackCase, names: list[str]) -> dict[str, VerificationResult]:
+    """Per verifier that takes the case's graph, its result at the case's budget."""
     if case.defended:
         return {}
     graph = build_graph(case.predictor.network, case.predictor.input_shape, case.what)
@@ -253,9 +256,31 @@ def certificates(registry, case: AttackCase, names: list[str]) -> dict[str, torc
             verifier.check(graph)
         except VerificationError:
             continue
-        result = verifier.verify(graph, prop, case.predictor.network)
-        found[name] = result.certified.bool()
+        found[name] = verifier.verify(graph, prop, case.predictor.network)
     return found
+
+
+def check_verdicts_agree(
+    case: AttackCase, results: dict[str, VerificationResult], note: Callable[[str, str], None]
+) -> None:
+    """No sample certified by one verifier and falsified by another; where the falsifying
+    point keeps the label in the float64 network, the contradiction is float32 rounding
+    (the replay counts a float32 tie, margin 0, as a counterexample)."""
+    if not results:
+        return
+    exact = copy.deepcopy(case.predictor.network).double()
+    classes = case.predictor.num_classes
+    for proved, proof in results.items():
+        for refuted, refutation in results.items():
+            both = proof.certified.bool() & refutation.falsified.bool()
+            for i in torch.nonzero(both).flatten().tolist():
+                point = refutation.counterexamples[i : i + 1].double()
+                with torch.no_grad():
+                    logits = exact(point)[0]
+                others = logits[torch.arange(classes) != case.y[i]]
+                kept = bool(logits[case.y[i]] > others.max())
+                kind = "certified and falsified" + (" in float32 only" if kept else "")
+                note(kind, f"sample {i}: {proved} certified, {refuted} falsified")
 
 
 def check_certified(
@@ -337,13 +362,15 @@ def fuzz_case(
             ran["excess"][key] = max(ran["excess"].get(key, 0.0), excess)
             if eps == case.eps:
                 at_case_eps[name] = result
-    certified = certificates(registry, case, verifiers)
+    results = certificates(registry, case, verifiers)
+    certified = {k: r.certified.bool() for k, r in results.items()}
     ran["certified"] = {k: int(v.sum()) for k, v in certified.items()}
 
     def note_certified(kind: str, detail: str) -> None:
         found.append(Finding(seed, "certificate", kind, detail))
 
     ran["pairs"] = check_certified(case, certified, at_case_eps, note_certified)
+    check_verdicts_agree(case, results, note_certified)
     return case, found, ran
 
 
