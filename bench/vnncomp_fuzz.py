@@ -10,8 +10,10 @@ conjunctions, run through ``vnncomp.verify_disjuncts`` by alpha-crown, bab and c
 MILP's exact minimiser on small ReLU nets). ``--ticks``: the anytime family, each run under
 a counting clock with a limit of 1-80,000 readings drawn per seed and verifier (the deadline
 expires at a random point of the route); ``--tiny``: real CPU limits of 1 ms to 0.3 s.
-Prints each finding, then per family and verifier the statuses and findings. Exits 1 if
-any invariant broke.
+Prints each finding, then per family and verifier the statuses and findings, and per
+verifier the statuses on violated cases (a reference point with v <= 0), those whose box
+holds no float32 point (never ``sat``: nothing replays) apart from the others (where
+anything but ``sat`` is a miss, if not an unsound answer). Exits 1 if any invariant broke.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ def main() -> int:
     statuses: dict[tuple[str, str], collections.Counter] = collections.defaultdict(
         collections.Counter
     )
+    violated: dict[tuple[str, str], collections.Counter] = collections.defaultdict(
+        collections.Counter
+    )
     found, errors, cases, milp = (
         collections.Counter(),
         collections.Counter(),
@@ -89,6 +94,9 @@ def main() -> int:
                 continue
             findings = check(case, ref, result, name)
             statuses[(case.family, name)][result.status] += 1
+            if ref.violated:
+                point = "with a float32 point" if ref.float32_point else "no float32 point"
+                violated[(name, point)][result.status] += 1
             print(f"  {name} (limit {limit:.4g}): {result.status} {result.margin:.5g}", flush=True)
             for finding in findings:
                 found[(name, finding.kind)] += 1
@@ -96,7 +104,8 @@ def main() -> int:
             if out:
                 record = {"seed": seed, "verifier": name, "case": case.what, "limit": limit,
                           "status": result.status, "margin": result.margin,
-                          "lowest": ref.lowest, "cpu_s": time.process_time() - began,
+                          "lowest": ref.lowest, "float32_point": ref.float32_point,
+                          "cpu_s": time.process_time() - began,
                           "findings": [f"{f.kind}: {f.detail}" for f in findings]}  # fmt: skip
                 out.write(json.dumps(record) + "\n")
                 out.flush()
@@ -104,6 +113,9 @@ def main() -> int:
           + ", ".join(f"{k} {v}" for k, v in sorted(cases.items())))  # fmt: skip
     for (family, name), counted in sorted(statuses.items()):
         print(f"{family} {name}: " + ", ".join(f"{v} {s}" for s, v in sorted(counted.items())))
+    for (name, point), counted in sorted(violated.items()):
+        print(f"violated, {point}, {name}: "
+              + ", ".join(f"{v} {s}" for s, v in sorted(counted.items())))  # fmt: skip
     for name in names:
         kinds = {k: v for (n, k), v in found.items() if n == name}
         print(f"{name}: findings {kinds or 'none'}")

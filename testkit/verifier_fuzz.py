@@ -132,7 +132,7 @@ def _batchnorm(module: nn.Module, gen: torch.Generator) -> nn.Module:
     return module
 
 
-def _dense_layers(gen, width: int, classes: int, relu_only: bool, what: list[str]):
+def dense_layers(gen, width: int, classes: int, relu_only: bool, what: list[str]):
     layers: list[nn.Module] = []
     for _ in range(int(torch.randint(1, 4, (1,), generator=gen))):
         out = int(torch.randint(2, 9, (1,), generator=gen))
@@ -149,7 +149,7 @@ def _dense_layers(gen, width: int, classes: int, relu_only: bool, what: list[str
     return layers
 
 
-def _conv_layers(gen, shape: tuple[int, int, int], relu_only: bool, what: list[str]):
+def conv_layers(gen, shape: tuple[int, int, int], relu_only: bool, what: list[str]):
     layers: list[nn.Module] = []
     c, (h, w) = shape[0], shape[1:]
     for _ in range(int(torch.randint(1, 3, (1,), generator=gen))):
@@ -202,18 +202,24 @@ def random_net(gen: torch.Generator) -> tuple[nn.Module, tuple[int, ...], str]:
     if uniform(gen) < 0.4:
         n = int(torch.randint(1, 7, (1,), generator=gen))
         shape: tuple[int, ...] = (n,)
-        layers = _dense_layers(gen, n, classes, relu_only, what)
+        layers = dense_layers(gen, n, classes, relu_only, what)
         what.insert(0, "dense")
     else:
         shape = (int(torch.randint(1, 3, (1,), generator=gen)),) + (
             int(torch.randint(3, 7, (1,), generator=gen)),
         ) * 2
-        body, width = _conv_layers(gen, shape, relu_only, what)
-        layers = [*body, nn.Flatten(), *_dense_layers(gen, width, classes, relu_only, what)]
+        body, width = conv_layers(gen, shape, relu_only, what)
+        layers = [*body, nn.Flatten(), *dense_layers(gen, width, classes, relu_only, what)]
         what.insert(0, "conv")
-    net = nn.Sequential(*layers)
+    net = seeded_weights(nn.Sequential(*layers), gen, what)
+    return net, shape, " ".join(what)
+
+
+def seeded_weights(net: nn.Module, gen: torch.Generator, what: list[str]) -> nn.Module:
+    """``net`` in eval mode with default initialisation drawn from ``gen``'s next seed, then
+    one layer's weights scaled by 4, 1e3 or 1e-3 (half the time none): steep and flat nets."""
     torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
-    for module in net.modules():  # default init, seeded, then one layer scaled
+    for module in net.modules():
         if isinstance(module, nn.Linear | nn.Conv2d):
             module.reset_parameters()
     scaled = [m for m in net.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
@@ -223,7 +229,7 @@ def random_net(gen: torch.Generator) -> tuple[nn.Module, tuple[int, ...], str]:
         with torch.no_grad():
             layer.weight.mul_(factor)
         what.append(f"x{factor:g}")
-    return net.eval(), shape, " ".join(what)
+    return net.eval()
 
 
 def random_property(gen: torch.Generator, case_net: nn.Module, shape, dtype) -> Property:

@@ -114,7 +114,7 @@ ADV = np.array(
         [0.1, 0.3, 0.9, 0.3],  # pred 2: successful
         [0.6, 0.3, 0.1, 0.4],  # pred 0: attack failed (robust)
         [0.1, 0.2, 0.0, 0.1],  # pred 1: wrong, but was wrong already -> not "successful"
-        [0.8, 0.2, 0.3, 0.0],  # pred 0: the attack made a wrong sample right
+        [0.8, 0.2, 0.3, 0.0],  # pred 0: would make a wrong sample right (the clean stands)
     ]
 )
 LABELS = np.array([0, 1, 0, 2, 0])
@@ -153,8 +153,11 @@ def test_clean_accuracy_hand(hand_ctx):
 def test_aaw_hand_is_robust_accuracy_over_all_samples(hand_ctx):
     ctx, _ = hand_ctx
     value = AdversarialAccuracyWhiteBox().compute(ctx, SPEC, EPS)[0]
-    # adversarially correct: sample 2 (attack failed) and sample 4 (wrong -> right)
-    assert value.value == pytest.approx(2 / 5)
+    # adversarially correct: sample 2 (attack failed); sample 4's point is right but the
+    # sample was wrong clean, so its clean input stands (attack/base.py's
+    # keep_clean_mistakes: a clean mistake is its own adversarial example; 2/5 before
+    # session 19)
+    assert value.value == pytest.approx(1 / 5)
     assert value.n_samples == 5
     assert value.eps == EPS and value.attack == "fixed" and value.attack_key == SPEC.key()
 
@@ -235,7 +238,9 @@ def test_hand_values_do_not_depend_on_batching():
         assert a.n_samples == b.n_samples
     assert made[0].calls == 3  # 5 samples in batches of 2
     result = chunked.adversarial(SPEC, EPS)
-    assert torch.allclose(result.x_adv, adv, atol=1e-6)
+    kept = adv.clone()
+    kept[4] = x[4]  # a clean mistake the fixed point would make right: the clean input stands
+    assert torch.allclose(result.x_adv, kept, atol=1e-6)
     assert result.y.tolist() == LABELS.tolist()
 
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vnncomp_fuzz import check, random_case, reference, run_case, ticking_clock
+from vnncomp_fuzz import (
+    check,
+    has_float32_point,
+    random_case,
+    reference,
+    run_case,
+    ticking_clock,
+)
 
 from aisafety.plugins import default_registry
 from aisafety.verification.vnncomp import InstanceResult
@@ -71,3 +78,21 @@ def test_the_harness_finds_wrong_answers(cases):
     text = "(" + " ".join(f"(X_{i} {v!r})" for i, v in enumerate(outside.tolist())) + ")"
     kinds = {f.kind for f in check(case, ref, InstanceResult("sat", 0.0, -1.0, text), "wrong")}
     assert kinds == {"counterexample outside the box"}
+
+
+def test_a_box_without_a_float32_point_is_flagged_in_the_reference(cases):
+    """lower = upper at a float64 value float32 cannot represent leaves nothing to replay,
+    so such a case is never ``sat`` however violated: the reference says so (the bench
+    counts these apart from misses), and a ``sat`` there is a finding."""
+    one = torch.tensor([[0.1]], dtype=torch.float64)  # 0.1 is no float32
+    assert not has_float32_point(one, one)
+    assert has_float32_point(one.float().double(), one.float().double())
+    assert has_float32_point(one, one + 1e-8)  # a float32 lies inside
+    assert all(ref.float32_point for _, ref in cases)
+    case = random_case(7)  # a degenerate input at a float64 centre
+    assert not has_float32_point(case.lower, case.upper)
+    ref = reference(case, random_points=4, pgd_steps=2)
+    assert not ref.float32_point
+    text = "(" + " ".join(f"(X_{i} {v!r})" for i, v in enumerate(case.lower.flatten().tolist()))
+    kinds = {f.kind for f in check(case, ref, InstanceResult("sat", 0.0, -1.0, text + ")"), "w")}
+    assert "sat without a float32 point in the box" in kinds

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
-from aisafety.attack.base import Attack, AttackConfig
+from aisafety.attack.base import Attack, AttackConfig, keep_clean_mistakes
 from aisafety.attack.call import AttackCall
 from aisafety.attack.result import AttackResult
 from aisafety.attack.transfer import AttackRegistry
@@ -207,6 +207,7 @@ class _Ensemble(Attack):
         todo = None if todo is None else todo.to(predictor.device)
         outcome = self._run_members(predictor, x, y, eps, clean_logits, samples.cpu(), todo)
         x_adv, adv_logits = self._final_check(predictor, outcome.x_adv, x, eps)
+        x_adv, adv_logits = keep_clean_mistakes(x, y, clean_logits, x_adv, adv_logits)
         success = adv_logits.argmax(1) != y
         broken_by = torch.where(success, outcome.broken_by, -1)
         return AttackResult(

@@ -104,6 +104,23 @@ def project_l2_box(
     return torch.where(norm > eps, shrunk, z).view_as(v)
 
 
+def within_l1(z: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``z`` (in [0, 1]), where its float64 l1 distance to ``x`` is over ``eps`` replaced by
+    ``x + delta * eps / size`` with each coordinate rounded towards ``x``: every coordinate
+    then moves at most as far as the float64 one, whose sizes sum to eps. Samples inside
+    come back bit for bit."""
+    delta = z.double() - x.double()
+    size = delta.flatten(1).abs().sum(1)
+    over = size > eps
+    if not bool(over.any()):
+        return z
+    scaled = delta * per_sample(torch.where(over, eps / size.clamp_min(1e-300), 1.0), delta)
+    near = (x.double() + scaled).to(z.dtype)
+    outward = (near.double() - x.double()).abs() > scaled.abs()
+    near = torch.where(outward, torch.nextafter(near, x), near)
+    return torch.where(per_sample(over, z), near, z)
+
+
 class ThreatModel:
     """The l_p ball of radius eps around the clean input, intersected with [0, 1]."""
 
@@ -207,6 +224,13 @@ class L1Threat(ThreatModel):
 
     def project(self, x_adv: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
         return (x + project_l1(x_adv - x, eps)).clamp(0.0, 1.0)
+
+    def contain(self, x_adv: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
+        """The step projection, made exact: each changed pixel of ``x + delta`` rounds by up
+        to half a unit in the last place, outwards as often as not, and over many pixels
+        that adds up (0.47% of eps at eps 0.001 on 784 pixels); a sample still over eps in
+        float64 is scaled onto the sphere in float64 and rounded towards ``x``."""
+        return within_l1(self.project(x_adv, x, eps), x, eps)
 
     def random_start(
         self, x: torch.Tensor, eps: float, generator: RandomSource, surface: bool = False
