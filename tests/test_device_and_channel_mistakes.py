@@ -85,3 +85,34 @@ def test_an_export_archive_saved_on_cuda_is_named_with_the_fix(tmp_path, monkeyp
     message = str(error.value)
     assert "was exported on a CUDA device" in message and "model.cpu()" in message
     assert "is not a torch.export archive" not in message
+
+
+def test_a_wrong_image_size_names_a_resizing_module_that_works(tmp_path):
+    """imagenet-samples (224x224, no resize option) on a 299x299 model was told to 'resize the
+    images'; the named wrapper with the named input_shape runs."""
+    import aisafety
+
+    predictor = TorchPredictor(_Pool299(), (3, 299, 299), 10, name="m")
+    with pytest.raises(InputError) as caught:
+        predictor.logits(torch.rand(2, 3, 224, 224))
+    message = str(caught.value)
+    assert "the images are 224x224 and the model takes 299x299" in message
+    assert "nn.Upsample(size=(299, 299), mode='bilinear'), net)" in message
+    assert "input_shape [3, 224, 224]" in message
+    wrapped = nn.Sequential(nn.Upsample(size=(299, 299), mode="bilinear"), _Pool299())
+    data = (torch.rand(2, 3, 224, 224), torch.zeros(2, dtype=torch.int64))
+    plan = {"dataset": {"limit": 2}, "metrics": ["ca"], "attacks": [{"name": "fgsm"}]}
+    record = aisafety.evaluate(plan, f"sqlite:///{tmp_path}/a.db", model=wrapped, data=data)
+    assert record.values and not record.failed_units
+
+
+class _Pool299(nn.Module):
+    """An Inception-shaped input: refuses anything but 299x299."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 10)
+
+    def forward(self, x):
+        assert tuple(x.shape[2:]) == (299, 299)
+        return self.fc(x.mean(dim=(2, 3)))

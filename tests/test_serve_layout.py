@@ -50,3 +50,18 @@ def test_serve_takes_layout_and_scale_for_a_channels_last_graph(keras_like, monk
 def test_layout_is_refused_for_a_model_that_is_not_onnx():
     with pytest.raises(ConfigError, match="--layout nhwc applies to ONNX files only"):
         server.open_model("mnist-cnn", layout="nhwc")
+
+
+def test_a_remote_channels_last_model_is_told_to_serve_with_layout(keras_like):
+    """It was told to set 'layout: nhwc', which a remote model does not take."""
+    from aisafety.errors import InputError
+    from aisafety.prediction.remote import RemotePredictor
+
+    path, _ = keras_like
+    with server.make_server(server.open_model(str(path)), port=0, model_name="k") as served:
+        remote = RemotePredictor(served.url, "k")
+        with pytest.raises(InputError) as caught:
+            remote.check_input_layout(torch.rand(2, 3, 4, 4))
+    message = str(caught.value)
+    assert "aisafety serve MODEL.onnx --layout nhwc" in message and "--scale 255" in message
+    assert "layout: nhwc" not in message and "input_shape [" not in message

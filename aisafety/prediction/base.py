@@ -163,12 +163,7 @@ class Predictor(ABC):
         """How to make ``x`` fit: a channels-last model is named as such, not 'resize'."""
         h, w, c = (tuple(self.input_shape) + (0, 0, 0))[:3]
         if x.dim() == 4 and len(self.input_shape) == 3 and tuple(x.shape[1:]) == (c, h, w):
-            return (
-                f"the model's input_shape ({h}, {w}, {c}) is channels-last (H, W, C), the "
-                "images are (C, H, W) as the platform feeds them: for a channels-last ONNX "
-                f"graph set layout: nhwc; for a module give input_shape [{c}, {h}, {w}] "
-                "(docs/prediction.md)"
-            )
+            return self.channels_last_fix(c, h, w)
         channels = self.input_shape[0] if len(self.input_shape) == 3 else None
         if x.dim() == 4 and channels and tuple(x.shape[2:]) == tuple(self.input_shape[1:]):
             return (
@@ -177,7 +172,32 @@ class Predictor(ABC):
                 "images, or the reverse, would see inputs it was not trained on), or check "
                 "input_shape"
             )
+        if x.dim() == 4 and channels and x.shape[1] == channels:
+            return self.size_fix(tuple(x.shape[2:]), tuple(self.input_shape[1:]))
         return "add a batch dimension or resize the images"
+
+    def channels_last_fix(self, c: int, h: int, w: int) -> str:
+        """The fix for an (H, W, C) input_shape fed (C, H, W) images: a setting of the model."""
+        return (
+            f"the model's input_shape ({h}, {w}, {c}) is channels-last (H, W, C), the "
+            "images are (C, H, W) as the platform feeds them: for a channels-last ONNX "
+            f"graph set layout: nhwc; for a module give input_shape [{c}, {h}, {w}] "
+            "(docs/prediction.md)"
+        )
+
+    def size_fix(self, images: tuple[int, ...], takes: tuple[int, ...]) -> str:
+        """The fix for images of another height and width: no dataset resizes on request
+        (imagenet-samples is fixed at 224x224), so the model resizes them, or other images."""
+        (ih, iw), (th, tw) = images, takes
+        c = self.input_shape[0]
+        return (
+            f"the images are {ih}x{iw} and the model takes {th}x{tw}: resize the images "
+            f"inside the model (for a PyTorch network, a factory returning nn.Sequential("
+            f"nn.Upsample(size=({th}, {tw}), mode='bilinear'), net) with input_shape "
+            f"[{c}, {ih}, {iw}]; attacks then perturb the {ih}x{iw} images), or evaluate it on "
+            f"{th}x{tw} images (an imagefolder dataset, or aisafety.evaluate(data=...)) "
+            "(docs/own-model.md)"
+        )
 
     def check_input_layout(self, x: torch.Tensor) -> None:
         """The batch's type, shape and dtype (no look at its values: no synchronisation)."""

@@ -126,6 +126,28 @@ class RemotePredictor(Predictor):
         self.input_shape, self.wire_shape = shapes  # type: ignore[assignment]
         self.num_classes = int(num_classes) if num_classes else self._classes(meta)
 
+    # -- shape errors: the fix is on the serving side ------------------------------------
+
+    def channels_last_fix(self, c: int, h: int, w: int) -> str:
+        """A remote model takes no ``layout`` and its ``input_shape`` only relabels the wire
+        shape (same values, scrambled): the server must take (C, H, W)."""
+        return (
+            f"the served model takes channels-last (H, W, C) = ({h}, {w}, {c}) images, the "
+            "platform sends (C, H, W): serve a channels-last ONNX graph with 'aisafety serve "
+            "MODEL.onnx --layout nhwc' (and '--scale 255' if it takes 0..255 pixels), or have "
+            "the server take (C, H, W) images (docs/prediction.md)"
+        )
+
+    def size_fix(self, images: tuple[int, ...], takes: tuple[int, ...]) -> str:
+        """The plan's model settings cannot resize for a server: the served model must."""
+        (ih, iw), (th, tw) = images, takes
+        return (
+            f"the images are {ih}x{iw} and the served model takes {th}x{tw}: serve a model "
+            f"that takes {ih}x{iw} images (one that resizes them first, e.g. nn.Sequential("
+            f"nn.Upsample(size=({th}, {tw}), mode='bilinear'), net) exported and served), or "
+            f"evaluate it on {th}x{tw} images (docs/own-model.md)"
+        )
+
     # -- protocol ------------------------------------------------------------------------
 
     @property
