@@ -22,9 +22,16 @@ from collections import Counter
 
 import pytest
 import torch
+from shapes import build  # testkit/, on the path from conftest.py
 
 import aisafety
+from aisafety import memory_budget
+from aisafety.attack import base
+from aisafety.attack.pgd import PGDLinf
+from aisafety.errors import MemoryBudgetError
 from aisafety.plugins import default_registry
+from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.unit_cost import reset_peak_rss, status_bytes
 
 DEVICE = os.environ.get("AISAFETY_TEST_DEVICE", "cuda")
 pytestmark = [
@@ -182,3 +189,86 @@ def test_the_report_renders_a_device_run(tmp_path):
     record = aisafety.evaluate(plan, db=db)
     page = build_report(ResultStore(db), record.run_id)
     assert "robust" in page.lower() and DEVICE in page
+
+
+# the shapes users evaluate, random weights; images per run on the device and on the CPU check
+AT_SIZE = {"wrn-28-10": (256, 8), "resnet-50": (48, 4)}
+
+
+def peak_growth(work) -> tuple[int, int]:
+    """(bytes, reserved bytes) the device's allocations peaked above what was held before
+    ``work``: the caching allocator's count on CUDA (cuDNN's and cuBLAS's workspaces come
+    from it too), the resident size's peak on the CPU (both numbers)."""
+    if DEVICE == "cpu":
+        reset_peak_rss()
+        before = status_bytes("VmRSS")
+        work()
+        grown = status_bytes("VmHWM") - before
+        return grown, grown
+    torch.cuda.synchronize()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
+    work()
+    torch.cuda.synchronize()
+    return (
+        torch.cuda.max_memory_allocated() - allocated,
+        torch.cuda.max_memory_reserved() - reserved,
+    )
+
+
+def at_size(shape: str, n: int) -> tuple[TorchPredictor, torch.Tensor, torch.Tensor]:
+    module, input_shape, classes = build(shape)
+    model = TorchPredictor(module, input_shape, classes, name=shape, device=DEVICE)
+    x = torch.rand(n, *input_shape, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    return model, x, model.predict(x)
+
+
+@pytest.mark.parametrize("shape", sorted(AT_SIZE))
+def test_an_attack_keeps_its_memory_budget_on_the_device(shape):
+    """PGD on the WRN-28-10 and ResNet-50 shapes under a budget of a quarter of its images
+    (and the result it keeps): it chunks, and the device's peak allocation stays under the
+    budget. The estimate (``prediction/footprint.py``) was checked against the CPU's resident
+    size only; a GPU adds cuDNN's workspaces, which this measures."""
+    n = AT_SIZE[shape][DEVICE == "cpu"]
+    model, x, y = at_size(shape, n)
+    attack = PGDLinf(steps=2)
+    one = attack.image_memory(model)  # its one-image probe runs here, before the measurement
+    held = base.RESULT_COPIES * x.numel() * 4
+    budget = held + one * max(1, n // 4)
+    with memory_budget.memory_limit(budget):
+        chunk = attack._budget_chunk(model, n, held)
+        peak, reserved = peak_growth(lambda: attack(model, x, y, 8 / 255, chunk_size=n))
+    print(f"{shape} on {DEVICE}: {n} images in chunks of {chunk}; one image {one / 2**20:.1f} "
+          f"MiB, budget {budget / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB "
+          f"({peak / budget:.3f} of it), reserved {reserved / 2**20:.1f} MiB")  # fmt: skip
+    assert 1 <= chunk < n
+    assert peak <= budget
+
+
+def test_an_attack_over_the_budget_on_the_device_is_refused_before_it_allocates():
+    model, x, y = at_size("resnet-50", 2)
+    attack = PGDLinf(steps=2)
+    one = attack.image_memory(model)
+
+    def refused() -> None:
+        with memory_budget.memory_limit(one // 2), pytest.raises(MemoryBudgetError) as caught:
+            attack(model, x, y, 8 / 255)
+        assert "memory_gib" in str(caught.value), caught.value
+
+    peak, _ = peak_growth(refused)
+    print(f"refused on {DEVICE}: peak growth {peak} bytes")
+    assert DEVICE == "cpu" or peak == 0
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the default budget of a GPU: its free memory")
+def test_the_default_budget_of_the_device_chunks_a_large_batch():
+    """Without a plan budget, half of the card's free memory: 1,024 ResNet-50 images in one
+    call chunk under it and finish (no CUDA out-of-memory error)."""
+    model, x, y = at_size("resnet-50", 1024)
+    attack = PGDLinf(steps=1)
+    budget = memory_budget.default_budget(DEVICE)
+    chunk = attack._budget_chunk(model, len(x), base.RESULT_COPIES * x.numel() * 4)
+    peak, reserved = peak_growth(lambda: attack(model, x, y, 8 / 255))
+    print(f"default budget {budget / 2**30:.2f} GiB: chunks of {chunk}, peak "
+          f"{peak / 2**30:.2f} GiB, reserved {reserved / 2**30:.2f} GiB")  # fmt: skip
+    assert peak <= budget
