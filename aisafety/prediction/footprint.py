@@ -91,7 +91,10 @@ def _measure(model: Predictor) -> tuple[int, int]:
         if not isinstance(tensor, torch.nn.Parameter) and tensor.layout == torch.strided:
             storage = tensor.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
+        # not the tensor itself: it would hold its own autograd node, which holds it (a
+        # cycle through C++ the collector cannot see), keeping the probe's graph and the
+        # model's weights alive after the model (tests/test_probe_frees_the_model.py)
+        return tensor.detach()
 
     grad = Capability.GRADIENTS in model.capabilities  # others may refuse a graph input
     x = torch.full((1, *model.input_shape), 0.5, device=model.device, requires_grad=grad)
