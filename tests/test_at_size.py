@@ -12,11 +12,15 @@ surrogate is a 1x28x28 zoo net); a verifier outside ``MUST_ANSWER`` may refuse t
 architecture before any work, naming what it cannot bound (a residual net or max-pooling
 for the chain-only verifiers), or refuse by its memory budget before any allocation, naming
 the estimate and the budget (the LP / MILP verifiers, whose rows are dense in the inputs);
-the refusal is printed."""
+the refusal is printed.
+
+``AISAFETY_TEST_DEVICE=cuda`` runs the same on a GPU (``device: cuda``; the verifiers bound on
+the host either way) and prints the card's peak allocation beside the resident growth."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -36,6 +40,7 @@ from aisafety.verification.graph import VerificationError
 from tests.shared_data import shared_folder
 
 pytestmark = pytest.mark.slow
+DEVICE = os.environ.get("AISAFETY_TEST_DEVICE", "cpu")
 N = 2
 SMALL = {"steps": 2, "queries": 10, "restarts": 1, "max_steps": 2, "iterations": 2,
          "population": 4, "n_target_classes": 1, "samples": 4, "nb_samples_per_step": 2,
@@ -76,14 +81,19 @@ def evaluate(shape: str, plan: dict, tmp_path, own_labels: bool = False):
             extra = {"data": (x, net(x).argmax(1))}
     reset_peak_rss()  # the peak resident size (VmHWM) := the current one
     before = status_bytes("VmRSS")
+    held = torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     record = aisafety.evaluate(
-        {**plan, "seed": 0, "batch_size": N},
+        {**plan, "seed": 0, "batch_size": N, "device": DEVICE},
         db=f"sqlite:///{tmp_path / 'at-size.db'}",
-        model=TorchPredictor(net, input_shape, classes, name=shape),
+        model=TorchPredictor(net, input_shape, classes, name=shape, device=DEVICE),
         **extra,
     )
     peak = status_bytes("VmHWM") - before
-    print(f"PEAK {shape} {label}: {peak / 2**30:.2f} GiB", flush=True)
+    card = (torch.cuda.max_memory_allocated() - held) / 2**30 if DEVICE == "cuda" else None
+    on_card = f", card {card:.2f} GiB above {held / 2**30:.2f} held" if card is not None else ""
+    print(f"PEAK {shape} {label}: {peak / 2**30:.2f} GiB{on_card}", flush=True)
     assert not record.failed_units, record.failed_units
     assert record.values, f"{label}: no value stored"
     nan = [v for v in record.values if not math.isfinite(v.value)]

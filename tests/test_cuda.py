@@ -257,7 +257,9 @@ def test_an_attack_over_the_budget_on_the_device_is_refused_before_it_allocates(
 
     peak, _ = peak_growth(refused)
     print(f"refused on {DEVICE}: peak growth {peak} bytes")
-    assert DEVICE == "cpu" or peak == 0
+    # the input checks' scalars may come first (3,072 bytes on an H200, 2026-11-28), nothing
+    # of one image's size (602,112 bytes here)
+    assert DEVICE == "cpu" or peak < x[0].numel() * x.element_size()
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the default budget of a GPU: its free memory")
