@@ -54,7 +54,7 @@ from aisafety.loading import (
 )
 from aisafety.memory import reuse_freed_memory
 from aisafety.memory_budget import GIB, memory_limit
-from aisafety.plugins import Registry, default_registry
+from aisafety.plugins import Registry, default_registry, warn_failures
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.watch import before_exit_on_hang
 from aisafety.progress import RunProgress
@@ -194,6 +194,7 @@ class Runner:
         # the run's own warnings (the plan's, loading, the clean pass), stored with the run
         self.warning_log = WarningLog()
         with keeping(self.warning_log):
+            warn_failures(self.registry)  # a plugin skipped: the run goes on without it
             # Build every attack and metric now: a bad name or config fails before any work.
             self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
             self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
