@@ -13,11 +13,13 @@ import pytest
 
 import aisafety
 from aisafety.cli import main
+from aisafety.config import plan_from_dict
 from aisafety.errors import PluginLoadWarning
 from aisafety.hookspecs import PROJECT, hookimpl
 from aisafety.plugins import build_registry
 from aisafety.report_page import build_report
 from aisafety.store.results import ResultStore
+from aisafety.warning_log import KeptWarning
 
 
 @pytest.fixture
@@ -149,3 +151,21 @@ def test_evaluate_prints_a_failed_plugin_once_and_stores_it(exiting_entry_point,
     assert capsys.readouterr().err.count("warning: plugin 'exits-at-import'") == 1
     assert not [w for w in shown if w.category is PluginLoadWarning]  # not again per run
     assert _stored(url) == [(None, "PluginLoadWarning", EXITS)] * 2  # each seed's run
+
+
+def test_a_ray_worker_hands_a_failed_plugin_to_the_driver(exiting_entry_point, tmp_path,
+                                                         monkeypatch):  # fmt: skip
+    """The prepare task returns it with the run's other warnings (the driver stores the
+    ones it did not raise itself: a plugin broken on the worker only)."""
+    from aisafety.distributed.tasks import prepare
+    from aisafety.store.interruption import HANG_ENDS_PROCESS
+
+    monkeypatch.setattr("aisafety.runner.default_registry", build_registry)
+    monkeypatch.setenv(HANG_ENDS_PROCESS, "")  # prepare sets it for the worker's process
+    monkeypatch.chdir(tmp_path)  # and moves to the plan's folder
+    plan = plan_from_dict({"device": "cpu", "metrics": ["ca"], "dataset": {"limit": 8}}, "p")
+    with pytest.warns(PluginLoadWarning):
+        info, _ = prepare(plan, f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
+    assert [w for w in info["warnings"] if w.category is PluginLoadWarning] == [
+        KeptWarning(None, PluginLoadWarning, EXITS)
+    ]
