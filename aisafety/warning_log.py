@@ -151,7 +151,8 @@ def _to_show(filters: list[Any], shown: dict, message, category, filename, linen
     """Whether ``filters`` show the warning, as ``warnings.warn_explicit`` decides (the
     module is the file name without ``.py``, as there); ``shown`` is the registry of what was
     shown already. An ``error`` action raises the warning."""
-    text, module = str(message), filename[:-3] if filename.lower().endswith(".py") else filename
+    text, module = str(message), filename or "<unknown>"
+    module = module[:-3] if module.lower().endswith(".py") else module
     action = warnings.defaultaction
     for act, pattern, cat, mod, number in filters:
         if (

@@ -124,3 +124,34 @@ def test_a_warning_raised_in_an_attack_stream_worker_lands_in_the_units_log(monk
     assert threading.get_ident() not in threads  # drawn in the pool's threads only
     assert unit.entries == [KeptWarning("unit", AISafetyWarning, "from a stream worker")]
     assert run.entries == []
+
+
+def _raise_each(tag: str) -> None:
+    for _ in range(2):  # one line each: "default" shows each once
+        for text, category in (("a", AISafetyWarning), ("b", GradientMaskingWarning),
+                               ("hidden", AISafetyWarning), ("c", UserWarning)):  # fmt: skip
+            warnings.warn(f"{text} {tag}", category, stacklevel=1)
+
+
+@pytest.mark.parametrize("action", ["default", "always", "once", "module", "ignore"])
+def test_what_is_shown_is_what_python_shows_without_keeping(action):
+    """The hook decides the display itself (it never swaps ``warnings.filters`` back, which
+    another thread could meet): the same as Python's own decision, the reference."""
+
+    def shown(keep: bool) -> tuple[list[str], list[KeptWarning]]:
+        tag, log = f"{action} {keep}", WarningLog()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter(action)
+            warnings.filterwarnings("ignore", "hidden")
+            warnings.filterwarnings("always", category=GradientMaskingWarning)
+            if keep:
+                with keeping(log):
+                    _raise_each(tag)
+            else:
+                _raise_each(tag)
+        return [str(w.message).replace(tag, "") for w in caught], log.entries
+
+    python, _ = shown(False)
+    ours, kept = shown(True)
+    assert ours == python
+    assert [w.message.split()[0] for w in kept] == ["a", "b", "hidden"]  # each once, all kept
