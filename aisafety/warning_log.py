@@ -25,6 +25,9 @@ swapping ``warnings.filters`` back, which another thread's warning could meet ha
 lose. Filters a thread changes while the hook is in place do not change what is kept; a
 ``catch_warnings`` of its own that outlives every keeping block (not LIFO across threads)
 can leave the hook behind, which then only shows warnings, as the filters it copied say.
+Python 3.14's ``context_aware_warnings`` flag (on by default only in free-threaded builds)
+makes the filters context-local, so the first block's "always" would not reach other
+threads; not handled (checked on 3.11, where they are module globals).
 """
 
 from __future__ import annotations
