@@ -63,6 +63,11 @@ class AISafetyWarning(UserWarning):
     ``warning: ...`` line on stderr."""
 
 
+class PluginLoadWarning(AISafetyWarning):
+    """A plugin that failed to load, or a class of one that was skipped (a clash, a wrong
+    base): the run goes on without it, and the warning is stored with the run."""
+
+
 class GradientMaskingWarning(AISafetyWarning):
     """An evaluation whose gradient attacks see an obfuscated gradient (defense/obfuscation.py)."""
 

@@ -10,6 +10,7 @@ about by the commands that run plans.
 from __future__ import annotations
 
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
@@ -21,7 +22,7 @@ import pluggy
 from aisafety import hookspecs
 from aisafety.corruption.plan import corruption_under_attacks
 from aisafety.defense.training.base import TrainingDefense
-from aisafety.errors import ConfigError, PluginError, UnknownNameError
+from aisafety.errors import ConfigError, PluginError, PluginLoadWarning, UnknownNameError
 from aisafety.interfaces import Architecture, ModelEntry
 
 KINDS = {
@@ -249,17 +250,28 @@ def _classes(kind: str, hook: str, returned: object) -> list:
     return items
 
 
-def failure_warnings(registry: Registry) -> list[str]:
-    """One warning line per broken or clashing plugin (details: ``aisafety plugins``); the
-    command line prints them on stderr."""
+def failure_messages(registry: Registry) -> list[str]:
+    """One line per broken or clashing plugin: its name, origin and the last line of its
+    error (details: ``aisafety plugins``)."""
     lines = []
     for failure in registry.failures:
         last = failure.error.strip().splitlines()[-1] if failure.error.strip() else "?"
         lines.append(
-            f"warning: plugin {failure.name!r} ({failure.origin}): {last} "
-            "(details: aisafety plugins)"
+            f"plugin {failure.name!r} ({failure.origin}): {last} (details: aisafety plugins)"
         )
     return lines
+
+
+def failure_warnings(registry: Registry) -> list[str]:
+    """``failure_messages`` as the command line prints them on stderr."""
+    return [f"warning: {line}" for line in failure_messages(registry)]
+
+
+def warn_failures(registry: Registry) -> None:
+    """Each failure as a ``PluginLoadWarning``: a run warns them, so that they are stored
+    with it (``run_warnings``) and a reader of the run learns what it ran without."""
+    for line in failure_messages(registry):
+        warnings.warn(line, PluginLoadWarning, stacklevel=2)
 
 
 @lru_cache(maxsize=1)

@@ -29,13 +29,10 @@ from aisafety.errors import (
     TamperingError,
 )
 from aisafety.evaluation.base import AttackMetric, CleanMetric, Metric, checked_values
-from aisafety.evaluation.chance import warn_if_at_chance
-from aisafety.evaluation.class_count import warn_if_class_count_differs
+from aisafety.evaluation.clean_pass_checks import warn_after_clean_pass, warn_before_work
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.evaluation.integrity import RunIntegrity
-from aisafety.evaluation.probabilities import warn_if_probabilities
 from aisafety.evaluation.reference import missing_reference
-from aisafety.evaluation.repeatable import warn_if_not_repeatable
 from aisafety.interfaces import (
     AttackSpec,
     CorruptionsSpec,
@@ -57,7 +54,7 @@ from aisafety.loading import (
 )
 from aisafety.memory import reuse_freed_memory
 from aisafety.memory_budget import GIB, memory_limit
-from aisafety.plugins import Registry, default_registry
+from aisafety.plugins import Registry, default_registry, warn_failures
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.watch import before_exit_on_hang
 from aisafety.progress import RunProgress
@@ -197,6 +194,7 @@ class Runner:
         # the run's own warnings (the plan's, loading, the clean pass), stored with the run
         self.warning_log = WarningLog()
         with keeping(self.warning_log):
+            warn_failures(self.registry)  # a plugin skipped: the run goes on without it
             # Build every attack and metric now: a bad name or config fails before any work.
             self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
             self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
@@ -240,8 +238,7 @@ class Runner:
 
     def _run(self) -> RunRecord:
         prepared = self.prepare()
-        context = prepared.context  # a CIFAR-100 model on CIFAR-10: a warning, before any work
-        warn_if_class_count_differs(context.data, context.predictor)
+        warn_before_work(prepared.context)  # a CIFAR-100 model on CIFAR-10, before any work
         plan = self.plan
         done = self.store.finished_units() if self.resume else set()
         values: list[MetricValue] = []
@@ -328,13 +325,12 @@ class Runner:
 
     def _check_clean_pass(self, prepared: Prepared) -> None:
         """The clean outputs, computed before any plugin runs, with the model's first
-        forward passes checked: a model that changes its inputs or weights fails here."""
-        integrity = self._integrity(prepared)
-        prepared.context.clean_logits  # noqa: B018 - computed now, under the check below
-        warn_if_not_repeatable(prepared.context)  # a second pass of one batch, also checked
-        integrity.check(f"model {prepared.context.predictor.name!r} (the clean forward pass)")
-        warn_if_at_chance(prepared.context)  # wrong mean/std, scale or layout: a warning
-        warn_if_probabilities(prepared.context)  # a final softmax: confidences of softmax(p)
+        forward passes checked (a model that changes its inputs or weights fails here), and
+        the warnings about the model (``clean_pass_checks.py``, as on Ray)."""
+        integrity, name = self._integrity(prepared), prepared.context.predictor.name
+        warn_after_clean_pass(
+            prepared.context, lambda: integrity.check(f"model {name!r} (the clean forward pass)")
+        )
 
     def _integrity(self, prepared: Prepared) -> RunIntegrity:
         """The fingerprints of ``prepared``'s shared state (taken on first use)."""

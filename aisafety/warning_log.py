@@ -4,22 +4,44 @@ A warning that only reaches the terminal is gone with it: a user who reads the r
 (SQL, ``aisafety report``) never learns that the model sat at chance or that its outputs were
 not repeatable. Inside ``keeping(log)`` every ``AISafetyWarning`` raised goes into ``log``
 (identical ones once), whatever the warning filters say; what the terminal shows is left to
-the filters in force when ``keeping`` began, as before: shown, raised or dropped as they say,
+the filters in force when keeping began, as before: shown, raised or dropped as they say,
 the default action showing a warning once per (text, category, line) and run.
 
 Logs nest: a warning goes to the innermost log only, so a unit's warnings are the unit's and
 the rest are the run's (docs/database.md, ``run_warnings``).
+
+Threads. The log a warning goes to is a ``ContextVar`` (as ``scoped.py``'s hooks): each thread
+keeps into its own context's innermost log, so two runs in two threads keep only their own,
+and a thread started with a copy of the caller's context (``contextvars.copy_context().run``,
+as ``attack/streams.py``'s pool does) keeps into the caller's log. A thread with no log of
+its own keeps nothing (its warnings are shown as the filters say). What Python offers for
+the rest is process-wide: ``warnings.filters`` and ``warnings.showwarning`` are module
+globals, and ``warnings.catch_warnings`` saves and restores them without a lock (its docs:
+not thread-safe). So one hook serves every thread: the first ``keeping`` block of the
+process (any thread) puts it in place, through one ``catch_warnings``, and the last one to
+end takes it away, under a lock. The display follows the filters in force when that first
+block began, matched by the hook itself (``warnings.warn_explicit``'s rules), never by
+swapping ``warnings.filters`` back, which another thread's warning could meet half-way and
+lose. Filters a thread changes while the hook is in place do not change what is kept; a
+``catch_warnings`` of its own that outlives every keeping block (not LIFO across threads)
+can leave the hook behind, which then only shows warnings, as the filters it copied say.
+Python 3.14's ``context_aware_warnings`` flag (on by default only in free-threaded builds)
+makes the filters context-local, so the first block's "always" would not reach other
+threads; not handled (checked on 3.11, where they are module globals).
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from aisafety.errors import AISafetyWarning
+from aisafety.scoped import scoped
 
 
 @dataclass(frozen=True)
@@ -60,48 +82,103 @@ class WarningLog:
         return warning in self._kept
 
 
-_LOGS: list[WarningLog] = []  # the logs keeping now, innermost last
+@dataclass(frozen=True)
+class _Frame:
+    """One ``keeping`` block as its context sees it: its log, and what the display has shown
+    (shared by the blocks nested in the outermost one: once per run)."""
+
+    log: WarningLog
+    shown: dict[tuple, object]
+
+
+_CURRENT: ContextVar[_Frame | None] = ContextVar("aisafety_warning_log", default=None)
 
 
 @contextmanager
 def keeping(log: WarningLog) -> Iterator[WarningLog]:
-    """Keep every ``AISafetyWarning`` raised inside the block in ``log``."""
-    if _LOGS:  # the hook is in place: this log takes what is raised inside it
-        _LOGS.append(log)
-        try:
+    """Keep every ``AISafetyWarning`` raised inside the block, in this context, in ``log``."""
+    outer = _CURRENT.get()
+    frame = _Frame(log, {} if outer is None else outer.shown)
+    _HOOK.enter()
+    try:
+        with scoped(_CURRENT, frame):
             yield log
-        finally:
-            _LOGS.remove(log)
-        return
-    with warnings.catch_warnings():
-        hook = _Hook(list(warnings.filters), warnings.showwarning)
-        # every AISafetyWarning reaches the hook; the filters copied above decide its display
-        warnings.simplefilter("always", AISafetyWarning)
-        warnings.showwarning = hook
-        _LOGS.append(log)
-        try:
-            yield log
-        finally:
-            _LOGS.remove(log)
+    finally:
+        _HOOK.leave()
 
 
 class _Hook:
-    """``warnings.showwarning`` while a log keeps: keeps the warning, then shows, raises or
-    drops it as the earlier ``filters`` say (with a registry of its own: once per run)."""
+    """``warnings.showwarning`` while any block keeps: keeps an ``AISafetyWarning`` in the
+    raising context's log, then shows, raises or drops it as the filters copied when the hook
+    was put in place say."""
 
-    def __init__(self, filters: list[Any], show: Any) -> None:
-        self.filters, self.show = filters, show
-        self.registry: dict[Any, Any] = {}
-        self.forwarding = False
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.saved: warnings.catch_warnings | None = None
+        self.filters: list[Any] = []
+        self.show: Any = None
+        self.shown: dict[tuple, object] = {}  # a thread's without a log: once per process
+
+    def enter(self) -> None:
+        with self.lock:
+            if self.users == 0:
+                self.saved = warnings.catch_warnings()
+                self.saved.__enter__()
+                self.filters, self.show = list(warnings.filters), warnings.showwarning
+                # every AISafetyWarning reaches the hook; the filters copied decide its display
+                warnings.simplefilter("always", AISafetyWarning)
+                warnings.showwarning = self
+            self.users += 1
+
+    def leave(self) -> None:
+        with self.lock:
+            self.users -= 1
+            if self.users == 0 and self.saved is not None:
+                self.saved.__exit__(None, None, None)
+                self.saved = None
 
     def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
-        if self.forwarding or not _LOGS or not issubclass(category, AISafetyWarning):
+        if not issubclass(category, AISafetyWarning):  # passed the filters already
             self.show(message, category, filename, lineno, file, line)
             return
-        _LOGS[-1].add(category, str(message))
-        ours = warnings.filters
-        warnings.filters, self.forwarding = self.filters, True
-        try:
-            warnings.warn_explicit(message, category, filename, lineno, registry=self.registry)
-        finally:
-            warnings.filters, self.forwarding = ours, False
+        frame = _CURRENT.get()
+        if frame is not None:
+            frame.log.add(category, str(message))
+        shown = self.shown if frame is None else frame.shown
+        if _to_show(self.filters, shown, message, category, filename, lineno):
+            self.show(message, category, filename, lineno, file, line)
+
+
+def _to_show(filters: list[Any], shown: dict, message, category, filename, lineno) -> bool:
+    """Whether ``filters`` show the warning, as ``warnings.warn_explicit`` decides (the
+    module is the file name without ``.py``, as there); ``shown`` is the registry of what was
+    shown already. An ``error`` action raises the warning."""
+    text, module = str(message), filename or "<unknown>"
+    module = module[:-3] if module.lower().endswith(".py") else module
+    action = warnings.defaultaction
+    for act, pattern, cat, mod, number in filters:
+        if (
+            (pattern is None or pattern.match(text))
+            and issubclass(category, cat)
+            and (mod is None or mod.match(module))
+            and number in (0, lineno)
+        ):
+            action = act
+            break
+    if action == "ignore":
+        return False
+    if action == "error":
+        raise message if isinstance(message, Warning) else category(message)
+    key = {
+        "default": (text, category, lineno),
+        "module": (text, category, module),
+        "once": (text, category),
+    }.get(action)
+    if key is None:  # always
+        return True
+    first = object()
+    return shown.setdefault((action, *key), first) is first  # one thread shows it, once
+
+
+_HOOK = _Hook()

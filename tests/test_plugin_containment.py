@@ -1,17 +1,25 @@
 """A plugin that calls sys.exit at import, or whose hook returns junk, disables itself,
-not the command (issue #35, finding 6; aisafety/plugins.py)."""
+not the command (issue #35, finding 6; aisafety/plugins.py); a run stores that it ran
+without it (a ``PluginLoadWarning`` in ``run_warnings``)."""
 
 from __future__ import annotations
 
 import sys
 import types
+import warnings
 from importlib import metadata
 
 import pytest
 
+import aisafety
 from aisafety.cli import main
+from aisafety.config import plan_from_dict
+from aisafety.errors import PluginLoadWarning
 from aisafety.hookspecs import PROJECT, hookimpl
 from aisafety.plugins import build_registry
+from aisafety.report_page import build_report
+from aisafety.store.results import ResultStore
+from aisafety.warning_log import KeptWarning
 
 
 @pytest.fixture
@@ -103,3 +111,61 @@ def test_keyboard_interrupt_in_a_hook_still_interrupts():
 
     with pytest.raises(KeyboardInterrupt):
         build_registry(extra_plugins=[("ctrl-c", _plugin(aisafety_attacks=interrupted))])
+
+
+EXITS = "plugin 'exits-at-import' (exits_at_import): SystemExit: 3 (details: aisafety plugins)"
+
+
+def _stored(url: str) -> list[tuple]:
+    return ResultStore(url).query("SELECT unit_key, category, message FROM run_warnings")[1]
+
+
+def test_a_plugin_that_failed_to_load_is_stored_with_the_run(exiting_entry_point, tmp_path,
+                                                            monkeypatch):  # fmt: skip
+    """A user reading the run later (SQL, ``aisafety report``) learns that it ran without
+    the plugin: before, only a command-line line said so, and ``aisafety.evaluate`` nothing."""
+    monkeypatch.setattr("aisafety.runner.default_registry", build_registry)  # reads the fake
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    plan = {"device": "cpu", "metrics": ["ca"], "dataset": {"limit": 8}}
+    with pytest.warns(PluginLoadWarning) as shown:
+        record = aisafety.evaluate(plan, db=url)
+    assert [str(w.message) for w in shown if w.category is PluginLoadWarning] == [EXITS]
+    assert [v.metric for v in record.values] == ["ca"]  # the run went on without it
+    assert _stored(url) == [(None, "PluginLoadWarning", EXITS)]  # the run's own
+    html = build_report(ResultStore(url), record.run_id)
+    assert '<section id="warnings"' in html
+    assert "plugin &#39;exits-at-import&#39; (exits_at_import): SystemExit: 3" in html
+
+
+def test_evaluate_prints_a_failed_plugin_once_and_stores_it(exiting_entry_point, tmp_path,
+                                                           monkeypatch, capsys):  # fmt: skip
+    registry = build_registry()
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.runner.default_registry", lambda: registry)
+    plan = tmp_path / "p.yaml"
+    plan.write_text("metrics: [ca]\ndevice: cpu\nseeds: [0, 1]\n")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert main(["evaluate", str(plan), "--db", url, "--limit", "8", "--quiet"]) == 0
+    assert capsys.readouterr().err.count("warning: plugin 'exits-at-import'") == 1
+    assert not [w for w in shown if w.category is PluginLoadWarning]  # not again per run
+    assert _stored(url) == [(None, "PluginLoadWarning", EXITS)] * 2  # each seed's run
+
+
+def test_a_ray_worker_hands_a_failed_plugin_to_the_driver(exiting_entry_point, tmp_path,
+                                                         monkeypatch):  # fmt: skip
+    """The prepare task returns it with the run's other warnings (the driver stores the
+    ones it did not raise itself: a plugin broken on the worker only)."""
+    from aisafety.distributed.tasks import prepare
+    from aisafety.store.interruption import HANG_ENDS_PROCESS
+
+    monkeypatch.setattr("aisafety.runner.default_registry", build_registry)
+    monkeypatch.setenv(HANG_ENDS_PROCESS, "")  # prepare sets it for the worker's process
+    monkeypatch.chdir(tmp_path)  # and moves to the plan's folder
+    plan = plan_from_dict({"device": "cpu", "metrics": ["ca"], "dataset": {"limit": 8}}, "p")
+    with pytest.warns(PluginLoadWarning):
+        info, _ = prepare(plan, f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
+    assert [w for w in info["warnings"] if w.category is PluginLoadWarning] == [
+        KeptWarning(None, PluginLoadWarning, EXITS)
+    ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 
 import numpy as np
 import torch
@@ -85,8 +86,13 @@ class _Pool:
 
         workers = min(torch.get_num_threads(), len(rows_list))
         if workers > 1 and k * len(rows_list) >= PARALLEL_DRAW:
+            # each task in a copy of this thread's context: a warning raised there goes to
+            # the unit's log (warning_log.py), and the unit's context variables (scoped.py)
+            # are those of the thread that asked
             with ThreadPoolExecutor(workers) as pool:
-                list(pool.map(fill, range(len(rows_list))))
+                tasks = [pool.submit(copy_context().run, fill, i) for i in range(len(rows_list))]
+                for task in tasks:
+                    task.result()
         else:
             for i in range(len(rows_list)):
                 fill(i)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import TYPE_CHECKING
 
 from aisafety.cli import common
 from aisafety.cli.common import info_printer
+from aisafety.errors import PluginLoadWarning
 from aisafety.store import DEFAULT_URL
 
 if TYPE_CHECKING:
@@ -43,10 +45,7 @@ def add_parser(sub) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from aisafety.config import apply_overrides, default_plan, load_plan
-    from aisafety.execution import run_plan
     from aisafety.plugins import failure_warnings
-    from aisafety.report.table import curve_rows, metric_rows, render
-    from aisafety.store.results import ResultStore
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(
@@ -60,6 +59,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     for line in failure_warnings(common.default_registry()):
         print(line, file=sys.stderr)
+    with warnings.catch_warnings():
+        # printed once above, not again by each run, which still stores them (run_warnings:
+        # the runs keep what the filters hide)
+        warnings.filterwarnings("ignore", category=PluginLoadWarning)
+        return evaluate_plan(plan, args)
+
+
+def evaluate_plan(plan: EvaluationPlan, args: argparse.Namespace) -> int:
+    """Run the plan (once per seed with ``seeds``) and print its table, curve and checks."""
+    from aisafety.execution import run_plan
+    from aisafety.report.table import curve_rows, metric_rows, render
+    from aisafety.store.results import ResultStore
+
     store = ResultStore(args.db)
     if plan.seeds:
         return evaluate_seeds(plan, store, args)

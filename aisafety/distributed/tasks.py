@@ -18,10 +18,7 @@ from typing import Any
 import torch
 
 from aisafety.attack.result import AttackResult
-from aisafety.evaluation.chance import warn_if_at_chance
-from aisafety.evaluation.class_count import warn_if_class_count_differs
-from aisafety.evaluation.probabilities import warn_if_probabilities
-from aisafety.evaluation.repeatable import warn_if_not_repeatable
+from aisafety.evaluation.clean_pass_checks import warn_after_clean_pass, warn_before_work
 from aisafety.interfaces import AttackSpec, EvaluationPlan, MetricValue
 from aisafety.runner import Prepared, Runner, WorkUnit
 from aisafety.store.interruption import HANG_ENDS_PROCESS
@@ -54,11 +51,8 @@ def prepare(plan: EvaluationPlan, url: str, cwd: str) -> tuple[dict, torch.Tenso
     runner, prepared = _prepared(plan, url, cwd)
     ctx = prepared.context
     with keeping(runner.warning_log):  # the local run's checks, in its order
-        warn_if_class_count_differs(ctx.data, ctx.predictor)  # before any work
-        ctx.clean_logits  # noqa: B018 - computed first, as the local run's checks read them
-        warn_if_not_repeatable(ctx)
-        warn_if_at_chance(ctx)
-        warn_if_probabilities(ctx)
+        warn_before_work(ctx)
+        warn_after_clean_pass(ctx)
     info = {
         "units": runner.work_units(prepared.subject),
         "device": str(prepared.device),
