@@ -13,7 +13,7 @@ from aisafety.errors import AISafetyWarning
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
 from aisafety.report.comparability import differences
 from aisafety.report.data import load_run
-from aisafety.report_page import build_comparison
+from aisafety.report_page import build_comparison, build_report
 from aisafety.runner import Runner
 from aisafety.store import semantics
 from aisafety.store.results import ResultStore
@@ -74,6 +74,7 @@ def test_runs_on_two_sides_of_a_semantics_change_are_flagged(runs):
     _set_version(url, a, None)
     try:
         html = build_comparison(ResultStore(url), [a, b])
+        provenance = _section(build_report(ResultStore(url), a), "provenance")
     finally:
         _set_version(url, a, semantics.CURRENT)
     section = _section(html, "comparability")
@@ -82,6 +83,7 @@ def test_runs_on_two_sides_of_a_semantics_change_are_flagged(runs):
     assert f"<td>{semantics.CURRENT}</td>" in section
     assert "attack/base.keep_clean_mistakes" in section
     assert html.index('id="comparability"') < html.index('id="leaderboard"')
+    assert "results semantics version</th><td>not recorded" in provenance  # one run's page
     # nothing else differs between these two runs
     assert section.count("<tr>") == 2  # the header and the one difference
 
