@@ -34,8 +34,9 @@ CHANGES: tuple[Change, ...] = (
         name="attack/base.keep_clean_mistakes",
         moved=(
             "a clean mistake an attack's point made right is no longer counted robust: "
-            "robust accuracy (and the metrics read from attack outcomes: ASR, the "
-            "worst case over attacks) can only fall, by at most the clean error"
+            "robust accuracy and the worst case over attacks can only fall, by at most "
+            "the clean error, and the other rates read from attack outcomes (ASR, ...) "
+            "move with them"
         ),
     ),
 )
