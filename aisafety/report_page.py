@@ -22,6 +22,7 @@ from markupsafe import Markup
 
 from aisafety.errors import ConfigError
 from aisafety.interfaces import NEURON_SHARE
+from aisafety.report.comparability import differences
 from aisafety.report.data import RunData, load_run
 from aisafety.report.plots import Plot, Series, line_plot
 from aisafety.report.sections import ReportSection, worst_case
@@ -235,10 +236,11 @@ def leaderboard(
     """One table per metric family: a row per model, a column per metric, ranked."""
     columns = _columns(runs, catalog)
     models = list(dict.fromkeys(m for data in runs for m in data.model_names))
-    run_ids = defaultdict(list)
+    run_ids, run_warnings = defaultdict(list), defaultdict(int)
     for data in runs:
         for model in data.model_names:
             run_ids[model].append(str(data.run_id))
+            run_warnings[model] += len(data.warnings)
     families = []
     for family in sorted({c.family for c in columns.values()}):
         cols = [c for c in columns.values() if c.family == family]
@@ -258,6 +260,7 @@ def leaderboard(
                     "model": model,
                     "runs": ", ".join(run_ids[model]),
                     "warnings": sum(c.status == "warn" and c.model == model for c in checks),
+                    "run_warnings": run_warnings[model],
                     "mean_rank": statistics.fmean(mine) if mine else math.inf,
                     "cells": cells,
                 }
@@ -300,7 +303,8 @@ def build_comparison(
     checks = [c for data in runs for c in sanity_checks(data, catalog.attack_defaults)]
     report = Report(runs[0], checks, catalog)
     report.glossary = glossary([m.name for data in runs for m in data.metrics], catalog)
-    rendered = [
+    rendered = comparison_notes(runs, report)
+    rendered += [
         RenderedSection(
             "leaderboard",
             "Leaderboard",
@@ -321,6 +325,21 @@ def build_comparison(
     models = ", ".join(dict.fromkeys(m for data in runs for m in data.model_names))
     subtitle = f"runs {', '.join(map(str, run_ids))}: {models}"
     return page("AISafety comparison", subtitle, rendered, report.plots)
+
+
+def comparison_notes(runs: list[RunData], report: Report) -> list[RenderedSection]:
+    """Above the leaderboard, since they say how far to trust it: what makes the runs
+    incomparable, and the warnings they raised (each only when there is some)."""
+    notes = []
+    found = differences(runs)
+    if found:
+        html = report.template("comparability.html.j2", runs=runs, differences=found)
+        notes.append(RenderedSection("comparability", "Not like for like", html))
+    warned = [data for data in runs if data.warnings]
+    if warned:
+        html = report.template("compared_warnings.html.j2", runs=warned)
+        notes.append(RenderedSection("warnings", "Warnings", html))
+    return notes
 
 
 def resolve_runs(store: ResultStore, names: list[str]) -> list[int]:

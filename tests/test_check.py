@@ -149,6 +149,18 @@ def test_non_comparable_runs_are_refused_naming_the_difference(gate, capsys, cha
     assert "are not comparable" in err and reason in err and "Traceback" not in err
 
 
+def test_a_baseline_counted_by_other_rules_is_not_comparable(gate):
+    """A baseline stored before keep_clean_mistakes (semantics version NULL, read as 1) and
+    a candidate of today: the gate would pass or fail on the code's change."""
+    store = ResultStore(gate["db"])
+    first, _, third = run_ids(gate)[:3]
+    old, new = load_gate_run(store, first), load_gate_run(store, third)
+    old.data.semantics_version = None
+    assert differences(old, new) == [
+        "results semantics version: baseline 1, candidate 2 (attack/base.keep_clean_mistakes)"
+    ]
+
+
 def test_usage_errors_exit_2_with_a_message(gate, capsys, tmp_path):
     assert check(gate, gate["plan0"], "no-such-model") == 2
     assert "neither a run id nor a zoo model" in capsys.readouterr().err

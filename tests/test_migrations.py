@@ -21,6 +21,7 @@ from aisafety.store import schema
 from aisafety.store.migration import MIGRATIONS, migrate, stamped
 from aisafety.store.migrations import HEAD
 from aisafety.store.results import ResultStore
+from aisafety.store.semantics import CURRENT
 from aisafety.warning_log import KeptWarning
 
 PLAN = EvaluationPlan(
@@ -135,8 +136,9 @@ def _upgrade(url: str, revision: str) -> None:
 
 def test_a_database_at_the_previous_head_is_upgraded_without_losing_a_row(url, tmp_path):
     """The newest revision on a database the release before it wrote (the old layout's rows
-    brought to the previous head, a unit's cost in 0003's column): every row kept, the new
-    table there and empty, and a new run's warning is stored in it."""
+    brought to the previous head, a unit's cost in 0003's column): every row kept, the old
+    run's semantics version left NULL (read as the version before every change), a new
+    run's stored as this code's, and a new run's warning stored."""
     from alembic.script import ScriptDirectory
 
     previous = ScriptDirectory(str(MIGRATIONS)).get_revision(HEAD).down_revision
@@ -157,6 +159,8 @@ def test_a_database_at_the_previous_head_is_upgraded_without_losing_a_row(url, t
     run_id = store.start_run(PLAN, "test", "cpu")
     store.finish_run(run_id, "finished", [KeptWarning(None, AISafetyWarning, "at chance")])
     assert store.run_warnings(run_id) == [(None, "AISafetyWarning", "at chance")]
+    assert _scalar(url, "SELECT COUNT(*) FROM runs WHERE semantics_version IS NULL") == 1
+    assert _scalar(url, f"SELECT semantics_version FROM runs WHERE id = {run_id}") == CURRENT
 
 
 def test_a_new_database_is_created_at_the_head(url):

@@ -114,6 +114,8 @@ class RunData:
     command_started_at: datetime | None = None
     units: list[UnitRow] = field(default_factory=list)  # in the order they finished
     warnings: list[WarningRow] = field(default_factory=list)  # the run's own first
+    # the rules its numbers were counted by (store/semantics.py; NULL read as UNRECORDED)
+    semantics_version: int | None = None
 
     @property
     def wall_seconds(self) -> float | None:
@@ -235,6 +237,7 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
             started_at=run.started_at,
             finished_at=run.finished_at,
             command_started_at=run.command_started_at,
+            semantics_version=run.semantics_version,
             platform_version=run.platform_version,
             seed=run.seed,
             device=run.device,

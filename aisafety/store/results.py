@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from aisafety.command_clock import command_started_at
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
-from aisafety.store import DEFAULT_URL, schema
+from aisafety.store import DEFAULT_URL, schema, semantics
 from aisafety.store.engine import check_url, checkpoint, open_engine, with_retries
 from aisafety.store.liveness import Heartbeat, mark_dead_runs, utc_now
 from aisafety.store.migration import migrate
@@ -82,6 +82,7 @@ class ResultStore:
                     pid=os.getpid(),
                     heartbeat_at=utc_now(),
                     command_started_at=command_started_at(),
+                    semantics_version=semantics.CURRENT,
                 )
                 session.add(run)
                 session.flush()
@@ -386,10 +387,13 @@ class ResultStore:
 # A unit is finished when its row is there and so are all the rows it wrote in its latest
 # run: metric values, per-sample outcomes, example images, verification verdicts and
 # smoothing certificates (units of databases made before a count existed have it NULL and
-# are computed again).
-FINISHED_UNITS_SQL = """
+# are computed again). A unit counted by other rules than this code's (its run's semantics
+# version, NULL before it was kept: store/semantics.py) is computed again too: reused, it
+# would carry numbers this code no longer gives, e.g. a clean mistake counted robust.
+FINISHED_UNITS_SQL = f"""
 SELECT u.key FROM units u
-WHERE u.n_values = (
+WHERE u.run_id IN (SELECT r.id FROM runs r WHERE r.semantics_version = {semantics.CURRENT:d})
+  AND u.n_values = (
     SELECT COUNT(*) FROM metric_values mv WHERE mv.unit_key = u.key AND mv.run_id = u.run_id)
   AND u.n_outcomes = (
     SELECT COUNT(*) FROM sample_outcomes so JOIN attack_runs ar ON ar.id = so.attack_run_id

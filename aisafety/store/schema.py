@@ -53,6 +53,9 @@ class Run(Base):
     # When the command that made the run started (naive UTC; aisafety/command_clock.py):
     # finished_at less this is the wall time its user waited. NULL for runs made from Python.
     command_started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    # The results semantics version of the code that made the run (store/semantics.py): the
+    # rules its numbers were counted by. NULL for runs stored before it was kept.
+    semantics_version: Mapped[int | None] = mapped_column(Integer)
 
 
 class Model(Base):

@@ -1,9 +1,10 @@
 """Whether two stored runs can be compared sample by sample, and if not, what differs.
 
 The gate tests the difference between two evaluations of the same question; a baseline
-evaluated on other images, at other budgets, with other attacks or with other pinned seeds
-answers another question, and no statistic can say which model is better from it. The run
-seed may differ: attack randomness from run to run is the noise the test allows for.
+evaluated on other images, at other budgets, with other attacks, with other pinned seeds or
+by code that counts otherwise (another results semantics version) answers another question,
+and no statistic can say which model is better from it. The run seed may differ: attack
+randomness from run to run is the noise the test allows for.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from aisafety.errors import ConfigError
 from aisafety.report.gate.measures import GateRun
+from aisafety.store import semantics
 
 # plan fields that change what is measured (the model is what the gate compares)
 PLAN_FIELDS = ("precision", "corruptions", "shard_size")
@@ -24,7 +26,7 @@ class NotComparable(ConfigError):
 
 def differences(baseline: GateRun, candidate: GateRun) -> list[str]:
     """Each way the runs' evaluations differ, said in words; empty when they are comparable."""
-    found = _datasets(baseline, candidate)
+    found = _semantics(baseline, candidate) + _datasets(baseline, candidate)
     found += _plan(baseline.data.plan, candidate.data.plan)
     found += _measures(baseline, candidate)
     shared = baseline.labels.keys() & candidate.labels.keys()
@@ -46,6 +48,16 @@ def check_comparable(baseline: GateRun, candidate: GateRun) -> None:
             f"comparable:\n{lines}\nevaluate the baseline model with the candidate's plan "
             "(--baseline MODEL_NAME does) or pick a run of the same plan"
         )
+
+
+def _semantics(baseline: GateRun, candidate: GateRun) -> list[str]:
+    """Runs counted by other rules (store/semantics.py): a change of the code, not the model,
+    would pass or fail the gate (keep_clean_mistakes lowers robust accuracy)."""
+    before, after = (semantics.version_of(r.data.semantics_version) for r in (baseline, candidate))
+    if before == after:
+        return []
+    names = ", ".join(c.name for c in semantics.changes_between(before, after))
+    return [f"results semantics version: baseline {before}, candidate {after} ({names})"]
 
 
 def _datasets(baseline: GateRun, candidate: GateRun) -> list[str]:

@@ -1,0 +1,55 @@
+"""The results semantics version: which rules for counting made a run's stored numbers.
+
+A change to the code that moves stored numbers for a reason that is not the model (a sample
+counted otherwise, a rate computed otherwise) bumps ``CURRENT`` and adds a row to
+``CHANGES``. Every run stores the version that made it (``runs.semantics_version``), so the
+comparison page can say when two runs were counted by different rules, and ``--resume``
+never reuses a unit counted by older rules. It is an explicit table, not a guess from the
+package version: the package version does not change with each commit, and most commits
+move no stored number.
+
+Runs stored before the version was kept (NULL) read as ``UNRECORDED``: the version before
+the first change listed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Change:
+    """What version ``version`` counts differently from the one before it."""
+
+    version: int
+    date: str  # when the change entered the code (UTC)
+    name: str  # the code that made it, to look up
+    moved: str  # the stored numbers it moves, and which way
+
+
+CHANGES: tuple[Change, ...] = (
+    Change(
+        version=2,
+        date="2026-11-28",
+        name="attack/base.keep_clean_mistakes",
+        moved=(
+            "a clean mistake an attack's point made right is no longer counted robust: "
+            "robust accuracy and the worst case over attacks can only fall, by at most "
+            "the clean error, and the other rates read from attack outcomes (ASR, ...) "
+            "move with them"
+        ),
+    ),
+)
+UNRECORDED = 1  # runs stored before the version was kept: before every change above
+CURRENT = CHANGES[-1].version if CHANGES else UNRECORDED
+
+
+def version_of(stored: int | None) -> int:
+    """The version a run was counted by (NULL: stored before versions were kept)."""
+    return UNRECORDED if stored is None else stored
+
+
+def changes_between(a: int, b: int) -> list[Change]:
+    """The changes that lie between versions ``a`` and ``b`` (either order)."""
+    low, high = sorted((a, b))
+    return [c for c in CHANGES if low < c.version <= high]
