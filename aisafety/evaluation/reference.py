@@ -46,7 +46,7 @@ def check_reference_classes(predictor: Predictor, reference: Predictor) -> None:
         "read the reference (cav, crr, csr, ccv, cos, mfr) compare the two models class by "
         "class, so both must answer the same classes in the same order; give a "
         "reference_model of the evaluated model's classes, e.g. its undefended version "
-        '(docs/metrics.md)'
+        "(docs/metrics.md)"
     )
 
 
