@@ -25,18 +25,22 @@ def evaluate(
     name: str | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    classes: Sequence[str] | int | None = None,
 ) -> RunRecord:
     """Run a plan (object, dict, YAML/TOML path, or None for the embedded default).
 
     ``model`` (a ``torch.nn.Module`` taking [0, 1] images, normalised by ``mean``/``std`` if
     given, or a ``Predictor``) and ``data`` (images and labels: tensors or arrays, NCHW or
     NHWC, uint8 or [0, 1] floats) replace the plan's model and dataset, so a notebook's
-    objects are evaluated, stored and reported like any run (docs/own-model.md).
+    objects are evaluated, stored and reported like any run (docs/own-model.md). ``classes``
+    (the data's class names in label order, or their count) declares what ``data`` is
+    labelled with, so a model of another class count is warned about, as for a dataset
+    that names its classes (labels alone say nothing of the count).
     """
     from aisafety.in_memory import modes_kept
 
     with modes_kept(model):
-        return _evaluate(plan, db, resume, quiet, model, data, name, mean, std)
+        return _evaluate(plan, db, resume, quiet, model, data, name, mean, std, classes)
 
 
 def _evaluate(
@@ -49,6 +53,7 @@ def _evaluate(
     name: str | None,
     mean: Sequence[float] | None,
     std: Sequence[float] | None,
+    classes: Sequence[str] | int | None,
 ) -> RunRecord:
     from aisafety.config import default_plan, load_plan, plan_from_dict
     from aisafety.execution import run_plan
@@ -63,7 +68,14 @@ def _evaluate(
         plan = load_plan(plan)
     elif isinstance(plan, dict):
         plan = plan_from_dict(plan)
-    given_data = None if data is None else in_memory_data(data)
+    if classes is not None and data is None:
+        from aisafety.errors import ConfigError
+
+        raise ConfigError(
+            "classes= declares the classes of data= given in memory; pass data=(images, "
+            "labels) too (a plan's dataset declares its own)"
+        )
+    given_data = None if data is None else in_memory_data(data, classes)
     given_model, spec = None, None
     if model is not None:
         shape = tuple(given_data.x.shape[1:]) if given_data is not None else None

@@ -11,6 +11,7 @@ nothing of the stored run can be resumed.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,8 +39,12 @@ def _array(value: Any, what: str) -> np.ndarray:
         raise ConfigError(f"data {what} cannot be read as an array ({exc})") from None
 
 
-def in_memory_data(data: tuple[Any, Any]) -> LoadedDataset:
-    """``(x, y)``: images (N, H, W), NHWC or NCHW, uint8 0..255 or floats in [0, 1]; labels."""
+def in_memory_data(
+    data: tuple[Any, Any], classes: Sequence[str] | int | None = None
+) -> LoadedDataset:
+    """``(x, y)``: images (N, H, W), NHWC or NCHW, uint8 0..255 or floats in [0, 1]; labels.
+    ``classes``: their names in label order, or their count; declared (checked against the
+    model's class count, ``evaluation/class_count.py``) only when given."""
     if not isinstance(data, tuple | list) or len(data) != 2:
         raise ConfigError("data= is a pair (images, labels), e.g. data=(x_test, y_test)")
     x, y = _array(data[0], "images"), _array(data[1], "labels")
@@ -53,9 +58,33 @@ def in_memory_data(data: tuple[Any, Any]) -> LoadedDataset:
             f"data labels are {y.dtype} {y.shape}; give {x.shape[0]} integer labels 0..K-1"
         )
     images = images_to_tensor(x, image_layout(x.shape))
-    classes = tuple(str(i) for i in range(int(y.max()) + 1 if y.size else 0))
     labels = torch.from_numpy(y.astype(np.int64))
-    return LoadedDataset(IN_MEMORY_DATA, images, labels, classes, declared=False)
+    if classes is None:  # numbered from the labels: no count declared
+        names = tuple(str(i) for i in range(int(y.max()) + 1 if y.size else 0))
+        return LoadedDataset(IN_MEMORY_DATA, images, labels, names, declared=False)
+    names = class_names(classes)
+    if y.size and int(y.max()) >= len(names):
+        raise ConfigError(
+            f"data labels run up to {int(y.max())}, but classes= declares {len(names)} "
+            f"classes (labels 0..{len(names) - 1}); give every class, in label order"
+        )
+    return LoadedDataset(IN_MEMORY_DATA, images, labels, names, declared=True)
+
+
+def class_names(classes: Sequence[str] | int) -> tuple[str, ...]:
+    """``aisafety.evaluate(classes=...)`` as names: a count numbers them 0..K-1."""
+    if isinstance(classes, numbers.Integral) and not isinstance(classes, bool):
+        if classes < 1:
+            raise ConfigError(f"classes={classes}: give the number of classes (1 or more)")
+        return tuple(str(i) for i in range(int(classes)))
+    listed = hasattr(classes, "__iter__") and not isinstance(classes, str | bytes)
+    names = tuple(classes) if listed else ()  # a list, a tuple or a numpy array of names
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ConfigError(
+            "classes= takes the class names in label order (strings, e.g. a torchvision "
+            f"dataset's .classes) or their count, got {str(classes)[:60]!r}"
+        )
+    return names
 
 
 def in_memory_model(

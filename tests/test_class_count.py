@@ -123,3 +123,58 @@ def test_fewer_or_more_classes_than_declared_are_both_named(declared):
     )
     same = TorchPredictor(_Pooled(1, declared), (1, 4, 4), declared)
     assert class_count_message(data, same) is None
+
+
+CIFAR10 = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def _evaluate_warnings(tmp_path, **given) -> list[str]:
+    """The class-count warnings of ``aisafety.evaluate`` with a 100-class model on ten
+    CIFAR-shaped images labelled 0..9, ``given`` its other arguments."""
+    import aisafety
+
+    data = (torch.rand(10, 3, 32, 32), torch.arange(10))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        aisafety.evaluate(
+            {"device": "cpu", "metrics": ["ca"]}, f"sqlite:///{tmp_path / 'r.db'}",
+            model=_Pooled(3, 100), data=data, name="wide", **given,
+        )  # fmt: skip
+    return [str(w.message) for w in caught if "classes and dataset" in str(w.message)]
+
+
+@pytest.mark.parametrize("classes", [CIFAR10, 10, np.array(CIFAR10)])
+def test_data_handed_to_evaluate_declares_its_classes(tmp_path, classes):
+    """aisafety.evaluate(data=...) had no way to declare its classes, so a CIFAR-100 model
+    on CIFAR-10 arrays was never warned about; classes= (names in label order, or a count)
+    declares them."""
+    (message,) = _evaluate_warnings(tmp_path, classes=classes)
+    assert message.startswith("model 'wide' has 100 classes and dataset 'arrays' declares 10")
+
+
+def test_data_without_classes_still_declares_none(tmp_path):
+    assert _evaluate_warnings(tmp_path) == []  # labels 0..9 say nothing of the count
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"classes": 5}, "data labels run up to 9, but classes= declares 5 classes"),
+        ({"classes": 0}, "classes=0: give the number of classes"),
+        ({"classes": "cat"}, "classes= takes the class names in label order"),
+        ({"classes": [0, 1, 2]}, "classes= takes the class names in label order"),
+    ],
+)
+def test_classes_that_do_not_fit_the_labels_are_refused(tmp_path, given, message):
+    from aisafety.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _evaluate_warnings(tmp_path, **given)
+
+
+def test_classes_without_data_is_refused():
+    import aisafety
+    from aisafety.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pass data=\\(images, labels\\) too"):
+        aisafety.evaluate({"metrics": ["ca"]}, "sqlite://", classes=10)

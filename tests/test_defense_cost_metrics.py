@@ -153,3 +153,62 @@ def test_runner_loads_the_reference_once_and_stores_defense_costs():
     assert values["crr"] - values["csr"] == pytest.approx(values["cav"])
     _, rows = store.query("SELECT metric, value FROM results WHERE metric = 'cav'")
     assert rows == [("cav", pytest.approx(values["cav"]))]
+
+
+class _Pooled(nn.Module):
+    """Channel means -> ``classes`` logits."""
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, classes)
+
+    def forward(self, x):
+        return self.linear(x.mean((2, 3)))
+
+
+def hundred_classes() -> nn.Module:
+    return _Pooled(100)
+
+
+def test_a_reference_of_another_class_count_is_refused(tmp_path):
+    """A 100-class reference against a 10-class model stored cav and crr (0.1 each on 20
+    CIFAR-10 images) without a word: the reference's predictions of classes the data lacks
+    counted as its errors."""
+    import aisafety
+
+    reference = {"name": "wide", "source": "python", "factory": f"{__name__}:hundred_classes"}
+    plan = {
+        "device": "cpu",
+        "dataset": {"name": "cifar10-embedded", "limit": 4},
+        "reference_model": {**reference, "input_shape": [3, 32, 32]},
+        "metrics": ["ca", "cav", "crr"],
+    }
+    model = TorchPredictor(_Pooled(10), (3, 32, 32), 10, name="ten")
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(plan, f"sqlite:///{tmp_path / 'r.db'}", model=model)
+    assert str(caught.value).startswith(
+        "reference model 'wide' has 100 classes and the evaluated model 'ten' has 10: the "
+        "metrics that read the reference (cav, crr, csr, ccv, cos, mfr) compare the two "
+        "models class by class"
+    )
+
+
+def test_a_reject_class_model_against_its_reference_wrapped_as_documented():
+    """docs/metrics.md: a defended model with an extra (reject) class is compared with its
+    reference given a score no class reaches; the reference's predictions and probabilities
+    stay those of the hand case, so CAV, CRR and CSR are its values."""
+    x = torch.arange(len(LABELS), dtype=torch.float32).view(-1, 1, 1, 1) / 10
+    data = LoadedDataset("hand", x, torch.from_numpy(LABELS), ("a", "b", "c"))
+    reject = np.concatenate([DEFENDED, np.full((6, 1), -5.0)], 1)  # never its answer here
+    wrapped = np.concatenate([REFERENCE, np.full((6, 1), -1e4)], 1)
+    ctx = EvaluationContext(
+        table_predictor(reject, "defended"),
+        data,
+        lambda s: None,
+        reference=table_predictor(wrapped, "reference"),
+    )
+    np.testing.assert_allclose(ctx.reference.probs[:, :3].numpy(), softmax(REFERENCE), atol=1e-7)
+    assert ctx.reference.probs[:, 3].max() == 0
+    assert ClassificationAccuracyVariance().compute(ctx)[0].value == pytest.approx(3 / 6 - 4 / 6)
+    assert ClassificationRectifyRatio().compute(ctx)[0].value == pytest.approx(1 / 6)
+    assert ClassificationSacrificeRatio().compute(ctx)[0].value == pytest.approx(2 / 6)

@@ -319,3 +319,41 @@ def test_an_attack_leaves_room_for_its_result_in_the_budget():
     with memory_budget.memory_limit(3 * one + held):
         assert PGD()._budget_chunk(model, 8, held) == 3
         assert PGD()._budget_chunk(model, 8) == 3 + held // one
+
+
+class _Widened(torch.nn.Module):
+    """A conv layer and a head: a notebook net whose layers the user replaces."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, width, 3, padding=1)
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def test_a_predictor_whose_network_is_edited_between_runs_is_measured_again(tmp_path):
+    """A Predictor handed to aisafety.evaluate lives on in the notebook: widened in place
+    from 2 to 512 channels between two runs, its one-image footprint was still the first
+    run's (76,838 bytes, the widened net's is 15.3 MB), so the second run ran FGSM far over
+    a 5 MiB budget without a word; now it is measured again and refused."""
+    import aisafety
+
+    net = _Widened(2)
+    predictor = TorchPredictor(net, (1, 28, 28), 10, name="edited")
+    plan = {
+        "device": "cpu", "dataset": {"limit": 2}, "limits": {"memory_gib": 0.005},
+        "attacks": [{"name": "fgsm", "eps": [0.1]}], "metrics": ["robust-accuracy"],
+    }  # fmt: skip
+    first = aisafety.evaluate(plan, f"sqlite:///{tmp_path / 'a.db'}", model=predictor)
+    assert first.failed_units == () and first.values
+    small = footprint.image_bytes(predictor, grad=True)
+    net.conv, net.head = torch.nn.Conv2d(1, 512, 3, padding=1), torch.nn.Linear(512, 10)
+    assert footprint.image_bytes(predictor, grad=True) > 100 * small
+    with pytest.raises(MemoryBudgetError, match="attack 'fgsm' on model 'edited'"):
+        aisafety.evaluate(plan, f"sqlite:///{tmp_path / 'b.db'}", model=predictor)
+    predictor.network.double()  # the weights' dtype is part of what was measured
+    assert footprint.image_bytes(predictor, grad=True) > 1.5 * footprint.image_bytes(
+        TorchPredictor(_Widened(512), (1, 28, 28), 10), grad=True
+    )

@@ -65,3 +65,42 @@ def test_a_remote_channels_last_model_is_told_to_serve_with_layout(keras_like):
     message = str(caught.value)
     assert "aisafety serve MODEL.onnx --layout nhwc" in message and "--scale 255" in message
     assert "layout: nhwc" not in message and "input_shape [" not in message
+
+
+def test_an_explicit_input_shape_the_server_reads_channels_last_is_refused(keras_like, tmp_path):
+    """input_shape [3, 4, 4] on a server reading [4, 4, 3] ran: the element counts match, so
+    the (C, H, W) values went out labelled (H, W, C) and reached the model scrambled (its
+    logits differed from the network's on the same images; ca was stored)."""
+    import aisafety
+
+    path, _ = keras_like
+    with server.make_server(server.open_model(str(path)), port=0, model_name="k") as served:
+        model = {"name": "k", "source": "remote", "url": served.url, "input_shape": [3, 4, 4]}
+        plan = {"model": model, "metrics": ["ca"]}
+        with pytest.raises(ConfigError) as caught:
+            aisafety.evaluate(plan, f"sqlite:///{tmp_path}/r.db", data=_images())
+    message = str(caught.value)
+    assert "input_shape [3, 4, 4]" in message and "server's input [4, 4, 3]" in message
+    assert "scrambled" in message and "aisafety serve MODEL.onnx --layout nhwc" in message
+
+
+def _images():
+    return torch.rand(6, 3, 4, 4), torch.arange(6) % 5
+
+
+@pytest.mark.parametrize(
+    ("shape", "wire", "same"),
+    [
+        ((1, 28, 28), (784,), True),  # flat
+        ((1, 28, 28), (28, 28), True),  # a size-1 channel dropped
+        ((1, 28, 28), (28, 28, 1), True),  # one channel: channels-last is the same order
+        ((3, 32, 32), (3, 1024), True),  # H and W merged
+        ((3, 32, 32), (1, 3, 32, 32), True),
+        ((3, 32, 32), (32, 32, 3), False),  # channels-last
+        ((3, 32, 32), (32, 96), False),  # cuts where (C, H, W) does not
+    ],
+)
+def test_which_wire_shapes_keep_the_order(shape, wire, same):
+    from aisafety.prediction.remote import same_order
+
+    assert same_order(shape, wire) is same

@@ -8,9 +8,10 @@ class i is the dataset's class i. The run goes on with a warning: a model with a
 class (background, unknown) or one whose first classes are the dataset's is legitimate.
 
 Only a *declared* class list counts (CIFAR-10's ten names, an image folder's subfolders, an
-npz's ``classes``, ImageNet's 1,000): data numbered from its labels (an npz without
-``classes``, arrays handed to ``aisafety.evaluate``, a source's empty class list) says
-nothing of its class count: 20 ImageNet images with labels up to 980 are not 981 classes.
+npz's ``classes``, ImageNet's 1,000, ``aisafety.evaluate``'s ``classes=``): data numbered
+from its labels (an npz without ``classes``, arrays handed to ``aisafety.evaluate`` without
+``classes=``, a source's empty class list) says nothing of its class count: 20 ImageNet
+images with labels up to 980 are not 981 classes.
 """
 
 from __future__ import annotations

@@ -25,7 +25,11 @@ from aisafety.evaluation.corrupted import (
     sequence_predictions,
 )
 from aisafety.evaluation.neurons import NeuronArtifacts
-from aisafety.evaluation.reference import ReferenceOutputs, missing_reference
+from aisafety.evaluation.reference import (
+    ReferenceOutputs,
+    check_reference_classes,
+    missing_reference,
+)
 from aisafety.interfaces import AttackSpec, CorruptionsSpec
 from aisafety.prediction.base import Predictor
 
@@ -53,6 +57,8 @@ class EvaluationContext:
         self.quiet = quiet
         self.load_profile = load_profile  # the data neuron bounds come from, read on demand
         self._adversarial: dict[tuple[str, float], AttackResult] = {}
+        if reference is not None:  # before any work: compared class by class
+            check_reference_classes(predictor, reference)
         self.reference_predictor = reference  # the baseline of defense-cost metrics and mFR
         self.seed = seed
         self._corrupted: dict[tuple[str, int, int | None], torch.Tensor] = {}

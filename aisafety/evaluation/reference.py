@@ -26,6 +26,30 @@ def missing_reference(user: str) -> ConfigError:
     )
 
 
+def check_reference_classes(predictor: Predictor, reference: Predictor) -> None:
+    """Refuse a reference of another class count than the evaluated model, before any work.
+
+    Every metric that reads the reference compares the two models class by class: CAV, CRR
+    and CSR read the labels as both models' class indices, CCV the true class's probability
+    under each, COS a divergence between two distributions over the same classes; mFR reads
+    only each model's own flips, but its baseline is the same task's model. A 100-class
+    reference against a 10-class model stored CAV and CRR without a word (the reference's
+    predictions of classes the data lacks counted as its errors). A refusal, not a warning:
+    a defended model with an extra (reject) class is compared with its reference wrapped to
+    the same outputs (docs/metrics.md).
+    """
+    if reference.num_classes == predictor.num_classes:
+        return
+    raise ConfigError(
+        f"reference model {reference.name!r} has {reference.num_classes} classes and the "
+        f"evaluated model {predictor.name!r} has {predictor.num_classes}: the metrics that "
+        "read the reference (cav, crr, csr, ccv, cos, mfr) compare the two models class by "
+        "class, so both must answer the same classes in the same order; give a "
+        "reference_model of the evaluated model's classes, e.g. its undefended version "
+        "(docs/metrics.md)"
+    )
+
+
 @dataclass
 class ReferenceOutputs:
     """The reference predictor and its clean logits on the evaluated data."""

@@ -1,4 +1,4 @@
-"""How much memory one image takes in a model pass, measured once per predictor.
+"""How much memory one image takes in a model pass, measured once per predictor and network.
 
 Attacks, noisy batches and activation statistics hold one model pass per image at a time;
 their chunk size under the memory budget (``aisafety/memory_budget.py``) comes from the
@@ -45,7 +45,7 @@ def innermost(predictor: Predictor) -> Predictor:
 
 def image_bytes(predictor: Predictor, grad: bool) -> int:
     """Estimated peak bytes one image adds to a forward pass of ``predictor``, with its
-    backward pass where ``grad``; measured once per predictor (one forward pass). Input
+    backward pass where ``grad``; measured once per network (one forward pass, ``_probe``). Input
     defenses in front of the model add their transform's copies of the input, and an
     attacker's pass through a defense with EOT runs the model on ``eot_samples`` copies."""
     saved, largest = _probe(innermost(predictor))
@@ -75,11 +75,28 @@ def activations_bytes(predictor: Predictor) -> int:
 
 
 def _probe(model: Predictor) -> tuple[int, int]:
-    """(bytes of the tensors autograd saves, bytes of the largest one) for one image."""
-    cache = model.__dict__.setdefault("_footprint", {})
-    if "probe" not in cache:
-        cache["probe"] = _measure(model)
-    return cache["probe"]
+    """(bytes of the tensors autograd saves, bytes of the largest one) for one image.
+
+    Kept on the predictor while what it depends on is unchanged: the network's modules
+    (which objects, so a layer replaced in place counts), its weights' dtypes, the input
+    shape, the device and whether it takes gradients. A predictor handed to
+    ``aisafety.evaluate(model=...)`` lives on in the notebook, where its network may be
+    edited or its input shape set between runs; a probe kept from before would size chunks
+    for the old network. Weight values do not count: they change no tensor's size."""
+    key, modules = _probe_key(model)
+    entry = model.__dict__.get("_footprint")
+    if entry is None or entry[0] != key:  # the entry holds the modules: their ids stay theirs
+        entry = model.__dict__["_footprint"] = (key, modules, _measure(model))
+    return entry[2]
+
+
+def _probe_key(model: Predictor) -> tuple[tuple, list[torch.nn.Module]]:
+    network = getattr(model, "network", None)
+    modules = list(network.modules()) if isinstance(network, torch.nn.Module) else []
+    dtypes = frozenset(t.dtype for m in modules for t in m.parameters(recurse=False))
+    grad = Capability.GRADIENTS in model.capabilities
+    shape = tuple(model.input_shape)
+    return (tuple(map(id, modules)), dtypes, shape, str(model.device), grad), modules
 
 
 def _measure(model: Predictor) -> tuple[int, int]:

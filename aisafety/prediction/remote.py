@@ -17,8 +17,10 @@ attacks work on it, gradient attacks are refused by name. Only the standard libr
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import math
+import operator
 import time
 import urllib.error
 import urllib.request
@@ -65,6 +67,18 @@ def _excerpt(body: bytes | str, limit: int = 300) -> str:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def same_order(shape: Sequence[int], sample: Sequence[int]) -> bool:
+    """Whether the server reads values sent row-major as ``shape`` in the same order: its
+    per-sample ``sample`` only merges or splits neighbouring dimensions (or adds and drops
+    size-1 ones), as a flat ``[784]`` or ``[28, 28]`` for (1, 28, 28) do; (32, 32, 3) for
+    (3, 32, 32) does not. One of the two must cut the values where the other does: the
+    set of running products of one holds the other's."""
+    cuts = [
+        {p for p in itertools.accumulate(dims, operator.mul) if p > 1} for dims in (shape, sample)
+    ]
+    return cuts[0] <= cuts[1] or cuts[1] <= cuts[0]
 
 
 class RemotePredictor(Predictor):
@@ -193,6 +207,8 @@ class RemotePredictor(Predictor):
         if fixed_batch > 0:  # a model that takes a fixed batch size
             self.max_batch_size = min(self.max_batch_size, fixed_batch)
         if concrete and math.prod(sample) == math.prod(shape):
+            if not same_order(shape, sample):
+                raise ConfigError(self.order_problem(shape, tuple(sample)))
             return shape, tuple(sample)
         if concrete:
             raise ConfigError(
@@ -200,6 +216,22 @@ class RemotePredictor(Predictor):
                 f"(shape {list(meta_shape or [])}), input_shape {shape} has {math.prod(shape)}"
             )
         return shape, shape
+
+    def order_problem(self, shape: tuple[int, ...], sample: tuple[int, ...]) -> str:
+        """The refusal of an ``input_shape`` whose values the server reads in another order:
+        the values are sent row-major as (C, H, W), the server takes them as ``sample``."""
+        c, h, w = shape
+        said = (
+            f"remote model {self.name!r}: input_shape {list(shape)} and the server's input "
+            f"{list(sample)} hold as many values, but in another order, so every image would "
+            "reach the model scrambled; "
+        )
+        if sample == (h, w, c):
+            return said + self.channels_last_fix(c, h, w)
+        return said + (
+            "have the server take (C, H, W) images (or C*H*W flat values), or give the "
+            "input_shape that is the server's input in (C, H, W) order (docs/prediction.md)"
+        )
 
     def _classes(self, meta: dict[str, Any]) -> int:
         outputs = meta.get("outputs") or []
