@@ -104,3 +104,66 @@ def test_the_driver_prints_a_units_warnings_but_keeps_them_out_of_the_runs():
     assert [str(w.message) for w in shown] == ["from a shard"]
     assert kept == [KeptWarning("k1", AISafetyWarning, "from a shard")]
     assert run.entries == []
+
+
+def test_a_failed_shard_leaves_its_sibling_shards_warnings_with_the_unit(tmp_path, monkeypatch):
+    """A shard that fails fails its join before the join runs, so the join's exception
+    carries that shard's warnings only; the other shards' were dropped (raywarn-19's gap 1).
+    ``failed_unit_warnings`` reads each shard's warnings too (as the driver does, with
+    ``ray.get``; here each task's output or its exception wrapped as Ray wraps it)."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
+    from ray.exceptions import RayTaskError
+
+    from aisafety.distributed.executor import _warn_unit, failed_unit_warnings
+
+    original = EvaluationContext.attack_shard
+
+    def failing_shard(self, spec, eps, index):
+        warnings.warn(f"shard {index}", AISafetyWarning, stacklevel=2)
+        if index == 1:
+            raise RuntimeError("shard 1 cannot be attacked")
+        return original(self, spec, eps, index)
+
+    monkeypatch.setattr(EvaluationContext, "attack_shard", failing_shard)
+    with _started(tmp_path, shard_size=10, batch_size=10) as (plan, url, _, work, logits):
+        shard0 = tasks.attack(plan, url, str(tmp_path), work.attack, work.eps, 0, logits)
+        with pytest.raises(RuntimeError) as failed:
+            tasks.attack(plan, url, str(tmp_path), work.attack, work.eps, 1, logits)
+    shard1 = RayTaskError("attack", "", failed.value)  # what ray.get of either output raises
+    outputs = {"warned 0": shard0[1], "warned 1": shard1}
+
+    def get(ref):
+        if isinstance(outputs[ref], Exception):
+            raise outputs[ref]
+        return outputs[ref]
+
+    joined = shard1  # the join fails with its failed argument's error, before it runs
+    kept = failed_unit_warnings(joined, ["warned 0", "warned 1"], get)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        stored = _warn_unit(work, kept)
+    assert [(w.unit_key, w.message) for w in stored] == [
+        (work.key, "shard 1"),
+        (work.key, "shard 0"),
+    ]
+
+
+def test_a_unit_warning_with_a_run_warnings_text_prints_once_on_the_driver():
+    """The driver raises every worker warning again from one line, so the default filter
+    (once per text, category and line, per run) shows a text once, as a local run shows a
+    warning raised at one place. Two call sites (the prepare task's and a unit's) printed
+    it twice (raywarn-19's gap 2); what is kept is unchanged: the run's and each unit's."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
+    from aisafety.distributed.executor import _warn_again, _warn_unit
+    from aisafety.runner import WorkUnit
+
+    same = KeptWarning(None, AISafetyWarning, "a forward pass")
+    run = WarningLog()
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        with keeping(run):
+            _warn_again(run, [same])
+            kept = [_warn_unit(WorkUnit(k, k), [same]) for k in ("k1", "k2")]
+    assert [str(w.message) for w in shown] == ["a forward pass"]
+    assert run.entries == [same]
+    assert kept == [[KeptWarning(k, AISafetyWarning, "a forward pass")] for k in ("k1", "k2")]
