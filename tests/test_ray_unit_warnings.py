@@ -9,6 +9,7 @@ import warnings
 from contextlib import contextmanager
 
 import pytest
+import torch
 
 from aisafety.config import plan_from_dict
 from aisafety.distributed import tasks
@@ -167,3 +168,41 @@ def test_a_unit_warning_with_a_run_warnings_text_prints_once_on_the_driver():
     assert [str(w.message) for w in shown] == ["a forward pass"]
     assert run.entries == [same]
     assert kept == [[KeptWarning(k, AISafetyWarning, "a forward pass")] for k in ("k1", "k2")]
+
+
+class _BatchAsConstant(torch.nn.Module):
+    """Traced on one image, its batch size becomes the constant 1 (``int(x.shape[0])``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(784, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.reshape(int(x.shape[0]), -1))
+
+
+def test_the_torchscript_one_image_warning_of_a_worker_reaches_the_driver(tmp_path):
+    """Raised once per process, where the archive is loaded: on Ray in the worker's
+    ``_prepared`` (never in the driver), handed back by the prepare task, also on a later run
+    that reuses the loaded model (the warning is not raised again there); the driver then
+    prints and keeps it (checked on the test cluster too, tests/test_scale_out.py)."""
+    from aisafety.prediction.torchscript import TorchScriptPredictor
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the constant, as intended
+        traced = torch.jit.trace(_BatchAsConstant().eval(), torch.rand(1, 1, 28, 28))
+    path = tmp_path / "traced.ts"
+    torch.jit.save(traced, str(path))
+    model = {"source": "torchscript", "path": str(path), "input_shape": [1, 28, 28]}
+    plan = plan_from_dict({**FIELDS, "model": model, "attacks": FGSM}, "p")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AISafetyWarning)  # the worker's terminal
+        first, _ = tasks.prepare(plan, url, str(tmp_path))
+        again, _ = tasks.prepare(plan, url, str(tmp_path))  # the worker's next run
+    for info in (first, again):
+        messages = [w.message for w in info["warnings"]]
+        assert any("TorchScript archive runs on one image but not on two" in m for m in messages)
+    assert isinstance(tasks._PREPARED[next(iter(tasks._PREPARED))][1].context.predictor,
+                      TorchScriptPredictor)  # fmt: skip
