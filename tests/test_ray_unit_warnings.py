@@ -9,6 +9,7 @@ import warnings
 from contextlib import contextmanager
 
 import pytest
+import torch
 
 from aisafety.config import plan_from_dict
 from aisafety.distributed import tasks
@@ -104,3 +105,104 @@ def test_the_driver_prints_a_units_warnings_but_keeps_them_out_of_the_runs():
     assert [str(w.message) for w in shown] == ["from a shard"]
     assert kept == [KeptWarning("k1", AISafetyWarning, "from a shard")]
     assert run.entries == []
+
+
+def test_a_failed_shard_leaves_its_sibling_shards_warnings_with_the_unit(tmp_path, monkeypatch):
+    """A shard that fails fails its join before the join runs, so the join's exception
+    carries that shard's warnings only; the other shards' were dropped (raywarn-19's gap 1).
+    ``failed_unit_warnings`` reads each shard's warnings too (as the driver does, with
+    ``ray.get``; here each task's output or its exception wrapped as Ray wraps it)."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
+    from ray.exceptions import RayTaskError
+
+    from aisafety.distributed.executor import _warn_unit, failed_unit_warnings
+
+    original = EvaluationContext.attack_shard
+
+    def failing_shard(self, spec, eps, index):
+        warnings.warn(f"shard {index}", AISafetyWarning, stacklevel=2)
+        if index == 1:
+            raise RuntimeError("shard 1 cannot be attacked")
+        return original(self, spec, eps, index)
+
+    monkeypatch.setattr(EvaluationContext, "attack_shard", failing_shard)
+    with _started(tmp_path, shard_size=10, batch_size=10) as (plan, url, _, work, logits):
+        shard0 = tasks.attack(plan, url, str(tmp_path), work.attack, work.eps, 0, logits)
+        with pytest.raises(RuntimeError) as failed:
+            tasks.attack(plan, url, str(tmp_path), work.attack, work.eps, 1, logits)
+    shard1 = RayTaskError("attack", "", failed.value)  # what ray.get of either output raises
+    outputs = {"warned 0": shard0[1], "warned 1": shard1}
+
+    def get(ref):
+        if isinstance(outputs[ref], Exception):
+            raise outputs[ref]
+        return outputs[ref]
+
+    joined = shard1  # the join fails with its failed argument's error, before it runs
+    kept = failed_unit_warnings(joined, ["warned 0", "warned 1"], get)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        stored = _warn_unit(work, kept)
+    assert [(w.unit_key, w.message) for w in stored] == [
+        (work.key, "shard 1"),
+        (work.key, "shard 0"),
+    ]
+
+
+def test_a_unit_warning_with_a_run_warnings_text_prints_once_on_the_driver():
+    """The driver raises every worker warning again from one line, so the default filter
+    (once per text, category and line, per run) shows a text once, as a local run shows a
+    warning raised at one place. Two call sites (the prepare task's and a unit's) printed
+    it twice (raywarn-19's gap 2); what is kept is unchanged: the run's and each unit's."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'aisafety[distributed]'")
+    from aisafety.distributed.executor import _warn_again, _warn_unit
+    from aisafety.runner import WorkUnit
+
+    same = KeptWarning(None, AISafetyWarning, "a forward pass")
+    run = WarningLog()
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        with keeping(run):
+            _warn_again(run, [same])
+            kept = [_warn_unit(WorkUnit(k, k), [same]) for k in ("k1", "k2")]
+    assert [str(w.message) for w in shown] == ["a forward pass"]
+    assert run.entries == [same]
+    assert kept == [[KeptWarning(k, AISafetyWarning, "a forward pass")] for k in ("k1", "k2")]
+
+
+class _BatchAsConstant(torch.nn.Module):
+    """Traced on one image, its batch size becomes the constant 1 (``int(x.shape[0])``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(784, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.reshape(int(x.shape[0]), -1))
+
+
+def test_the_torchscript_one_image_warning_of_a_worker_reaches_the_driver(tmp_path):
+    """Raised once per process, where the archive is loaded: on Ray in the worker's
+    ``_prepared`` (never in the driver), handed back by the prepare task, also on a later run
+    that reuses the loaded model (the warning is not raised again there); the driver then
+    prints and keeps it (checked on the test cluster too, tests/test_scale_out.py)."""
+    from aisafety.prediction.torchscript import TorchScriptPredictor
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the constant, as intended
+        traced = torch.jit.trace(_BatchAsConstant().eval(), torch.rand(1, 1, 28, 28))
+    path = tmp_path / "traced.ts"
+    torch.jit.save(traced, str(path))
+    model = {"source": "torchscript", "path": str(path), "input_shape": [1, 28, 28]}
+    plan = plan_from_dict({**FIELDS, "model": model, "attacks": FGSM}, "p")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AISafetyWarning)  # the worker's terminal
+        first, _ = tasks.prepare(plan, url, str(tmp_path))
+        again, _ = tasks.prepare(plan, url, str(tmp_path))  # the worker's next run
+    for info in (first, again):
+        messages = [w.message for w in info["warnings"]]
+        assert any("TorchScript archive runs on one image but not on two" in m for m in messages)
+    assert isinstance(tasks._PREPARED[next(iter(tasks._PREPARED))][1].context.predictor,
+                      TorchScriptPredictor)  # fmt: skip

@@ -467,6 +467,95 @@ def test_the_clean_pass_checks_of_a_worker_reach_the_driver(ray_cluster, postgre
     assert stored[2][3] == "asked for a gradient"
 
 
+FAILS_ON_SHARD_ONE = """
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aisafety.errors import AISafetyWarning
+
+FIRST_OF_SHARD_ONE = torch.load(Path(__file__).with_name("first_of_shard_one.pt"))
+
+
+class FailsOnShardOne(nn.Module):
+    # every forward warns (the clean pass on the prepare task: the run's; each shard's: the
+    # unit's); a gradient pass warns with its shard and fails on shard 1 (batch = shard)
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(784, 10)
+
+    def forward(self, x):
+        warnings.warn("a forward pass", AISafetyWarning, stacklevel=2)
+        if x.requires_grad:
+            shard = int(torch.equal(x[0].detach(), FIRST_OF_SHARD_ONE))
+            warnings.warn(f"a gradient pass of shard {shard}", AISafetyWarning, stacklevel=2)
+            if shard == 1:
+                raise RuntimeError("shard 1 cannot be attacked")
+        return self.linear(x.flatten(1))
+"""
+
+
+class _BatchAsConstant(torch.nn.Module):
+    """Traced on one image, its batch size becomes the constant 1 (``int(x.shape[0])``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(784, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.reshape(int(x.shape[0]), -1))
+
+
+# slow (~10 s more of the shared cluster); the same paths in process, in the default suite:
+# tests/test_ray_unit_warnings.py
+@pytest.mark.slow
+def test_every_warning_a_worker_raises_reaches_the_driver_once(ray_cluster, tmp_path):
+    """raywarn-20, on the cluster: a shard that fails leaves its sibling's warnings with the
+    unit (only its own came back before); a text raised on the prepare task and in a unit
+    prints once (twice before); a TorchScript archive's one-image warning (raised at load,
+    in the worker) is printed and stored with the run."""
+    import warnings
+
+    from aisafety.interfaces import DatasetSpec
+    from aisafety.loading import load_data
+    from aisafety.plugins import default_registry
+
+    data = load_data(DatasetSpec(name="mnist-embedded", limit=40), default_registry())
+    torch.save(data.x[20].clone(), tmp_path / "first_of_shard_one.pt")
+    (tmp_path / "fails_on_shard_one.py").write_text(FAILS_ON_SHARD_ONE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's: the constant, as intended
+        traced = torch.jit.trace(_BatchAsConstant().eval(), torch.rand(1, 1, 28, 28))
+        torch.jit.save(traced, str(tmp_path / "traced.ts"))
+    model = {"name": "fails", "source": "python", "factory": "fails_on_shard_one:FailsOnShardOne",
+             "input_shape": [1, 28, 28], "python_path": [str(tmp_path)]}  # fmt: skip
+    reference = {"name": "traced", "source": "torchscript", "path": str(tmp_path / "traced.ts"),
+                 "input_shape": [1, 28, 28]}  # fmt: skip
+    plan = {"model": model, "reference_model": reference,
+            "dataset": {"name": "mnist-embedded", "limit": 40},
+            "attacks": [{"name": "fgsm", "eps": [0.1]}], "metrics": ["ca", "robust-accuracy"],
+            "shard_size": 20, "batch_size": 20, "device": "cpu",
+            "executor": {"name": "ray", "max_retries": 0}}  # fmt: skip
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    args = ("--address", ray_cluster.address, "--quiet", "--db", url)
+    driver = _evaluate(plan, *args, env=ray_cluster.env, cwd=tmp_path)
+    out, err = children.communicate(driver)
+    assert driver.returncode == 1, err  # the attack unit failed
+    assert err.count("warning: a forward pass") == 1, err
+    assert err.count("TorchScript archive") == 1, err
+    rows = ResultStore(url).query(
+        "SELECT w.unit_key IS NULL, u.description, w.message FROM run_warnings w "
+        "LEFT JOIN unit_failures u ON u.key = w.unit_key ORDER BY w.id"
+    )[1]
+    run = [message for own, _, message in rows if own]
+    unit = sorted(message for _, where, message in rows if where == "fgsm eps=0.1")
+    assert "a forward pass" in run
+    assert sum("TorchScript archive" in message for message in run) == 1
+    assert unit == ["a forward pass", "a gradient pass of shard 0", "a gradient pass of shard 1"]
+
+
 # In the default suite: the issue's fault test, ~35 s at load 3-4 on the shared cluster.
 def test_a_worker_killed_mid_plan_loses_and_duplicates_nothing(ray_cluster, postgres_url, tmp_path):
     """kill -9 of a worker running an attack shard: Ray runs the task again, the plan

@@ -65,7 +65,7 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
         info = ray.get(info_ref)
     except RayTaskError as exc:  # a bad model path, a capability the model lacks, ...
         raise _user_error(exc) from None
-    _warn_again(runner, info["warnings"])
+    _warn_again(runner.warning_log, info["warnings"])
     units: list[WorkUnit] = info["units"]
     done = runner.store.finished_units() if runner.resume else set()
     todo = [u for u in units if u.key not in done]
@@ -80,7 +80,7 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
             progress.finish(unit.key, seconds)
         except RayError as exc:
             error = _describe(exc)
-            kept = getattr(getattr(exc, "cause", None), "unit_warnings", [])
+            kept = failed_unit_warnings(exc, submit.shard_warnings(unit), ray.get)
             runner.store.record_warnings(run_id, _warn_unit(unit, kept))
             runner.store.record_failure(run_id, unit.key, unit.description, error)
             failed.append(f"{unit.description}: {error.splitlines()[0][:300]}")
@@ -121,13 +121,13 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
     )
 
 
-def _warn_again(runner: Runner, kept: list[KeptWarning]) -> None:
+def _warn_again(run: WarningLog, kept: list[KeptWarning]) -> None:
     """The prepare task's warnings (loading, the clean pass), which do not reach this
-    process: warned here, where they are printed and kept; those this process raised too
-    (the plan's own, from its ``Runner``) once."""
+    process: warned here, where they are printed and kept in the run's log ``run``; those
+    this process raised too (the plan's own, from its ``Runner``) once."""
     for warning in kept:
-        if warning not in runner.warning_log:
-            warnings.warn(warning.message, warning.category, stacklevel=3)
+        if warning not in run:
+            _warn(warning)
 
 
 def _warn_unit(unit: WorkUnit, kept: list[KeptWarning]) -> list[KeptWarning]:
@@ -135,8 +135,38 @@ def _warn_unit(unit: WorkUnit, kept: list[KeptWarning]) -> list[KeptWarning]:
     each kept under the unit's key (not as the run's own); returned as kept."""
     with keeping(WarningLog(unit.key)) as log:
         for warning in kept:
-            warnings.warn(warning.message, warning.category, stacklevel=3)
+            _warn(warning)
     return log.entries
+
+
+def _warn(warning: KeptWarning) -> None:
+    """A worker's warning, raised again here from this one line for the run's and every
+    unit's: the default filter shows a warning once per (text, category, line) and run, so
+    the same text from the prepare task and from a unit, or from two units, prints once, as
+    a local run prints a warning raised at one place (two call sites printed it twice)."""
+    warnings.warn(warning.message, warning.category, stacklevel=1)
+
+
+def failed_unit_warnings(
+    exc: RayError, shards: list[Any], get: Callable[[Any], list[KeptWarning]]
+) -> list[KeptWarning]:
+    """The warnings of a unit whose task failed: those its exception carries
+    (``unit_warnings``: a unit task's, or a join's with its shards') and, for a sharded
+    unit, those of each of its shards (``get`` of their warnings' references): a shard that
+    failed fails the join before it runs, so its exception carries that shard's warnings
+    only, and its sibling shards' were dropped before (raywarn-20)."""
+    kept = list(_carried(exc))
+    for ref in shards:
+        try:
+            kept += get(ref)
+        except RayError as shard_failure:  # this shard failed: its own exception has them
+            kept += _carried(shard_failure)
+    return kept
+
+
+def _carried(exc: RayError) -> list[KeptWarning]:
+    """The warnings a failed task's exception carries (tasks.py's ``unit_warnings``)."""
+    return list(getattr(getattr(exc, "cause", None), "unit_warnings", []))
 
 
 def _execute(
@@ -210,6 +240,12 @@ class _Submitter:
         return self._remote(tasks.unit, task).remote(
             *self.common, run_id, u, logits, dict(self.results), ray.get
         )
+
+    def shard_warnings(self, unit: WorkUnit) -> list[Any]:
+        """The references of ``unit``'s shards' warnings (none for an unsharded unit)."""
+        if unit.attack is None:
+            return []
+        return self.warned.get((unit.attack.key(), float(unit.eps)), [])
 
     def _remote(self, function: Callable, task: Task, **options: Any) -> Any:
         """``function`` as a Ray task named after its unit (as the dashboard and ``ps`` show
