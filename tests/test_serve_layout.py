@@ -5,6 +5,10 @@ cannot take."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+
 import pytest
 import torch
 from torch import nn
@@ -86,6 +90,50 @@ def test_an_explicit_input_shape_the_server_reads_channels_last_is_refused(keras
 
 def _images():
     return torch.rand(6, 3, 4, 4), torch.arange(6) % 5
+
+
+def _infer(url: str, shape: list[int], values: torch.Tensor) -> tuple[int, dict]:
+    data = values.flatten().tolist()
+    tensor = {"name": "input", "shape": shape, "datatype": "FP32", "data": data}
+    request = urllib.request.Request(
+        url, json.dumps({"inputs": [tensor]}).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_server_refuses_values_sent_in_another_order(keras_like):
+    """A client that skipped the metadata and sent channels-last [N, 4, 4, 3] images to a
+    server reading [N, 3, 4, 4] got 200 and the logits of scrambled images (the counts
+    matched, the server reshaped). Shapes holding the values in the model's order (flat, a
+    split or merged neighbour, a size-1 axis) still answer, with the same logits."""
+    from aisafety.prediction.remote import RemotePredictor
+
+    path, _ = keras_like
+    predictor = server.open_model(str(path), layout="nhwc")  # reads (C, H, W) = (3, 4, 4)
+    x = torch.rand(2, 3, 4, 4)
+    expected = predictor.logits(x).flatten().tolist()
+    with server.make_server(predictor, port=0, model_name="k") as served:
+        url = f"{served.url}/v2/models/k/infer"
+        for shape in ([2, 3, 4, 4], [2, 48], [2, 3, 16], [2, 12, 4], [2, 1, 3, 4, 4]):
+            status, body = _infer(url, shape, x)
+            assert status == 200, (shape, body)
+            assert body["outputs"][0]["data"] == pytest.approx(expected, abs=1e-6), shape
+        status, body = _infer(url, [2, 4, 4, 3], x.permute(0, 2, 3, 1))
+        assert status == 400
+        assert "input shape [2, 4, 4, 3]" in body["error"] and "[N, 3, 4, 4]" in body["error"]
+        assert "channels-last" in body["error"] and "x.transpose(0, 3, 1, 2)" in body["error"]
+        status, body = _infer(url, [2, 4, 12], x)  # H before C: cut where (C, H, W) is not
+        assert status == 400 and "another order" in body["error"], body
+        assert "send [N, 3, 4, 4], or the same values flat as [N, 48]" in body["error"]
+        # our own client reads the metadata, or sends (C, H, W) when told everything
+        told = RemotePredictor(served.url, "k", (3, 4, 4), 5, input_name="input")
+        for remote in (RemotePredictor(served.url, "k"), told):
+            assert remote.logits(x).flatten().tolist() == pytest.approx(expected, abs=1e-6)
+        assert told.requests_sent == 1  # no metadata read
 
 
 @pytest.mark.parametrize(

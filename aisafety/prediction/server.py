@@ -7,9 +7,11 @@ The endpoints are the OIP v2 subset a client needs to find and run one classifie
 - ``GET  /v2/models/{name}``            model metadata: input ``input`` FP32 ``[-1, C, H, W]``,
                                         output ``logits`` FP32 ``[-1, num_classes]``
 - ``GET  /v2/models/{name}/ready``
-- ``POST /v2/models/{name}/infer``      FP32 input in [0, 1], shape ``[N, C, H, W]`` (or any
-                                        shape with N first and C*H*W values per sample);
-                                        returns output ``logits`` FP32 ``[N, num_classes]``
+- ``POST /v2/models/{name}/infer``      FP32 input in [0, 1], shape ``[N, C, H, W]`` (or a
+                                        shape holding its values in the same order: flat
+                                        ``[N, C*H*W]``, ``[N, H, W]`` for one channel; not
+                                        channels-last, ``check_sample_shape``); returns
+                                        output ``logits`` FP32 ``[N, num_classes]``
 
 (``/versions/1`` may be inserted after the model name.) Tensor data travels as JSON, or in
 Triton's binary tensor data extension (``Inference-Header-Content-Length``) for inputs and,
@@ -37,6 +39,7 @@ import torch
 
 from aisafety.errors import AISafetyError, ConfigError
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.remote import same_order
 from aisafety.version import __version__
 
 INPUT_NAME = "input"
@@ -259,13 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             or not all(isinstance(d, int) and d >= 0 for d in shape)
         ):
             raise RequestError(400, f"input shape {shape!r} is not a list [N, ...] of sizes")
-        per_sample = math.prod(self.server.predictor.input_shape)
-        if math.prod(shape[1:]) != per_sample:
-            raise RequestError(
-                400,
-                f"input shape {shape} has {math.prod(shape[1:])} values per sample; the model "
-                f"takes [N, {', '.join(map(str, self.server.predictor.input_shape))}]",
-            )
+        check_sample_shape(shape, tuple(self.server.predictor.input_shape))
         size = (tensor.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size != len(binary):
@@ -327,6 +324,40 @@ class _Handler(BaseHTTPRequestHandler):
             header + data,
             {"Content-Type": "application/octet-stream", _BINARY_HEADER: str(len(header))},
         )
+
+
+def check_sample_shape(shape: list[int], takes: tuple[int, ...]) -> None:
+    """Refuse a request shape ``[N, ...]`` whose values this model would read scrambled.
+
+    The values are read row-major as ``[N, *takes]`` (C, H, W). Accepted: that shape, and any
+    shape that only merges or splits neighbouring dimensions of it or adds or drops size-1
+    ones (``[N, C*H*W]`` flat, ``[N, H, W]`` for one channel, ``[N, C, H*W]``): the same
+    values in the same order. Refused, although the count matches: any other order, such as
+    channels-last ``[N, H, W, C]``, which a client that skipped the metadata sends."""
+    sample, expected = tuple(shape[1:]), f"[N, {', '.join(map(str, takes))}]"
+    if math.prod(sample) != math.prod(takes):
+        raise RequestError(
+            400,
+            f"input shape {shape} has {math.prod(sample)} values per sample; the model "
+            f"takes {expected}",
+        )
+    if same_order(takes, sample):
+        return
+    said = (
+        f"input shape {shape} holds the model's {math.prod(takes)} values per sample in "
+        f"another order than the {expected} it reads (row-major; GET the model's metadata), "
+        "so every image would reach it scrambled; "
+    )
+    if len(takes) == 3 and sample == (takes[1], takes[2], takes[0]):
+        raise RequestError(
+            400,
+            said + f"these are channels-last images: send [N, {', '.join(map(str, takes))}] "
+            "(numpy: x.transpose(0, 3, 1, 2)), or serve the model with "
+            "'aisafety serve MODEL.onnx --layout nhwc' if it is a channels-last graph",
+        )
+    raise RequestError(
+        400, said + f"send {expected}, or the same values flat as [N, {math.prod(takes)}]"
+    )
 
 
 def make_server(
