@@ -15,7 +15,13 @@ for the two quick runs once the modules are imported; every member of each famil
 from __future__ import annotations
 
 import pytest
-from model_leaks import REFERENCE, evaluate_and_drop
+import torch
+from model_leaks import REFERENCE, evaluate_and_drop, tiny_net
+
+from aisafety.database.datasets.base import LoadedDataset
+from aisafety.evaluation.context import EvaluationContext
+from aisafety.evaluation.integrity import RunIntegrity
+from aisafety.prediction.torch_module import TorchPredictor
 
 EPS = [0.03]
 
@@ -98,3 +104,51 @@ def test_no_family_keeps_anything_of_its_models(family, tmp_path):
     """Every member of each family (the quick test above runs one of each)."""
     plan = {"seed": 0, "batch_size": 4, **PLANS[family]}
     assert evaluate_and_drop(plan, f"sqlite:///{tmp_path / 'r.db'}") == []
+
+
+def test_the_pristine_copies_are_on_the_host_and_weigh_the_shared_state():
+    """RunIntegrity's copies (to restore after a tampering plugin) live in host memory: on a
+    GPU a second model in the card's memory for the whole run, which a plan's budget did not
+    count. On the CPU, what they hold is every weight and buffer, the images, the labels and
+    the clean outputs, each once (tensor byte counts: tracemalloc does not see torch)."""
+    torch.manual_seed(0)
+    module = tiny_net()
+    x, y = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    data = LoadedDataset("four", x, y, tuple("0123456789"))
+    predictor = TorchPredictor(module, (3, 8, 8), 10)
+    ctx = EvaluationContext(predictor, data, lambda spec: None, 4)
+    integrity = RunIntegrity(ctx)
+    # the network with its normalisation (mean and std: 24 bytes), the images, the labels
+    network = sum(t.nbytes for t in predictor.network.state_dict().values())
+    shared = network + x.nbytes + y.nbytes
+    assert integrity.pristine_bytes() == {"cpu": shared}
+    ctx.clean_logits  # noqa: B018 - computed since: copied at the next check
+    integrity.check("test")
+    assert integrity.pristine_bytes() == {"cpu": shared + 4 * 10 * 4}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_card_holds_no_pristine_copy_and_a_restore_puts_the_weights_back():
+    """On a GPU the copies took a second model's weights of the card's memory; a restore
+    puts the host copies back on the card, and the clean outputs where they were."""
+    torch.manual_seed(0)
+    module = tiny_net().cuda()
+    x, y = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    predictor = TorchPredictor(module, (3, 8, 8), 10, device="cuda")
+    ctx = EvaluationContext(predictor, LoadedDataset("four", x, y, tuple("0123456789")),
+                            lambda spec: None, 4)  # fmt: skip
+    held = torch.cuda.memory_allocated()
+    integrity = RunIntegrity(ctx)
+    assert torch.cuda.memory_allocated() == held
+    assert set(integrity.pristine_bytes()) == {"cpu"}
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    ctx.clean_logits  # noqa: B018 - copied at the next check
+    integrity.check("test")
+    logits = ctx.clean_logits.clone()
+    with torch.no_grad():
+        module[0].weight.mul_(0)
+    ctx.__dict__["clean_logits"] = torch.zeros_like(logits)
+    integrity.restore()
+    assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
+    assert module[0].weight.device.type == "cuda"
+    assert torch.equal(ctx.clean_logits, logits) and ctx.clean_logits.device == logits.device
