@@ -135,7 +135,7 @@ class RunIntegrity:
         for name, tensor in self._shared().items():
             pristine = self._pristine.get(name)
             if pristine is not None and tensor.shape == pristine.shape:
-                tensor.copy_(pristine.to(tensor.device))
+                tensor.copy_(pristine)  # from the host, no second copy on the device
         self.ctx.forget_cached()
         for name in CLEAN_OUTPUTS:  # the clean outputs as first computed, where they were
             if (key := f"ctx.{name}") in self._pristine:
