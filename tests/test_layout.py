@@ -9,10 +9,13 @@ import torch
 from torch import nn
 
 import aisafety.attack.precision as precision
+from aisafety.attack.base import RESULT_COPIES
 from aisafety.attack.layout import ChannelsLast, channels_last_view, convolutional
 from aisafety.attack.pgd import PGDLinf
 from aisafety.attack.precision import ReducedPrecision, search_layout
 from aisafety.database.zoo import load_zoo_model
+from aisafety.errors import MemoryBudgetError
+from aisafety.memory_budget import memory_limit
 from aisafety.prediction.torch_module import TorchPredictor
 
 CPU = torch.device("cpu")
@@ -132,3 +135,25 @@ def test_without_fast_bf16_auto_keeps_the_default_layout(monkeypatch):
     monkeypatch.setattr(precision, "_cpu_flags", lambda: {"avx2": True})
     model = load_zoo_model("mnist-cnn-pgd-at")
     assert PGDLinf(precision="auto").search_predictor(model, probe(model, 1)) is model
+
+
+def test_the_copy_is_counted_in_the_attacks_memory_budget(monkeypatch):
+    """The channels-last copy holds the network's weights once more while a chunk is
+    attacked; until session 20 no budget counted it (a WRN-28-10: 139 MiB over the budget).
+    A budget that fits one image and the result's copies but not the copy beside them now
+    refuses before any work; one byte more runs."""
+    monkeypatch.setattr(precision, "fast_precisions", lambda device: ("bf16",))
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(8 * 8 * 8, 10))  # fmt: skip
+    model = TorchPredictor(network, (3, 8, 8), 10)
+    weights = sum(t.nbytes for t in model.network.state_dict().values())  # mean, std too
+    attack = PGDLinf({"steps": 1, "precision": "bf16"})
+    assert attack.search_copy_bytes(model) == weights
+    assert PGDLinf({"steps": 1}).search_copy_bytes(model) == 0  # fp32 runs the model itself
+    x, y = torch.rand(1, 3, 8, 8), torch.tensor([3])
+    needed = RESULT_COPIES * x.nbytes + attack.image_memory(model) + weights
+    with memory_limit(needed - 1), pytest.raises(MemoryBudgetError, match="attack 'pgd-linf'"):
+        attack(model, x, y, 0.03)
+    with memory_limit(needed):
+        assert attack(model, x, y, 0.03).x_adv.shape == x.shape

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from aisafety import randomness
 from aisafety.attack.call import AttackCall
-from aisafety.attack.layout import channels_last_view
+from aisafety.attack.layout import channels_last_view, copy_bytes
 from aisafety.attack.precision import (
     ReducedPrecision,
     autocast_applies,
@@ -233,6 +233,7 @@ class Attack(ABC):
         if size is None:
             size = self.cpu_chunk if predictor.device.type == "cpu" else len(x)
         held = RESULT_COPIES * x.numel() * max(4, x.element_size())
+        held += self.search_copy_bytes(predictor)
         size = self._budget_chunk(predictor, min(size, max(1, len(x))), held)
         generator = randomness.generator(self.random_seed())
         if samples is None:
@@ -309,14 +310,30 @@ class Attack(ABC):
         ``autocast_applies``). With ``probe`` (an image and
         its fp32 logits), a convolutional network runs channels-last where
         ``search_layout`` says so and a copy in that layout reproduces the probe."""
-        precision = getattr(self.config, "precision", "fp32")
-        owner = f"attack {self.name!r}"
-        dtype = compute_dtype(precision, predictor.device, owner)
-        if dtype is None or not autocast_applies(precision, predictor, owner):
+        dtype = self._search_dtype(predictor)
+        if dtype is None:
             return predictor
         if probe is not None and search_layout(predictor.device, dtype) is torch.channels_last:
             predictor = channels_last_view(predictor, *probe)
         return ReducedPrecision(predictor, dtype)
+
+    def _search_dtype(self, predictor: Predictor) -> torch.dtype | None:
+        """The autocast dtype of the search on ``predictor`` (None: fp32, the predictor itself)."""
+        precision = getattr(self.config, "precision", "fp32")
+        owner = f"attack {self.name!r}"
+        dtype = compute_dtype(precision, predictor.device, owner)
+        if dtype is None or not autocast_applies(precision, predictor, owner):
+            return None
+        return dtype
+
+    def search_copy_bytes(self, predictor: Predictor) -> int:
+        """Bytes of the network copy each chunk's search runs beside the predictor's own
+        (channels-last, ``layout.py``): held on the model's device while the chunk is
+        attacked, so counted in the call's budget; 0 where the search runs the model."""
+        dtype = self._search_dtype(predictor)
+        if dtype is None or search_layout(predictor.device, dtype) is not torch.channels_last:
+            return 0
+        return copy_bytes(predictor)
 
     def _attack_chunk(
         self,

@@ -9,11 +9,11 @@ of the base class puts right.
 
 The view runs a channels-last *copy* of the network: the predictor's own network keeps its
 layout, so the clean logits, the final check, ``features()``, verifiers and everything else
-see it as before. The copy costs the weights' memory once more while a chunk is attacked.
-Before it is used, it must reproduce the fp32 clean logits of one image: a model whose code
-depends on the layout (``.view`` on an activation raises on channels-last strides) or that
-gives other values there keeps the default layout (``channels_last_view`` returns the
-predictor itself).
+see it as before. The copy costs the weights' memory once more while a chunk is attacked,
+which the attack's memory budget counts (``copy_bytes``). Before it is used, it must
+reproduce the fp32 clean logits of one image: a model whose code depends on the layout
+(``.view`` on an activation raises on channels-last strides) or that gives other values
+there keeps the default layout (``channels_last_view`` returns the predictor itself).
 """
 
 from __future__ import annotations
@@ -42,6 +42,15 @@ def convolutional(predictor: Predictor) -> bool:
     return isinstance(network, nn.Module) and any(
         issubclass(layer_type(m), nn.Conv2d) for m in network.modules()
     )
+
+
+def copy_bytes(predictor: Predictor) -> int:
+    """Bytes of the channels-last copy ``channels_last_view`` would make of ``predictor``'s
+    network (its weights and buffers; 0 where it makes none)."""
+    if not convolutional(predictor):
+        return 0
+    network = predictor.network  # type: ignore[attr-defined]
+    return sum(t.numel() * t.element_size() for t in (*network.parameters(), *network.buffers()))
 
 
 class ChannelsLast(PredictorView):

@@ -11,6 +11,13 @@ what changed, and ``restore()`` puts the pristine copies back and drops every ca
 artifact, so the next unit computes on exactly what a run without that plugin would.
 Content, not identity or write counters: ``.data`` writes and replaced tensors are caught
 too. Cost: hashing the model and the evaluated data once per plugin call (about 1 GB/s).
+
+The pristine copies are kept on the host (``host_copy``), whatever the model's device: on a
+GPU a copy there would be a second model in the card's memory for the whole run: a plan's
+``limits.memory_gib`` does not count it, and it shrinks the default budget (half of the
+card's free memory) by half its size. A restore is rare (a plugin that tampered) and a
+digest copies every tensor to the host anyway; on the CPU the copies weigh what they did
+(docs/memory.md, "What a run holds besides its work").
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ T = TypeVar("T")
 CLEAN_OUTPUTS = ("clean_logits", "clean_probs", "clean_correct")
 
 
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached copy of ``tensor`` in host memory, sharing nothing with it."""
+    return tensor.detach().to("cpu", copy=True)
+
+
 def digest(tensor: torch.Tensor) -> str:
     """Fingerprint of a tensor's dtype, shape and bytes."""
     data = tensor.detach().cpu().contiguous()
@@ -44,7 +56,9 @@ class RunIntegrity:
     def __init__(self, ctx: EvaluationContext) -> None:
         self.ctx = ctx
         self._predictors = (ctx.predictor, ctx.reference_predictor)
-        self._pristine = {name: t.detach().clone() for name, t in self._shared().items()}
+        shared = self._shared()
+        self._pristine = {name: host_copy(t) for name, t in shared.items()}
+        self._home = {name: t.device for name, t in shared.items()}  # where each belongs
         self._digests = {name: digest(t) for name, t in self._pristine.items()}
         self._unit: tuple[str, object, dict[str, str]] | None = None  # the unit's attack result
         self.calling = ""  # the plugin call under way (or last made)
@@ -108,7 +122,8 @@ class RunIntegrity:
 
     def _changed(self, name: str, tensor: torch.Tensor) -> bool:
         if name not in self._digests:  # computed since (the clean outputs): taken as they are
-            self._pristine[name] = tensor.detach().clone()
+            self._pristine[name] = host_copy(tensor)
+            self._home[name] = tensor.device
             self._digests[name] = digest(tensor)
             return False
         return digest(tensor) != self._digests[name]
@@ -120,9 +135,17 @@ class RunIntegrity:
         for name, tensor in self._shared().items():
             pristine = self._pristine.get(name)
             if pristine is not None and tensor.shape == pristine.shape:
-                tensor.copy_(pristine.to(tensor.device))
+                tensor.copy_(pristine)  # from the host, no second copy on the device
         self.ctx.forget_cached()
-        for name in CLEAN_OUTPUTS:  # the clean outputs as first computed
-            if f"ctx.{name}" in self._pristine:
-                self.ctx.__dict__[name] = self._pristine[f"ctx.{name}"].clone()
+        for name in CLEAN_OUTPUTS:  # the clean outputs as first computed, where they were
+            if (key := f"ctx.{name}") in self._pristine:
+                self.ctx.__dict__[name] = self._pristine[key].to(self._home[key], copy=True)
         self.end_unit()
+
+    def pristine_bytes(self) -> dict[str, int]:
+        """Bytes of the pristine copies held, per device type (all ``cpu``: ``host_copy``)."""
+        held: dict[str, int] = {}
+        for tensor in self._pristine.values():
+            kind = tensor.device.type
+            held[kind] = held.get(kind, 0) + tensor.numel() * tensor.element_size()
+        return held
