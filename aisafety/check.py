@@ -60,23 +60,31 @@ def shown(url: str) -> str:
 
 def evaluated_run(plan: EvaluationPlan, store: ResultStore, quiet: bool) -> tuple[int, bool]:
     """(the run of ``plan``, whether it was stored before): a finished run that holds every
-    unit of the plan (same plan, model weights, data and seed: the units' keys) is reused."""
+    unit of the plan (same plan, model weights, data and seed: the units' keys) and stored
+    its model under the plan's name is reused."""
     from aisafety.execution import run_plan
     from aisafety.runner import Runner
 
     runner = Runner(plan, store, quiet=quiet)
     keys = [u.key for u in runner.work_units(runner.prepare().subject)]
-    stored = stored_run(store, keys)
+    stored = stored_run(store, keys, plan.model.name)
     if stored is not None:
         return stored, True
     return run_plan(plan, store, quiet=quiet).run_id, False
 
 
-def stored_run(store: ResultStore, keys: list[str]) -> int | None:
-    """The finished run whose complete rows hold every one of ``keys``, if one does."""
+def stored_run(store: ResultStore, keys: list[str], model_name: str) -> int | None:
+    """The finished run whose complete rows hold every one of ``keys``, if one does, and
+    whose stored plan names its model ``model_name``.
+
+    The keys hash the weights, not the name: a run of the same file stored under another
+    name (a user's model stored before its name was its file's, as the zoo's 'mnist-cnn')
+    would give the gate's output and report a name the plan does not give; it is evaluated
+    again instead (docs/release-gate.md)."""
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
+    from aisafety.interfaces import ZOO_DEFAULT
     from aisafety.store import schema
 
     finished = store.finished_units()
@@ -87,7 +95,10 @@ def stored_run(store: ResultStore, keys: list[str]) -> int | None:
         if len(run_ids) != 1:
             return None
         run = session.get(schema.Run, run_ids.pop())
-        return run.id if run is not None and run.status == "finished" else None
+        if run is None or run.status != "finished":
+            return None
+        stored_model = (run.plan or {}).get("model") or {}
+        return run.id if stored_model.get("name", ZOO_DEFAULT) == model_name else None
 
 
 def baseline_run(

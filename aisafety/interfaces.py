@@ -95,6 +95,33 @@ def mean_problem(
     return f"{head}. In [0, 1] units (0..255 values / 255) give {fix}" + (keep if plan else "")
 
 
+ZOO_DEFAULT = "mnist-cnn"  # the model of a plan that names none
+
+# sources whose ``name`` says which model to load: the served model's name (a remote server's
+# /v2/models/NAME), the network's name in RobustBench's zoo; a default would load another one
+NAMED_SOURCES = ("remote", "robustbench")
+NAME_MEANS = {
+    "remote": "(name: the served model's name, as in URL/v2/models/NAME; 'aisafety serve' "
+    "prints it) ",
+    "robustbench": "(name: the network's name in RobustBench's model zoo, e.g. Wong2020Fast) ",
+}
+
+
+def own_model_name(source: Any, path: Any, factory: Any) -> str | None:
+    """The name of a user's model that a plan does not name: its file's stem (a state dict's,
+    when a ``python`` factory loads one: the weights tell checkpoints of one network apart),
+    else the callable a ``python`` factory names ("mynets:ResNet18": "ResNet18"); None for
+    the zoo, and for sources whose name is required (``NAMED_SOURCES``)."""
+    if source not in ("checkpoint", "python", "export", "torchscript", "onnx"):
+        return None
+    if isinstance(path, str | Path) and str(path):
+        file = Path(path)
+        return file.stem or file.name or str(path)
+    if source == "python" and isinstance(factory, str) and ":" in factory:
+        return factory.partition(":")[2] or None
+    return None
+
+
 class ModelSpec(StrictModel):
     """A model to evaluate.
 
@@ -114,6 +141,11 @@ class ModelSpec(StrictModel):
     checkpoint already in ``model_dir`` (RobustBench's layout; never downloaded), with the
     normalisation RobustBench builds into it.
 
+    ``name`` is what the stored run, its warnings and the report call the model. For ``zoo``
+    it is the model loaded (default ``mnist-cnn``); ``remote`` and ``robustbench`` need it
+    (the served model, RobustBench's entry); a user's file or factory without one is named
+    after it (``own_model_name``), never after the zoo's default.
+
     The input domain, where the network does not take [0, 1] NCHW images: it is fed
     ``(x * scale - mean) / std`` for the platform's images ``x`` in [0, 1] (``scale: 255``
     for raw 0..255 pixels; ``mean``/``std`` in the units after scaling), transposed to
@@ -121,7 +153,7 @@ class ModelSpec(StrictModel):
     (docs/prediction.md).
     """
 
-    name: str = "mnist-cnn"
+    name: str = ZOO_DEFAULT
     source: Literal[
         "zoo",
         "checkpoint",
@@ -155,6 +187,18 @@ class ModelSpec(StrictModel):
     retries: int | None = Field(default=None, ge=0, le=20)
     # object models: what aisafety.evaluate(model=...) was given (loading.predictor_fingerprint)
     fingerprint: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_model_named(cls, data: Any) -> Any:
+        """A model of the user's own file or code without a ``name`` is named after it
+        (``own_model_name``), not after the zoo's default model: the name is what the stored
+        plan, the warnings, the report and every comparison call the network."""
+        if isinstance(data, dict) and "name" not in data:
+            derived = own_model_name(data.get("source"), data.get("path"), data.get("factory"))
+            if derived:
+                return {**data, "name": derived}
+        return data
 
     @field_validator("input_shape")
     @classmethod
@@ -216,9 +260,12 @@ class ModelSpec(StrictModel):
             "robustbench": ("model_dir", "dataset", "threat_model"),
         }.get(self.source, ())
         missing = [field for field in needs if getattr(self, field) is None]
+        if self.source in NAMED_SOURCES and "name" not in self.model_fields_set:
+            missing.append("name")  # what the server or RobustBench is asked for
         if missing:
             raise ValueError(
                 f"a {self.source} model needs {', '.join(repr(m) for m in missing)} "
+                f"{NAME_MEANS.get(self.source, '') if 'name' in missing else ''}"
                 "(see docs/configuration.md)"
             )
         return self

@@ -125,7 +125,8 @@ def test_remote_timeout_and_retries_reach_the_predictor(monkeypatch):
             seen.update(kwargs)
 
     monkeypatch.setattr("aisafety.prediction.remote.RemotePredictor", FakeRemote)
-    spec = ModelSpec(source="remote", url="http://127.0.0.1:1", timeout=2.5, retries=1)
+    # a remote model names the served model (no default since session 20: it was mnist-cnn)
+    spec = ModelSpec(name="net", source="remote", url="http://127.0.0.1:1", timeout=2.5, retries=1)
     load_model(spec, torch.device("cpu"))
     assert seen["timeout"] == 2.5 and seen["retries"] == 1
 
