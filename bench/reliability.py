@@ -134,14 +134,18 @@ PLANS: list[tuple[str, str, str | bytes]] = [
     ),
     ("num_classes 1", ".yaml", "model: {source: onnx, path: m.onnx, num_classes: 1}\n" + OK),
     ("checkpoint without path", ".yaml", "model: {source: checkpoint}\n" + OK),
-    ("remote without url", ".yaml", "model: {source: remote}\n" + OK),
+    ("remote without url", ".yaml", "model: {name: m, source: remote}\n" + OK),
     ("remote timeout 0", ".yaml", "model: {source: remote, url: 'http://x', timeout: 0}\n" + OK),
     ("remote retries 1000", ".yaml", "model: {source: remote, url: 'http://x', retries: 1000}\n"),
-    ("remote + std (ignored)", ".yaml", "model: {source: remote, url: 'http://x', std: [1]}\n"),
+    (
+        "remote + std (ignored)",
+        ".yaml",
+        "model: {name: m, source: remote, url: 'http://x', std: [1]}\n",
+    ),
     (
         "remote unreachable",
         ".yaml",
-        "model: {source: remote, url: 'http://127.0.0.1:9', "
+        "model: {name: m, source: remote, url: 'http://127.0.0.1:9', "
         "input_shape: [1,28,28], num_classes: 10, timeout: 1, retries: 0}\n" + OK,
     ),  # fmt: skip
     ("unknown source", ".yaml", "model: {source: hub}\n" + OK),

@@ -56,7 +56,7 @@ PLANS = [
     ("metrics [ca, ca]", "metrics: [ca, ca]\n", "listed twice"),
     ("'fgsm '", "attacks: ['fgsm ']\n" + OK, "spaces around it"),
     ("eps 1.0000001", "attacks: [{name: fgsm, eps: 1.0000001}]\n" + OK, "eps=1.0000001"),
-    ("remote file:// url", "model: {source: remote, url: 'file:///etc/passwd', "
+    ("remote file:// url", "model: {name: m, source: remote, url: 'file:///etc/passwd', "
      "input_shape: [1,28,28], num_classes: 10}\n" + OK, "scheme 'file'"),
     ("5,000 seeds", f"seeds: {list(range(5000))}\n" + OK, "limits: {seeds: 5000}"),
     ("smoothing n 1e12",
