@@ -31,12 +31,12 @@ ATTACKS = [{"name": "fgsm", "eps": [2 / 255]},
            {"name": "square-linf", "eps": [2 / 255], "config": {"queries": 10}}]  # fmt: skip
 
 
-def metric_plan(shape: str, imagenet: Path) -> dict:
+def metric_plan(shape: str, imagenet: Path | None) -> dict:
     """The every-metric plan of ``shape``: the attacks, a reference model (another random
     net of the shape, testkit/shapes.py, for the metrics that compare with an undefended
     model) and profile data for the coverage metrics' neuron bounds (the train split by
     default, which neither shipped set has: the shipped images stand in for it; ResNet-50's
-    are the ``imagenet`` folder, foolbox's samples in shared/data)."""
+    are the ``imagenet`` folder, foolbox's samples in shared/data; unused for the WRN)."""
     factory, input_shape, classes = {
         "wrn-28-10": ("shapes:wide_resnet", [3, 32, 32], 10),
         "resnet-50": ("shapes:resnet50", [3, 224, 224], 1000),
@@ -44,10 +44,10 @@ def metric_plan(shape: str, imagenet: Path) -> dict:
     reference = {"source": "python", "name": f"{shape}-reference", "factory": factory,
                  "python_path": [str(TESTKIT)], "input_shape": input_shape,
                  "num_classes": classes}  # fmt: skip
-    profile = {
-        "wrn-28-10": {"name": "cifar10-embedded", "split": "test", "limit": 8},
-        "resnet-50": {"name": "imagenet-samples", "path": str(imagenet), "split": "test",
-                      "limit": 8},
-    }[shape]  # fmt: skip
+    profile = (
+        {"name": "cifar10-embedded", "split": "test", "limit": 8}
+        if shape == "wrn-28-10"
+        else {"name": "imagenet-samples", "path": str(imagenet), "split": "test", "limit": 8}
+    )
     return {"attacks": ATTACKS, "metrics": METRICS, "reference_model": reference,
             "profile_dataset": profile}  # fmt: skip
