@@ -80,7 +80,8 @@ def test_a_slow_bound_phase_ends_at_the_limit_with_what_crown_proved(name, clock
 def test_a_timed_out_samples_seconds_count_from_where_its_deadline_was_set(name, monkeypatch):
     """A pause right after the batch's deadline is set (a busy machine can put one between
     any two lines) is part of the samples' time: their seconds reach the limit. They were
-    counted from a second reading of the clock: 0.85 s for a 1 s limit after a 0.3 s pause."""
+    counted from a second reading of the clock: 0.85 s for a 1 s limit after a 0.3 s pause
+    (the limit is 0.5 s here, 1 s before: the pause is still most of it)."""
     readings = []
 
     def pausing() -> float:  # the clock pauses 0.3 s right after its first reading
@@ -89,11 +90,11 @@ def test_a_timed_out_samples_seconds_count_from_where_its_deadline_was_set(name,
 
     monkeypatch.setitem(d.CLOCKS, "wall", pausing)
     graph, prop, net = easy_instances()
-    config = {"attack_steps": 1_000_000, "timeout": 1.0, "clock": "wall", "batch_size": 2,
+    config = {"attack_steps": 1_000_000, "timeout": 0.5, "clock": "wall", "batch_size": 2,
               "attack_share": 1.0}  # fmt: skip
     slow = make_verifier(default_registry(), name, config).verify(graph, prop[:2], net)
     assert slow.verdicts == [Verdict.TIMEOUT] * 2
-    assert (slow.seconds >= 1.0).all(), slow.seconds
+    assert (slow.seconds >= 0.5).all(), slow.seconds
 
 
 @pytest.mark.parametrize("name", ["alpha-crown", "complete", "bab"])
