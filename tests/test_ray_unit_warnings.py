@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from batch_as_constant import BatchAsConstant
 
 from aisafety.config import plan_from_dict
 from aisafety.distributed import tasks
@@ -170,17 +171,6 @@ def test_a_unit_warning_with_a_run_warnings_text_prints_once_on_the_driver():
     assert kept == [[KeptWarning(k, AISafetyWarning, "a forward pass")] for k in ("k1", "k2")]
 
 
-class _BatchAsConstant(torch.nn.Module):
-    """Traced on one image, its batch size becomes the constant 1 (``int(x.shape[0])``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(784, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x.reshape(int(x.shape[0]), -1))
-
-
 def test_the_torchscript_one_image_warning_of_a_worker_reaches_the_driver(tmp_path):
     """Raised once per process, where the archive is loaded: on Ray in the worker's
     ``_prepared`` (never in the driver), handed back by the prepare task, also on a later run
@@ -191,7 +181,7 @@ def test_the_torchscript_one_image_warning_of_a_worker_reaches_the_driver(tmp_pa
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the constant, as intended
-        traced = torch.jit.trace(_BatchAsConstant().eval(), torch.rand(1, 1, 28, 28))
+        traced = torch.jit.trace(BatchAsConstant().eval(), torch.rand(1, 1, 28, 28))
     path = tmp_path / "traced.ts"
     torch.jit.save(traced, str(path))
     model = {"source": "torchscript", "path": str(path), "input_shape": [1, 28, 28]}

@@ -19,6 +19,7 @@ import children
 import pytest
 import torch
 import yaml
+from batch_as_constant import BatchAsConstant
 from sqlalchemy import text
 
 from aisafety.config import plan_from_dict
@@ -497,17 +498,6 @@ class FailsOnShardOne(nn.Module):
 """
 
 
-class _BatchAsConstant(torch.nn.Module):
-    """Traced on one image, its batch size becomes the constant 1 (``int(x.shape[0])``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(784, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x.reshape(int(x.shape[0]), -1))
-
-
 # slow (~10 s more of the shared cluster); the same paths in process, in the default suite:
 # tests/test_ray_unit_warnings.py
 @pytest.mark.slow
@@ -527,7 +517,7 @@ def test_every_warning_a_worker_raises_reaches_the_driver_once(ray_cluster, tmp_
     (tmp_path / "fails_on_shard_one.py").write_text(FAILS_ON_SHARD_ONE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's: the constant, as intended
-        traced = torch.jit.trace(_BatchAsConstant().eval(), torch.rand(1, 1, 28, 28))
+        traced = torch.jit.trace(BatchAsConstant().eval(), torch.rand(1, 1, 28, 28))
         torch.jit.save(traced, str(tmp_path / "traced.ts"))
     model = {"name": "fails", "source": "python", "factory": "fails_on_shard_one:FailsOnShardOne",
              "input_shape": [1, 28, 28], "python_path": [str(tmp_path)]}  # fmt: skip
