@@ -44,10 +44,11 @@ PYTHON_FORMAT_WARNING = warnings.formatwarning
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = format_warning
     args = build_parser().parse_args(argv)
+    args.whole_process = argv is None  # the console script: this process is the command's
     try:
         # SIGTERM/SIGHUP from the first moment (loading a model can take a while): the
         # command ends as Ctrl-C does, 130 and 'interrupted', not killed with 143
-        clock = command_clock(whole_process=argv is None)
+        clock = command_clock(whole_process=args.whole_process)
         with terminate_as_interrupt(), clock, end_process_on_hang():
             return args.func(args)
     except AISafetyError as exc:

@@ -7,7 +7,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING
 
-from aisafety.cli import common
+from aisafety.cli import collector, common
 from aisafety.cli.common import info_printer
 from aisafety.errors import PluginLoadWarning
 from aisafety.store import DEFAULT_URL
@@ -44,6 +44,19 @@ def add_parser(sub) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    # no full collection while torch, the plugins and the plan load, then all of it frozen:
+    # a third of a small plan's CPU time (aisafety/cli/collector.py)
+    with collector.starting(args.whole_process):
+        plan = load_plan_and_plugins(args)
+    with warnings.catch_warnings():
+        # printed once in load_plan_and_plugins, not again by each run, which still stores
+        # them (run_warnings: the runs keep what the filters hide)
+        warnings.filterwarnings("ignore", category=PluginLoadWarning)
+        return evaluate_plan(plan, args)
+
+
+def load_plan_and_plugins(args: argparse.Namespace) -> EvaluationPlan:
+    """The plan with the command line's overrides; the plugins loaded, their failures printed."""
     from aisafety.config import apply_overrides, default_plan, load_plan
     from aisafety.plugins import failure_warnings
 
@@ -59,11 +72,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     for line in failure_warnings(common.default_registry()):
         print(line, file=sys.stderr)
-    with warnings.catch_warnings():
-        # printed once above, not again by each run, which still stores them (run_warnings:
-        # the runs keep what the filters hide)
-        warnings.filterwarnings("ignore", category=PluginLoadWarning)
-        return evaluate_plan(plan, args)
+    return plan
 
 
 def evaluate_plan(plan: EvaluationPlan, args: argparse.Namespace) -> int:
