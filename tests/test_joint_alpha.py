@@ -20,6 +20,7 @@ from aisafety.verification import joint_alpha as ja
 from aisafety.verification.base import HELD_COPIES
 from aisafety.verification.graph import build_graph
 from aisafety.verification.incomplete import AlphaCrownVerifier
+from aisafety.verification.property import Property, robustness_property
 from aisafety.verification.registry import make_verifier
 from aisafety.verification.result import Verdict
 from tests.test_split_rounding import Residual  # conv, ReLU, conv, plus its input
@@ -219,17 +220,49 @@ def test_a_batch_one_joint_step_does_not_fit_is_split_not_searched_layer_by_laye
     assert (result.margins.double() <= sampled_minimum(net, x, prop).amin(1) + 1e-6).all()
 
 
-def test_a_million_joint_steps_end_at_the_limit_with_what_crown_proved():
+def open_beside_certified():
+    """``easy_instances``' net with one sample per batch of two that CROWN certifies (samples
+    1 and 3 at eps 0.52) and one that no number of joint steps certifies (sample 2 at 0.7:
+    2,000 joint steps leave it open, measured), so a joint search runs until its limit."""
+    graph, _, net = easy_instances()
+    x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    parts = [robustness_property(x[[i]], y[[i]], eps, 3) for i, eps in
+             ((2, 0.7), (1, 0.52), (2, 0.7), (3, 0.52))]  # fmt: skip
+    fields = ("lower", "upper", "spec", "offset")
+    prop = Property(*(torch.cat([getattr(q, f) for q in parts]) for f in fields))
+    return graph, prop, net
+
+
+def test_a_million_joint_steps_end_at_the_limit_with_what_crown_proved(monkeypatch):
     """The joint search checks the limit every step and pass (``deadline.py``): out of
-    time, the batch answers with CROWN's recorded bound, never the unfinished search's."""
-    graph, prop, net = easy_instances()
+    time, the batch answers with CROWN's recorded bound, never the unfinished search's.
+    The search must run for this to check anything: on ``easy_instances``, which CROWN
+    certifies whole, it never did."""
+    graph, prop, net = open_beside_certified()
     crown = make_verifier(default_registry(), "crown").verify(graph, prop, net)
-    config = {"joint_steps": 1_000_000, "joint": True, "timeout": 1.0, "clock": "cpu",
+    assert crown.certified.tolist() == [False, True, False, True]
+    searched = []
+    real = incomplete.joint_alpha
+
+    def joint(*args, **kwargs):
+        searched.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(incomplete, "joint_alpha", joint)
+    # the open samples stall within a few dozen steps and leave as unknown (test_stall.py):
+    # a search that never stalls is what the limit must stop
+    monkeypatch.setattr(ja, "STALL_STEPS", 10**9)
+    config = {"joint_steps": 1_000_000, "joint": True, "timeout": 0.5, "clock": "cpu",
               "batch_size": 2, "attack_steps": 0}  # fmt: skip
     began = d.CLOCKS["cpu"]()
     slow = AlphaCrownVerifier(config).verify(graph, prop, net)
-    assert slow.verdicts == crown.verdicts
+    assert len(searched) == 2, "the joint search did not run on both batches"
+    expected = [Verdict.CERTIFIED if c else Verdict.TIMEOUT for c in crown.certified.tolist()]
+    assert slow.verdicts == expected
     assert torch.allclose(slow.margins, crown.margins)
+    assert (slow.seconds[~crown.certified] >= 0.5).all()
     assert d.CLOCKS["cpu"]() - began < 300  # a hang guard: a million steps take hours
 
 
