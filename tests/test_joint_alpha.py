@@ -273,9 +273,9 @@ def test_complete_with_a_joint_root_never_contradicts_the_samples():
     net = sshape_net()
     graph = build_graph(net, (1, 4, 4), "sshape")
     for eps in (0.2, 0.5):
-        # samples 1 and 2 of around's six: 2 certified at 0.2, 1 falsified at 0.5 (the others
-        # only ran to their 1 s limits: 10 of the six samples' 11 CPU s). The open ones run to
-        # the limit: 0.5 s (1 s before) gives the verdicts 1 s gave, and so does 0.25 s
+        # samples 1 and 2 of around's three: at 0.2 one certified and one open, at 0.5 one
+        # falsified and one open (measured 2026-11-28). The open ones run to the limit: 0.5 s
+        # (1 s before) gives the verdicts 1 s gave, and so does 0.25 s
         x, prop = around(net, eps, n=3)
         x, prop = x[1:], prop[1:]
         config = {"timeout": 0.5, "clock": "cpu", "joint": True, "joint_steps": STEPS}
