@@ -9,7 +9,10 @@ package version: the package version does not change with each commit, and most 
 move no stored number.
 
 Runs stored before the version was kept (NULL) read as ``UNRECORDED``: the version before
-the first change listed here.
+the first change listed here. That includes the runs made between version 2's change and
+revision 0005, counted by version 2: nothing stored tells them apart (not the package
+version, not a column; a per-sample row can prove only version 1), and the times say when,
+not which code, so they are not read (docs/report.md, "Results semantics version").
 """
 
 from __future__ import annotations
