@@ -72,6 +72,25 @@ class GradientMaskingWarning(AISafetyWarning):
     """An evaluation whose gradient attacks see an obfuscated gradient (defense/obfuscation.py)."""
 
 
+# The clean pass's checks of the model (evaluation/clean_pass_checks.py), each its own class
+# so a stored warning says its kind (run_warnings.category; the report's badge counts them by
+# kind); subclasses, so a filter or handler of AISafetyWarning still takes them.
+class ClassCountWarning(AISafetyWarning):
+    """A model with another number of outputs than the dataset's classes (class_count.py)."""
+
+
+class NotRepeatableWarning(AISafetyWarning):
+    """A model whose outputs differ between two passes of one batch (repeatable.py)."""
+
+
+class ProbabilityOutputWarning(AISafetyWarning):
+    """A model that returns probabilities rather than logits (probabilities.py)."""
+
+
+class AtChanceWarning(AISafetyWarning):
+    """A model whose clean accuracy is at chance: its robust numbers mean little (chance.py)."""
+
+
 class MemoryBudgetError(AISafetyError):
     """A computation's estimated peak memory is over its budget; raised before any work,
     naming the estimate, the budget and what would fit."""

@@ -26,6 +26,7 @@ from aisafety.report.comparability import differences
 from aisafety.report.data import RunData, load_run
 from aisafety.report.plots import Plot, Series, line_plot
 from aisafety.report.sections import ReportSection, worst_case
+from aisafety.report.warning_kinds import counted
 from aisafety.report_catalog import Catalog, default_catalog, registry_catalog
 from aisafety.sanity import Check, sanity_checks
 from aisafety.store.results import ResultStore
@@ -236,11 +237,11 @@ def leaderboard(
     """One table per metric family: a row per model, a column per metric, ranked."""
     columns = _columns(runs, catalog)
     models = list(dict.fromkeys(m for data in runs for m in data.model_names))
-    run_ids, run_warnings = defaultdict(list), defaultdict(int)
+    run_ids, run_warnings = defaultdict(list), defaultdict(list)
     for data in runs:
         for model in data.model_names:
             run_ids[model].append(str(data.run_id))
-            run_warnings[model] += len(data.warnings)
+            run_warnings[model] += [w.category for w in data.warnings]
     families = []
     for family in sorted({c.family for c in columns.values()}):
         cols = [c for c in columns.values() if c.family == family]
@@ -260,7 +261,7 @@ def leaderboard(
                     "model": model,
                     "runs": ", ".join(run_ids[model]),
                     "warnings": sum(c.status == "warn" and c.model == model for c in checks),
-                    "run_warnings": run_warnings[model],
+                    "run_warnings": counted(run_warnings[model], "run warning"),
                     "mean_rank": statistics.fmean(mine) if mine else math.inf,
                     "cells": cells,
                 }

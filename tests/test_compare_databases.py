@@ -10,7 +10,7 @@ import pytest
 
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
 from aisafety.runner import Runner
-from aisafety.store.compare import compare, exact, main
+from aisafety.store.compare import NotLikeForLike, compare, exact, main, versions
 from aisafety.store.results import ResultStore
 
 PLAN = EvaluationPlan(
@@ -100,3 +100,53 @@ def test_plain_file_paths_are_accepted_and_a_missing_file_is_a_clear_error(
     error = capsys.readouterr().err
     assert "no database file" in error and "mistyped.db" in error
     assert not (tmp_path / "mistyped.db").exists()  # nothing created on the way
+
+
+def _set_versions(path, version) -> None:
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE runs SET semantics_version = ?", (version,))
+
+
+def test_runs_counted_by_other_rules_are_refused_unless_asked(two_runs, tmp_path, capsys):
+    """A database stored before versions were kept (NULL: version 1) against one of today's
+    (2): the numbers were counted by other rules (keep_clean_mistakes), so the comparison is
+    refused in the comparison page's and the gate's words; --across-versions flags it."""
+    old = tmp_path / "old.db"
+    old.write_bytes(two_runs[0].read_bytes())
+    _set_versions(old, None)
+    with pytest.raises(NotLikeForLike) as refused:
+        compare(_url(old), _url(two_runs[1]))
+    line = (
+        "results semantics version: before 1 (not recorded: stored before it was kept), "
+        "after 2: the runs counted by different rules, so part of a difference is the code's, "
+        "not the model's: version 2 (attack/base.keep_clean_mistakes, 2026-11-28)"
+    )
+    assert str(refused.value).startswith(line) and "--across-versions" in str(refused.value)
+    assert main([str(old), str(two_runs[1])]) == 2
+    captured = capsys.readouterr()
+    assert line in captured.err and captured.out == "" and "Traceback" not in captured.err
+    assert compare(_url(old), _url(two_runs[1]), across_versions=True)[1] == []
+    assert main([str(old), str(two_runs[1]), "--across-versions"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"not like for like: {line}") and "(not like for like" in out
+
+
+def test_the_versions_are_shown_and_an_old_database_reads_as_unrecorded(two_runs, tmp_path, capsys):
+    assert main([str(p) for p in two_runs]) == 0
+    assert "; results semantics version before 2, after 2" in capsys.readouterr().out
+    older = tmp_path / "older.db"  # a database of revision 0004: no semantics_version column
+    older.write_bytes(two_runs[0].read_bytes())
+    with sqlite3.connect(older) as db:
+        db.execute("ALTER TABLE runs DROP COLUMN semantics_version")
+    assert versions(_url(older)) == {None}  # read as 1, never migrated on the way
+    assert main([str(older), str(two_runs[1])]) == 2
+    assert "before 1 (not recorded" in capsys.readouterr().err
+    assert versions(_url(two_runs[0]), ["sample_outcomes"]) == {2}
+
+
+def test_a_database_without_results_is_a_clear_error(two_runs, tmp_path, capsys):
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    assert main([str(two_runs[0]), str(empty)]) == 2
+    error = capsys.readouterr().err
+    assert "holds no aisafety results (no runs table)" in error and "empty.db" in error

@@ -9,10 +9,11 @@ import re
 import pytest
 from sqlalchemy import create_engine, text
 
-from aisafety.errors import AISafetyWarning
+from aisafety.errors import AISafetyWarning, ClassCountWarning, PluginLoadWarning
 from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricSpec
 from aisafety.report.comparability import differences
 from aisafety.report.data import load_run
+from aisafety.report.warning_kinds import counted, kind
 from aisafety.report_page import build_comparison, build_report
 from aisafety.runner import Runner
 from aisafety.store import semantics
@@ -74,7 +75,8 @@ def test_runs_on_two_sides_of_a_semantics_change_are_flagged(runs):
     _set_version(url, a, None)
     try:
         html = build_comparison(ResultStore(url), [a, b])
-        provenance = _section(build_report(ResultStore(url), a), "provenance")
+        report = build_report(ResultStore(url), a)
+        provenance = _section(report, "provenance")
     finally:
         _set_version(url, a, semantics.CURRENT)
     section = _section(html, "comparability")
@@ -84,6 +86,7 @@ def test_runs_on_two_sides_of_a_semantics_change_are_flagged(runs):
     assert "attack/base.keep_clean_mistakes" in section
     assert html.index('id="comparability"') < html.index('id="leaderboard"')
     assert "results semantics version</th><td>not recorded" in provenance  # one run's page
+    assert "run warnings:" not in _section(report, "models")  # it raised none: no badge
     # nothing else differs between these two runs
     assert section.count("<tr>") == 2  # the header and the one difference
 
@@ -114,7 +117,47 @@ def test_the_comparison_shows_each_runs_warnings(runs):
     section = _section(html, "warnings")
     assert message in section and "AISafetyWarning" in section and "the run" in section
     assert section.count("<tr>") == 2  # run b's warning only; run a raised none
-    assert "1 run warning(s)" in _section(html, "leaderboard")
+    # counted by kind since session 21 (was "1 run warning(s)"): a plain AISafetyWarning
+    # names no kind
+    assert ">1 run warning: other</a>" in _section(html, "leaderboard")
+
+
+def test_a_single_run_report_counts_its_warnings_by_kind_and_links_them(runs):
+    """The model card's badge says how many warnings of which kind (from their stored class)
+    and links to the Warnings section, which lists each; the rendered HTML, no browser."""
+    url, (a, _, _) = runs
+    store = ResultStore(url)
+    kept = [
+        KeptWarning(None, ClassCountWarning, "model 'mnist-cnn' has 12 outputs"),
+        KeptWarning(None, PluginLoadWarning, "plugin 'broken' failed to load"),
+        KeptWarning("fgsm eps=0.1", ClassCountWarning, "another class count"),
+    ]
+    store.finish_run(a, "finished", kept)
+    try:
+        html = build_report(store, a)
+    finally:  # the other tests' runs raised none
+        with store.engine.begin() as connection:
+            connection.execute(text("DELETE FROM run_warnings"))
+    badge = re.search(
+        r'<a class="badge warn" href="#([^"]+)"[^>]*>([^<]*)</a>', _section(html, "models")
+    )
+    assert badge and badge.groups() == ("warnings", "3 warnings: class count (2), plugin load")
+    listed = _section(html, "warnings")
+    assert listed.count("<tr>") == 4 and "PluginLoadWarning" in listed  # the header and 3
+    assert 'id="warnings"' in html and html.index('id="warnings"') < html.index('id="models"')
+
+
+def test_a_warnings_kind_is_its_class_name_in_words():
+    assert [kind(c) for c in ("ClassCountWarning", "PluginLoadWarning", "AtChanceWarning")] == [
+        "class count",
+        "plugin load",
+        "at chance",
+    ]
+    assert kind("ONNXShapeWarning") == "ONNX shape"  # a plugin's own class: no table needed
+    assert kind("AISafetyWarning") == kind("UserWarning") == "other"  # no kind named
+    assert counted([]) == ""
+    assert counted(["NotRepeatableWarning"], "run warning") == "1 run warning: not repeatable"
+    assert counted(["A", "AISafetyWarning", "A"]) == "3 warnings: a (2), other"
 
 
 def test_resume_never_reuses_a_unit_counted_by_older_rules(runs):

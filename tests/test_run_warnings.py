@@ -38,11 +38,13 @@ def test_a_run_at_chance_stores_its_warning_and_the_report_shows_it(tmp_path):
     model = TorchPredictor(blind(), (1, 28, 28), 10, name="blind")  # class 0: 4 of 40 images
     store, run_id, shown = _run(tmp_path, (model, "blind"))
     ((run, unit, category, message),) = _rows(store)
-    assert (run, unit, category) == (run_id, None, "AISafetyWarning")  # the run's own
+    # the run's own, stored as its own class (session 21; before: "AISafetyWarning")
+    assert (run, unit, category) == (run_id, None, "AtChanceWarning")
     assert message.startswith("model 'blind' has clean accuracy 0.100 (4/40)") and CHANCE in message
     assert [m for m in shown if CHANCE in m] == [message]  # still printed, once
     html = build_report(store, run_id)
     assert '<section id="warnings"' in html and "<td>the run</td>" in html
+    assert '<a class="badge warn" href="#warnings"' in html and ">1 warning: at chance</a>" in html
     assert "clean accuracy 0.100 (4/40) on the plan&#39;s images, not above chance" in html
 
 

@@ -19,7 +19,7 @@ import warnings
 import torch
 from scipy.special import bdtrc
 
-from aisafety.errors import AISafetyWarning
+from aisafety.errors import AtChanceWarning
 from aisafety.evaluation.context import EvaluationContext
 
 ALPHA = 0.01  # a working model at chance by luck: one plan in a hundred at most
@@ -69,4 +69,4 @@ def warn_if_at_chance(ctx: EvaluationContext) -> None:
     """Warn when the clean accuracy on the plan's images is not above chance."""
     message = at_chance_message(ctx)
     if message:
-        warnings.warn(message, AISafetyWarning, stacklevel=2)
+        warnings.warn(message, AtChanceWarning, stacklevel=2)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 
 from aisafety.database.datasets.base import LoadedDataset
-from aisafety.errors import AISafetyWarning
+from aisafety.errors import ClassCountWarning
 from aisafety.prediction.base import Predictor
 
 
@@ -44,4 +44,4 @@ def warn_if_class_count_differs(data: LoadedDataset, predictor: Predictor) -> No
     """Warn when the model's class count is not the one the dataset declares."""
     message = class_count_message(data, predictor)
     if message:
-        warnings.warn(message, AISafetyWarning, stacklevel=2)
+        warnings.warn(message, ClassCountWarning, stacklevel=2)

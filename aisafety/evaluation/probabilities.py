@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from aisafety.errors import AISafetyWarning
+from aisafety.errors import ProbabilityOutputWarning
 from aisafety.evaluation.context import EvaluationContext
 
 TOLERANCE = 1e-4
@@ -57,4 +57,4 @@ def warn_if_probabilities(ctx: EvaluationContext) -> None:
     """Warn when the model's clean outputs are probabilities, not logits."""
     message = probabilities_message(ctx)
     if message:
-        warnings.warn(message, AISafetyWarning, stacklevel=2)
+        warnings.warn(message, ProbabilityOutputWarning, stacklevel=2)

@@ -20,7 +20,7 @@ import warnings
 import torch
 
 from aisafety.defense.obfuscation import input_defenses
-from aisafety.errors import AISafetyWarning
+from aisafety.errors import NotRepeatableWarning
 from aisafety.evaluation.context import EvaluationContext
 
 TOLERANCE = 1e-5  # relative to the logits' scale: float summation order, not randomness
@@ -57,4 +57,4 @@ def not_repeatable_message(ctx: EvaluationContext) -> str | None:
 def warn_if_not_repeatable(ctx: EvaluationContext) -> None:
     """Warn when the model's outputs for one batch differ between two forward passes."""
     if (message := not_repeatable_message(ctx)) is not None:
-        warnings.warn(message, AISafetyWarning, stacklevel=2)
+        warnings.warn(message, NotRepeatableWarning, stacklevel=2)

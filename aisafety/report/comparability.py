@@ -44,20 +44,11 @@ def _differ(what: str, values: dict[int, str], why: str) -> Difference | None:
 
 
 def _semantics(runs: list[RunData]) -> Difference | None:
-    versions = {d.run_id: semantics.version_of(d.semantics_version) for d in runs}
-    shown = {
-        d.run_id: f"{versions[d.run_id]}"
-        + (" (not recorded: stored before it was kept)" if d.semantics_version is None else "")
-        for d in runs
-    }
-    changes = semantics.changes_between(min(versions.values()), max(versions.values()))
-    why = "; ".join(f"version {c.version} ({c.name}, {c.date}): {c.moved}" for c in changes)
-    return _differ(
-        "results semantics version",
-        shown,
-        f"the runs counted by different rules, so part of a difference is the code's, not "
-        f"the model's: {why}",
-    )
+    versions = {semantics.version_of(d.semantics_version) for d in runs}
+    if len(versions) < 2:
+        return None
+    shown = {d.run_id: semantics.shown(d.semantics_version) for d in runs}
+    return Difference("results semantics version", shown, semantics.why_unlike(versions))
 
 
 def _data(runs: list[RunData]) -> Difference | None:

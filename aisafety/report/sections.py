@@ -19,6 +19,7 @@ from aisafety.report.data import RunData
 from aisafety.report.intervals import is_rate, rate_interval
 from aisafety.report.plan_view import fold_defaults
 from aisafety.report.plots import Series, example_grid, heatmap, line_plot
+from aisafety.report.warning_kinds import counted
 
 NOISE = "random-noise"
 
@@ -119,6 +120,8 @@ class ModelCards(ReportSection):
 
     def render(self, report: ReportView) -> str | None:
         cards = []
+        # a warning of the run is about every model's numbers: each card links to them
+        run_warnings = counted(w.category for w in report.data.warnings)
         for model in report.data.models:
             name = model["name"]
             checks = [c for c in report.checks if c.model == name]
@@ -132,6 +135,7 @@ class ModelCards(ReportSection):
                     "passed": sum(c.status == "pass" for c in checks),
                     "skipped": sum(c.status == "skip" for c in checks),
                     "checks": len(checks),
+                    "run_warnings": run_warnings,
                 }
             )
         return report.template("cards.html.j2", cards=cards, interval=rate_interval)

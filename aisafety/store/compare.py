@@ -9,6 +9,10 @@ compared in order. Numbers must be bit-identical (floats compared by their IEEE 
 equal to NaN); timings, ids and timestamps are not compared (``--no-details``: nor the
 free-form ``details`` of metric values). Exit status 0 when the two
 databases hold the same values, 1 when any differs (each difference is printed).
+
+The runs on the two sides must have been counted by the same rules (their results semantics
+versions, ``store/semantics.py``): otherwise part of a difference is the code's, and the
+comparison is refused (exit 2) unless ``--across-versions`` asks for it, flagged.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, inspect, text
+
+from aisafety.errors import ConfigError
+from aisafety.store import semantics
 
 # What identifies a row, and what must be equal, per table. ``m``: models, ``d``: datasets.
 METRIC_VALUES = """
@@ -48,6 +55,19 @@ TABLES = {  # name: (query, number of key columns)
     "attack_runs": (ATTACK_RUNS, 6),
     "sample_outcomes": (SAMPLE_OUTCOMES, 7),
 }
+
+
+# the runs whose rows each table compares (sample outcomes: those of their attack runs)
+RUNS_OF = {
+    "metric_values": "SELECT run_id FROM metric_values",
+    "attack_runs": "SELECT run_id FROM attack_runs",
+    "sample_outcomes": "SELECT a.run_id FROM attack_runs a WHERE EXISTS "
+    "(SELECT 1 FROM sample_outcomes s WHERE s.attack_run_id = a.id)",  # its index, no scan
+}
+
+
+class NotLikeForLike(ConfigError):
+    """The two databases' runs were counted by different rules; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -89,12 +109,52 @@ def _rows(url: str, query: str, n_key: int) -> dict[tuple, list[tuple]]:
     return grouped
 
 
+def versions(url: str, tables: Iterable[str] = TABLES) -> set[int | None]:
+    """The stored results semantics versions of the runs whose rows ``tables`` hold (NULL for
+    a run stored before versions were kept, and for every run of a database older than
+    revision 0005, which has no such column: it is read, never migrated)."""
+    runs = " UNION ".join(RUNS_OF[table] for table in tables)
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            found = inspect(connection)
+            if "runs" not in found.get_table_names():
+                raise ConfigError(
+                    f"{url} holds no aisafety results (no runs table): give the database "
+                    "a run was stored in (aisafety evaluate --db)"
+                )
+            columns = {c["name"] for c in found.get_columns("runs")}
+            column = "semantics_version" if "semantics_version" in columns else "NULL"
+            query = f"SELECT DISTINCT {column} FROM runs WHERE id IN ({runs})"
+            return {row[0] for row in connection.execute(text(query))}
+    finally:
+        engine.dispose()
+
+
+def sides(before: str, after: str, tables: Iterable[str] = TABLES) -> dict[str, set]:
+    """Each database's stored versions, by side (``semantics.unlike`` reads them)."""
+    tables = list(tables)
+    return {"before": versions(before, tables), "after": versions(after, tables)}
+
+
 def compare(
-    before: str, after: str, tables: Iterable[str] = TABLES, details: bool = True
+    before: str,
+    after: str,
+    tables: Iterable[str] = TABLES,
+    details: bool = True,
+    across_versions: bool = False,
 ) -> tuple[dict, list]:
     """(rows compared per table, differences) between the databases at two URLs;
     ``details=False`` leaves out ``metric_values.details`` (free-form extras a newer version
-    may have added to)."""
+    may have added to). Runs counted by different rules are refused (``NotLikeForLike``)
+    unless ``across_versions``: a difference would be the code's as much as the model's."""
+    tables = list(tables)
+    found = semantics.unlike(sides(before, after, tables))
+    if found and not across_versions:
+        raise NotLikeForLike(
+            f"{found}\ncompare databases made by one results semantics version, or give "
+            "--across-versions (from Python: across_versions=True) to compare them anyway"
+        )
     counts, differences = {}, []
     for table in tables:
         query, n_key = TABLES[table]
@@ -145,15 +205,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="leave metric_values.details out (the values and sample counts are still compared)",
     )
+    parser.add_argument(
+        "--across-versions",
+        action="store_true",
+        help="compare runs counted by different results semantics versions (flagged)",
+    )
     args = parser.parse_args(argv)
-    counts, differences = compare(args.before, args.after, args.tables, not args.no_details)
+    try:
+        stored = sides(args.before, args.after, args.tables)
+        counts, differences = compare(
+            args.before, args.after, args.tables, not args.no_details, args.across_versions
+        )
+    except ConfigError as error:  # not a results database; or not like for like
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    flag = semantics.unlike(stored)
+    if flag:
+        print(f"not like for like: {flag}")
     for difference in differences:
         print(difference)
     summary = ", ".join(f"{n} {table}" for table, n in counts.items())
+    rules = (
+        " (not like for like: see above)"
+        if flag
+        else f"; results semantics version {semantics.sides_shown(stored)}"
+    )
     if differences:
-        print(f"{len(differences)} difference(s); compared {summary}")
+        print(f"{len(differences)} difference(s); compared {summary}{rules}")
         return 1
-    print(f"identical: {summary}, every value bit for bit")
+    print(f"identical: {summary}, every value bit for bit{rules}")
     return 0
 
 

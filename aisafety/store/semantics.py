@@ -9,11 +9,15 @@ package version: the package version does not change with each commit, and most 
 move no stored number.
 
 Runs stored before the version was kept (NULL) read as ``UNRECORDED``: the version before
-the first change listed here.
+the first change listed here. That includes the runs made between version 2's change and
+revision 0005, counted by version 2: nothing stored tells them apart (not the package
+version, not a column; a per-sample row can prove only version 1), and the times say when,
+not which code, so they are not read (docs/report.md, "Results semantics version").
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -53,3 +57,39 @@ def changes_between(a: int, b: int) -> list[Change]:
     """The changes that lie between versions ``a`` and ``b`` (either order)."""
     low, high = sorted((a, b))
     return [c for c in CHANGES if low < c.version <= high]
+
+
+def shown(stored: int | None) -> str:
+    """A run's version as every comparison prints it: NULL said to be unrecorded."""
+    note = " (not recorded: stored before it was kept)" if stored is None else ""
+    return f"{version_of(stored)}{note}"
+
+
+def why_unlike(versions: Iterable[int]) -> str:
+    """What comparing numbers counted by these versions does, naming each change between."""
+    found = set(versions)
+    changes = changes_between(min(found), max(found))
+    listed = "; ".join(f"version {c.version} ({c.name}, {c.date}): {c.moved}" for c in changes)
+    return (
+        "the runs counted by different rules, so part of a difference is the code's, not the "
+        f"model's: {listed}"
+    )
+
+
+def sides_shown(sides: Mapping[str, Collection[int | None]]) -> str:
+    """Each side's versions: ``baseline 1 (not recorded: ...), candidate 2``."""
+    return ", ".join(
+        f"{side} {', '.join(sorted({shown(v) for v in stored})) or 'none'}"
+        for side, stored in sides.items()
+    )
+
+
+def unlike(sides: Mapping[str, Collection[int | None]]) -> str | None:
+    """One line naming each side's versions and why they do not compare, or None when every
+    side was counted by the same versions: the release gate and ``store.compare`` say it so,
+    the comparison page cell by cell (``shown``, ``why_unlike``)."""
+    read = {side: {version_of(v) for v in stored} for side, stored in sides.items()}
+    if len({frozenset(v) for v in read.values() if v}) < 2:
+        return None
+    everything = set().union(*read.values())
+    return f"results semantics version: {sides_shown(sides)}: {why_unlike(everything)}"

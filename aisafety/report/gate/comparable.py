@@ -53,11 +53,13 @@ def check_comparable(baseline: GateRun, candidate: GateRun) -> None:
 def _semantics(baseline: GateRun, candidate: GateRun) -> list[str]:
     """Runs counted by other rules (store/semantics.py): a change of the code, not the model,
     would pass or fail the gate (keep_clean_mistakes lowers robust accuracy)."""
-    before, after = (semantics.version_of(r.data.semantics_version) for r in (baseline, candidate))
-    if before == after:
-        return []
-    names = ", ".join(c.name for c in semantics.changes_between(before, after))
-    return [f"results semantics version: baseline {before}, candidate {after} ({names})"]
+    found = semantics.unlike(
+        {
+            "baseline": [baseline.data.semantics_version],
+            "candidate": [candidate.data.semantics_version],
+        }
+    )
+    return [found] if found else []
 
 
 def _datasets(baseline: GateRun, candidate: GateRun) -> list[str]:
