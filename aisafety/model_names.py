@@ -4,9 +4,10 @@ A user's file or factory without a ``name`` is named after it (``/tmp/m.pt``: ``
 different files of one stem in one plan (``runs/a/model.pt`` as the model, ``runs/b/model.pt``
 as its reference) would then share a name that the stored run, the warnings, the report and
 every comparison show: the derived names that clash take the shortest parent-folder suffix
-that tells them apart (``a/model``, ``b/model``), read from the path (a relative one from the
-working directory) and nothing else, so a resumed run derives the same names. Names the user gave are never changed: two different models given one name
-are refused (docs/own-model.md, "Names").
+that tells them apart (``a/model``, ``b/model``), read from the path alone (a relative one
+from the working directory), so a resumed run derives the same names. Names the user gave
+are never changed: two different models given one name are refused (docs/own-model.md,
+"Names").
 """
 
 from __future__ import annotations
