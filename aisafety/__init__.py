@@ -85,8 +85,9 @@ def _evaluate(
     if given_data is not None:
         arrays = {"name": IN_MEMORY_DATA, "path": None, "fingerprint": fingerprint(given_data)}
         plan = plan.model_copy(update={"dataset": plan.dataset.model_copy(update=arrays)})
-    if spec is not None:
-        plan = plan.model_copy(update={"model": spec})
+    if spec is not None:  # validated again: the reference may share the object's name
+        given = {field: getattr(plan, field) for field in plan.model_fields_set}
+        plan = plan_from_dict({**given, "model": spec}, "the plan with model=")
     elif any(v is not None for v in (name, mean, std)):
         from aisafety.errors import ConfigError
 

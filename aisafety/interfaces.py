@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +27,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from aisafety.model_names import NamedEntry, distinct_names, name_forms, own_model_name
 
 
 class StrictModel(BaseModel):
@@ -107,21 +110,6 @@ NAME_MEANS = {
 }
 
 
-def own_model_name(source: Any, path: Any, factory: Any) -> str | None:
-    """The name of a user's model that a plan does not name: its file's stem (a state dict's,
-    when a ``python`` factory loads one: the weights tell checkpoints of one network apart),
-    else the callable a ``python`` factory names ("mynets:ResNet18": "ResNet18"); None for
-    the zoo, and for sources whose name is required (``NAMED_SOURCES``)."""
-    if source not in ("checkpoint", "python", "export", "torchscript", "onnx"):
-        return None
-    if isinstance(path, str | Path) and str(path):
-        file = Path(path)
-        return file.stem or file.name or str(path)
-    if source == "python" and isinstance(factory, str) and ":" in factory:
-        return factory.partition(":")[2] or None
-    return None
-
-
 class ModelSpec(StrictModel):
     """A model to evaluate.
 
@@ -144,7 +132,9 @@ class ModelSpec(StrictModel):
     ``name`` is what the stored run, its warnings and the report call the model. For ``zoo``
     it is the model loaded (default ``mnist-cnn``); ``remote`` and ``robustbench`` need it
     (the served model, RobustBench's entry); a user's file or factory without one is named
-    after it (``own_model_name``), never after the zoo's default.
+    after it (``model_names``), never after the zoo's default; such a derived name stays out
+    of ``model_fields_set``, so a plan can tell it from a given one and lengthen it where
+    another model of the plan has it (``EvaluationPlan``).
 
     The input domain, where the network does not take [0, 1] NCHW images: it is fed
     ``(x * scale - mean) / std`` for the platform's images ``x`` in [0, 1] (``scale: 255``
@@ -188,17 +178,45 @@ class ModelSpec(StrictModel):
     # object models: what aisafety.evaluate(model=...) was given (loading.predictor_fingerprint)
     fingerprint: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _own_model_named(cls, data: Any) -> Any:
+    @model_validator(mode="after")
+    def _own_model_named(self) -> ModelSpec:
         """A model of the user's own file or code without a ``name`` is named after it
-        (``own_model_name``), not after the zoo's default model: the name is what the stored
-        plan, the warnings, the report and every comparison call the network."""
-        if isinstance(data, dict) and "name" not in data:
-            derived = own_model_name(data.get("source"), data.get("path"), data.get("factory"))
+        (``model_names.own_model_name``), not after the zoo's default model: the name is
+        what the stored plan, the warnings, the report and every comparison call the
+        network. Set outside ``model_fields_set``: the name was not given."""
+        if "name" not in self.model_fields_set:
+            derived = own_model_name(self.source, self.path, self.factory)
             if derived:
-                return {**data, "name": derived}
-        return data
+                object.__setattr__(self, "name", derived)  # self is the fresh, frozen spec
+        return self
+
+    def named(self, name: str) -> ModelSpec:
+        """This spec under another derived name (still not given: ``model_fields_set``)."""
+        values = {field: getattr(self, field) for field in type(self).model_fields}
+        return type(self).model_construct(self.model_fields_set, **{**values, "name": name})
+
+    def named_entry(self, field: str) -> NamedEntry:
+        """This model as a plan's ``field``, for ``model_names.distinct_names``."""
+        given = "name" in self.model_fields_set
+        forms = [] if given else name_forms(self.source, self.path, self.factory)
+        what = self.model_dump(mode="json", exclude={"name"})
+        if self.path is not None:  # one file however the plan spells its path
+            what["path"] = os.path.abspath(self.path)
+        name = forms[0] if forms else self.name  # derived afresh, however it was lengthened
+        return NamedEntry(field, name, forms, json.dumps(what, sort_keys=True), self.shown())
+
+    def shown(self) -> str:
+        """What the spec loads, in a few words (for messages about its name)."""
+        where = {
+            "zoo": f"zoo model {self.name!r}",
+            "remote": f"{self.url}",
+            "object": "the model= object",
+            "robustbench": f"{self.dataset}/{self.threat_model} in {str(self.model_dir)!r}",
+        }.get(self.source)
+        if where is None:
+            file = f" {str(self.path)!r}" if self.path is not None else ""
+            where = f"{self.factory!r}{file}" if self.source == "python" else file.strip()
+        return f"{self.source} {where}" if self.source != "zoo" else where
 
     @field_validator("input_shape")
     @classmethod
@@ -638,6 +656,19 @@ class EvaluationPlan(StrictModel):
                     f"{kind} {twice[0].name!r} is listed twice with the same settings; "
                     "list it once (give the copies different config to run variants)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _model_names_apart(self) -> EvaluationPlan:
+        """Two different models of the plan under one name: a derived one takes the shortest
+        parent folder that tells them apart (``runs/a/model.pt``: ``a/model``); given ones
+        are refused (``model_names.distinct_names``). The report and comparisons show the
+        name only."""
+        specs = {f: getattr(self, f) for f in ("model", "reference_model") if getattr(self, f)}
+        names = distinct_names([spec.named_entry(field) for field, spec in specs.items()])
+        for (field, spec), name in zip(specs.items(), names, strict=True):
+            if name != spec.name:  # self is the fresh, frozen plan
+                object.__setattr__(self, field, spec.named(name))
         return self
 
     @model_validator(mode="after")

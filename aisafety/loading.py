@@ -106,7 +106,7 @@ def load_model(
         data = _read_model_file(spec)
         predictor = TorchScriptPredictor(
             data, spec.input_shape, spec.num_classes,
-            name=spec.name, mean=spec.mean, std=spec.std, device=device,
+            name=spec.name, mean=spec.mean, std=spec.std, device=device, file=spec.path,
         )  # fmt: skip
     elif spec.source == "export":
         data = _read_model_file(spec)

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "aisafety.errors",
             "aisafety.interfaces",
+            "aisafety.model_names",  # the names a plan's models take when it gives none
             "aisafety.config_base",
             "aisafety.version",
             "aisafety.memory",

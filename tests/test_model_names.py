@@ -1,18 +1,27 @@
 """A user's model is stored and reported under a name of its own, never silently under the
 zoo's default ``mnist-cnn``: through the plan, ``aisafety.evaluate`` and the CLI, with
-``--resume`` and the release gate's reuse of runs stored under the old default."""
+``--resume`` and the release gate's reuse of runs stored under the old default. Two models
+of one plan never share a name unless they are one model (derived names take a parent
+folder; given ones are refused), and the TorchScript one-image warning names the file."""
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import pytest
 import torch
+from batch_as_constant import BatchAsConstant
 from torch import nn
 
 import aisafety
 from aisafety.check import evaluated_run
 from aisafety.cli import main
-from aisafety.config import plan_from_dict
+from aisafety.config import apply_overrides, plan_from_dict
+from aisafety.database.datasets.embedded import EmbeddedMnist
 from aisafety.errors import AISafetyWarning, ConfigError
+from aisafety.interfaces import ModelSpec
+from aisafety.loading import load_model
 from aisafety.prediction.torch_module import TorchPredictor
 from aisafety.store.results import ResultStore
 
@@ -138,3 +147,161 @@ def test_cli_names_the_file_and_model_override_names_the_zoo_model(tmp_path, scr
     assert main(["evaluate", str(plan), "--db", db, "--quiet", "--model", "mnist-cnn"]) == 0
     assert "model mnist-cnn on mnist-embedded" in capsys.readouterr().out
     assert stored_names(db, 1) == ("m", ["m"]) and stored_names(db, 2)[0] == "mnist-cnn"
+
+
+def ts(path: str, **model) -> dict:
+    return {"source": "torchscript", "path": path, "input_shape": SHAPE, **model}
+
+
+def factory(name: str, **model) -> dict:
+    return {"source": "python", "factory": name, "input_shape": SHAPE, **model}
+
+
+@pytest.mark.parametrize(
+    ("model", "reference", "names"),
+    [
+        (ts("/r/runs/a/model.pt"), ts("/r/runs/b/model.pt"), ("a/model", "b/model")),
+        (ts("/ck/run1/best.pt"), ts("/ck/run2/best.pt"), ("run1/best", "run2/best")),
+        (ts("/x/a/model.pt"), ts("/y/a/model.pt"), ("x/a/model", "y/a/model")),
+        (ts("/r/a/model.pt"), ts("/r/a/model.pt"), ("model", "model")),  # one model
+        (ts("/r/a/model.pt"), ts("/r/b/net.pt"), ("model", "net")),
+        ({"source": "checkpoint", "path": "/ck/mnist-cnn.pt", "architecture": "mnist-cnn"},
+         {"name": "mnist-cnn"}, ("ck/mnist-cnn", "mnist-cnn")),  # a given name wins
+        (ts("/r/a/model.pt", name="model"), ts("/r/b/model.pt"), ("model", "b/model")),
+        (ts("/r/a/model.pt", name="a/model"), ts("/r/b/model.pt"), ("a/model", "model")),
+        (factory("nets.v1:Net"), factory("nets.v2:Net"), ("v1:Net", "v2:Net")),
+    ],
+)  # fmt: skip
+def test_derived_names_that_clash_in_a_plan_take_a_parent_folder(model, reference, names):
+    """Before: both were named after the stem ('model'), so the stored run, the warnings,
+    the report and comparisons showed two different networks under one name."""
+    plan = plan_from_dict({"model": model, "reference_model": reference})
+    assert (plan.model.name, plan.reference_model.name) == names
+    stored = plan.model_dump(mode="json")  # what runs.plan stores
+    assert (stored["model"]["name"], stored["reference_model"]["name"]) == names
+    assert apply_overrides(plan, "cpu", 5).reference_model.name == names[1]  # derived again
+
+
+def test_a_derived_name_is_lengthened_only_while_it_clashes():
+    """``--model`` replaces the model: the reference's name is derived afresh, as is the
+    reference's beside a model given in memory (``aisafety.evaluate(model=...)``)."""
+    plan = plan_from_dict({"model": ts("/r/a/model.pt"), "reference_model": ts("/r/b/model.pt")})
+    assert "name" not in plan.reference_model.model_fields_set  # derived, not given
+    zoo = apply_overrides(plan, "cpu", None, model="mnist-cnn")
+    assert (zoo.model.name, zoo.reference_model.name) == ("mnist-cnn", "model")
+    again = apply_overrides(zoo, "cpu", None, model="model")  # a zoo name the stem has
+    assert again.reference_model.name == "b/model"
+
+
+@pytest.mark.parametrize(
+    ("model", "reference", "message"),
+    [
+        (ts("/r/a/model.pt", name="net"), ts("/r/b/model.pt", name="net"),
+         "model and reference_model are both named 'net' but are different models (model: "
+         "torchscript '/r/a/model.pt'; reference_model: torchscript '/r/b/model.pt'): the "
+         "stored run, the report and comparisons could not tell them apart; give one of them "
+         "another name"),
+        ({"name": "mnist-cnn"}, ts("/r/b/model.pt", name="mnist-cnn"),
+         "both named 'mnist-cnn' but are different models (model: zoo model 'mnist-cnn'; "
+         "reference_model: torchscript '/r/b/model.pt')"),
+        (ts("/r/a/model.pt", mean=[0.5]), ts("/r/a/model.pt"),
+         "would share the name 'model' (model: torchscript '/r/a/model.pt'; reference_model: "
+         "torchscript '/r/a/model.pt'; they differ in mean), and no parent folder (or module) "
+         "tells them apart: give model or reference_model a name of its own"),
+        (factory("nets:Net"), factory("nets:Net", kwargs={"width": 2}),
+         "they differ in kwargs"),
+        (ts("/model.pt"), {"name": "model"},
+         "give model a name of its own"),  # no folder to add
+    ],
+)  # fmt: skip
+def test_different_models_under_one_name_are_refused_naming_both(model, reference, message):
+    with pytest.raises(ConfigError) as caught:
+        plan_from_dict({"model": model, "reference_model": reference})
+    assert message in str(caught.value)
+
+
+def test_a_plan_giving_two_models_one_name_fails_before_any_work(tmp_path, script, capsys):
+    """Exit 2, the message and no traceback; no run is stored (the database is not made)."""
+    plan = tmp_path / "plan.yaml"
+    spec = f"{{source: torchscript, path: {script}, input_shape: {SHAPE}, name: net}}"
+    plan.write_text(f"model: {spec}\nreference_model: {{name: net}}\nmetrics: [ca]\n")
+    db = tmp_path / "r.db"
+    assert main(["evaluate", str(plan), "--db", f"sqlite:///{db}", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "model and reference_model are both named 'net'" in err and "Traceback" not in err
+    assert not db.exists()
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """``runs/a/model.pt`` and ``runs/b/model.pt``: two different TorchScript nets of one
+    file name beside a plan naming neither (the model and its reference)."""
+    root = tmp_path_factory.mktemp("two")
+    for folder, seed in (("a", 0), ("b", 1)):
+        torch.manual_seed(seed)
+        net = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).eval()
+        (root / "runs" / folder).mkdir(parents=True)
+        torch.jit.trace(net, torch.zeros(1, *SHAPE)).save(str(root / "runs" / folder / "model.pt"))
+    (root / "plan.yaml").write_text(
+        f"model: {{source: torchscript, path: runs/a/model.pt, input_shape: {SHAPE}}}\n"
+        f"reference_model: {{source: torchscript, path: runs/b/model.pt, input_shape: {SHAPE}}}\n"
+        "dataset: {name: mnist-embedded, limit: 10}\nmetrics: [ca, cav]\ndevice: cpu\n"
+    )
+    return root
+
+
+def test_resume_derives_the_same_names_from_any_working_directory(tmp_path, two_runs,
+                                                                   monkeypatch):  # fmt: skip
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    first = aisafety.evaluate(two_runs / "plan.yaml", db=db, quiet=True)
+    monkeypatch.chdir(tmp_path)  # the plan's paths are relative to its folder
+    resumed = aisafety.evaluate(two_runs / "plan.yaml", db=db, quiet=True, resume=True)
+    assert resumed.resumed_units >= 1 and resumed.values == first.values
+    assert stored_names(db, first.run_id) == ("a/model", ["a/model"])
+    store = ResultStore(db)
+    (cav,) = store.query(f"SELECT details FROM metric_values WHERE run_id = {first.run_id} "
+                         "AND metric = 'cav'")[1]  # fmt: skip
+    assert json.loads(cav[0])["reference"] == "b/model"
+    for record in (first, resumed):  # the resumed run's values are the first run's rows
+        names = store.query(
+            "SELECT json_extract(plan, '$.model.name'), json_extract(plan, "
+            f"'$.reference_model.name') FROM runs WHERE id = {record.run_id}"
+        )
+        assert names[1] == [("a/model", "b/model")]
+
+
+def test_a_reference_sharing_the_in_memory_models_name_is_lengthened(tmp_path, monkeypatch):
+    """``aisafety.evaluate(model=Net())`` is named ``Net`` (its class); a reference built by
+    ``tinynets:Net`` would be too."""
+    (tmp_path / "tinynets.py").write_text(
+        "from torch import nn\n\n\nclass Net(nn.Sequential):\n"
+        "    def __init__(self):\n        super().__init__(nn.Flatten(), nn.Linear(784, 10))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from tinynets import Net
+
+    plan = {"reference_model": factory("tinynets:Net", python_path=[str(tmp_path)]),
+            "metrics": ["ca", "cav"], "device": "cpu"}  # fmt: skip
+    assert plan_from_dict(plan).reference_model.name == "Net"
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    data = EmbeddedMnist().load(None, "test")
+    arrays = (data.x[:10].numpy(), data.y[:10].numpy())
+    record = aisafety.evaluate(plan, db=db, model=Net(), data=arrays, quiet=True)
+    assert (record.plan.model.name, record.plan.reference_model.name) == ("Net", "tinynets:Net")
+    assert stored_names(db, record.run_id) == ("Net", ["Net"])
+
+
+def test_the_torchscript_one_image_warning_names_the_plans_file(tmp_path):
+    """The loader reads the file once and hands the archive over as bytes: the warning said
+    'the TorchScript archive', naming no file."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the constant, as intended
+        traced = torch.jit.trace(BatchAsConstant().eval(), torch.rand(1, *SHAPE))
+    path = tmp_path / "runs" / "traced.pt"
+    path.parent.mkdir()
+    torch.jit.save(traced, str(path))
+    spec = ModelSpec(source="torchscript", path=path, input_shape=SHAPE)
+    with pytest.warns(AISafetyWarning, match="runs on one image but not on two") as caught:
+        load_model(spec, torch.device("cpu"))
+    (message,) = [str(w.message) for w in caught if "one image" in str(w.message)]
+    assert f"model 'traced': TorchScript archive {str(path)!r} runs on one image" in message

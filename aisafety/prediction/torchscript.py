@@ -27,12 +27,15 @@ from aisafety.prediction.outputs import classes_of, model_raised
 from aisafety.prediction.torch_module import Normalize
 
 
-def _jit_load(source: str | Path | bytes, device: torch.device) -> torch.jit.ScriptModule:
-    """``torch.jit.load`` with a clear error; its deprecation warning is not the user's fault."""
+def _jit_load(
+    source: str | Path | bytes, device: torch.device, file: str | None = None
+) -> torch.jit.ScriptModule:
+    """``torch.jit.load`` with a clear error; its deprecation warning is not the user's fault.
+    ``file``: where bytes were read from, named in the error."""
     if isinstance(source, bytes):
         target: io.BytesIO | str = io.BytesIO(source)
-        label = "TorchScript archive"
-        intact_archive(source, "the TorchScript archive")
+        label = f"TorchScript model {file!r}" if file else "TorchScript archive"
+        intact_archive(source, label if file else "the TorchScript archive")
     else:
         path = regular_file(source, "TorchScript model", MAX_MODEL_BYTES)
         target, label = str(path), str(path)
@@ -62,7 +65,10 @@ UNAVAILABLE = {
 
 
 class TorchScriptPredictor(Predictor):
-    """A TorchScript module with optional mean/std normalisation in front of it."""
+    """A TorchScript module with optional mean/std normalisation in front of it.
+
+    ``file``: the file an archive given as bytes was read from (a plan's ``path``: the
+    loader reads the file once, for its fingerprint too), named in warnings and errors."""
 
     def __init__(
         self,
@@ -74,15 +80,17 @@ class TorchScriptPredictor(Predictor):
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         device: str | torch.device = "cpu",
+        file: str | Path | None = None,
     ):
         self.device = torch.device(device)
+        if not isinstance(model, bytes | torch.jit.ScriptModule):
+            file = model
+        self.file = str(file) if file is not None else None
         if isinstance(model, torch.jit.ScriptModule):
-            script, default_name = model.to(self.device), "torchscript-model"
+            script = model.to(self.device)
         else:
-            script = _jit_load(model, self.device)
-            default_name = "torchscript-model" if isinstance(model, bytes) else Path(model).name
-        self.name = name or default_name
-        self.file = None if isinstance(model, (bytes, torch.jit.ScriptModule)) else str(model)
+            script = _jit_load(model, self.device, self.file)
+        self.name = name or (Path(self.file).name if self.file else "torchscript-model")
         self.input_shape = tuple(int(s) for s in input_shape)  # type: ignore[assignment]
         if len(self.input_shape) != 3:
             raise ConfigError(f"input_shape is (C, H, W), got {tuple(input_shape)}")
