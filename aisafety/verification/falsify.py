@@ -3,7 +3,8 @@
 A verifier's candidate (a corner its relaxation points at, an attack's point, a MILP
 solution) counts only after ``replay``: it is moved into the box in the predictor's own
 float32 inputs, run through the predictor, and kept only if it is inside the box and some
-row ``C f + d`` is <= 0 there.
+row ``C f + d`` is < 0 there, or = 0 where the tie violates it (``Property.violated``: a
+robustness property's tie only where ``argmax`` would not answer the label).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def replay(model: Model, prop: Property, candidates: torch.Tensor) -> torch.Tens
     prop = prop.original
     x = into_box(candidates, prop)
     with torch.no_grad():
-        rows = prop.rows(model(x).to(torch.float64))
-    return prop.inside(x) & (rows <= 0).any(1)
+        violated = prop.violated(model(x).to(torch.float64))
+    return prop.inside(x) & violated
 
 
 def pgd_on_rows(

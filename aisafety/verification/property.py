@@ -1,9 +1,12 @@
 """What is verified: an input box and output rows ``C f(x) + d`` that must all be positive.
 
 The l-inf robustness of a label y at radius eps is the box ``[x - eps, x + eps]``
-intersected with ``[0, 1]`` and the rows ``f_y - f_j`` for every j != y (a tie counts as
-a violation, as in VNN-COMP's ``Y_j >= Y_y``). VNN-LIB properties (``vnnlib.py``) give
-other rows and offsets.
+intersected with ``[0, 1]`` and the rows ``f_y - f_j`` for every j != y. A certificate
+proves every row > 0. A point violates a robustness property where the model's decision
+there is wrong: some row < 0, or a row at exactly 0 (a tie) that ``argmax`` resolves
+against y (j < y: the first largest wins; ``argmax_ties``). VNN-LIB properties
+(``vnnlib.py``) give other rows and offsets, and a row at 0 violates them (VNN-LIB's unsafe
+sets are non-strict, ``Y_j >= Y_y``).
 """
 
 from __future__ import annotations
@@ -21,13 +24,16 @@ class Property:
 
     ``exact`` is the property a narrowing ``to`` came from: its box is inside this one and
     its offsets are at least these, so a bound proved here holds there, while a
-    counterexample must be checked there (``falsify.replay``)."""
+    counterexample must be checked there (``falsify.replay``). ``argmax_ties``: the rows are
+    a label's margins ``f_y - f_j`` and a tie is decided as ``argmax`` decides it
+    (``violated``)."""
 
     lower: torch.Tensor
     upper: torch.Tensor
     spec: torch.Tensor
     offset: torch.Tensor
     exact: Property | None = None
+    argmax_ties: bool = False
 
     def __len__(self) -> int:
         return self.lower.shape[0]
@@ -35,13 +41,13 @@ class Property:
     def __getitem__(self, index) -> Property:
         exact = None if self.exact is None else self.exact[index]
         return Property(self.lower[index], self.upper[index], self.spec[index],
-                        self.offset[index], exact)  # fmt: skip
+                        self.offset[index], exact, self.argmax_ties)  # fmt: skip
 
     def expand(self, n: int) -> Property:
         """``n`` views of a one-sample property, to replay ``n`` candidates against it."""
         exact = None if self.exact is None else self.exact.expand(n)
         tensors = (self.lower, self.upper, self.spec, self.offset)
-        return Property(*(t.expand(n, *t.shape[1:]) for t in tensors), exact)
+        return Property(*(t.expand(n, *t.shape[1:]) for t in tensors), exact, self.argmax_ties)
 
     @property
     def original(self) -> Property:
@@ -56,7 +62,7 @@ class Property:
         sign of the output it multiplies."""
         tensors = (self.lower, self.upper, self.spec, self.offset)
         if all(dtype.itemsize >= t.dtype.itemsize for t in tensors):  # widening is exact
-            return Property(*(t.to(dtype) for t in tensors), self.exact)
+            return Property(*(t.to(dtype) for t in tensors), self.exact, self.argmax_ties)
         spec = self.spec.to(dtype)
         if not torch.equal(spec.to(self.spec.dtype), self.spec):
             raise VerificationError(
@@ -65,7 +71,8 @@ class Property:
                 "float64 graph (build_graph(..., dtype=torch.float64))"
             )
         lower, upper = rounded_down(self.lower, dtype), rounded_up(self.upper, dtype)
-        return Property(lower, upper, spec, rounded_down(self.offset, dtype), self.original)
+        offset = rounded_down(self.offset, dtype)
+        return Property(lower, upper, spec, offset, self.original, self.argmax_ties)
 
     def rows(self, outputs: torch.Tensor) -> torch.Tensor:
         """``C f + d`` for outputs (B, classes): (B, K); the property fails where a row <= 0.
@@ -76,6 +83,17 @@ class Property:
         return (self.spec.to(outputs.dtype) @ outputs.unsqueeze(2)).squeeze(2) + self.offset.to(
             outputs.dtype
         )
+
+    def violated(self, outputs: torch.Tensor) -> torch.Tensor:
+        """True per sample (B,) where the outputs violate the property: a row < 0, or a row
+        at exactly 0 unless ``argmax_ties`` and ``argmax`` keeps the label there (a tie of
+        ``f_y`` with ``f_j``, j > y: the model still answers y)."""
+        rows = self.rows(outputs)
+        tie = rows == 0
+        if self.argmax_ties:
+            # row e_y - e_j: y where the spec is +1, j where it is -1
+            tie &= self.spec.argmin(2) < self.spec.argmax(2)
+        return ((rows < 0) | tie).any(1)
 
     def inside(self, x: torch.Tensor) -> torch.Tensor:
         """True per sample where ``x`` lies in the box (exactly, no tolerance)."""
@@ -113,6 +131,5 @@ def robustness_property(
     much again."""
     x = x.to(dtype)
     spec = margin_spec(y, num_classes, dtype)
-    return Property(
-        (x - eps).clamp_(0, 1), (x + eps).clamp_(0, 1), spec, spec.new_zeros(spec.shape[:2])
-    )
+    lower, upper = (x - eps).clamp_(0, 1), (x + eps).clamp_(0, 1)
+    return Property(lower, upper, spec, spec.new_zeros(spec.shape[:2]), argmax_ties=True)
