@@ -27,6 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from aisafety.config_base import number_fix
+
 
 class StrictModel(BaseModel):
     """Unknown keys are errors: a typo in a config must not be silently ignored."""
@@ -396,6 +398,10 @@ def _one_or_many(value: Any) -> Any:
     values = (value,) if isinstance(value, int | float | str) else value
     if isinstance(values, list | tuple):
         for eps in values:  # true/false and "0.1" would otherwise be read as numbers
+            if isinstance(eps, str):
+                raise ValueError(
+                    f"a budget is a number such as 0.1, not the string {eps!r} ({number_fix(eps)})"
+                )
             if isinstance(eps, bool) or not isinstance(eps, int | float):
                 raise ValueError(f"a budget is a number such as 0.1, got {eps!r}")
     return values
