@@ -187,8 +187,18 @@ def _short(digest: str | None) -> str:
     return f"fingerprint {digest[:12]}" if digest else "no fingerprint recorded"
 
 
+# what a module handed to aisafety.evaluate() is fed, and the arguments that change it: the
+# plan's fields (model.scale, model.layout) do not reach it
+MODULE_INPUT_SETTINGS = (
+    "aisafety.evaluate's mean= and std= (the training normalisation, applied to [0, 1] "
+    "images; a network trained on 0..255 pixels takes mean=(0, 0, 0), std=(1/255, 1/255, "
+    "1/255)), that the module takes NCHW images (wrap a channels-last one)"
+)
+
+
 def _module_predictor(module: nn.Module, shape, name: str, mean, std) -> TorchPredictor:
     predictor = TorchPredictor(module, shape, 2, name=name, mean=mean, std=std)
+    predictor.input_settings = MODULE_INPUT_SETTINGS
     fix = "the shape of one image of data=; give images of the shape the model was trained on"
     predictor.num_classes = probe_classes(name, predictor.network, predictor.input_shape, fix)
     return predictor
