@@ -199,6 +199,11 @@ MODULE_INPUT_SETTINGS = (
 def _module_predictor(module: nn.Module, shape, name: str, mean, std) -> TorchPredictor:
     predictor = TorchPredictor(module, shape, 2, name=name, mean=mean, std=std)
     predictor.input_settings = MODULE_INPUT_SETTINGS
-    fix = "the shape of one image of data=; give images of the shape the model was trained on"
+    fix = (
+        "the shape of one image of data=, channels first as every module is fed (NHWC arrays "
+        "are transposed): wrap a module that takes channels-last (N, H, W, C) batches so that "
+        "its forward runs net(x.permute(0, 2, 3, 1)); else give images of the shape the model "
+        "was trained on"
+    )
     predictor.num_classes = probe_classes(name, predictor.network, predictor.input_shape, fix)
     return predictor
