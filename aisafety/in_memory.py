@@ -87,6 +87,23 @@ def class_names(classes: Sequence[str] | int) -> tuple[str, ...]:
     return names
 
 
+def module_input(
+    model: Any, data: LoadedDataset | None, plan: EvaluationPlan
+) -> tuple[tuple[int, ...] | None, str]:
+    """The input shape of a module handed in, and where it comes from: the images of
+    ``data=``, else those of the plan's dataset, which the module then runs on (before
+    session 21 a module without ``data=`` was refused, whatever dataset the plan named)."""
+    if data is not None:
+        return tuple(data.x.shape[1:]), "data="
+    if not isinstance(model, nn.Module):
+        return None, "data="
+    from aisafety.loading import load_data
+    from aisafety.plugins import default_registry
+
+    images = load_data(plan.dataset, default_registry()).x
+    return tuple(images.shape[1:]), f"the plan's dataset {plan.dataset.name!r} (or give data=)"
+
+
 def in_memory_model(
     model: Any,
     input_shape: Sequence[int] | None,
@@ -94,8 +111,10 @@ def in_memory_model(
     name: str | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    images: str = "data=",
 ) -> tuple[tuple[Predictor, str], ModelSpec]:
-    """The predictor and its fingerprint, and the ``object`` spec stored for it."""
+    """The predictor and its fingerprint, and the ``object`` spec stored for it; ``images``
+    says where ``input_shape`` comes from (data=, or the plan's dataset)."""
     if isinstance(model, Predictor):
         if mean is not None or std is not None:
             raise ConfigError("mean and std apply to an nn.Module; a Predictor normalises itself")
@@ -111,7 +130,8 @@ def in_memory_model(
         problem = mean_problem(mean, std, plan=False)
         if problem:
             raise ConfigError(f"aisafety.evaluate(mean=...): {problem}")
-        predictor = _module_predictor(model, input_shape, name or type(model).__name__, mean, std)
+        label = name or type(model).__name__
+        predictor = _module_predictor(model, input_shape, label, mean, std, images)
     else:
         file = (
             f" {str(model)!r}; a model file is named in the plan instead: model: {{source: "
@@ -196,14 +216,16 @@ MODULE_INPUT_SETTINGS = (
 )
 
 
-def _module_predictor(module: nn.Module, shape, name: str, mean, std) -> TorchPredictor:
+def _module_predictor(
+    module: nn.Module, shape, name: str, mean, std, images: str
+) -> TorchPredictor:
     predictor = TorchPredictor(module, shape, 2, name=name, mean=mean, std=std)
     predictor.input_settings = MODULE_INPUT_SETTINGS
     fix = (
-        "the shape of one image of data=, channels first as every module is fed (NHWC arrays "
-        "are transposed): wrap a module that takes channels-last (N, H, W, C) batches so that "
-        "its forward runs net(x.permute(0, 2, 3, 1)); else give images of the shape the model "
-        "was trained on"
+        f"the shape of one image of {images}, channels first as every module is fed (NHWC "
+        "arrays are transposed): wrap a module that takes channels-last (N, H, W, C) batches "
+        "so that its forward runs net(x.permute(0, 2, 3, 1)); else give images of the shape "
+        "the model was trained on"
     )
     predictor.num_classes = probe_classes(name, predictor.network, predictor.input_shape, fix)
     return predictor
