@@ -268,10 +268,13 @@ class ModelSpec(StrictModel):
             raise ValueError(
                 f"a {self.source} model needs {', '.join(repr(m) for m in missing)} "
                 f"{NAME_MEANS.get(self.source, '') if 'name' in missing else ''}"
-                "(see docs/configuration.md)"
+                f"{SHAPE_MEANS if 'input_shape' in missing else ''}(see docs/configuration.md)"
             )
         return self
 
+
+# what ``input_shape`` is, where a model without it is refused
+SHAPE_MEANS = "(one image's (C, H, W): [3, 32, 32] for CIFAR-10, [1, 28, 28] for MNIST) "
 
 _MODEL_FIELDS_USED = {
     "zoo": {"name"},
