@@ -228,10 +228,11 @@ class ModelSpec(StrictModel):
             if getattr(self, f) != type(self).model_fields[f].default
         ]  # fmt: skip
         if ignored:
+            module = "layout" in ignored and self.source in MODULE_SOURCES
             raise ValueError(
                 f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} not used by a "
                 f"{self.source} model (it reads {', '.join(sorted(used))}); remove "
-                f"{'it' if len(ignored) == 1 else 'them'}"
+                f"{'it' if len(ignored) == 1 else 'them'}{MODULE_LAYOUT if module else ''}"
             )
         channels = self.input_shape[0] if self.input_shape else None
         for field in ("mean", "std"):
@@ -273,6 +274,12 @@ class ModelSpec(StrictModel):
         return self
 
 
+MODULE_SOURCES = {"python", "checkpoint", "zoo", "export", "torchscript", "robustbench"}
+# why a PyTorch module takes no ``layout`` (an ONNX graph's setting), and what to do instead
+MODULE_LAYOUT = (
+    ": a module is fed (N, C, H, W) batches; wrap one written for channels-last batches so "
+    "that its forward runs net(x.permute(0, 2, 3, 1))"
+)
 # what ``input_shape`` is, where a model without it is refused
 SHAPE_MEANS = "(one image's (C, H, W): [3, 32, 32] for CIFAR-10, [1, 28, 28] for MNIST) "
 

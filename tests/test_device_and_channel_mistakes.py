@@ -137,3 +137,12 @@ def test_a_channels_last_input_shape_is_answered_with_the_channels_first_one():
     with pytest.raises(ValueError, match=r"needs 'input_shape' \(one image's \(C, H, W\): "
                        r"\[3, 32, 32\] for CIFAR-10"):  # fmt: skip
         ModelSpec(name="m", source="python", factory=f"{__name__}:colour_net")
+
+
+def test_layout_on_a_module_names_the_wrapper_not_only_its_removal():
+    """`layout: nhwc` (an ONNX graph's setting) on a python model said only "remove it",
+    which leaves a channels-last module failing; the message names the wrapper."""
+    with pytest.raises(ValueError, match=r"remove it: a module is fed \(N, C, H, W\) batches; "
+                       r"wrap one .* net\(x.permute\(0, 2, 3, 1\)\)"):  # fmt: skip
+        ModelSpec(name="m", source="python", factory=f"{__name__}:colour_net",
+                  input_shape=(3, 8, 8), layout="nhwc")  # fmt: skip
