@@ -56,6 +56,7 @@ def in_memory_data(
     if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
         raise ConfigError(
             f"data labels are {y.dtype} {y.shape}; give {x.shape[0]} integer labels 0..K-1"
+            + (" (one-hot rows? give y.argmax(1))" if y.ndim == 2 and y.shape[1] > 1 else "")
         )
     images = images_to_tensor(x, image_layout(x.shape))
     labels = torch.from_numpy(y.astype(np.int64))

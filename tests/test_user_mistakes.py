@@ -223,6 +223,20 @@ def test_a_module_that_does_not_run_on_the_images_handed_in_is_named_not_a_trace
     assert "the shape of one image of data=" in message
 
 
+def test_one_hot_labels_are_told_to_take_the_argmax(tmp_path):
+    """(N, 10) one-hot labels, as a Keras pipeline holds them, were told only "give N
+    integer labels 0..K-1"; the fix named is the one that works."""
+    x, y = _images(2)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 10))
+    one_hot = np.eye(10)[y]
+    with pytest.raises(ConfigError, match=r"float64 \(2, 10\); give 2 integer labels 0..K-1 "
+                       r"\(one-hot rows\? give y.argmax\(1\)\)"):  # fmt: skip
+        aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net, data=(x, one_hot))
+    record = aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net,
+                               data=(x, one_hot.argmax(1)))  # fmt: skip
+    assert record.values[0].metric == "ca"
+
+
 class _ChannelsLast(nn.Module):
     """A network written for (N, H, W, C) batches, as a Keras port or an NHWC ONNX graph."""
 
