@@ -57,7 +57,12 @@ def _evaluate(
 ) -> RunRecord:
     from aisafety.config import default_plan, load_plan, plan_from_dict
     from aisafety.execution import run_plan
-    from aisafety.in_memory import check_resumable, in_memory_data, in_memory_model
+    from aisafety.in_memory import (
+        check_resumable,
+        in_memory_data,
+        in_memory_model,
+        module_input,
+    )
     from aisafety.interfaces import IN_MEMORY_DATA
     from aisafety.loading import fingerprint
     from aisafety.store.results import ResultStore
@@ -78,8 +83,10 @@ def _evaluate(
     given_data = None if data is None else in_memory_data(data, classes)
     given_model, spec = None, None
     if model is not None:
-        shape = tuple(given_data.x.shape[1:]) if given_data is not None else None
-        given_model, spec = in_memory_model(model, shape, name=name, mean=mean, std=std)
+        shape, images = module_input(model, given_data, plan)
+        given_model, spec = in_memory_model(
+            model, shape, name=name, mean=mean, std=std, images=images
+        )
     if resume:  # a stored plan's fingerprints against the objects given now
         check_resumable(plan, given_model and given_model[1], given_data)
     if given_data is not None:

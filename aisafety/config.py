@@ -139,6 +139,24 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
+MODEL_FILES = {".onnx": "onnx", ".pt2": "export"}  # other suffixes (.pt) hold several kinds
+FILE_SUFFIXES = {*MODEL_FILES, ".pt", ".pth", ".ts", ".ckpt", ".safetensors"}
+
+
+def refuse_model_file(model: str) -> None:
+    """``--model`` names a zoo model; a model file given there was answered with the list
+    of 44 zoo names. Say where a file goes instead (docs/own-model.md)."""
+    suffix = Path(model).suffix.lower()
+    if suffix not in FILE_SUFFIXES and not Path(model).is_file():
+        return  # a zoo (or plugin) model's name
+    source = MODEL_FILES.get(suffix, "onnx, export, torchscript or python")
+    raise ConfigError(
+        f"--model {model!r} is a model file; --model takes the name of a zoo model (aisafety "
+        f"list models). Name the file in the plan's model instead: model: {{source: {source}, "
+        f"path: {model}}}, with its input settings (mean/std, scale, layout; docs/own-model.md)"
+    )
+
+
 def apply_overrides(
     plan: EvaluationPlan,
     device: str | None,
@@ -154,6 +172,7 @@ def apply_overrides(
     and sampling."""
     raw = plan.model_dump(mode="json", exclude_unset=True)
     if model is not None:
+        refuse_model_file(model)
         raw["model"] = {"name": model}
     if dataset is not None:
         kept = ("split", "limit", "seed", "sampling")

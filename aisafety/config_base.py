@@ -49,9 +49,21 @@ def _check_number(name: str, value: Any, types: set[Any]) -> None:
     if isinstance(value, bool) and bool not in types and "bool" not in types:
         raise ValueError(f"{name} must be {kind}, not {str(value).lower()}")
     if isinstance(value, str):
-        raise ValueError(f"{name} must be {kind}, not the string {value!r} (write it unquoted)")
+        raise ValueError(f"{name} must be {kind}, not the string {value!r} ({number_fix(value)})")
     if isinstance(value, float) and math.isnan(value):
         raise ValueError(f"{name} must be {kind}, not NaN")
+
+
+def number_fix(text: str) -> str:
+    """What to write instead of a number given as text. YAML has no arithmetic: it reads
+    ``eps: 8/255`` as the string '8/255', quoted or not, so a fraction is answered with its
+    value, and "unquote it" only where that gives a number."""
+    numerator, slash, denominator = text.partition("/")
+    try:
+        value = float(numerator) / float(denominator) if slash else float(text)
+    except (ValueError, ZeroDivisionError):
+        return "write a number"
+    return f"YAML does not divide: write its value, {value!r}" if slash else "write it unquoted"
 
 
 def describe_errors(exc: ValidationError) -> list[str]:

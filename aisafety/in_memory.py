@@ -56,6 +56,7 @@ def in_memory_data(
     if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
         raise ConfigError(
             f"data labels are {y.dtype} {y.shape}; give {x.shape[0]} integer labels 0..K-1"
+            + (" (one-hot rows? give y.argmax(1))" if y.ndim == 2 and y.shape[1] > 1 else "")
         )
     images = images_to_tensor(x, image_layout(x.shape))
     labels = torch.from_numpy(y.astype(np.int64))
@@ -87,6 +88,23 @@ def class_names(classes: Sequence[str] | int) -> tuple[str, ...]:
     return names
 
 
+def module_input(
+    model: Any, data: LoadedDataset | None, plan: EvaluationPlan
+) -> tuple[tuple[int, ...] | None, str]:
+    """The input shape of a module handed in, and where it comes from: the images of
+    ``data=``, else those of the plan's dataset, which the module then runs on (before
+    session 21 a module without ``data=`` was refused, whatever dataset the plan named)."""
+    if data is not None:
+        return tuple(data.x.shape[1:]), "data="
+    if not isinstance(model, nn.Module):
+        return None, "data="
+    from aisafety.loading import load_data
+    from aisafety.plugins import default_registry
+
+    images = load_data(plan.dataset, default_registry()).x
+    return tuple(images.shape[1:]), f"the plan's dataset {plan.dataset.name!r} (or give data=)"
+
+
 def in_memory_model(
     model: Any,
     input_shape: Sequence[int] | None,
@@ -94,8 +112,10 @@ def in_memory_model(
     name: str | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    images: str = "data=",
 ) -> tuple[tuple[Predictor, str], ModelSpec]:
-    """The predictor and its fingerprint, and the ``object`` spec stored for it."""
+    """The predictor and its fingerprint, and the ``object`` spec stored for it; ``images``
+    says where ``input_shape`` comes from (data=, or the plan's dataset)."""
     if isinstance(model, Predictor):
         if mean is not None or std is not None:
             raise ConfigError("mean and std apply to an nn.Module; a Predictor normalises itself")
@@ -111,7 +131,8 @@ def in_memory_model(
         problem = mean_problem(mean, std, plan=False)
         if problem:
             raise ConfigError(f"aisafety.evaluate(mean=...): {problem}")
-        predictor = _module_predictor(model, input_shape, name or type(model).__name__, mean, std)
+        label = name or type(model).__name__
+        predictor = _module_predictor(model, input_shape, label, mean, std, images)
     else:
         file = (
             f" {str(model)!r}; a model file is named in the plan instead: model: {{source: "
@@ -187,8 +208,25 @@ def _short(digest: str | None) -> str:
     return f"fingerprint {digest[:12]}" if digest else "no fingerprint recorded"
 
 
-def _module_predictor(module: nn.Module, shape, name: str, mean, std) -> TorchPredictor:
+# what a module handed to aisafety.evaluate() is fed, and the arguments that change it: the
+# plan's fields (model.scale, model.layout) do not reach it
+MODULE_INPUT_SETTINGS = (
+    "aisafety.evaluate's mean= and std= (the training normalisation, applied to [0, 1] "
+    "images; a network trained on 0..255 pixels takes mean=(0, 0, 0), std=(1/255, 1/255, "
+    "1/255)), that the module takes NCHW images (wrap a channels-last one)"
+)
+
+
+def _module_predictor(
+    module: nn.Module, shape, name: str, mean, std, images: str
+) -> TorchPredictor:
     predictor = TorchPredictor(module, shape, 2, name=name, mean=mean, std=std)
-    fix = "the shape of one image of data=; give images of the shape the model was trained on"
+    predictor.input_settings = MODULE_INPUT_SETTINGS
+    fix = (
+        f"the shape of one image of {images}, channels first as every module is fed (NHWC "
+        "arrays are transposed): wrap a module that takes channels-last (N, H, W, C) batches "
+        "so that its forward runs net(x.permute(0, 2, 3, 1)); else give images of the shape "
+        "the model was trained on"
+    )
     predictor.num_classes = probe_classes(name, predictor.network, predictor.input_shape, fix)
     return predictor

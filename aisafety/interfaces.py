@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from aisafety.config_base import number_fix
 from aisafety.model_names import NamedEntry, distinct_names, name_forms, own_model_name
 
 
@@ -244,10 +245,11 @@ class ModelSpec(StrictModel):
             if getattr(self, f) != type(self).model_fields[f].default
         ]  # fmt: skip
         if ignored:
+            module = "layout" in ignored and self.source in MODULE_SOURCES
             raise ValueError(
                 f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} not used by a "
                 f"{self.source} model (it reads {', '.join(sorted(used))}); remove "
-                f"{'it' if len(ignored) == 1 else 'them'}"
+                f"{'it' if len(ignored) == 1 else 'them'}{MODULE_LAYOUT if module else ''}"
             )
         channels = self.input_shape[0] if self.input_shape else None
         for field in ("mean", "std"):
@@ -284,10 +286,19 @@ class ModelSpec(StrictModel):
             raise ValueError(
                 f"a {self.source} model needs {', '.join(repr(m) for m in missing)} "
                 f"{NAME_MEANS.get(self.source, '') if 'name' in missing else ''}"
-                "(see docs/configuration.md)"
+                f"{SHAPE_MEANS if 'input_shape' in missing else ''}(see docs/configuration.md)"
             )
         return self
 
+
+MODULE_SOURCES = {"python", "checkpoint", "zoo", "export", "torchscript", "robustbench"}
+# why a PyTorch module takes no ``layout`` (an ONNX graph's setting), and what to do instead
+MODULE_LAYOUT = (
+    ": a module is fed (N, C, H, W) batches; wrap one written for channels-last batches so "
+    "that its forward runs net(x.permute(0, 2, 3, 1))"
+)
+# what ``input_shape`` is, where a model without it is refused
+SHAPE_MEANS = "(one image's (C, H, W): [3, 32, 32] for CIFAR-10, [1, 28, 28] for MNIST) "
 
 _MODEL_FIELDS_USED = {
     "zoo": {"name"},
@@ -414,6 +425,10 @@ def _one_or_many(value: Any) -> Any:
     values = (value,) if isinstance(value, int | float | str) else value
     if isinstance(values, list | tuple):
         for eps in values:  # true/false and "0.1" would otherwise be read as numbers
+            if isinstance(eps, str):
+                raise ValueError(
+                    f"a budget is a number such as 0.1, not the string {eps!r} ({number_fix(eps)})"
+                )
             if isinstance(eps, bool) or not isinstance(eps, int | float):
                 raise ValueError(f"a budget is a number such as 0.1, got {eps!r}")
     return values

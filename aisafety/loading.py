@@ -175,7 +175,11 @@ def _load_export(spec: ModelSpec, data: bytes, device: torch.device) -> Predicto
     program = load_exported(data, spec.name)
     batch, _ = exported_input(program, spec.name)  # a fixed batch runs only at its own size
     num_classes = spec.num_classes or probe_classes(
-        spec.name, program.module(), spec.input_shape, "check input_shape", batch or 1
+        spec.name,
+        program.module(),
+        spec.input_shape,
+        input_shape_fix(spec.input_shape),
+        batch or 1,
     )  # eval at export
     return ExportedPredictor(
         program, spec.input_shape, num_classes,
@@ -192,7 +196,20 @@ def _module_predictor(spec: ModelSpec, module: torch.nn.Module, device) -> Torch
 
 
 def _probe_classes(spec: ModelSpec, module: torch.nn.Module) -> int:
-    return probe_classes(spec.name, module, spec.input_shape, "check input_shape")
+    return probe_classes(spec.name, module, spec.input_shape, input_shape_fix(spec.input_shape))
+
+
+def input_shape_fix(shape: tuple[int, ...]) -> str:
+    """What to check when a module does not run on ``shape``: it is one image's (C, H, W),
+    and a channels-last one (32, 32, 3) is written the other way round ([3, 32, 32])."""
+    fix = (
+        "check input_shape: one image's (C, H, W), channels first, as every module is fed (a "
+        "module written for channels-last batches is wrapped to run net(x.permute(0, 2, 3, 1)))"
+    )
+    if len(shape) == 3 and shape[-1] in (1, 3) and shape[0] not in (1, 3):
+        channels, height, width = shape[2], shape[0], shape[1]
+        fix += f"; {tuple(shape)} reads as channels-last: write [{channels}, {height}, {width}]"
+    return fix
 
 
 def probe_classes(name: str, module: torch.nn.Module, shape, fix: str, batch: int = 1) -> int:

@@ -129,3 +129,33 @@ def test_a_ray_worker_hands_the_determinism_warning_to_the_driver(tmp_path):
     determinism, chance = (w.message for w in info["warnings"])
     assert determinism.startswith("model 'noisy' is not deterministic: two forward passes")
     assert chance.startswith("model 'noisy' has clean accuracy 0.100 (4/40)")
+
+
+class _Pixels255(nn.Module):
+    """Trained on 0..255 pixels: class 1 where the mean pixel exceeds 10, else class 0. Fed
+    [0, 1] images it always answers 0; fed 255 x, it reads every image right."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        score = x.flatten(1).mean(1, keepdim=True) - 10
+        return torch.cat([-score, score], 1)
+
+
+def test_a_module_handed_to_evaluate_is_told_evaluates_arguments_and_the_fix_works(tmp_path):
+    """The warning named the plan's model.scale and model.layout, which aisafety.evaluate()
+    does not take (it has no scale=); for a module it names mean=/std= and the values that
+    feed a 0..255 network, checked here to make the model see its images."""
+    import aisafety
+
+    labels = torch.arange(40) % 2
+    images = (0.02 + 0.5 * labels).view(40, 1, 1, 1).expand(40, 1, 8, 8).contiguous()
+    db, plan = f"sqlite:///{tmp_path / 'r.db'}", {"device": "cpu", "metrics": ["ca"]}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        blind = aisafety.evaluate(plan, db, model=_Pixels255(), data=(images, labels))
+    (message,) = [str(w.message) for w in caught if "not above chance" in str(w.message)]
+    assert "model.scale" not in message and "model.layout" not in message
+    assert "aisafety.evaluate's mean= and std=" in message
+    assert "mean=(0, 0, 0), std=(1/255, 1/255, 1/255)" in message
+    fixed = aisafety.evaluate(plan, db, model=_Pixels255(), data=(images, labels),
+                              mean=(0.0,), std=(1 / 255,))  # fmt: skip
+    assert [v.value for v in blind.values] == [0.5] and [v.value for v in fixed.values] == [1.0]

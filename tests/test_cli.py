@@ -97,6 +97,22 @@ def test_model_and_dataset_options_replace_the_plans(tmp_path):
     assert rows == [("mnist-cnn-pgd-at",)]
 
 
+FILES = [("nets/resnet_2b.onnx", "source: onnx"), ("best.pt", "source: onnx, export, torch")]
+
+
+@pytest.mark.parametrize("given, source", FILES)
+def test_a_model_file_given_to_model_is_answered_with_the_plan_field(
+    tmp_path, capsys, given, source
+):
+    """--model takes a zoo name; a file there was answered with the 44 zoo names and no
+    word of where a file goes. Exit 2, no traceback, the plan's model block to write."""
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    assert main(["evaluate", "--model", given, "--limit", "2", "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert f"--model {given!r} is a model file; --model takes the name of a zoo model" in err
+    assert f"model: {{{source}" in err and f"path: {given}}}" in err and "Traceback" not in err
+
+
 def test_help_is_plain_text(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -110,6 +110,16 @@ def test_cifar10_missing_batch_names_file_and_folder(tmp_path: Path) -> None:
         Cifar10Dataset().load(tmp_path, "val")
 
 
+def test_a_missing_path_names_the_files_and_the_shipped_subset() -> None:
+    """`dataset: {name: cifar10}` without a path said only "the folder holding its files":
+    a user without CIFAR-10 on disk is told what files, and which subset ships instead."""
+    with pytest.raises(ConfigError, match=r"python pickle batches .*nothing is downloaded\); "
+                       r"without them, evaluate dataset: \{name: cifar10-embedded\}"):  # fmt: skip
+        Cifar10Dataset().load(None, "test")
+    with pytest.raises(ConfigError, match=r"IDX files .*\{name: mnist-embedded\}"):
+        MnistDataset().load(None, "test")
+
+
 def test_cifar10_malformed_data_shape(tmp_path: Path) -> None:
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()

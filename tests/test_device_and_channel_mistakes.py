@@ -116,3 +116,33 @@ class _Pool299(nn.Module):
     def forward(self, x):
         assert tuple(x.shape[2:]) == (299, 299)
         return self.fc(x.mean(dim=(2, 3)))
+
+
+def colour_net() -> nn.Module:
+    return _net(3)
+
+
+def test_a_channels_last_input_shape_is_answered_with_the_channels_first_one():
+    """`input_shape: [8, 8, 3]` for a module was told only to 'check input_shape'; the
+    message now says a module is fed (C, H, W) and gives the shape to write, which loads."""
+    spec = ModelSpec(name="m", source="python", factory=f"{__name__}:colour_net",
+                     input_shape=(8, 8, 3))  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        load_model(spec, torch.device("cpu"))
+    assert "(8, 8, 3) reads as channels-last: write [3, 8, 8]" in str(error.value)
+    predictor, _ = load_model(
+        spec.model_copy(update={"input_shape": (3, 8, 8)}), torch.device("cpu")
+    )
+    assert predictor.num_classes == 10
+    with pytest.raises(ValueError, match=r"needs 'input_shape' \(one image's \(C, H, W\): "
+                       r"\[3, 32, 32\] for CIFAR-10"):  # fmt: skip
+        ModelSpec(name="m", source="python", factory=f"{__name__}:colour_net")
+
+
+def test_layout_on_a_module_names_the_wrapper_not_only_its_removal():
+    """`layout: nhwc` (an ONNX graph's setting) on a python model said only "remove it",
+    which leaves a channels-last module failing; the message names the wrapper."""
+    with pytest.raises(ValueError, match=r"remove it: a module is fed \(N, C, H, W\) batches; "
+                       r"wrap one .* net\(x.permute\(0, 2, 3, 1\)\)"):  # fmt: skip
+        ModelSpec(name="m", source="python", factory=f"{__name__}:colour_net",
+                  input_shape=(3, 8, 8), layout="nhwc")  # fmt: skip

@@ -410,8 +410,18 @@ def test_python_api_with_a_module_and_arrays(own, tmp_path):
 
     assert dumped(again) == dumped(record)
     other = own.module.TinyResNet()
-    with pytest.raises(ConfigError, match="give data= too"):
-        aisafety.evaluate(plan, db, model=other)
+    # A module without data= was refused ("give data= too") whatever dataset the plan named;
+    # since session 21 it runs on the plan's dataset, whose images give its input shape.
+    # Its clean accuracy is the module's own on those images (the reference).
+    on_plan = aisafety.evaluate({"dataset": PLAN["dataset"], "metrics": ["ca"]}, db, model=other)
+    from aisafety.loading import load_data
+    from aisafety.plugins import default_registry
+
+    plans = load_data(on_plan.plan.dataset, default_registry())
+    with torch.no_grad():
+        right = (other.eval()(plans.x).argmax(1) == plans.y).float().mean().item()
+    assert on_plan.plan.dataset.name == "cifar10-embedded" and len(plans) == N
+    assert on_plan.plan.model.source == "object" and on_plan.values[0].value == right
     from aisafety.in_memory import in_memory_model
 
     (predictor, mine), spec = in_memory_model(own.net, (3, 32, 32), mean=MEAN, std=STD)

@@ -229,3 +229,19 @@ def test_a_random_input_defense_is_random_by_design_and_not_warned_about(tmp_pat
         warnings.simplefilter("always")
         Runner(plan, ResultStore(f"sqlite:///{tmp_path / 'r.db'}"), quiet=True).run()
     assert not [w for w in caught if "is not deterministic" in str(w.message)]
+
+
+def test_a_fraction_in_yaml_is_answered_with_its_value():
+    """YAML has no arithmetic: ``eps: [8/255]`` is the string '8/255', quoted or not, so the
+    old fix "write it unquoted" did not work; the error gives the value to write."""
+    import yaml
+
+    text = "attacks: [{name: pgd-linf, eps: [8/255]}]\nmetrics: [robust-accuracy]\n"
+    with pytest.raises(ConfigError, match=r"not the string '8/255' \(YAML does not divide: "
+                       r"write its value, 0\.03137254901960784\)"):  # fmt: skip
+        plan_from_dict(yaml.safe_load(text), "plan")
+    config = yaml.safe_load("{eps: 1/255, verifier: crown}")
+    with pytest.raises(ConfigError, match=r"write its value, 0\.00392156862745098\)"):
+        default_registry().create("metric", "certified-accuracy", config)
+    with pytest.raises(ConfigError, match=r"not the string 'x/0' \(write a number\)"):
+        default_registry().create("metric", "certified-accuracy", {"eps": "x/0"})

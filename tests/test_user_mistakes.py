@@ -223,6 +223,55 @@ def test_a_module_that_does_not_run_on_the_images_handed_in_is_named_not_a_trace
     assert "the shape of one image of data=" in message
 
 
+def test_one_hot_labels_are_told_to_take_the_argmax(tmp_path):
+    """(N, 10) one-hot labels, as a Keras pipeline holds them, were told only "give N
+    integer labels 0..K-1"; the fix named is the one that works."""
+    x, y = _images(2)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 10))
+    one_hot = np.eye(10)[y]
+    with pytest.raises(ConfigError, match=r"float64 \(2, 10\); give 2 integer labels 0..K-1 "
+                       r"\(one-hot rows\? give y.argmax\(1\)\)"):  # fmt: skip
+        aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net, data=(x, one_hot))
+    record = aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net,
+                               data=(x, one_hot.argmax(1)))  # fmt: skip
+    assert record.values[0].metric == "ca"
+
+
+class _ChannelsLast(nn.Module):
+    """A network written for (N, H, W, C) batches, as a Keras port or an NHWC ONNX graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x.permute(0, 3, 1, 2)).flatten(1)
+
+
+class _Permuted(nn.Module):
+    """The wrapper the message names: NCHW in, the channels-last network inside."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.permute(0, 2, 3, 1))
+
+
+def test_a_channels_last_module_is_told_to_permute_not_to_reshape_its_images(tmp_path):
+    """The images were right (4x4x3, NHWC) and the message said "give images of the shape
+    the model was trained on"; every module is fed NCHW, so it names the wrapper that
+    works, checked here to run."""
+    x, y = np.random.default_rng(0).integers(0, 256, (4, 4, 4, 3), dtype=np.uint8), np.zeros(4)
+    db, net = f"sqlite:///{tmp_path}/a.db", _ChannelsLast()
+    with pytest.raises(ConfigError) as caught:
+        aisafety.evaluate(PLAN, db, model=net, data=(x, y.astype(np.int64)))
+    assert "its forward runs net(x.permute(0, 2, 3, 1))" in str(caught.value)
+    record = aisafety.evaluate(PLAN, db, model=_Permuted(net), data=(x, y.astype(np.int64)))
+    assert record.values[0].metric == "ca"
+
+
 def test_a_state_dict_given_as_an_export_archive_is_named_without_torchs_log(tmp_path, capfd):
     """torch.export.load logged a 20-line traceback to stderr, then the error said
     "Please check the warnings above"; a torch.save file was not named as one."""

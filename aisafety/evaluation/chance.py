@@ -21,6 +21,7 @@ from scipy.special import bdtrc
 
 from aisafety.errors import AtChanceWarning
 from aisafety.evaluation.context import EvaluationContext
+from aisafety.prediction.base import Predictor
 
 ALPHA = 0.01  # a working model at chance by luck: one plan in a hundred at most
 MIN_IMAGES = 30  # fewer: too few for an accuracy to say much either way
@@ -41,8 +42,11 @@ def above_chance_p(correct: int, total: int, chance: float) -> float:
     return float(bdtrc(correct - 1, total, chance))
 
 
-def chance_warning(name: str, correct: int, total: int, chance: float) -> str | None:
-    """The warning's text when ``correct`` of ``total`` is not above ``chance``, else None."""
+def chance_warning(
+    name: str, correct: int, total: int, chance: float, settings: str = Predictor.input_settings
+) -> str | None:
+    """The warning's text when ``correct`` of ``total`` is not above ``chance``, else None;
+    ``settings`` names where the model's input settings are given, to check."""
     if total < MIN_IMAGES or chance >= 1:  # one label only: no accuracy is above chance
         return None
     p = above_chance_p(correct, total, chance)
@@ -52,9 +56,8 @@ def chance_warning(name: str, correct: int, total: int, chance: float) -> str | 
         f"model {name!r} has clean accuracy {correct / total:.3f} ({correct}/{total}) on the "
         f"plan's images, not above chance ({chance:.3f}; one-sided binomial p = {p:.2g}), so "
         "every number of this run is that of a model that does not see its inputs; unless "
-        "the model is meant to be untrained, check model.mean/std (the training "
-        "normalisation), model.scale (0..1 vs 0..255 pixels), model.layout (nchw/nhwc), "
-        "model.input_shape and the dataset's label order (docs/own-model.md)"
+        f"the model is meant to be untrained, check {settings} and the dataset's label "
+        "order (docs/own-model.md)"
     )
 
 
@@ -62,7 +65,8 @@ def at_chance_message(ctx: EvaluationContext) -> str | None:
     """The warning for ``ctx``'s clean pass when its accuracy is not above chance."""
     total, correct = len(ctx.y), int(ctx.clean_correct.sum())
     chance = chance_level(ctx.y, ctx.predictor.num_classes)
-    return chance_warning(ctx.predictor.name, correct, total, chance)
+    predictor = ctx.predictor
+    return chance_warning(predictor.name, correct, total, chance, predictor.input_settings)
 
 
 def warn_if_at_chance(ctx: EvaluationContext) -> None:

@@ -42,6 +42,13 @@ class Predictor(ABC):
     # server), in words; None: PyTorch. torch.autocast cannot reach such a model, so an
     # attack's bf16/fp16 search is refused for it (attack/precision.py).
     engine: str | None = None
+    # Where the settings that say how the images reach the network are given, in words
+    # (a wrong one leaves a model at chance): the plan's fields, unless the model was
+    # handed to aisafety.evaluate(), which takes them as arguments (in_memory.py).
+    input_settings: str = (
+        "model.mean/std (the training normalisation), model.scale (0..1 vs 0..255 pixels), "
+        "model.layout (nchw/nhwc), model.input_shape"
+    )
 
     @abstractmethod
     def _logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -108,6 +108,8 @@ class DatasetSource(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     needs_path: ClassVar[bool] = True
+    # what to evaluate when the files are not at hand: a subset shipped in the package
+    shipped_subset: ClassVar[str] = ""
 
     @abstractmethod
     def load(self, path: Path | None, split: str) -> LoadedDataset:
@@ -115,7 +117,12 @@ class DatasetSource(ABC):
 
     def require_path(self, path: Path | None) -> Path:
         if path is None:
-            raise ConfigError(f"dataset {self.name!r} needs 'path': the folder holding its files")
+            subset = self.shipped_subset
+            shipped = f"; without them, evaluate dataset: {subset}" if subset else ""
+            raise ConfigError(
+                f"dataset {self.name!r} needs 'path': the folder holding its files "
+                f"({self.description}; nothing is downloaded){shipped}"
+            )
         path = Path(path).expanduser()
         if not path.exists():
             raise ConfigError(f"dataset {self.name!r}: path {str(path)!r} does not exist")

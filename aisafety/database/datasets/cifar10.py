@@ -89,6 +89,7 @@ def read_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
 class Cifar10Dataset(DatasetSource):
     name = "cifar10"
     description = "CIFAR-10 32x32 colour images, python pickle batches (Krizhevsky 2009)"
+    shipped_subset = "{name: cifar10-embedded} (its first 100 test images, in the package)"
     classes: tuple[str, ...] = (
         "airplane",
         "automobile",

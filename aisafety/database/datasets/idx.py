@@ -66,6 +66,7 @@ class IdxDataset(DatasetSource):
 class MnistDataset(IdxDataset):
     name = "mnist"
     description = "MNIST handwritten digits, IDX files (LeCun et al.)"
+    shipped_subset = "{name: mnist-embedded} (1,000 of its test images, in the package)"
 
 
 class FashionMnistDataset(IdxDataset):
