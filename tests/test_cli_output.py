@@ -103,9 +103,16 @@ def test_relative_paths_in_a_plan_file_are_relative_to_the_file(tmp_path, monkey
     assert loaded.reference_model.path == tmp_path / "abs.onnx"
 
 
-def test_compare_prints_a_failed_plugin_once_as_evaluate_does(tmp_path, monkeypatch, capsys):
-    """One line per failed plugin, the text evaluate prints: before, each model's run
-    printed it again (N + 1 lines for N models); every run still stores it."""
+@pytest.mark.parametrize(
+    "command", [["compare", "--models", "mnist-cnn", "mnist-cnn-pgd-at"],
+                ["check", "--baseline", "mnist-cnn-pgd-at"]],
+)  # fmt: skip
+def test_compare_and_check_print_a_failed_plugin_once_as_evaluate_does(
+    command, tmp_path, monkeypatch, capsys
+):
+    """One line per failed plugin, the text evaluate prints: before, each run printed it
+    again (compare: N + 1 lines for N models; check: 4 with a baseline evaluated); every run
+    still stores it."""
     from aisafety.errors import PluginLoadWarning
     from aisafety.hookspecs import hookimpl
     from aisafety.plugins import build_registry, failure_warnings
@@ -120,16 +127,19 @@ def test_compare_prints_a_failed_plugin_once_as_evaluate_does(tmp_path, monkeypa
     monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
     monkeypatch.setattr("aisafety.runner.default_registry", lambda: registry)
     tiny = tmp_path / "tiny.yaml"
-    tiny.write_text("metrics: [ca]\ndevice: cpu\ndataset: {name: mnist-embedded, limit: 4}\n")
+    tiny.write_text("metrics: [ca]\nattacks: [{name: fgsm, eps: [0.1]}]\ndevice: cpu\n"
+                    "dataset: {name: mnist-embedded, limit: 4}\n")  # fmt: skip
     db = f"sqlite:///{tmp_path / 'c.db'}"
-    models = ["--models", "mnist-cnn", "mnist-cnn-pgd-at"]
     with warnings.catch_warnings(record=True) as shown:  # pytest would record them
         warnings.simplefilter("always")
-        assert main(["compare", str(tiny), *models, "--db", db, "--quiet"]) == 0
+        assert main([command[0], str(tiny), *command[1:], "--db", db, "--quiet"]) == 0
     err = capsys.readouterr().err
     (line,) = failure_warnings(registry)
     assert "'broken'" in line and "cannot import its weights" in line
     assert [e for e in err.splitlines() if "plugin" in e] == [line]
     assert not [w for w in shown if w.category is PluginLoadWarning]  # not again per run
-    stored = ResultStore(db).query("SELECT run_id, category FROM run_warnings")[1]
-    assert sorted(stored) == [(1, "PluginLoadWarning"), (2, "PluginLoadWarning")]
+    stored = ResultStore(db).query(
+        "SELECT run_id, message FROM run_warnings WHERE category = 'PluginLoadWarning'"
+    )[1]
+    message = line.removeprefix("warning: ")
+    assert sorted(stored) == [(1, message), (2, message)]  # each run's, candidate's and baseline's
