@@ -1,19 +1,21 @@
 """The command line's collector at start-up (aisafety/cli/collector.py): each command that
-loads the plugins (evaluate, compare, verify, list with its cache off), as the whole
-process, holds full collections off while they load, then freezes what is alive; ``main``
-called from Python leaves its caller's collector alone. (The CPU it saves is measured by
-bench/startup.py --collector, not asserted here.)"""
+loads the plugins (evaluate, compare, check, verify, plugins, list with its cache off), as
+the whole process, holds full collections off while they load, then freezes what is alive;
+``main`` called from Python leaves its caller's collector alone. (The CPU it saves is
+measured by bench/startup.py --collector, not asserted here.)"""
 
 from __future__ import annotations
 
 import gc
 import sys
+from pathlib import Path
 
 import pytest
 
 from aisafety import cli
 from aisafety.cli import collector, common
 
+GATE_PLAN = Path(__file__).resolve().parents[1] / "examples" / "ci" / "gate-plan.yaml"
 # each command, and what it calls once loaded (its work is not made: not what this is about)
 COMMANDS = {
     "evaluate": (["evaluate", "--limit", "2", "--quiet"], "aisafety.cli.evaluate.evaluate_plan"),
@@ -22,6 +24,8 @@ COMMANDS = {
     "verify": (["verify", "net.onnx", "spec.vnnlib"],
                "aisafety.verification.vnncomp.verify_report"),
     "list": (["list", "attacks"], "aisafety.listing.list_entries"),
+    "plugins": (["plugins"], "aisafety.report.table.render"),
+    "check": (["check", str(GATE_PLAN)], "aisafety.check.evaluated_run"),
 }  # fmt: skip
 
 
