@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import types
+import warnings
 
 import pytest
 
@@ -99,3 +101,45 @@ def test_relative_paths_in_a_plan_file_are_relative_to_the_file(tmp_path, monkey
     assert loaded.model.path == folder / "models" / "net.pt"
     assert loaded.dataset.path == folder / ".." / "data" / "test.npz"
     assert loaded.reference_model.path == tmp_path / "abs.onnx"
+
+
+@pytest.mark.parametrize(
+    "command", [["compare", "--models", "mnist-cnn", "mnist-cnn-pgd-at"],
+                ["check", "--baseline", "mnist-cnn-pgd-at"]],
+)  # fmt: skip
+def test_compare_and_check_print_a_failed_plugin_once_as_evaluate_does(
+    command, tmp_path, monkeypatch, capsys
+):
+    """One line per failed plugin, the text evaluate prints: before, each run printed it
+    again (compare: N + 1 lines for N models; check: 4 with a baseline evaluated); every run
+    still stores it."""
+    from aisafety.errors import PluginLoadWarning
+    from aisafety.hookspecs import hookimpl
+    from aisafety.plugins import build_registry, failure_warnings
+    from aisafety.store.results import ResultStore
+
+    def broken():
+        raise RuntimeError("cannot import its weights")
+
+    module = types.ModuleType("broken_plugin")
+    module.aisafety_attacks = hookimpl(broken)
+    registry = build_registry(extra_plugins=[("broken", module)])
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
+    monkeypatch.setattr("aisafety.runner.default_registry", lambda: registry)
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("metrics: [ca]\nattacks: [{name: fgsm, eps: [0.1]}]\ndevice: cpu\n"
+                    "dataset: {name: mnist-embedded, limit: 4}\n")  # fmt: skip
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    with warnings.catch_warnings(record=True) as shown:  # pytest would record them
+        warnings.simplefilter("always")
+        assert main([command[0], str(tiny), *command[1:], "--db", db, "--quiet"]) == 0
+    err = capsys.readouterr().err
+    (line,) = failure_warnings(registry)
+    assert "'broken'" in line and "cannot import its weights" in line
+    assert [e for e in err.splitlines() if "plugin" in e] == [line]
+    assert not [w for w in shown if w.category is PluginLoadWarning]  # not again per run
+    stored = ResultStore(db).query(
+        "SELECT run_id, message FROM run_warnings WHERE category = 'PluginLoadWarning'"
+    )[1]
+    message = line.removeprefix("warning: ")
+    assert sorted(stored) == [(1, message), (2, message)]  # each run's, candidate's and baseline's

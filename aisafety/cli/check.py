@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from aisafety.cli import collector, common
 from aisafety.cli.common import write_output
 from aisafety.errors import ConfigError
 from aisafety.store import DEFAULT_URL
 
 if TYPE_CHECKING:
+    from aisafety.interfaces import EvaluationPlan
     from aisafety.report.gate.measures import GateRun
     from aisafety.report.gate.spec import GateSpec
     from aisafety.report.gate.verdicts import Verdict
@@ -40,18 +42,35 @@ def add_parser(sub) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from aisafety.check import compared_with_baseline, evaluated_run, models_of, shown
+    # as evaluate: no full collection while torch, the plugins and the plan load, then all
+    # of it frozen (aisafety/cli/collector.py)
+    with collector.starting(args.whole_process):
+        spec, plan = gate_inputs(args)
+    with common.plugin_failures_printed():  # printed once, not again by each run
+        return checked(args, spec, plan)
+
+
+def gate_inputs(args: argparse.Namespace) -> tuple[GateSpec, EvaluationPlan]:
+    """The requirements and the plan; the plugins loaded, their failures printed."""
     from aisafety.config import load_plan
+
+    spec = gate_spec(args)
+    plan = load_plan(args.plan)
+    if plan.seeds:
+        raise ConfigError(f"{args.plan}: `seeds:` runs one plan per seed; give one seed to check")
+    common.print_plugin_failures()
+    return spec, plan
+
+
+def checked(args: argparse.Namespace, spec: GateSpec, plan: EvaluationPlan) -> int:
+    """The candidate evaluated (or reused) and gated: 0 passed, 1 not."""
+    from aisafety.check import compared_with_baseline, evaluated_run, models_of, shown
     from aisafety.report.gate.measures import load_gate_run
     from aisafety.report.gate.output import text_lines
     from aisafety.report.gate.verdicts import gate_passed, requirement_verdicts
     from aisafety.sanity import sanity_checks
     from aisafety.store.results import ResultStore
 
-    spec = gate_spec(args)
-    plan = load_plan(args.plan)
-    if plan.seeds:
-        raise ConfigError(f"{args.plan}: `seeds:` runs one plan per seed; give one seed to check")
     store = ResultStore(args.db)
     candidate_id, reused = evaluated_run(plan, store, args.quiet)
     candidate = load_gate_run(store, candidate_id)

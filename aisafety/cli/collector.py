@@ -1,13 +1,16 @@
-"""The garbage collector while ``aisafety evaluate`` starts: no full collection until torch,
-the plugins and the plan are loaded, then everything alive is frozen.
+"""The garbage collector while a command that loads the plugins starts (evaluate, compare,
+check, verify, plugins, list with its cache off): no full collection until torch, the
+plugins and the plan are loaded, then everything alive is frozen.
 
 Once torch is imported, a full collection scans 170,000-240,000 objects, and Python runs one
 whenever the long-lived objects have grown by a quarter since the last: four during the
 imports (0.02-0.15 s of CPU each, 0.28 s in all), each freeing 10-2,434 objects; and the
 interpreter's exit collects them all again. Held off during the start-up, then frozen
 (``gc.freeze``: later collections, those at exit included, skip what was alive), a tiny
-plan's command takes 0.67-0.69 of its CPU time (paired medians, bench/startup.py
---collector): 0.27 s saved while it runs, ~0.6 s at its exit.
+plan's command takes 0.67-0.70 of its CPU time (paired medians, bench/startup.py
+--collector): 0.27 s saved while it runs, ~0.6 s at its exit. The other commands gain
+alike (session 21): compare 0.71, check 0.69, verify 0.75, an uncached list 0.67, plugins
+0.64; their output and stored results are bit-identical either way.
 
 Only where the command is the whole process (the console script, ``python -m
 aisafety.cli``): a library, or ``main`` called from Python, must not change its caller's

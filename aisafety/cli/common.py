@@ -1,10 +1,15 @@
-"""What several commands share: the registry (imported on first use) and where
-informational lines go."""
+"""What several commands share: the registry (imported on first use), its failed plugins
+printed once, and where informational lines go."""
 
 from __future__ import annotations
 
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from aisafety.errors import PluginLoadWarning
 
 
 def default_registry():
@@ -12,6 +17,25 @@ def default_registry():
     from aisafety.plugins import default_registry as registry
 
     return registry()
+
+
+def print_plugin_failures() -> None:
+    """The registry loaded, and one ``warning:`` line per failed plugin on stderr: every
+    command that runs plans prints them here, the same text, once per command."""
+    from aisafety.plugins import failure_warnings
+
+    for line in failure_warnings(default_registry()):
+        print(line, file=sys.stderr)
+
+
+@contextmanager
+def plugin_failures_printed() -> Iterator[None]:
+    """Around a command's runs, after ``print_plugin_failures``: each run warns the failures
+    again so that they are stored with it (run_warnings keeps what the filters hide), and
+    without this a command of N runs printed them N + 1 times."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=PluginLoadWarning)
+        yield
 
 
 def info_printer(fmt: str):

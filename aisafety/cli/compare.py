@@ -6,11 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from aisafety.cli import common
+from aisafety.cli import collector, common
 from aisafety.cli.common import info_printer
 from aisafety.errors import ConfigError
 from aisafety.store import DEFAULT_URL
+
+if TYPE_CHECKING:
+    from aisafety.interfaces import EvaluationPlan
 
 
 def add_parser(sub) -> None:
@@ -31,23 +35,29 @@ def add_parser(sub) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Evaluate several models with one plan; rank correlations between its metrics."""
+    # as evaluate: no full collection while torch, the plugins and the plan load, then all
+    # of it frozen (aisafety/cli/collector.py)
+    with collector.starting(args.whole_process):
+        plan, baseline = comparison_plan(args)
+    with common.plugin_failures_printed():  # printed once, not again by each model's run
+        results = evaluate_models(plan, args)
+    tables, note = comparison_tables(results, args.models, baseline)
+    print_comparison(tables, f"{len(args.models)} models on {plan.dataset.name} (db {args.db})",
+                     baseline, args.format)  # fmt: skip
+    if note:
+        print(f"\n{note}", file=sys.stdout if args.format == "table" else sys.stderr)
+    return 0
+
+
+def comparison_plan(args: argparse.Namespace) -> tuple[EvaluationPlan, str]:
+    """The plan with the overrides and the baseline; the plugins loaded, their failures
+    printed; every model checked before any work."""
     from aisafety.config import apply_overrides, default_plan, load_plan
     from aisafety.database.zoo import list_models
-    from aisafety.evaluation.ranking import (
-        metric_columns,
-        rank_correlations,
-        rank_sum_tests,
-        undefined_correlations,
-    )
-    from aisafety.execution import run_plan
-    from aisafety.interfaces import ModelSpec
-    from aisafety.plugins import failure_warnings
-    from aisafety.store.results import ResultStore
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(plan, device=args.device, limit=args.limit)
-    for line in failure_warnings(common.default_registry()):
-        print(line, file=sys.stderr)
+    common.print_plugin_failures()
     if len(set(args.models)) < 2:
         raise ConfigError(f"compare needs at least two different models, got {args.models}")
     known = list_models()
@@ -64,17 +74,42 @@ def cmd_compare(args: argparse.Namespace) -> int:
     baseline = args.baseline or args.models[0]
     if baseline not in args.models:
         raise ConfigError(f"--baseline {baseline!r} is not among --models {args.models}")
+    return plan, baseline
+
+
+def evaluate_models(plan: EvaluationPlan, args: argparse.Namespace) -> dict[str, list]:
+    """Each model's stored values: the plan run (or resumed) with that model."""
+    from aisafety.execution import run_plan
+    from aisafety.interfaces import ModelSpec
+    from aisafety.store.results import ResultStore
+
     store = ResultStore(args.db)
     results = {}
     for name in args.models:
         model_plan = plan.model_copy(update={"model": ModelSpec(name=name)})
         record = run_plan(model_plan, store, resume=args.resume, quiet=args.quiet)
         results[name] = list(record.values)
+    return results
+
+
+def comparison_tables(
+    results: dict[str, list], models: list[str], baseline: str
+) -> tuple[dict[str, tuple], str | None]:
+    """The models' values, the rank correlations between the metrics and the per-sample
+    tests against the baseline (the last two where defined), and why some correlation is
+    not (or None)."""
+    from aisafety.evaluation.ranking import (
+        metric_columns,
+        rank_correlations,
+        rank_sum_tests,
+        undefined_correlations,
+    )
+
     columns = metric_columns(results)
     tables = {
         "models": (
             ["model", *(f"{c.name} ({c.direction.value})" for c in columns)],
-            [[name, *(c.values.get(name) for c in columns)] for name in args.models],
+            [[name, *(c.values.get(name) for c in columns)] for name in models],
         ),
     }  # fmt: skip
     correlations = rank_correlations(columns)
@@ -91,12 +126,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             [(t.metric, t.model, t.model_mean, t.baseline_mean, t.statistic, t.p_value,
               t.verdict) for t in tests],
         )  # fmt: skip
-    print_comparison(tables, f"{len(args.models)} models on {plan.dataset.name} (db {args.db})",
-                     baseline, args.format)  # fmt: skip
-    note = undefined_correlations(columns)
-    if note:
-        print(f"\n{note}", file=sys.stdout if args.format == "table" else sys.stderr)
-    return 0
+    return tables, undefined_correlations(columns)
 
 
 def print_comparison(tables: dict, header: str, baseline: str, fmt: str) -> None:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from typing import TYPE_CHECKING
 
 from aisafety.cli import collector, common
 from aisafety.cli.common import info_printer
-from aisafety.errors import PluginLoadWarning
 from aisafety.store import DEFAULT_URL
 
 if TYPE_CHECKING:
@@ -48,17 +46,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     # a third of a small plan's CPU time (aisafety/cli/collector.py)
     with collector.starting(args.whole_process):
         plan = load_plan_and_plugins(args)
-    with warnings.catch_warnings():
-        # printed once in load_plan_and_plugins, not again by each run, which still stores
-        # them (run_warnings: the runs keep what the filters hide)
-        warnings.filterwarnings("ignore", category=PluginLoadWarning)
+    with common.plugin_failures_printed():  # printed once, not again by each run
         return evaluate_plan(plan, args)
 
 
 def load_plan_and_plugins(args: argparse.Namespace) -> EvaluationPlan:
     """The plan with the command line's overrides; the plugins loaded, their failures printed."""
     from aisafety.config import apply_overrides, default_plan, load_plan
-    from aisafety.plugins import failure_warnings
 
     plan = load_plan(args.config) if args.config else default_plan()
     plan = apply_overrides(
@@ -70,8 +64,7 @@ def load_plan_and_plugins(args: argparse.Namespace) -> EvaluationPlan:
         model=args.model,
         dataset=args.dataset,
     )
-    for line in failure_warnings(common.default_registry()):
-        print(line, file=sys.stderr)
+    common.print_plugin_failures()
     return plan
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from aisafety.cli import common
+from aisafety.cli import collector, common
 from aisafety.listing import LIST_KINDS
 
 
@@ -24,7 +24,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     entries = listing_cache.read(args.kind)
     if entries is None:
-        registry = common.default_registry()
+        # every plugin imported: as evaluate, no full collection while they load, then all
+        # of it frozen (aisafety/cli/collector.py); a cached listing imports no torch
+        with collector.starting(args.whole_process):
+            registry = common.default_registry()
         entries, complete = listing.list_entries(args.kind, registry)
         if complete:
             listing_cache.write(args.kind, entries)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from aisafety.cli import common
+from aisafety.cli import collector, common
 
 PROVIDES_WIDTH = 72  # `aisafety plugins` wraps what each plugin provides to this width
 
@@ -19,7 +19,10 @@ def add_parser(sub) -> None:
 def cmd_plugins(args: argparse.Namespace) -> int:
     from aisafety.report.table import render
 
-    registry = common.default_registry()
+    # every plugin imported: as evaluate, no full collection while they load, then all of
+    # it frozen (aisafety/cli/collector.py)
+    with collector.starting(args.whole_process):
+        registry = common.default_registry()
     rows = []
     for plugin in registry.plugins:
         provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in plugin.provides.items())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from aisafety.cli import common
+from aisafety.cli import collector, common
 
 
 def seconds(text: str) -> float:
@@ -37,9 +37,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from aisafety.verification.vnncomp import verify_report
 
     declared = {"scale": args.scale, "mean": args.mean, "std": args.std}
+    # as evaluate: no full collection while torch and the plugins load, then all of it
+    # frozen (aisafety/cli/collector.py)
+    with collector.starting(args.whole_process):
+        registry = common.default_registry()
     print(
         verify_report(
-            common.default_registry(),
+            registry,
             args.network,
             args.spec,
             args.verifier,

@@ -78,7 +78,8 @@ def add_parser(sub) -> None:
 
 def cmd_zoo(args: argparse.Namespace) -> int:
     if args.zoo_command == "list":
-        return cmd_list(argparse.Namespace(kind="models", format=args.format))
+        listing = {"kind": "models", "format": args.format, "whole_process": args.whole_process}
+        return cmd_list(argparse.Namespace(**listing))
     from aisafety.interfaces import DatasetSpec
     from aisafety.loading import load_data
     from aisafety.zoo_build import train_zoo_entry
