@@ -34,10 +34,10 @@ def small_residual(seed: int) -> nn.Module:
     return random_resnet(blocks=(1, 1), width=4, seed=seed)
 
 
-def cases():
-    """(graph, property) on random residual CNNs and a random MLP, eps large enough that
-    most neurons are unstable."""
-    for seed in (0, 1):
+def cases(seeds: tuple[int, ...] = (0, 1)):
+    """(graph, property) on random residual CNNs (one per seed) and a random MLP, eps large
+    enough that most neurons are unstable."""
+    for seed in seeds:
         net = small_residual(seed)
         x = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
         y = net(x).argmax(1)
@@ -51,7 +51,10 @@ def cases():
 
 @pytest.mark.parametrize("steps", [0, 3])
 def test_chunked_bounds_equal_the_bounds_of_one_pass_and_stay_below_sampled_margins(steps):
-    for graph, prop in cases():
+    # with the slope search, one residual net: seed 1's runs the very lines of aisafety/ that
+    # seed 0's does (694 of them, traced line by line in session 21) in one-neuron chunks of
+    # 3 steps each, 60 % of this test's time (7 s of 12); CROWN's passes ([0]) keep both
+    for graph, prop in cases((0, 1) if steps == 0 else (0,)):
         # float64 passes: whether a pass runs in float32 (rounding.SMALL) depends on its
         # size, so a chunk and the whole could otherwise differ by a rounding margin
         with torch.no_grad(), rounding.pass_precision("float64"):
