@@ -169,10 +169,11 @@ def test_the_estimate_covers_the_measured_peak_of_a_backward_pass():
     """Each pass in a fresh process, its own peak resident size measured (``VmHWM`` reset
     through ``/proc/self/clear_refs`` just before it: the process's earlier peak, building
     the graph and boxes, may be higher than the pass's, and ru_maxrss would then not grow),
-    rows enough that the pass dwarfs the allocator's noise."""
-    for run in ([(36, 400, False)], [(18, 60, True)]):
-        script = MEASURE.format(tests=str(TESTS), batch=2, eps="1 / 255", runs=run)
-        done = _run(script)
+    rows enough that the pass dwarfs the allocator's noise. The two processes run at once
+    (each measures its own peak; the suite's other core is idle while it waits)."""
+    runs = ([(36, 400, False)], [(18, 60, True)])
+    scripts = [MEASURE.format(tests=str(TESTS), batch=2, eps="1 / 255", runs=r) for r in runs]
+    for run, done in zip(runs, _run_together(scripts), strict=True):
         assert done.returncode == 0, done.stderr[-2000:]
         ((grown, estimate),) = json.loads(done.stdout)
         assert grown > 50 << 20  # the pass is measurable
@@ -245,9 +246,27 @@ def _run(script: str) -> subprocess.CompletedProcess:
     of wall clock can run out on a loaded machine), the memory ledger off: the default budget
     there is a fraction of the address space left (or of MemAvailable), whatever other
     processes of the test run have claimed."""
+    return _run_together([script])[0]
+
+
+def _run_together(scripts: list[str]) -> list[subprocess.CompletedProcess]:
+    """``_run`` of each script, all started at once; on a hang or an error in one, the
+    groups of those not yet waited for are killed too."""
     env = {**os.environ, "AISAFETY_MEMORY_LEDGER": "0"}
-    return children.run([sys.executable, "-c", script], what="the bound-budget script",
-                        capture_output=True, text=True, env=env)  # fmt: skip
+    started = [children.start([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+               for script in scripts]  # fmt: skip
+    try:
+        return [_finish(process) for process in started]
+    finally:
+        for process in started:
+            if process.returncode is None:
+                children.kill_group(process)
+
+
+def _finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    out, err = children.communicate(process, what="the bound-budget script")
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 @pytest.mark.parametrize("config", [{}, {"memory_gib": 1000}])
