@@ -250,23 +250,11 @@ def _run(script: str) -> subprocess.CompletedProcess:
 
 
 def _run_together(scripts: list[str]) -> list[subprocess.CompletedProcess]:
-    """``_run`` of each script, all started at once; on a hang or an error in one, the
-    groups of those not yet waited for are killed too."""
+    """``_run`` of each script, all started at once (``children.run_together``)."""
     env = {**os.environ, "AISAFETY_MEMORY_LEDGER": "0"}
-    started = [children.start([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
-               for script in scripts]  # fmt: skip
-    try:
-        return [_finish(process) for process in started]
-    finally:
-        for process in started:
-            if process.returncode is None:
-                children.kill_group(process)
-
-
-def _finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
-    out, err = children.communicate(process, what="the bound-budget script")
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    commands = [[sys.executable, "-c", script] for script in scripts]
+    return children.run_together(commands, what="the bound-budget script",
+                                 capture_output=True, text=True, env=env)  # fmt: skip
 
 
 RESNET18_CONFIGS = [{}, {"memory_gib": 1000}]
