@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -88,16 +89,26 @@ def measure(name: str, images: int = 2) -> tuple[int, int]:
     return estimate, status_bytes("VmHWM") - before
 
 
-@pytest.mark.parametrize("name", ["residual", "sshape", "layerwise-sshape"])
-def test_the_joint_step_estimate_bounds_the_measured_growth(name):
-    """And the layerwise search's (``budget.row_bytes`` with ``grad``) on the sigmoid/tanh
-    MLP: it was 0.48x the growth on eran's sigmoid net before ``SSHAPE_SAVED``."""
+MEASURED = ["residual", "sshape", "layerwise-sshape"]
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, subprocess.CompletedProcess]:
+    """Each of ``MEASURED`` in a fresh process (its own peak), all three started at once."""
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "AISAFETY_MEMORY_LEDGER": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    command = [sys.executable, "-m", "tests.test_joint_bytes", name]
-    done = children.run(
-        command, cwd=ROOT, what="the joint search", capture_output=True, text=True, env=env
+    commands = [[sys.executable, "-m", "tests.test_joint_bytes", name] for name in MEASURED]
+    done = children.run_together(
+        commands, cwd=ROOT, what="the joint search", capture_output=True, text=True, env=env
     )
+    return dict(zip(MEASURED, done, strict=True))
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_the_joint_step_estimate_bounds_the_measured_growth(name, measured):
+    """And the layerwise search's (``budget.row_bytes`` with ``grad``) on the sigmoid/tanh
+    MLP: it was 0.48x the growth on eran's sigmoid net before ``SSHAPE_SAVED``."""
+    done = measured[name]
     assert done.returncode == 0, done.stderr[-2000:]
     estimate, grown = json.loads(done.stdout.strip().splitlines()[-1])
     if grown == 0:

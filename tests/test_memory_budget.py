@@ -175,9 +175,15 @@ def _run(script: str) -> subprocess.CompletedProcess:
     of wall clock can run out on a loaded machine), the memory ledger off: the default budget
     there is half of the address space left (or of MemAvailable), whatever other processes of
     the test run have claimed."""
+    return _run_together([script])[0]
+
+
+def _run_together(scripts: list[str]) -> list[subprocess.CompletedProcess]:
+    """``_run`` of each script, all started at once (``children.run_together``)."""
     env = {**os.environ, "AISAFETY_MEMORY_LEDGER": "0"}
-    return children.run([sys.executable, "-c", script], what="the address-space script",
-                        capture_output=True, text=True, env=env)  # fmt: skip
+    commands = [[sys.executable, "-c", script] for script in scripts]
+    return children.run_together(commands, what="the address-space script",
+                                 capture_output=True, text=True, env=env)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -187,17 +193,17 @@ def _run(script: str) -> subprocess.CompletedProcess:
 def test_each_family_answers_under_an_address_space_limit(family):
     """With 640 MiB of address space left, the default budget (half of it) chunks the work
     and it answers; with the budget set above what the limit allows the same work stops on
-    the raw allocator error the budget prevents (the limit binds)."""
-    n = FAMILIES[family]
-    done = _run(PRELUDE.format(tests=str(TESTS), n=n, extra=HEADROOM) + WORK[family] + FINITE)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "finite True" in done.stdout
+    the raw allocator error the budget prevents (the limit binds). Both processes at once,
+    each under its own limit."""
+    prelude = PRELUDE.format(tests=str(TESTS), n=FAMILIES[family], extra=HEADROOM)
     unbounded = "with memory_budget.memory_limit(1 << 40):\n" + "".join(
         "    " + line + "\n" for line in WORK[family].splitlines()
     )
-    done = _run(PRELUDE.format(tests=str(TESTS), n=n, extra=HEADROOM) + unbounded)
-    assert done.returncode != 0
-    assert "can't allocate memory" in done.stderr or "MemoryError" in done.stderr
+    done, over = _run_together([prelude + WORK[family] + FINITE, prelude + unbounded])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "finite True" in done.stdout
+    assert over.returncode != 0
+    assert "can't allocate memory" in over.stderr or "MemoryError" in over.stderr
 
 
 @pytest.mark.slow
