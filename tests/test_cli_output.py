@@ -143,3 +143,29 @@ def test_compare_and_check_print_a_failed_plugin_once_as_evaluate_does(
     )[1]
     message = line.removeprefix("warning: ")
     assert sorted(stored) == [(1, message), (2, message)]  # each run's, candidate's and baseline's
+
+
+@pytest.mark.parametrize(
+    "command", [["list", "attacks"], ["list", "verifiers", "--format", "json"],
+                ["verify", "missing.onnx", "missing.vnnlib"]],
+)  # fmt: skip
+def test_list_and_verify_print_a_failed_plugin_as_evaluate_does(command, monkeypatch, capsys):
+    """They printed nothing, so a verifier or attack a broken plugin would have added was
+    only missing; now the same line on stderr (stdout keeps the listing: valid JSON)."""
+    from aisafety.hookspecs import hookimpl
+    from aisafety.plugins import build_registry, failure_warnings
+
+    def broken():
+        raise RuntimeError("cannot import its weights")
+
+    module = types.ModuleType("broken_plugin")
+    module.aisafety_verifiers = hookimpl(broken)
+    registry = build_registry(extra_plugins=[("broken", module)])
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
+    monkeypatch.setenv("AISAFETY_LIST_CACHE", "0")
+    main(command)
+    out, err = capsys.readouterr()
+    (line,) = failure_warnings(registry)
+    assert [e for e in err.splitlines() if e.startswith("warning:")] == [line]
+    if "--format" in command:
+        assert json.loads(out)
