@@ -169,3 +169,30 @@ def test_list_and_verify_print_a_failed_plugin_as_evaluate_does(command, monkeyp
     assert [e for e in err.splitlines() if e.startswith("warning:")] == [line]
     if "--format" in command:
         assert json.loads(out)
+
+
+@pytest.mark.parametrize(
+    "command", [["compare", "--models", "mnist-cnn", "mnist-cnn-pgd-at"],
+                ["check", "--baseline", "mnist-cnn-pgd-at"]],
+)  # fmt: skip
+def test_a_plan_warning_is_shown_once_per_command_and_stored_by_every_run(
+    command, tmp_path, capsys
+):
+    """fgsm with only `ca`: 'no accuracy metric' was shown 4 times by check (a Runner to
+    look for a stored run, then the run's, for the candidate and the baseline) and once per
+    model by compare; the same plan, so once, and each run still stores it."""
+    from aisafety.errors import AISafetyWarning
+    from aisafety.store.results import ResultStore
+
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("metrics: [ca]\nattacks: [{name: fgsm, eps: [0.1]}]\ndevice: cpu\n"
+                    "dataset: {name: mnist-embedded, limit: 4}\n")  # fmt: skip
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")  # the command line's: once per text and line
+        main([command[0], str(tiny), *command[1:], "--db", db, "--quiet"])
+    plan_warnings = [str(w.message) for w in shown if "no accuracy metric" in str(w.message)]
+    assert len(plan_warnings) == 1 and "'fgsm'" in plan_warnings[0]
+    assert all(issubclass(w.category, AISafetyWarning) for w in shown if "fgsm" in str(w.message))
+    rows = ResultStore(db).query("SELECT run_id, message FROM run_warnings")[1]
+    assert sorted(r for r, m in rows if m == plan_warnings[0]) == [1, 2]
