@@ -196,3 +196,25 @@ def test_a_plan_warning_is_shown_once_per_command_and_stored_by_every_run(
     assert all(issubclass(w.category, AISafetyWarning) for w in shown if "fgsm" in str(w.message))
     rows = ResultStore(db).query("SELECT run_id, message FROM run_warnings")[1]
     assert sorted(r for r, m in rows if m == plan_warnings[0]) == [1, 2]
+
+
+def test_quiet_keeps_the_results_and_the_sanity_warnings_not_the_skipped_checks(
+    tmp_path, plan, capsys
+):
+    """--quiet printed every skipped check with its 'to check:' advice (six SKIP lines on
+    this plan); now the checklist's counts and its warnings, as the table and curve."""
+    from aisafety.report.data import load_run
+    from aisafety.sanity import sanity_checks
+    from aisafety.store.results import ResultStore
+
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    assert main(["evaluate", str(plan), "--db", db, "--quiet", "--limit", "8"]) == 0
+    quiet = capsys.readouterr().out
+    checks = sanity_checks(load_run(ResultStore(db), 1))
+    counts = {s: sum(c.status == s for c in checks) for s in ("warn", "pass", "skip")}
+    assert counts["skip"] >= 1  # the plan has no random noise, no black-box attack, ...
+    assert "[SKIP]" not in quiet and "to check:" not in quiet and "[PASS]" not in quiet
+    assert (f"sanity checks: {counts['warn']} warning(s), {counts['pass']} passed, "
+            f"{counts['skip']} skipped (details: aisafety report 1)") in quiet  # fmt: skip
+    assert quiet.count("[WARN]") == counts["warn"]
+    assert "robust accuracy against budget" in quiet and "robust-accuracy" in quiet
