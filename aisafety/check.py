@@ -62,15 +62,15 @@ def evaluated_run(plan: EvaluationPlan, store: ResultStore, quiet: bool) -> tupl
     """(the run of ``plan``, whether it was stored before): a finished run that holds every
     unit of the plan (same plan, model weights, data and seed: the units' keys) and stored
     its model under the plan's name is reused."""
-    from aisafety.execution import run_plan
+    from aisafety.execution import run_with
     from aisafety.runner import Runner
 
-    runner = Runner(plan, store, quiet=quiet)
+    runner = Runner(plan, store, quiet=quiet)  # one per plan: it warns about the plan
     keys = [u.key for u in runner.work_units(runner.prepare().subject)]
     stored = stored_run(store, keys, plan.model.name)
     if stored is not None:
         return stored, True
-    return run_plan(plan, store, quiet=quiet).run_id, False
+    return run_with(runner).run_id, False
 
 
 def stored_run(store: ResultStore, keys: list[str], model_name: str) -> int | None:

@@ -30,10 +30,15 @@ def run_plan(
     from aisafety.in_memory import require_objects
 
     require_objects(plan, model, data)  # a plan stored from evaluate(model=, data=) alone
-    runner = Runner(plan, store, resume=resume, quiet=quiet, model=model, data=data)
-    if plan.executor.name == "local":
+    return run_with(Runner(plan, store, resume=resume, quiet=quiet, model=model, data=data))
+
+
+def run_with(runner: Runner) -> RunRecord:
+    """Run a ``Runner`` built already (``aisafety check`` builds one to look for a stored
+    run first) on its plan's executor."""
+    if runner.plan.executor.name == "local":
         return runner.run()
-    if model is not None or data is not None:
+    if runner.given_model is not None or runner.given_data is not None:
         from aisafety.errors import ConfigError
 
         raise ConfigError(

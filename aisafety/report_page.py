@@ -14,6 +14,7 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -225,6 +226,22 @@ def _ranks(values: dict[str, float], direction: str) -> dict[str, float]:
     return {model: 1 + ordered.index(v) for model, v in values.items()}
 
 
+def shared_ranks(scores: list[Fraction | float]) -> list[int | None]:
+    """Competition ranks of ``scores`` (lower is better): equal scores share the better
+    rank (2.5, 2.5, 4 -> 1, 1, 3); an infinite score (nothing ranked) gets None."""
+    return [None if s == math.inf else 1 + sum(o < s for o in scores) for s in scores]
+
+
+def _mean_rank(ranks: list[int]) -> Fraction | float:
+    """Exact (a Fraction): 2.5 from (2, 3) and from (3, 2) must compare equal to tie."""
+    return Fraction(sum(ranks), len(ranks)) if ranks else math.inf
+
+
+def _runs_cell(runs: list[RunData]) -> str:
+    """``3 (seed 0)``: the id names the run to ``aisafety report ID`` and in SQL."""
+    return ", ".join(f"{data.run_id} (seed {data.seed})" for data in runs)
+
+
 def _cell(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.4g}"
@@ -237,10 +254,10 @@ def leaderboard(
     """One table per metric family: a row per model, a column per metric, ranked."""
     columns = _columns(runs, catalog)
     models = list(dict.fromkeys(m for data in runs for m in data.model_names))
-    run_ids, run_warnings = defaultdict(list), defaultdict(list)
+    model_runs, run_warnings = defaultdict(list), defaultdict(list)
     for data in runs:
         for model in data.model_names:
-            run_ids[model].append(str(data.run_id))
+            model_runs[model].append(data)
             run_warnings[model] += [w.category for w in data.warnings]
     families = []
     for family in sorted({c.family for c in columns.values()}):
@@ -259,14 +276,16 @@ def leaderboard(
             rows.append(
                 {
                     "model": model,
-                    "runs": ", ".join(run_ids[model]),
+                    "runs": _runs_cell(model_runs[model]),
                     "warnings": sum(c.status == "warn" and c.model == model for c in checks),
                     "run_warnings": counted(run_warnings[model], "run warning"),
-                    "mean_rank": statistics.fmean(mine) if mine else math.inf,
+                    "mean_rank": _mean_rank(mine),
                     "cells": cells,
                 }
             )
         rows.sort(key=lambda r: r["mean_rank"])
+        for row, rank in zip(rows, shared_ranks([r["mean_rank"] for r in rows]), strict=True):
+            row["rank"], row["mean_rank"] = rank, float(row["mean_rank"])
         families.append({"name": family, "columns": cols, "rows": rows})
     return families
 

@@ -18,6 +18,7 @@ import torch
 
 from aisafety.attack.base import Attack
 from aisafety.database.datasets.base import LoadedDataset
+from aisafety.default_budget import warn_default_budgets
 from aisafety.defense.obfuscation import warn_obfuscation
 from aisafety.errors import (
     AISafetyError,
@@ -199,6 +200,7 @@ class Runner:
             self.attacks = {s.key(): self._make_attack(s) for s in plan.attacks}
             self.metrics: list[Metric] = [self._make_metric(s) for s in plan.metrics]
             warn_unmeasured_attacks(self.attacks.values(), self.metrics)
+            warn_default_budgets(plan, self.metrics)  # eps 0.1 on data not MNIST's
             check_attack_metrics_have_attacks(self.attacks.values(), self.metrics)
         baseline_users = [m.name for m in self.metrics if m.needs_reference]
         if baseline_users and plan.reference_model is None:

@@ -143,3 +143,78 @@ def test_compare_and_check_print_a_failed_plugin_once_as_evaluate_does(
     )[1]
     message = line.removeprefix("warning: ")
     assert sorted(stored) == [(1, message), (2, message)]  # each run's, candidate's and baseline's
+
+
+@pytest.mark.parametrize(
+    "command", [["list", "attacks"], ["list", "verifiers", "--format", "json"],
+                ["verify", "missing.onnx", "missing.vnnlib"]],
+)  # fmt: skip
+def test_list_and_verify_print_a_failed_plugin_as_evaluate_does(command, monkeypatch, capsys):
+    """They printed nothing, so a verifier or attack a broken plugin would have added was
+    only missing; now the same line on stderr (stdout keeps the listing: valid JSON)."""
+    from aisafety.hookspecs import hookimpl
+    from aisafety.plugins import build_registry, failure_warnings
+
+    def broken():
+        raise RuntimeError("cannot import its weights")
+
+    module = types.ModuleType("broken_plugin")
+    module.aisafety_verifiers = hookimpl(broken)
+    registry = build_registry(extra_plugins=[("broken", module)])
+    monkeypatch.setattr("aisafety.cli.common.default_registry", lambda: registry)
+    monkeypatch.setenv("AISAFETY_LIST_CACHE", "0")
+    main(command)
+    out, err = capsys.readouterr()
+    (line,) = failure_warnings(registry)
+    assert [e for e in err.splitlines() if e.startswith("warning:")] == [line]
+    if "--format" in command:
+        assert json.loads(out)
+
+
+@pytest.mark.parametrize(
+    "command", [["compare", "--models", "mnist-cnn", "mnist-cnn-pgd-at"],
+                ["check", "--baseline", "mnist-cnn-pgd-at"]],
+)  # fmt: skip
+def test_a_plan_warning_is_shown_once_per_command_and_stored_by_every_run(
+    command, tmp_path, capsys
+):
+    """fgsm with only `ca`: 'no accuracy metric' was shown 4 times by check (a Runner to
+    look for a stored run, then the run's, for the candidate and the baseline) and once per
+    model by compare; the same plan, so once, and each run still stores it."""
+    from aisafety.errors import AISafetyWarning
+    from aisafety.store.results import ResultStore
+
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("metrics: [ca]\nattacks: [{name: fgsm, eps: [0.1]}]\ndevice: cpu\n"
+                    "dataset: {name: mnist-embedded, limit: 4}\n")  # fmt: skip
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")  # the command line's: once per text and line
+        main([command[0], str(tiny), *command[1:], "--db", db, "--quiet"])
+    plan_warnings = [str(w.message) for w in shown if "no accuracy metric" in str(w.message)]
+    assert len(plan_warnings) == 1 and "'fgsm'" in plan_warnings[0]
+    assert all(issubclass(w.category, AISafetyWarning) for w in shown if "fgsm" in str(w.message))
+    rows = ResultStore(db).query("SELECT run_id, message FROM run_warnings")[1]
+    assert sorted(r for r, m in rows if m == plan_warnings[0]) == [1, 2]
+
+
+def test_quiet_keeps_the_results_and_the_sanity_warnings_not_the_skipped_checks(
+    tmp_path, plan, capsys
+):
+    """--quiet printed every skipped check with its 'to check:' advice (six SKIP lines on
+    this plan); now the checklist's counts and its warnings, as the table and curve."""
+    from aisafety.report.data import load_run
+    from aisafety.sanity import sanity_checks
+    from aisafety.store.results import ResultStore
+
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    assert main(["evaluate", str(plan), "--db", db, "--quiet", "--limit", "8"]) == 0
+    quiet = capsys.readouterr().out
+    checks = sanity_checks(load_run(ResultStore(db), 1))
+    counts = {s: sum(c.status == s for c in checks) for s in ("warn", "pass", "skip")}
+    assert counts["skip"] >= 1  # the plan has no random noise, no black-box attack, ...
+    assert "[SKIP]" not in quiet and "to check:" not in quiet and "[PASS]" not in quiet
+    assert (f"sanity checks: {counts['warn']} warning(s), {counts['pass']} passed, "
+            f"{counts['skip']} skipped (details: aisafety report 1)") in quiet  # fmt: skip
+    assert quiet.count("[WARN]") == counts["warn"]
+    assert "robust accuracy against budget" in quiet and "robust-accuracy" in quiet

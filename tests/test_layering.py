@@ -87,6 +87,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "aisafety.loading",
             "aisafety.in_memory",  # aisafety.evaluate(model=..., data=...): a notebook's objects
             "aisafety.runner",
+            "aisafety.default_budget",  # a budget the plan left out, warned off MNIST
             "aisafety.progress",  # progress and ETA over a plan's units
             "aisafety.execution",  # picks the executor: local (runner) or Ray (distributed)
             "aisafety.distributed",  # units as Ray tasks

@@ -46,7 +46,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     # of it frozen (aisafety/cli/collector.py)
     with collector.starting(args.whole_process):
         spec, plan = gate_inputs(args)
-    with common.plugin_failures_printed():  # printed once, not again by each run
+    with common.plugin_failures_printed(), common.shown_once_per_command():
         return checked(args, spec, plan)
 
 

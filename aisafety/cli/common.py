@@ -38,6 +38,20 @@ def plugin_failures_printed() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def shown_once_per_command() -> Iterator[None]:
+    """Around a command of several runs of one plan (compare's models, check's candidate and
+    baseline): a warning is shown once for the command, not once per run (check built two
+    Runners per model: its plan's warnings showed 4 times), and every run still stores its
+    own. The runs' warning logs nest in this one, which shares what was shown
+    (aisafety/warning_log.py); what is raised between runs is shown and not stored, as
+    before."""
+    from aisafety.warning_log import WarningLog, keeping
+
+    with keeping(WarningLog()):
+        yield
+
+
 def info_printer(fmt: str):
     """Where lines around the data go: stdout for a table (read by a person), stderr for
     csv/json, so that stdout redirected to a file is valid CSV or JSON."""

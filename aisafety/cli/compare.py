@@ -39,7 +39,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # of it frozen (aisafety/cli/collector.py)
     with collector.starting(args.whole_process):
         plan, baseline = comparison_plan(args)
-    with common.plugin_failures_printed():  # printed once, not again by each model's run
+    with common.plugin_failures_printed(), common.shown_once_per_command():
         results = evaluate_models(plan, args)
     tables, note = comparison_tables(results, args.models, baseline)
     print_comparison(tables, f"{len(args.models)} models on {plan.dataset.name} (db {args.db})",

@@ -89,7 +89,7 @@ def evaluate_plan(plan: EvaluationPlan, args: argparse.Namespace) -> int:
     if record.resumed_units:
         say(f"({record.resumed_units} finished unit(s) taken from the database)")
     if args.format == "table":
-        print_sanity_checks(store, record.run_id)
+        print_sanity_checks(store, record.run_id, args.quiet)
     return report_failures(record)
 
 
@@ -135,18 +135,26 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     print(render(columns, rows, args.format))
     if args.format == "table":
         for run_id in run_ids:
-            print_sanity_checks(store, run_id)
+            print_sanity_checks(store, run_id, args.quiet)
         print(f"\nreport over the seeds: aisafety report --compare {' '.join(map(str, run_ids))}")
     return max(report_failures(r) for r in records)
 
 
-def print_sanity_checks(store: ResultStore, run_id: int) -> None:
-    """The gradient-masking checklist of the run just stored (aisafety/sanity.py)."""
+def print_sanity_checks(store: ResultStore, run_id: int, quiet: bool = False) -> None:
+    """The gradient-masking checklist of the run just stored (aisafety/sanity.py). Quiet:
+    its counts and its warnings only; a passed or skipped check asks nothing of the user."""
     from aisafety.report.data import load_run
     from aisafety.sanity import sanity_checks, summary_line
 
     checks = sanity_checks(load_run(store, run_id))
-    if checks:
-        warned = sum(c.status == "warn" for c in checks)
-        print(f"\nsanity checks ({warned} warning(s); details: aisafety report {run_id}):")
-        print("\n".join(summary_line(c) for c in checks))
+    if not checks:
+        return
+    warned = [c for c in checks if c.status == "warn"]
+    if quiet:
+        counts = {s: sum(c.status == s for c in checks) for s in ("pass", "skip")}
+        print(f"\nsanity checks: {len(warned)} warning(s), {counts['pass']} passed, "
+              f"{counts['skip']} skipped (details: aisafety report {run_id})")  # fmt: skip
+    else:
+        print(f"\nsanity checks ({len(warned)} warning(s); details: aisafety report {run_id}):")
+    for check in warned if quiet else checks:
+        print(summary_line(check))

@@ -28,6 +28,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         # of it frozen (aisafety/cli/collector.py); a cached listing imports no torch
         with collector.starting(args.whole_process):
             registry = common.default_registry()
+            common.print_plugin_failures()  # on stderr: what the listing lacks, and why
         entries, complete = listing.list_entries(args.kind, registry)
         if complete:
             listing_cache.write(args.kind, entries)

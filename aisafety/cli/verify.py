@@ -41,6 +41,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     # frozen (aisafety/cli/collector.py)
     with collector.starting(args.whole_process):
         registry = common.default_registry()
+        common.print_plugin_failures()  # a verifier it lacks may be a failed plugin's
     print(
         verify_report(
             registry,
