@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
+import warnings
+from pathlib import Path
 
 from aisafety.cli import collector, common
 
@@ -24,7 +27,20 @@ def add_parser(sub) -> None:
     vf.add_argument("network", help="ONNX network")
     vf.add_argument("spec", help="VNN-LIB property")
     vf.add_argument("--timeout", type=seconds, default=60.0, help="seconds (default 60)")
+    vf.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="what --timeout counts: wall seconds, as VNN-COMP (default), or this process's "
+        "CPU seconds (load-independent on a shared machine)",
+    )
     vf.add_argument("--verifier", default="complete", help="see `aisafety list verifiers`")
+    vf.add_argument(
+        "--out",
+        metavar="FILE",
+        help="also write VNN-COMP's results file: the status line, then for sat the "
+        "counterexample; the terminal then shows the status without it",
+    )
     space = "what the network is fed, (pixels * scale - mean) / std, pixels in [0, 1]: a box "
     space += "outside it is refused (docs/certification.md)"
     vf.add_argument("--scale", type=float, help=f"{space}; 255 for raw pixels")
@@ -34,21 +50,72 @@ def add_parser(sub) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from aisafety.verification.vnncomp import verify_report
+    from aisafety.verification.vnncomp import verify_instance
 
     declared = {"scale": args.scale, "mean": args.mean, "std": args.std}
     # as evaluate: no full collection while torch and the plugins load, then all of it
     # frozen (aisafety/cli/collector.py)
     with collector.starting(args.whole_process):
         registry = common.default_registry()
-    print(
-        verify_report(
-            registry,
-            args.network,
-            args.spec,
-            args.verifier,
-            args.timeout,
-            declared=declared,
-        )
+    if args.mean or args.std:
+        warn_if_normalised_twice(args.network)
+    cpu = time.process_time()
+    result = verify_instance(
+        registry,
+        args.network,
+        args.spec,
+        args.verifier,
+        args.timeout,
+        config={"clock": args.clock},
+        declared=declared,
     )
+    cpu = time.process_time() - cpu
+    answer = "\n".join(filter(None, [result.status, result.counterexample]))
+    if args.out:
+        common.write_output(args.out, answer + "\n", "--out")
+        answer = result.status
+    print(answer)
+    print(summary(result, args, cpu))
+    if args.out:
+        print(
+            f"# written to {args.out}" + " (with the counterexample)" * bool(result.counterexample)
+        )
     return 0
+
+
+CLOCK_NAMES = {"wall": "wall", "cpu": "CPU"}
+
+
+def summary(result, args: argparse.Namespace, cpu: float) -> str:
+    """The comment lines after the answer: who answered, both clocks beside the limit and
+    the one it counted (a timeout after 60 s of wall time may be 25 s of CPU on a loaded
+    machine), the margin bound, and the result's note if it has one."""
+    engine = f" ({result.how})" if result.how != args.verifier else ""
+    line = (
+        f"# {args.verifier}{engine}: {result.seconds:.2f} s wall, {cpu:.2f} s CPU "
+        f"(limit {args.timeout:g} s of {CLOCK_NAMES[args.clock]} time, --clock {args.clock}), "
+        f"margin bound {result.margin:.4g}"
+    )
+    return line + (f"\n# note: {result.note}" if result.note else "")
+
+
+def warn_if_normalised_twice(network: str) -> None:
+    """``--mean``/``--std`` on a network whose graph normalises its own input: the box is
+    then checked against a range the network is not fed, and the warning on a [0, 1] box
+    would advise writing it normalised, which the graph normalises again."""
+    from aisafety.errors import AISafetyWarning
+    from aisafety.verification.input_space import graph_range
+
+    try:
+        own = graph_range(network, 1)
+    except Exception:  # not an ONNX file it reads: verify_instance names the problem
+        return
+    if own is not None:
+        warnings.warn(
+            f"network {Path(network).name!r}: {own.source} pixels, so --mean/--std "
+            "declare a second normalisation before its own (they only set the range the box is "
+            "checked against; the network is verified as it is). Drop --mean and --std "
+            "for this network, and keep the box in its pixels",
+            AISafetyWarning,
+            stacklevel=1,
+        )
