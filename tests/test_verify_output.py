@@ -116,3 +116,12 @@ def test_mean_and_std_on_a_network_that_normalises_itself_are_warned(tmp_path, o
     named = [str(w.message) for w in caught if str(w.message).startswith(said)]
     assert len(named) == own and all("Drop --mean and --std" in m for m in named)
     assert all(issubclass(w.category, AISafetyWarning) for w in caught)
+
+
+def test_memory_gib_reaches_the_verifier_and_its_refusal_is_one_error_line(tmp_path, capsys):
+    argv = ["verify", net(tmp_path / "n.onnx", top=0), spec(tmp_path / "p.vnnlib")]
+    assert main([*argv, "--verifier", "crown", "--memory-gib", "1e-9"]) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith("error: verifier 'crown' on model 'n.onnx'") and not out.out
+    assert "over the memory budget of 9.54e-07 MiB" in out.err  # 1e-9 GiB
+    assert out.err.count("\n") == 1 and "Traceback" not in out.err

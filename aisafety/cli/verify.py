@@ -36,6 +36,12 @@ def add_parser(sub) -> None:
     )
     vf.add_argument("--verifier", default="complete", help="see `aisafety list verifiers`")
     vf.add_argument(
+        "--memory-gib",
+        type=float,
+        help="the verifier's memory budget (its memory_gib; default half of the memory "
+        "available): a bound pass that needs more is refused, naming what it needs",
+    )
+    vf.add_argument(
         "--out",
         metavar="FILE",
         help="also write VNN-COMP's results file: the status line, then for sat the "
@@ -66,7 +72,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         args.spec,
         args.verifier,
         args.timeout,
-        config={"clock": args.clock},
+        config=verifier_config(args),
         declared=declared,
     )
     cpu = time.process_time() - cpu
@@ -81,6 +87,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"# written to {args.out}" + " (with the counterexample)" * bool(result.counterexample)
         )
     return 0
+
+
+def verifier_config(args: argparse.Namespace) -> dict:
+    """The verifier's settings the command sets: its clock, and its memory budget if given
+    (the verifier's config checks the value and names it)."""
+    config: dict = {"clock": args.clock}
+    if args.memory_gib is not None:
+        config["memory_gib"] = args.memory_gib
+    return config
 
 
 CLOCK_NAMES = {"wall": "wall", "cpu": "CPU"}
