@@ -125,3 +125,11 @@ def test_memory_gib_reaches_the_verifier_and_its_refusal_is_one_error_line(tmp_p
     assert out.err.startswith("error: verifier 'crown' on model 'n.onnx'") and not out.out
     assert "over the memory budget of 9.54e-07 MiB" in out.err  # 1e-9 GiB
     assert out.err.count("\n") == 1 and "Traceback" not in out.err
+
+
+def test_an_out_file_it_cannot_write_loses_no_answer(tmp_path, capsys):
+    argv = ["verify", net(tmp_path / "n.onnx", top=0), spec(tmp_path / "p.vnnlib")]
+    assert main([*argv, "--verifier", "crown", "--out", str(tmp_path)]) == 2  # a folder
+    out = capsys.readouterr()
+    assert out.out.splitlines()[0] == "unsat" and out.out.splitlines()[1].startswith("# crown")
+    assert out.err.startswith(f"error: cannot write --out {str(tmp_path)!r}")

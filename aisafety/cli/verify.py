@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from aisafety.cli import collector, common
+from aisafety.errors import AISafetyError
 
 
 def seconds(text: str) -> float:
@@ -26,7 +27,12 @@ def add_parser(sub) -> None:
     vf = sub.add_parser("verify", help="verify a VNN-COMP instance: NET.onnx SPEC.vnnlib")
     vf.add_argument("network", help="ONNX network")
     vf.add_argument("spec", help="VNN-LIB property")
-    vf.add_argument("--timeout", type=seconds, default=60.0, help="seconds (default 60)")
+    vf.add_argument(
+        "--timeout",
+        type=seconds,
+        default=60.0,
+        help="seconds for the instance, counted on --clock (default 60)",
+    )
     vf.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -78,7 +84,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     cpu = time.process_time() - cpu
     answer = "\n".join(filter(None, [result.status, result.counterexample]))
     if args.out:
-        common.write_output(args.out, answer + "\n", "--out")
+        try:
+            common.write_output(args.out, answer + "\n", "--out")
+        except AISafetyError:  # the answer is not lost: printed whole, then the error
+            print(f"{answer}\n{summary(result, args, cpu)}")
+            raise
         answer = result.status
     print(answer)
     print(summary(result, args, cpu))
