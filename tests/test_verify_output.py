@@ -133,3 +133,14 @@ def test_an_out_file_it_cannot_write_loses_no_answer(tmp_path, capsys):
     out = capsys.readouterr()
     assert out.out.splitlines()[0] == "unsat" and out.out.splitlines()[1].startswith("# crown")
     assert out.err.startswith(f"error: cannot write --out {str(tmp_path)!r}")
+
+
+def test_an_interrupted_instance_says_nothing_of_a_database(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C, or SIGTERM (main turns it into one)
+
+    monkeypatch.setattr(vnncomp, "verify_instance", interrupted)
+    assert main(["verify", "net.onnx", "p.vnnlib"]) == 130
+    out = capsys.readouterr()
+    assert out.err == "interrupted: no answer (verify keeps nothing); run it again\n"
+    assert not out.out

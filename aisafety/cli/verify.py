@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -62,6 +63,17 @@ def add_parser(sub) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        result, cpu = run_instance(args)
+        print_answer(result, args, cpu)
+        return 0
+    except KeyboardInterrupt:  # main's line speaks of a database and --resume: not verify's
+        print("interrupted: no answer (verify keeps nothing); run it again", file=sys.stderr)
+        return 130
+
+
+def run_instance(args: argparse.Namespace):
+    """The instance's result, and the CPU seconds it took."""
     from aisafety.verification.vnncomp import verify_instance
 
     declared = {"scale": args.scale, "mean": args.mean, "std": args.std}
@@ -81,7 +93,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         config=verifier_config(args),
         declared=declared,
     )
-    cpu = time.process_time() - cpu
+    return result, time.process_time() - cpu
+
+
+def print_answer(result, args: argparse.Namespace, cpu: float) -> None:
+    """The answer as VNN-COMP tools print it, then the comment lines; with --out, the
+    results file, and the terminal keeps the status without the counterexample."""
     answer = "\n".join(filter(None, [result.status, result.counterexample]))
     if args.out:
         try:
@@ -96,7 +113,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(
             f"# written to {args.out}" + " (with the counterexample)" * bool(result.counterexample)
         )
-    return 0
 
 
 def verifier_config(args: argparse.Namespace) -> dict:
