@@ -144,3 +144,20 @@ def test_an_interrupted_instance_says_nothing_of_a_database(monkeypatch, capsys)
     out = capsys.readouterr()
     assert out.err == "interrupted: no answer (verify keeps nothing); run it again\n"
     assert not out.out
+
+
+def test_gzip_compressed_files_are_read_as_vnncomp_ships_them(tmp_path, capsys):
+    import gzip
+
+    plain = [net(tmp_path / "n.onnx", top=0), spec(tmp_path / "p.vnnlib")]
+    packed = []
+    for path in plain:
+        packed.append(f"{path}.gz")
+        with open(path, "rb") as file, gzip.open(packed[-1], "wb") as out:
+            out.write(file.read())
+    answers = []
+    for files in (plain, packed):
+        assert main(["verify", *files, "--verifier", "crown"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        answers.append((out[0], out[1].split("margin bound")[1]))
+    assert answers[0] == answers[1] and answers[0][0] == "unsat"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -83,17 +86,37 @@ def run_instance(args: argparse.Namespace):
         registry = common.default_registry()
     if args.mean or args.std:
         warn_if_normalised_twice(args.network)
-    cpu = time.process_time()
-    result = verify_instance(
-        registry,
-        args.network,
-        args.spec,
-        args.verifier,
-        args.timeout,
-        config=verifier_config(args),
-        declared=declared,
-    )
+    with tempfile.TemporaryDirectory(prefix="aisafety-verify-") as folder:
+        network, spec = (unpacked(path, folder) for path in (args.network, args.spec))
+        cpu = time.process_time()
+        result = verify_instance(
+            registry,
+            network,
+            spec,
+            args.verifier,
+            args.timeout,
+            config=verifier_config(args),
+            declared=declared,
+        )
     return result, time.process_time() - cpu
+
+
+def unpacked(path: str, folder: str) -> str:
+    """``path``, or where a gzip-compressed file is unpacked (named without ``.gz``):
+    VNN-COMP's benchmark repositories since 2022 ship ``net.onnx.gz`` and ``prop.vnnlib.gz``,
+    which alpha-beta-CROWN reads as they are; read as they were, they were refused as 'not
+    an ONNX model' and 'not text (a network given as the property?)'."""
+    source = Path(path)
+    try:
+        with source.open("rb") as file:
+            if file.read(2) != b"\x1f\x8b":
+                return path
+    except OSError:  # missing, a folder, unreadable: verify_instance names it
+        return path
+    target = Path(folder) / source.name.removesuffix(".gz")
+    with gzip.open(source) as packed, target.open("wb") as out:
+        shutil.copyfileobj(packed, out)
+    return str(target)
 
 
 def print_answer(result, args: argparse.Namespace, cpu: float) -> None:
