@@ -103,9 +103,10 @@ def run_instance(args: argparse.Namespace):
 
 def unpacked(path: str, folder: str) -> str:
     """``path``, or where a gzip-compressed file is unpacked (named without ``.gz``):
-    VNN-COMP's benchmark repositories since 2022 ship ``net.onnx.gz`` and ``prop.vnnlib.gz``,
-    which alpha-beta-CROWN reads as they are; read as they were, they were refused as 'not
-    an ONNX model' and 'not text (a network given as the property?)'."""
+    VNN-COMP's benchmark repositories since 2022 ship ``net.onnx.gz`` and ``prop.vnnlib.gz``
+    (alpha-beta-CROWN reads such a network directly, onnx.load(gzip.GzipFile(path))); read
+    as they were, they were refused as 'not an ONNX model' and 'not text (a network given as
+    the property?)'."""
     source = Path(path)
     try:
         with source.open("rb") as file:
