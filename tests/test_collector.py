@@ -22,7 +22,7 @@ COMMANDS = {
     "compare": (["compare", "--models", "mnist-cnn", "mnist-cnn-pgd-at", "--quiet"],
                 "aisafety.cli.compare.evaluate_models"),
     "verify": (["verify", "net.onnx", "spec.vnnlib"],
-               "aisafety.verification.vnncomp.verify_report"),
+               "aisafety.verification.vnncomp.verify_instance"),
     "list": (["list", "attacks"], "aisafety.listing.list_entries"),
     "plugins": (["plugins"], "aisafety.report.table.render"),
     "check": (["check", str(GATE_PLAN)], "aisafety.check.evaluated_run"),
