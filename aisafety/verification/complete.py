@@ -180,7 +180,7 @@ class CompleteVerifier(BabVerifier):
         if deadline.passed():
             return Verdict.TIMEOUT, float(bound.min()), None, "timeout"
         proved, refined = bound.clone(), False
-        if self.config.refine_share > 0:
+        if self.config.refine_share > 0 and not self.rigorous:  # its MILPs: exact network
             refine_by = deadline.share(1.0, at_most=self.config.refine_share * self.config.timeout)
             boxes, refined = refine_boxes(graph, boxes, refine_by, self.config.refine_neuron_time)
             try:
