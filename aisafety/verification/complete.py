@@ -120,6 +120,12 @@ class CompleteVerifier(BabVerifier):
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)
+        pools = any(op.kind == "maxpool" for op in graph.ops)
+        if self.rigorous and pools and self.engine(graph) == "milp":
+            raise VerificationError(
+                f"the MILP does not encode max-pooling with float32: rigorous (model "
+                f"{graph.model!r}); use engine 'bab', or float32: exact"
+            )
         if self.engine(graph) == "milp" and not graph.relu_only:
             raise VerificationError(
                 f"verifier {self.name!r} with engine 'milp' needs a ReLU network; model "
