@@ -65,11 +65,15 @@ class Encoding:
 
     def lowest(self, row: np.ndarray, offset: float) -> float:
         """The objective's constant for ``row . f + offset``, less the float32 network's
-        rounding under ``float32: rigorous`` (``|row| . out_error``, rounded up)."""
-        const = float(self.out_const @ row + offset)
+        rounding under ``float32: rigorous`` (``rounding``)."""
+        return float(self.out_const @ row + offset) - self.rounding(row)
+
+    def rounding(self, row: np.ndarray) -> float:
+        """How far ``row . f`` of the float32 network may be below the expression's
+        (``|row| . out_error``, rounded up); 0 for the exact network."""
         if self.out_error is None:
-            return const
-        return const - float(np.abs(row) @ self.out_error) * float32_rounding.SAFETY
+            return 0.0
+        return float(np.abs(row) @ self.out_error) * float32_rounding.SAFETY
 
     def constraints(self) -> list[LinearConstraint]:
         """The rows as scipy constraints (the tests' independent LP reference)."""
