@@ -184,7 +184,7 @@ def eran() -> None:
         out = verify_instance(REGISTRY, network, spec, "crown", 60.0,
                               {"clock": "cpu", "float32": setting})  # fmt: skip
         print(
-            f"eran 9x200 spec 8098 crown {setting}: {out.status} "
+            f"eran 9x200 spec 8098 crown {setting}: {out.status}, margin {out.margin:.4f} "
             f"({time.process_time() - began:.1f} CPU s) {out.note}",
             flush=True,
         )
