@@ -86,6 +86,9 @@ ROUNDING = (
     "broken only outside the box",
     "certified and falsified in float32 only",
 )
+# with ``float32="rigorous"`` a certificate is of the float32 network itself: its float32-only
+# contradictions are findings, under the plain kinds (ROUNDING keeps the other two)
+FLOAT32_ONLY = (" in float32 only", " of float32 only")
 SIZE = {
     Norm.LINF: lambda d: d.abs().amax(1),
     Norm.L2: lambda d: d.norm(dim=1),
@@ -249,8 +252,11 @@ def _check_members(result: AttackResult, note: Callable[[str, str], None]) -> No
             note("breaker did not run", f"broken_by {broken_by.tolist()}")
 
 
-def certificates(registry, case: AttackCase, names: list[str]) -> dict[str, VerificationResult]:
-    """Per verifier that takes the case's graph, its result at the case's budget."""
+def certificates(
+    registry, case: AttackCase, names: list[str], float32: str = "exact"
+) -> dict[str, VerificationResult]:
+    """Per verifier that takes the case's graph (with the ``float32`` setting), its result
+    at the case's budget."""
     if case.defended:
         return {}
     graph = build_graph(case.predictor.network, case.predictor.input_shape, case.what)
@@ -259,7 +265,10 @@ def certificates(registry, case: AttackCase, names: list[str]) -> dict[str, Veri
     for name in names:
         cls = registry.get("verifier", name)
         fields = getattr(cls.Config, "model_fields", {})
-        verifier = registry.create("verifier", name, {k: v for k, v in FAST.items() if k in fields})
+        config = {k: v for k, v in FAST.items() if k in fields}
+        if float32 != "exact":  # a plugin's own Config may not have the setting
+            config["float32"] = float32
+        verifier = registry.create("verifier", name, config)
         try:
             verifier.check(graph)
         except VerificationError:
@@ -340,9 +349,12 @@ def fuzz_case(
     verifiers: list[str],
     defended: float = 1 / 3,
     errors: Callable[[str, Exception], None] | None = None,
+    float32: str = "exact",
 ) -> tuple[AttackCase, list[Finding], dict]:
     """Every attack (and verifier) on case ``seed``: its findings and what ran (attack runs,
-    certified counts per verifier, the largest excess over a budget per norm)."""
+    certified counts per verifier, the largest excess over a budget per norm). ``float32``:
+    the verifiers' setting; with "rigorous" a certificate contradicted in float32 only is a
+    finding of the plain kind (the certificate is of the float32 network)."""
     case = random_case(seed, registry, defended)
     found: list[Finding] = []
     ran: dict = {"attacks": 0, "broken": 0, "certified": {}, "excess": {}, "pairs": 0}
@@ -370,11 +382,14 @@ def fuzz_case(
             ran["excess"][key] = max(ran["excess"].get(key, 0.0), excess)
             if eps == case.eps:
                 at_case_eps[name] = result
-    results = certificates(registry, case, verifiers)
+    results = certificates(registry, case, verifiers, float32)
     certified = {k: r.certified.bool() for k, r in results.items()}
     ran["certified"] = {k: int(v.sum()) for k, v in certified.items()}
 
     def note_certified(kind: str, detail: str) -> None:
+        if float32 == "rigorous":
+            for tail in FLOAT32_ONLY:
+                kind = kind.removesuffix(tail)
         found.append(Finding(seed, "certificate", kind, detail))
 
     ran["pairs"] = check_certified(case, certified, at_case_eps, note_certified)

@@ -20,6 +20,7 @@ when no bound completed. A falsified sample's margin is the lowest row at its co
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -28,6 +29,7 @@ from pydantic import Field
 from aisafety.config_base import PluginConfig, build_config
 from aisafety.memory import reuse_freed_memory
 from aisafety.memory_budget import size as size_text
+from aisafety.verification import float32_rounding, receptive
 from aisafety.verification.bounds import LINEAR_KINDS
 from aisafety.verification.budget import GIB, box_bytes, current_budget, memory_limit, refuse
 from aisafety.verification.deadline import CLOCKS, Deadline, OutOfTime, time_limit
@@ -65,6 +67,13 @@ class VerifierConfig(PluginConfig):
         description="what timeout counts: wall seconds, or this process's CPU seconds "
         "(load-independent on a shared machine)",
     )
+    float32: Literal["exact", "rigorous"] = Field(
+        default="exact",
+        description="exact: certificates of the network in exact arithmetic (the default); "
+        "rigorous: of the float32 network, every op's worst-case float32 rounding bounded "
+        "(crown, fast-lin, deeppoly, crown-ibp, ibp, alpha-crown, bab, complete; may cost a "
+        "certificate whose margin is within that rounding, docs/certification.md)",
+    )
     memory_gib: float | None = Field(
         default=None,
         gt=0,
@@ -98,6 +107,8 @@ class Verifier(ABC):
     tighter_than: ClassVar[tuple[str, ...]] = ()
     kinds: ClassVar[set[str]] = LINEAR_KINDS  # the graph ops it can bound
     attack_first: ClassVar[bool] = False  # box-PGD before the bounds (``AttackFirstConfig``)
+    # bounds the float32 network with ``float32: rigorous`` (``float32_rounding.py``)
+    rigorous_float32: ClassVar[bool] = False
     Config: ClassVar[type[PluginConfig]] = VerifierConfig
 
     def __init__(self, config: dict[str, Any] | None = None, **overrides: Any):
@@ -150,6 +161,19 @@ class Verifier(ABC):
     def check(self, graph: BoundGraph) -> None:
         """Raise, before any work, if ``graph`` has an op this verifier cannot bound."""
         graph.require(self.kinds, f"verifier {self.name!r}")
+        if self.rigorous:
+            if not self.rigorous_float32:
+                raise VerificationError(
+                    f"verifier {self.name!r} has no {float32_rounding.SETTING}: rigorous "
+                    "setting; use it with crown, fast-lin, deeppoly, crown-ibp, ibp, "
+                    "alpha-crown, bab or complete, or leave float32 at exact (the default)"
+                )
+            float32_rounding.require(graph, self.name)
+
+    @property
+    def rigorous(self) -> bool:
+        """Whether this verifier certifies the float32 network (``float32: rigorous``)."""
+        return getattr(self.config, "float32", "exact") == "rigorous"
 
     def require_float64(self, graph: BoundGraph, prop: Property, route: str = "") -> None:
         """Refuse a graph or a box of another dtype than float64 where ``lower_bounds`` is
@@ -231,10 +255,20 @@ class Verifier(ABC):
         parts = []
         # the bound passes' large temporaries are reused (``memory.py``) and chunked under
         # the budget (``budget.py``)
-        with reuse_freed_memory(), memory_limit(limit):
+        with reuse_freed_memory(), memory_limit(limit), self.arithmetic():
             for start in range(0, len(prop), size):
                 parts.append(self._verify_batch(graph, prop[start : start + size], model))
         return VerificationResult.concat(parts)
+
+    def arithmetic(self) -> AbstractContextManager:
+        """The bounds' network: the float32 one under ``float32: rigorous`` (its passes
+        dense, as ``float32_rounding`` bounds them; no receptive-field crops), else exact."""
+        if not self.rigorous:
+            return nullcontext()
+        stack = ExitStack()
+        stack.enter_context(float32_rounding.rigorous())
+        stack.enter_context(receptive.dense_passes())
+        return stack
 
     def memory_budget(self) -> int:
         """Bytes the bound passes may take: ``memory_gib``, else the enclosing budget (the

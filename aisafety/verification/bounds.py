@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aisafety.verification import budget, float64_margin, receptive, rounding
+from aisafety.verification import budget, float32_rounding, float64_margin, receptive, rounding
 from aisafety.verification.deadline import check_time
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.ops import Box, split_signs
@@ -49,10 +49,11 @@ PASS_KINDS = CROWN_KINDS | {"window"}
 
 
 def interval_boxes(graph: BoundGraph, lower: torch.Tensor, upper: torch.Tensor) -> list[Box]:
-    """The IBP box of every node."""
+    """The IBP box of every node (of the float32 network's values inside
+    ``float32_rounding.rigorous()``)."""
     boxes: list[Box] = [(lower, upper)]
     for op in graph.ops[1:]:
-        boxes.append(op.interval(*(boxes[i] for i in op.inputs)))
+        boxes.append(float32_rounding.interval(op, [boxes[i] for i in op.inputs]))
     return boxes
 
 
@@ -83,7 +84,9 @@ def backward(
     """Lower bound (B, K) of ``A node_start`` over the input box, and A's input coefficients.
 
     ``rounded``: a float32 pass on float32 ``boxes`` whose bound (float64) has every
-    rounding error of the pass subtracted (``rounding.py``); callers use ``sound_backward``."""
+    rounding error of the pass subtracted (``rounding.py``); callers use ``sound_backward``.
+    Inside ``float32_rounding.rigorous()`` each op's float32 rounding is subtracted too."""
+    f32 = float32_rounding.active() and (rounded or float64_margin.applies(a))
     pending = {start: a}
     bias = a.new_zeros(a.shape[:2], dtype=torch.float64 if rounded else a.dtype)
     slack, size = bias.new_zeros(()), bias.new_zeros(())
@@ -113,6 +116,9 @@ def backward(
             slack, size = slack + err, size + shift.abs()
         elif margin:
             slack, size = slack + float64_margin.op_slack(op, coeff, in_boxes), size + shift.abs()
+        if f32:  # the float32 network's own rounding at this op: A r >= -<|A|, e>
+            wide = graph.wide.ops[i] if rounded else op
+            slack = slack + float32_rounding.slack(wide, coeff, in_boxes)
         bias = bias + shift
         for j, c in zip(op.inputs, back, strict=True):
             if j not in pending:
@@ -406,14 +412,18 @@ def _dense_neurons(
     a, bias = a.reshape(b, 2 * c, *graph.ops[i].out_shape), op.bias.detach()[chunk]
     bound = sound_backward(graph, i, a, boxes, mode, cast=False, rows=rows)[0]
     total = bound + torch.cat([bias, -bias], 1).to(bound.dtype)
-    return total - total.abs() * 2.0**-52
+    total = total - total.abs() * 2.0**-52
+    if not float32_rounding.active():
+        return total
+    e = float32_rounding.error(graph.ops[j], [boxes[i]]).flatten(1).gather(1, chunk)
+    return float32_rounding.lowered(total, torch.cat([e, e], 1))
 
 
 def forward_from(graph: BoundGraph, boxes: list[Box], j: int) -> list[Box]:
     """Re-run IBP after node ``j`` (intersecting) so later boxes profit from a tighter one."""
     for i in range(j + 1, len(graph.ops)):
         op = graph.ops[i]
-        lo, hi = op.interval(*(boxes[k] for k in op.inputs))
+        lo, hi = float32_rounding.interval(op, [boxes[k] for k in op.inputs])
         boxes[i] = torch.maximum(lo, boxes[i][0]), torch.minimum(hi, boxes[i][1])
     return boxes
 
@@ -435,6 +445,8 @@ def ibp_spec_lower(graph: BoundGraph, boxes: list[Box], spec: torch.Tensor) -> t
     if not float64_margin.applies(value):
         return value
     slack = float64_margin.op_slack(out, a.to(value.dtype), [box]) + value.new_zeros(())
+    if float32_rounding.active():  # the float32 network's rounding at the folded op
+        slack = slack + float32_rounding.slack(out, a.to(value.dtype), [box])
     slack = slack + float64_margin.concretise_margin(back, box)
     sums = float64_margin.factor(4) * (bias.abs() + value.abs() + slack)
     return value - slack - sums - float64_margin.TINY * float64_margin.terms(graph.ops)

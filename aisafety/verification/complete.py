@@ -120,6 +120,12 @@ class CompleteVerifier(BabVerifier):
 
     def check(self, graph: BoundGraph) -> None:
         super().check(graph)
+        pools = any(op.kind == "maxpool" for op in graph.ops)
+        if self.rigorous and pools and self.engine(graph) == "milp":
+            raise VerificationError(
+                f"the MILP does not encode max-pooling with float32: rigorous (model "
+                f"{graph.model!r}); use engine 'bab', or float32: exact"
+            )
         if self.engine(graph) == "milp" and not graph.relu_only:
             raise VerificationError(
                 f"verifier {self.name!r} with engine 'milp' needs a ReLU network; model "
@@ -180,7 +186,7 @@ class CompleteVerifier(BabVerifier):
         if deadline.passed():
             return Verdict.TIMEOUT, float(bound.min()), None, "timeout"
         proved, refined = bound.clone(), False
-        if self.config.refine_share > 0:
+        if self.config.refine_share > 0 and not self.rigorous:  # its MILPs: exact network
             refine_by = deadline.share(1.0, at_most=self.config.refine_share * self.config.timeout)
             boxes, refined = refine_boxes(graph, boxes, refine_by, self.config.refine_neuron_time)
             try:
@@ -254,7 +260,8 @@ def _unproved(enc: Encoding, prop: Property, rows: list[int], deadline: Deadline
     try:
         with time_limit(deadline):  # a sample out of time keeps its note
             for k in rows:
-                if relaxed.minimum(prop.spec[0, k].numpy(), float(prop.offset[0, k])) > 0:
+                row = prop.spec[0, k].numpy()  # float32: rigorous: less its rounding
+                if relaxed.minimum(row, float(prop.offset[0, k]) - enc.rounding(row)) > 0:
                     left.remove(k)
     except OutOfTime:
         pass

@@ -585,7 +585,33 @@ def _elementwise(node, target, args, inputs, first, out_shape, model) -> ops.Ele
         zero = fn(torch.zeros(1, *out_shape, dtype=torch.float64))
         one = fn(torch.ones(1, *out_shape, dtype=torch.float64))
     shift, scale = zero[0].detach().double(), (one - zero)[0].detach().double()
-    return ops.Elementwise(node.name, inputs, out_shape, scale=scale, shift=shift)
+    terms = _batchnorm_terms(target, args, scale)
+    if terms is None:
+        return ops.Elementwise(node.name, inputs, out_shape, scale=scale, shift=shift)
+    return ops.Elementwise(node.name, inputs, out_shape, scale=scale, shift=shift,
+                           roundings=BATCHNORM_ROUNDINGS, terms=terms)  # fmt: skip
+
+
+# an eval BatchNorm in float32: 1/sqrt(var + eps), times the weight, the mean times that,
+# the bias minus it, then x times the scale plus the shift (or (x - mean) * ... + bias):
+# at most 6 roundings in a row on any path; 10 leaves room for another order
+BATCHNORM_ROUNDINGS = 10
+
+
+def _batchnorm_terms(target, args, scale: torch.Tensor) -> torch.Tensor | None:
+    """|bias| + |scale * mean| of an eval BatchNorm (float64, ``scale``'s shape), the
+    constant terms its float32 evaluation rounds (their folded sum, the shift, can cancel);
+    None for any other elementwise map."""
+    if isinstance(target, nn.BatchNorm1d | nn.BatchNorm2d):
+        bias, mean = target.bias, target.running_mean
+    elif target is aten.batch_norm.default or type(target).__name__ == "OnnxBatchNorm":
+        bias, mean = args[2], args[3]
+    else:
+        return None
+    channel = (-1,) + (1,) * (scale.dim() - 1)
+    mean = mean.detach().double().reshape(channel)
+    bias = 0.0 if bias is None else bias.detach().double().abs().reshape(channel)
+    return (bias + (scale * mean).abs()).expand_as(scale).clone()
 
 
 def _widened(value: Any) -> Any:

@@ -28,6 +28,7 @@ def op_is_relu_input(graph: BoundGraph, j: int) -> bool:
 
 
 class IBPVerifier(Verifier):
+    rigorous_float32 = True  # float32: rigorous (float32_rounding.py)
     name = "ibp"
     description = (
         "interval bound propagation with elision (Gowal et al. 2018); cost ~2 forward passes"
@@ -41,6 +42,7 @@ class IBPVerifier(Verifier):
 
 
 class CrownVerifier(Verifier):
+    rigorous_float32 = True  # float32: rigorous (float32_rounding.py)
     name = "crown"
     description = (
         "CROWN backward linear relaxation with CROWN intermediate bounds (Zhang et al. 2018)"

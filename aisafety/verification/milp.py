@@ -30,8 +30,10 @@ import numpy as np
 import torch
 
 from aisafety.memory_budget import current_budget
+from aisafety.verification import float32_rounding
 from aisafety.verification.budget import numel, refuse
 from aisafety.verification.deadline import check_time
+from aisafety.verification.float64_margin import through
 from aisafety.verification.graph import BoundGraph, VerificationError
 from aisafety.verification.milp_maxpool import encode_pool, plan
 from aisafety.verification.ops import Box
@@ -58,6 +60,20 @@ class Encoding:
     out_matrix: np.ndarray  # (n_vars, outputs): output = vars @ out_matrix + out_const
     out_const: np.ndarray
     n_inputs: int
+    # float32: rigorous: the float32 output is within this of the expression (``_f32_error``)
+    out_error: np.ndarray | None = None
+
+    def lowest(self, row: np.ndarray, offset: float) -> float:
+        """The objective's constant for ``row . f + offset``, less the float32 network's
+        rounding under ``float32: rigorous`` (``rounding``)."""
+        return float(self.out_const @ row + offset) - self.rounding(row)
+
+    def rounding(self, row: np.ndarray) -> float:
+        """How far ``row . f`` of the float32 network may be below the expression's
+        (``|row| . out_error``, rounded up); 0 for the exact network."""
+        if self.out_error is None:
+            return 0.0
+        return float(np.abs(row) @ self.out_error) * float32_rounding.SAFETY
 
     def constraints(self) -> list[LinearConstraint]:
         """The rows as scipy constraints (the tests' independent LP reference)."""
@@ -140,6 +156,12 @@ def encode(graph: BoundGraph, boxes: list[Box], relax: bool = False) -> Encoding
             f"the complete verifier needs a ReLU network; model {graph.model!r} has sigmoid or "
             "tanh activations (use 'alpha-crown' or 'crown', which bound them)"
         )
+    rigorous = float32_rounding.active()
+    if rigorous and any(op.kind == "maxpool" for op in graph.ops):
+        raise VerificationError(
+            f"the MILP does not encode max-pooling with float32: rigorous (model "
+            f"{graph.model!r}); use engine 'bab', or float32: exact"
+        )
     lo_in, hi_in = (t[0].flatten().double().numpy() for t in boxes[0])
     n_in = lo_in.size
     # count variables first: one output and one binary per unstable neuron (and max-pool vars)
@@ -168,9 +190,13 @@ def encode(graph: BoundGraph, boxes: list[Box], relax: bool = False) -> Encoding
             torch.zeros(graph.input_shape, dtype=torch.float64),
         )
     )
+    # float32: rigorous: per node, how far the float32 value may be from its expression
+    errors = [torch.zeros(graph.input_shape, dtype=torch.float64)] if rigorous else None
     for i, op in enumerate(graph.ops[1:], start=1):
         check_time()  # a verifier's per-instance limit: a CNN's encoding takes seconds
         ins = [exprs[j] for j in op.inputs]
+        if errors is not None and op.kind != "activation":
+            errors.append(_f32_error(op, [errors[j] for j in op.inputs], boxes))
         if op.kind == "add":
             exprs.append((ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]))
             continue
@@ -203,20 +229,42 @@ def encode(graph: BoundGraph, boxes: list[Box], relax: bool = False) -> Encoding
         integrality[d_vars] = 0 if relax else 1
         z = matrix[:, idx].numpy().T  # (count, n_vars): z = z @ vars + c
         c = const[idx].numpy()
+        if errors is not None:  # z's float32 value within e of z: the rows hold for it
+            e = errors[op.inputs[0]].flatten()
+            errors.append((e * active).reshape(ins[0][1].shape))
+            e = e[idx].numpy() * float32_rounding.SAFETY
+        else:
+            e = 0.0
         sel_a = csr_matrix((np.ones(count), (np.arange(count), a_vars)), shape=(count, n_vars))
         sel_d = csr_matrix((np.ones(count), (np.arange(count), d_vars)), shape=(count, n_vars))
         z = csr_matrix(z)
         # a - z >= c ; a - u d <= 0 ; a - z - l d <= c - l
         rows += [sel_a - z, sel_a - sel_d.multiply(hi[idx][:, None]),
                  sel_a - z - sel_d.multiply(lo[idx][:, None])]  # fmt: skip
-        row_lo += [c, np.full(count, -np.inf), np.full(count, -np.inf)]
-        row_hi += [np.full(count, np.inf), np.zeros(count), c - lo[idx]]
+        row_lo += [c - e, np.full(count, -np.inf), np.full(count, -np.inf)]
+        row_hi += [np.full(count, np.inf), np.zeros(count), c - lo[idx] + e]
         shape = ins[0][1].shape
         exprs.append((out_matrix.reshape(n_vars, *shape), out_const.reshape(shape)))
     out_matrix, out_const = exprs[-1]
     flat_out = out_matrix.reshape(n_vars, -1).numpy()
+    out_error = None if errors is None else errors[-1].flatten().numpy()
     return Encoding(n_vars, lower, upper, integrality, rows, row_lo, row_hi,
-                    flat_out, out_const.flatten().numpy(), n_in)  # fmt: skip
+                    flat_out, out_const.flatten().numpy(), n_in, out_error)  # fmt: skip
+
+
+def _f32_error(op, errors: list[torch.Tensor], boxes: list[Box]) -> torch.Tensor:
+    """How far the float32 value of ``op``'s output may be from its expression: its inputs'
+    distances carried through the op's absolute coefficients, plus its own rounding."""
+    own = float32_rounding.error(op, [(lo[:1], hi[:1]) for lo, hi in
+                                      (boxes[j] for j in op.inputs)])  # fmt: skip
+    own = 0.0 if own is None else own[0]
+    if op.kind == "add":
+        carried = errors[0] + errors[1]
+    elif op.kind in ("dense", "conv", "elementwise"):
+        carried = through(op, errors[0].unsqueeze(0), constant=False)[0]
+    else:  # input, reshape, positive-linear: non-negative coefficients
+        carried = op.forward(errors[0].unsqueeze(0))[0]
+    return (carried + own) * float32_rounding.SAFETY
 
 
 # HiGHS's primal heuristics (RINS, RENS, feasibility jump, ...) spend most of the time on
@@ -318,7 +366,7 @@ def minimise_row(
 ) -> tuple[float, float, np.ndarray | None]:
     """(lower bound proved, best value found, its input point or None) of ``row . f + offset``."""
     cost = enc.out_matrix @ row
-    const = float(enc.out_const @ row + offset)
+    const = enc.lowest(row, offset)
     exact = {"mip_rel_gap": 0.0, "mip_abs_gap": 1e-9}
     found = solve(enc, cost, const, time_limit, options=exact, stop=stop)
     return found.bound, found.value, found.point
@@ -340,7 +388,7 @@ def decide_row(
     min(dual bound, tolerance) is the proved bound, sound whether or not HiGHS's bound
     counts the nodes the cutoff pruned (their bounds were >= the cutoff)."""
     cost = enc.out_matrix @ row
-    const = float(enc.out_const @ row + offset)
+    const = enc.lowest(row, offset)
     found = solve(enc, cost, const, time_limit, cutoff=tolerance, stop=stop)
     if found.point is None:
         return found.bound, found.value, None

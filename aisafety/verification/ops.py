@@ -200,6 +200,10 @@ class Elementwise(Op):
 
     scale: torch.Tensor = None  # type: ignore[assignment]  # out_shape
     shift: torch.Tensor = None  # type: ignore[assignment]
+    # float32_rounding.py: the float32 evaluation's roundings in a row and the sum of the
+    # absolute values of its constant terms (out_shape; None: |shift|, one constant)
+    roundings: int = 3
+    terms: torch.Tensor | None = None
     kind: str = field(default="elementwise", init=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aisafety.verification import bounds, budget, float64_margin, rounding
+from aisafety.verification import bounds, budget, float32_rounding, float64_margin, rounding
 from aisafety.verification.bounds import (
     concretize,
     forward_from,
@@ -182,6 +182,7 @@ def split_backward(
     last = len(graph.ops) - 1
     a = domains.spec.reshape(len(domains), 1, *graph.ops[-1].out_shape)
     margin = not rounded and float64_margin.applies(a)
+    f32 = float32_rounding.active() and (rounded or margin)
     pending = {last: a}
     bias = a.new_zeros(a.shape[:2], dtype=torch.float64 if rounded else a.dtype)
     slack, size = bias.new_zeros(()), bias.new_zeros(())
@@ -216,6 +217,9 @@ def split_backward(
             slack, size = slack + err, size + shift.abs()
         elif margin:
             slack, size = slack + float64_margin.op_slack(op, coeff, in_boxes), size + shift.abs()
+        if f32:  # the float32 network's own rounding at this op (``bounds.backward``)
+            wide = graph.wide.ops[i] if rounded else op
+            slack = slack + float32_rounding.slack(wide, coeff, in_boxes)
         bias = bias + shift
         for j, c in zip(op.inputs, back, strict=True):
             if j not in pending:

@@ -339,7 +339,7 @@ def _first_pass(checker, net: Network, prop: Property) -> torch.Tensor:
     box checked float64 for any verifier (a plugin's ``lower_bounds`` need not check)."""
     prop = prop.to(net.graph.dtype)
     checker.require_float64(net.graph, prop, "verify_disjuncts()")
-    with torch.no_grad():
+    with torch.no_grad(), checker.arithmetic():  # float32: rigorous, as ``verify``'s
         bounds, _ = checker.lower_bounds(net.graph, prop)
     return added_down(bounds, prop.offset)[0]
 
