@@ -23,8 +23,23 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' was asked for but no CUDA GPU is visible; use 'cpu'")
+        raise ConfigError(f"device 'cuda' was asked for but {_no_cuda_cause()}")
     return torch.device(device)
+
+
+def _no_cuda_cause() -> str:
+    """Why torch sees no GPU, and the setting to change: a CPU-only build of torch (the
+    usual case on a laptop) needs another install, not a driver."""
+    setting = "set device: cpu (or auto: the GPU where torch sees one) in the plan, or --device cpu"
+    if torch.version.cuda is None:
+        return (
+            f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None); "
+            f"{setting}, or install a CUDA build of torch (README.md, Install)"
+        )
+    return (
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA GPU (driver, "
+        f"CUDA_VISIBLE_DEVICES); {setting}"
+    )
 
 
 def _model_path(spec: ModelSpec):

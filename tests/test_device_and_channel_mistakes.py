@@ -146,3 +146,19 @@ def test_layout_on_a_module_names_the_wrapper_not_only_its_removal():
                        r"wrap one .* net\(x.permute\(0, 2, 3, 1\)\)"):  # fmt: skip
         ModelSpec(name="m", source="python", factory=f"{__name__}:colour_net",
                   input_shape=(3, 8, 8), layout="nhwc")  # fmt: skip
+
+
+@pytest.mark.parametrize("cuda_build", [None, "12.8"])
+def test_device_cuda_without_a_gpu_names_the_setting_and_the_cause(monkeypatch, cuda_build):
+    """`device: cuda` on a CPU-only torch said only "use 'cpu'" (session 21, an ImageNet
+    user's audit): not which setting, nor that the build, not a driver, was the cause."""
+    from aisafety.loading import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", cuda_build)
+    with pytest.raises(ConfigError) as error:
+        resolve_device("cuda")
+    message = str(error.value)
+    assert "device: cpu" in message and "--device cpu" in message and "auto" in message
+    assert ("CPU-only build" in message) == (cuda_build is None)
+    assert resolve_device("auto") == torch.device("cpu")
