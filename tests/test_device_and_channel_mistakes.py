@@ -135,7 +135,7 @@ def test_a_channels_last_input_shape_is_answered_with_the_channels_first_one():
     )
     assert predictor.num_classes == 10
     with pytest.raises(ValueError, match=r"needs 'input_shape' \(one image's \(C, H, W\): "
-                       r"\[3, 32, 32\] for CIFAR-10"):  # fmt: skip
+                       r"\[3, 32, 32\] for CIFAR-10.*\[3, 224, 224\] for ImageNet"):  # fmt: skip
         ModelSpec(name="m", source="python", factory=f"{__name__}:colour_net")
 
 
