@@ -31,9 +31,12 @@ def test_a_channel_mismatch_is_named_as_one(model_channels, image_channels):
 
 
 def test_a_wrong_image_size_still_says_resize():
+    """The other way out names images of the model's size; it said "an imagefolder
+    dataset" to a user whose imagefolder held the wrong size (session 21)."""
     predictor = TorchPredictor(_net(3), (3, 8, 8), 10, name="m")
-    with pytest.raises(InputError, match="resize the images"):
+    with pytest.raises(InputError, match="resize the images") as error:
         predictor.logits(torch.rand(2, 3, 9, 9))
+    assert "an imagefolder or npz dataset of 8x8 images" in str(error.value)
 
 
 class OnCuda(nn.Module):
