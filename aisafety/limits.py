@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterable
 
-from aisafety.errors import ConfigError
+from aisafety.errors import AISafetyWarning, ConfigError
 from aisafety.interfaces import AttackSpec, Norm, WorkLimits
 
 GIB = 1 << 30
@@ -114,6 +115,7 @@ def check_budgets(spec: AttackSpec, norm: Norm | None, input_shape: Iterable[int
     if norm is None:  # corruptions: eps is not a budget
         return
     shape = tuple(input_shape)
+    warn_default_budget(spec, shape)
     bound = largest_budget(norm, shape)
     for eps in spec.eps:
         if eps > bound:
@@ -123,3 +125,23 @@ def check_budgets(spec: AttackSpec, norm: Norm | None, input_shape: Iterable[int
                 f"{norm.value} distance between two images of shape {shape} in [0, 1]; budgets "
                 f"are in the [0, 1] pixel scale{hint}"
             )
+
+
+DEFAULT_BUDGET_SHAPE = (1, 28, 28)  # the images the default eps 0.1 was chosen for: MNIST's
+
+
+def warn_default_budget(spec: AttackSpec, shape: tuple[int, ...]) -> None:
+    """An attack without ``eps`` runs at 0.1, MNIST's l-inf budget. On a colour or larger
+    image that is 25.5/255 (six times ImageNet's usual 4/255), a robust accuracy near 0
+    that reads as measured; an l2 budget of 0.1 there is far below any usual one. Silent
+    before session 21 (an ImageNet user's audit); now a warning naming the value to write."""
+    if "eps" in spec.model_fields_set or shape == DEFAULT_BUDGET_SHAPE:
+        return
+    warnings.warn(
+        f"attack {spec.name!r} gives no eps, so it runs at the default {spec.eps[0]:g}, a "
+        f"budget chosen for MNIST's 1x28x28 images; on these {'x'.join(map(str, shape))} "
+        "images give the budget you mean in the plan (l-inf: 8/255 = 0.03137 is CIFAR-10's "
+        "usual, 4/255 = 0.01569 ImageNet's), e.g. eps: [0.01569]",
+        AISafetyWarning,
+        stacklevel=3,
+    )

@@ -235,3 +235,24 @@ def test_a_library_caller_gets_a_warning_and_keeps_its_process(monkeypatch):
         "\nwarning: model 'slow-model' has not returned from a forward pass after 0.3 s"
     )
     assert "it is left running (only the command line ends it)" in stderr.getvalue()
+
+
+def test_an_attack_without_eps_on_colour_images_is_warned_about():
+    """eps omitted runs at 0.1, MNIST's budget: on 224x224 colour images (an ImageNet
+    user's audit, session 21) that is 25.5/255 and the robust accuracy near 0 looked
+    measured. Warned, naming the value to write; silent where it was chosen (1x28x28) and
+    wherever eps is given, even as 0.1."""
+    import warnings
+
+    from aisafety.errors import AISafetyWarning
+    from aisafety.interfaces import AttackSpec, Norm
+    from aisafety.limits import check_budgets
+
+    bare, given = AttackSpec(name="fgsm"), AttackSpec(name="fgsm", eps=0.1)
+    with pytest.warns(AISafetyWarning, match=r"'fgsm' gives no eps, so it runs at the default "
+                      r"0\.1.*3x224x224 images.*eps: \[0\.01569\]"):  # fmt: skip
+        check_budgets(bare, Norm.LINF, (3, 224, 224))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AISafetyWarning)
+        check_budgets(bare, Norm.LINF, (1, 28, 28))
+        check_budgets(given, Norm.LINF, (3, 224, 224))
