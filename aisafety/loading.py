@@ -142,7 +142,10 @@ def _load_checkpoint(
         hint = (
             f"; to load your own module, use source: python with factory: {spec.architecture!r}"
             if ":" in spec.architecture
-            else ""
+            else "; these are the zoo's and plugins' (aisafety list architectures): for a "
+            "network of your own or of a library, use source: python with its factory "
+            "(e.g. factory: 'torchvision.models:resnet50'), this path and input_shape "
+            "(docs/own-model.md)"
         )
         error = UnknownNameError(exc.kind, exc.name, exc.known)
         error.args = (error.args[0] + hint,)
