@@ -166,9 +166,11 @@ def test_a_module_handed_in_mid_training_gets_its_modes_back(tmp_path):
     without dropout and with frozen BatchNorm statistics."""
     net = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(48, 10)).train()
     net[2].eval()  # a frozen head: each submodule's own mode comes back
+    net[2].bias.requires_grad_(False)  # and each parameter's requires_grad (session 21)
     before = [module.training for module in net.modules()]
     record = aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net, data=_images())
     assert [module.training for module in net.modules()] == before == [True, True, True, False]
+    assert [p.requires_grad for p in net.parameters()] == [True, False]
     assert record.values
 
 
