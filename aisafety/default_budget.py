@@ -51,7 +51,8 @@ def _warn(what: str, eps: float, dataset: str, fix: str) -> None:
     warnings.warn(
         f"{what} gives no eps and runs at the default {eps:g} ({eps * 255:g}/255 of the "
         f"[0, 1] pixel range), a budget of MNIST's scale, on dataset {dataset!r}; give the "
-        f"budget meant, e.g. {fix} for CIFAR-10's usual l-inf 8/255 (docs/configuration.md)",
+        f"budget meant, e.g. {fix} for CIFAR-10's usual l-inf 8/255 (ImageNet's: 4/255 = "
+        "0.01569; docs/configuration.md)",
         AISafetyWarning,
         stacklevel=4,
     )

@@ -158,13 +158,19 @@ def modes_kept(model: Any) -> Iterator[None]:
 
     The predictor evaluates in eval mode (BatchNorm's running statistics, no dropout); a
     notebook's net handed in mid-training used to stay in eval mode afterwards, so further
-    training went on silently without dropout and with frozen BatchNorm statistics."""
-    modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
+    training went on silently without dropout and with frozen BatchNorm statistics. Each
+    parameter's ``requires_grad`` comes back too: the predictor freezes them for the attacks,
+    and the net stayed frozen until session 21 (its next ``backward()`` failed)."""
+    modules = list(model.modules()) if isinstance(model, nn.Module) else []
+    modes = [(m, m.training) for m in modules]
+    wanted = [(p, p.requires_grad) for m in modules for p in m.parameters(recurse=False)]
     try:
         yield
     finally:
         for module, training in modes:
             module.training = training
+        for parameter, flag in wanted:
+            parameter.requires_grad_(flag)
 
 
 RERUN = (

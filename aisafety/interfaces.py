@@ -298,7 +298,10 @@ MODULE_LAYOUT = (
     "that its forward runs net(x.permute(0, 2, 3, 1))"
 )
 # what ``input_shape`` is, where a model without it is refused
-SHAPE_MEANS = "(one image's (C, H, W): [3, 32, 32] for CIFAR-10, [1, 28, 28] for MNIST) "
+SHAPE_MEANS = (
+    "(one image's (C, H, W): [3, 32, 32] for CIFAR-10, [1, 28, 28] for MNIST, "
+    "[3, 224, 224] for ImageNet) "
+)
 
 _MODEL_FIELDS_USED = {
     "zoo": {"name"},

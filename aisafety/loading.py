@@ -23,8 +23,23 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' was asked for but no CUDA GPU is visible; use 'cpu'")
+        raise ConfigError(f"device 'cuda' was asked for but {_no_cuda_cause()}")
     return torch.device(device)
+
+
+def _no_cuda_cause() -> str:
+    """Why torch sees no GPU, and the setting to change: a CPU-only build of torch (the
+    usual case on a laptop) needs another install, not a driver."""
+    setting = "set device: cpu (or auto: the GPU where torch sees one) in the plan, or --device cpu"
+    if torch.version.cuda is None:
+        return (
+            f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None); "
+            f"{setting}, or install a CUDA build of torch (README.md, Install)"
+        )
+    return (
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA GPU (driver, "
+        f"CUDA_VISIBLE_DEVICES); {setting}"
+    )
 
 
 def _model_path(spec: ModelSpec):
@@ -127,7 +142,10 @@ def _load_checkpoint(
         hint = (
             f"; to load your own module, use source: python with factory: {spec.architecture!r}"
             if ":" in spec.architecture
-            else ""
+            else "; these are the zoo's and plugins' (aisafety list architectures): for a "
+            "network of your own or of a library, use source: python with its factory "
+            "(e.g. factory: 'torchvision.models:resnet50'), this path and input_shape "
+            "(docs/own-model.md)"
         )
         error = UnknownNameError(exc.kind, exc.name, exc.known)
         error.args = (error.args[0] + hint,)

@@ -16,6 +16,7 @@ headroom), or of the free memory of the CUDA device.
 
 from __future__ import annotations
 
+import math
 import resource
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -120,8 +121,10 @@ def fitting(
     count = (budget - fixed) // max(1, per_item)
     if count < 1:
         held = f" beside {size(fixed)} for the whole call" if fixed else ""
+        least = math.ceil((per_item + fixed) / GIB * 1000) / 1000  # GiB, rounded up
         raise MemoryBudgetError(
             f"{what} needs about {size(per_item)} at its smallest chunk{held}, over the "
-            f"memory budget of {size(budget)}; {fits}"
+            f"memory budget of {size(budget)} (the least that fits one chunk: memory_gib: "
+            f"{least:g}); {fits}"
         )
     return int(min(wanted, count))

@@ -267,6 +267,15 @@ def gradients_alive(model: str, data: RunData) -> Check:
             "the run did not measure zero-gradient-rate",
             advice="add the metric zero-gradient-rate to the plan",
         )
+    if not rows[0].n_samples:  # the rate of no sample is 0 and proved nothing: it passed
+        return Check(
+            name,
+            model,
+            "skip",
+            "no correctly classified sample to take a loss gradient at",
+            advice="evaluate images the model classifies correctly (more of them; or check "
+            "mean/std, input size and the label order if clean accuracy is 0)",
+        )
     rate = rows[0].value
     detail = f"{rate:.1%} of {rows[0].n_samples} correctly classified samples"
     if rate > ZERO_GRADIENT_LIMIT:

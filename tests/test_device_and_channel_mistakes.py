@@ -31,9 +31,12 @@ def test_a_channel_mismatch_is_named_as_one(model_channels, image_channels):
 
 
 def test_a_wrong_image_size_still_says_resize():
+    """The other way out names images of the model's size; it said "an imagefolder
+    dataset" to a user whose imagefolder held the wrong size (session 21)."""
     predictor = TorchPredictor(_net(3), (3, 8, 8), 10, name="m")
-    with pytest.raises(InputError, match="resize the images"):
+    with pytest.raises(InputError, match="resize the images") as error:
         predictor.logits(torch.rand(2, 3, 9, 9))
+    assert "an imagefolder or npz dataset of 8x8 images" in str(error.value)
 
 
 class OnCuda(nn.Module):
@@ -135,7 +138,7 @@ def test_a_channels_last_input_shape_is_answered_with_the_channels_first_one():
     )
     assert predictor.num_classes == 10
     with pytest.raises(ValueError, match=r"needs 'input_shape' \(one image's \(C, H, W\): "
-                       r"\[3, 32, 32\] for CIFAR-10"):  # fmt: skip
+                       r"\[3, 32, 32\] for CIFAR-10.*\[3, 224, 224\] for ImageNet"):  # fmt: skip
         ModelSpec(name="m", source="python", factory=f"{__name__}:colour_net")
 
 
@@ -146,3 +149,19 @@ def test_layout_on_a_module_names_the_wrapper_not_only_its_removal():
                        r"wrap one .* net\(x.permute\(0, 2, 3, 1\)\)"):  # fmt: skip
         ModelSpec(name="m", source="python", factory=f"{__name__}:colour_net",
                   input_shape=(3, 8, 8), layout="nhwc")  # fmt: skip
+
+
+@pytest.mark.parametrize("cuda_build", [None, "12.8"])
+def test_device_cuda_without_a_gpu_names_the_setting_and_the_cause(monkeypatch, cuda_build):
+    """`device: cuda` on a CPU-only torch said only "use 'cpu'" (session 21, an ImageNet
+    user's audit): not which setting, nor that the build, not a driver, was the cause."""
+    from aisafety.loading import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", cuda_build)
+    with pytest.raises(ConfigError) as error:
+        resolve_device("cuda")
+    message = str(error.value)
+    assert "device: cpu" in message and "--device cpu" in message and "auto" in message
+    assert ("CPU-only build" in message) == (cuda_build is None)
+    assert resolve_device("auto") == torch.device("cpu")

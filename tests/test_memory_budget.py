@@ -63,6 +63,10 @@ def test_an_attack_over_the_budget_is_refused_before_any_work_with_the_estimate(
     message = str(info.value)
     assert "attack 'pgd-linf' on model 'res'" in message and f"about {estimate}" in message
     assert "budget of 0.000954 MiB" in message and "memory_gib" in message
+    # the least budget that fits is named (session 21), and it does fit
+    least = float(message.split("the least that fits one chunk: memory_gib: ")[1].split(")")[0])
+    with memory_budget.memory_limit(int(least * memory_budget.GIB)):
+        PGD(steps=1)(model, x, torch.zeros(2, dtype=torch.long), 8 / 255)
 
 
 class ChunkDependentFGSM(FGSM):

@@ -278,3 +278,29 @@ def test_onnx2torch_batchnorm_with_computed_statistics_is_bounded_soundly(tmp_pa
     for point in points:
         true = prop.rows(predictor.logits(point.float()).double())
         assert (bounds <= true + 1e-5).all()
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_a_gelu_of_opset_20_converts_with_its_gradients(tmp_path, approximate):
+    """torch writes nn.GELU (a ViT's MLP) as the opset-20 Gelu operator, its default opset,
+    which onnx2torch 1.5 cannot convert: a ViT-B/16 exported as usual was refused with
+    gradients: true (session 21, an ImageNet user's audit). The converted graph gives the
+    module's logits and input gradients (and load_onnx checks it against onnxruntime)."""
+    import onnx
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 8), nn.GELU(approximate), nn.Linear(8, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.zeros(1, 3, 4, 4),), str(tmp_path / "g.onnx"),
+                          opset_version=20, dynamo=False, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}})  # fmt: skip
+    assert "Gelu" in {n.op_type for n in onnx.load(str(tmp_path / "g.onnx")).graph.node}
+    spec = ModelSpec(name="g", source="onnx", path=tmp_path / "g.onnx", gradients=True)
+    predictor, _ = load_model(spec, torch.device("cpu"))
+    x = torch.rand(5, 3, 4, 4, requires_grad=True)
+    converted, ours = predictor.logits(x), net(x)
+    assert float((converted - ours).abs().max()) < 1e-6
+    (mine,) = torch.autograd.grad(converted[:, 0].sum(), x)
+    (theirs,) = torch.autograd.grad(ours[:, 0].sum(), x)
+    assert float((mine - theirs).abs().max()) < 1e-6

@@ -84,11 +84,13 @@ def test_more_effort():
 
 
 def test_gradients_and_noise():
-    def rate(v):
+    def rate(v, n=N):
         return [MetricRow("m", "d", "zero-gradient-rate", None, None, v, "lower", "fraction",
-                          N, {})]  # fmt: skip
+                          n, {})]  # fmt: skip
 
     assert gradients_alive("m", run_data([], rate(0.02))).status == "pass"
+    # no correctly classified sample: the rate 0 proves nothing (it passed until session 21)
+    assert gradients_alive("m", run_data([], rate(0.0, 0))).status == "skip"
     assert gradients_alive("m", run_data([], rate(0.6))).status == "warn"
     assert gradients_alive("m", run_data([])).status == "skip"
     runs = [attack(1, "pgd-linf", 0.3, 0.1), attack(2, "random-noise", 0.3, 0.9, "decision")]

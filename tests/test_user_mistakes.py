@@ -166,9 +166,11 @@ def test_a_module_handed_in_mid_training_gets_its_modes_back(tmp_path):
     without dropout and with frozen BatchNorm statistics."""
     net = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(48, 10)).train()
     net[2].eval()  # a frozen head: each submodule's own mode comes back
+    net[2].bias.requires_grad_(False)  # and each parameter's requires_grad (session 21)
     before = [module.training for module in net.modules()]
     record = aisafety.evaluate(PLAN, f"sqlite:///{tmp_path}/a.db", model=net, data=_images())
     assert [module.training for module in net.modules()] == before == [True, True, True, False]
+    assert [p.requires_grad for p in net.parameters()] == [True, False]
     assert record.values
 
 
@@ -586,3 +588,42 @@ def test_a_torchscript_archive_traced_on_a_batch_above_one_says_what_to_do():
     assert "The following operation failed" not in message  # the cause, not torch's header
     assert "traced with torch.jit.trace on a batch of N > 1" in message
     assert "script it (torch.jit.script)" in message and "source: export" in message
+
+
+class Attention(nn.Module):
+    """A ViT's attention block in eval mode: PyTorch's fast path when autograd is off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, x):
+        tokens = x.flatten(2).transpose(1, 2)  # (N, 2x2 pixels, 4 channels)
+        return self.attention(tokens, tokens, tokens, need_weights=False)[0].mean(1)
+
+
+def test_an_archive_traced_under_no_grad_is_refused_gradient_attacks_naming_the_fix():
+    """A ViT traced under torch.no_grad() records the attention fast path, which has no
+    derivative: its first gradient attack failed mid-run with 'derivative for
+    aten::_native_multi_head_attention is not implemented' (session 21, an ImageNet user's
+    audit). Its gradients are now declared absent, so such a plan is refused before any work
+    with the fix; the same module traced with gradients on gives them."""
+    from aisafety.errors import CapabilityError
+    from aisafety.interfaces import Capability
+    from aisafety.prediction.torchscript import TorchScriptPredictor
+
+    module, x = Attention().eval(), torch.rand(2, 4, 2, 2)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the trace shares (and the predictor freezes) weights
+        fast = torch.jit.trace(Attention().eval(), x, check_trace=False)
+    predictor = TorchScriptPredictor(fast, (4, 2, 2), name="vit")
+    assert Capability.GRADIENTS not in predictor.capabilities
+    with pytest.raises(CapabilityError, match=r"aten::_native_multi_head_attention.*no "
+                       r"derivative.*no torch\.no_grad\(\) around torch\.jit\.trace"):  # fmt: skip
+        predictor.require(Capability.GRADIENTS, "attack 'fgsm'")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slow = TorchScriptPredictor(torch.jit.trace(module, x, check_trace=False), (4, 2, 2))
+    images = x.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(slow.logits(images).sum(), images)
+    assert Capability.GRADIENTS in slow.capabilities and bool(gradient.abs().sum() > 0)

@@ -202,8 +202,9 @@ class Predictor(ABC):
             f"inside the model (for a PyTorch network, a factory returning nn.Sequential("
             f"nn.Upsample(size=({th}, {tw}), mode='bilinear'), net) with input_shape "
             f"[{c}, {ih}, {iw}]; attacks then perturb the {ih}x{iw} images), or evaluate it on "
-            f"{th}x{tw} images (an imagefolder dataset, or aisafety.evaluate(data=...)) "
-            "(docs/own-model.md)"
+            f"{th}x{tw} images (an imagefolder or npz dataset of {th}x{tw} images, or "
+            'aisafety.evaluate(data=...); docs/own-model.md, "Data", crops images to a '
+            "size into an npz file)"
         )
 
     def check_input_layout(self, x: torch.Tensor) -> None:

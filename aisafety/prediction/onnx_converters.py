@@ -10,6 +10,11 @@ versions it has no converter for, although the computation is one it already has
   onnx2torch's version-9 converter fails on attribute lists (``'list' object has no
   attribute 'detach'``) and is never found for version 1; ``StaticSlice`` replaces it.
 
+* ``Gelu`` (opset 20): torch's exporter writes ``nn.GELU`` (a ViT's MLP) as this one
+  operator from opset 20, its default today, and onnx2torch has no converter (opset 17
+  writes it as ``Erf`` arithmetic, which converts); ``nn.GELU`` with the node's
+  ``approximate`` (``none`` or ``tanh``) computes it;
+
 * operators whose newer versions (opsets 18-22) only widen the tensor types they accept
   (``Reshape`` 19/21, ``Conv`` 22, ...) take the converter of the newest version onnx2torch
   has: for float32 classifiers the computation is the same.
@@ -59,6 +64,9 @@ def register() -> None:
             if key not in known and below:
                 known[key] = known[description(domain="", operation_type=operation,
                                                version=below[-1])]  # fmt: skip
+    gelu = description(domain="", operation_type="Gelu", version=20)
+    if gelu not in known:
+        known[gelu] = _gelu
     for version in (1, 9):  # replaces onnx2torch's broken version-9 converter
         known[description(domain="", operation_type="Slice", version=version)] = _static_slice
 
@@ -92,6 +100,20 @@ def _static_slice(node: Any, graph: Any) -> Any:
     )
     return common.OperationConverterResult(
         torch_module=module, onnx_mapping=common.onnx_mapping_from_node(node)
+    )
+
+
+def _gelu(node: Any, graph: Any) -> Any:
+    """ONNX Gelu (opset 20) as ``nn.GELU``, whose ``approximate`` takes the same values."""
+    common = importlib.import_module("onnx2torch.utils.common")
+    approximate = node.attributes.get("approximate", "none")
+    if isinstance(approximate, bytes):
+        approximate = approximate.decode()
+    if approximate not in ("none", "tanh"):
+        raise NotImplementedError(f"Gelu with approximate={approximate!r}")
+    return common.OperationConverterResult(
+        torch_module=nn.GELU(approximate=approximate),
+        onnx_mapping=common.onnx_mapping_from_node(node),
     )
 
 

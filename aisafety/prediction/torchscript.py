@@ -64,6 +64,32 @@ UNAVAILABLE = {
 }
 
 
+# PyTorch's inference fast paths of nn.TransformerEncoderLayer and nn.MultiheadAttention
+# (eval mode, autograd off): a trace under torch.no_grad() records them, with no derivative
+NO_DERIVATIVE = ("aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention")
+
+
+def inference_only_ops(script: torch.jit.ScriptModule) -> list[str]:
+    """The fast-path operators at the top level of the archive's graph, where a trace puts
+    them; a scripted module keeps them in a branch it leaves when gradients are on."""
+    try:
+        nodes = script.inlined_graph.nodes()
+    except (AttributeError, RuntimeError):
+        return []
+    return sorted({node.kind() for node in nodes if node.kind() in NO_DERIVATIVE})
+
+
+def no_gradients(ops: list[str]) -> str:
+    """Why an archive with ``ops`` gives no gradients, and the ways on."""
+    return (
+        f"its graph holds {', '.join(ops)}, PyTorch's inference fast path of "
+        "nn.TransformerEncoderLayer / nn.MultiheadAttention, which has no derivative "
+        "(torch.jit.trace under torch.no_grad() records it); trace the model again with "
+        "gradients on (no torch.no_grad() around torch.jit.trace), or load it with source: "
+        "python or export; score-based attacks (square-linf) run on it as it is."
+    )
+
+
 class TorchScriptPredictor(Predictor):
     """A TorchScript module with optional mean/std normalisation in front of it.
 
@@ -103,6 +129,9 @@ class TorchScriptPredictor(Predictor):
             p.requires_grad_(False)
         self.capabilities = frozenset({Capability.LABELS, Capability.SCORES, Capability.GRADIENTS})
         self.unavailable = UNAVAILABLE
+        if fast := inference_only_ops(self.script):  # refused before any work, not mid-attack
+            self.capabilities -= {Capability.GRADIENTS}
+            self.unavailable = {**UNAVAILABLE, "gradients": no_gradients(fast)}
         self.batch: int | None = None  # the one batch size a traced archive runs at
         probed = self._probe()  # also with num_classes given: it learns the batch
         self.num_classes = int(num_classes) if num_classes else classes_of(self.name, probed)

@@ -115,7 +115,9 @@ class ImageFolderDataset(DatasetSource):
                 raise ConfigError(
                     f"dataset 'imagefolder': {file} is {image.shape[1]}x{image.shape[0]} but "
                     f"{files[0]} is {first.shape[1]}x{first.shape[0]}; resize all images "
-                    f"to one size"
+                    'to one size (ImageNet\'s validation images: docs/own-model.md, "Data", '
+                    "crops them to 224x224 into an npz file as torchvision's evaluation "
+                    "transform does)"
                 )
             images.append(image)
         if len({image.shape[2] for image in images}) > 1:

@@ -1,10 +1,11 @@
 """Images whose class index is in their file name: ``<anything>_<label>.jpg``.
 
-The form of the ImageNet samples foolbox ships (``imagenet_<i>_<label>.jpg``, 512x512 JPEG,
-the label an ImageNet-1k index; ``../shared/data/imagenet-samples-foolbox/``): 20 images, for
-running an ImageNet-shaped pipeline end to end, not for accuracy figures. Every image is
-resized to ``SIDE`` x ``SIDE`` with PIL's default resampling, as foolbox's
-``utils.samples`` does; classes are the indices 0..999.
+The form of the ImageNet samples foolbox ships (``imagenet_<i>_<label>.jpg``, JPEG, 512x512
+but for ``imagenet_10_541.jpg``, 1024x683; the label an ImageNet-1k index;
+``../shared/data/imagenet-samples-foolbox/``): 20 images, for running an ImageNet-shaped
+pipeline end to end, not for accuracy figures. Every image is resized to ``SIDE`` x ``SIDE``
+with PIL's default resampling, as foolbox's ``utils.samples`` does (the 1024x683 one is
+squeezed, not cropped); classes are the indices 0..999.
 """
 
 from __future__ import annotations
