@@ -196,16 +196,6 @@ class ModelSpec(StrictModel):
         values = {field: getattr(self, field) for field in type(self).model_fields}
         return type(self).model_construct(self.model_fields_set, **{**values, "name": name})
 
-    def named_entry(self, field: str) -> NamedEntry:
-        """This model as a plan's ``field``, for ``model_names.distinct_names``."""
-        given = "name" in self.model_fields_set
-        forms = [] if given else name_forms(self.source, self.path, self.factory)
-        what = self.model_dump(mode="json", exclude={"name"})
-        if self.path is not None:  # one file however the plan spells its path
-            what["path"] = os.path.abspath(self.path)
-        name = forms[0] if forms else self.name  # derived afresh, however it was lengthened
-        return NamedEntry(field, name, forms, json.dumps(what, sort_keys=True), self.shown())
-
     def shown(self) -> str:
         """What the spec loads, in a few words (for messages about its name)."""
         where = {
@@ -593,6 +583,18 @@ class ExecutorSpec(StrictModel):
         return self
 
 
+def named_entry(spec: ModelSpec, field: str) -> NamedEntry:
+    """``spec`` as a plan's ``field``, for ``model_names.distinct_names`` (a function, not a
+    method: ``NamedEntry`` stays out of the plugin-facing API)."""
+    given = "name" in spec.model_fields_set
+    forms = [] if given else name_forms(spec.source, spec.path, spec.factory)
+    what = spec.model_dump(mode="json", exclude={"name"})
+    if spec.path is not None:  # one file however the plan spells its path
+        what["path"] = os.path.abspath(spec.path)
+    name = forms[0] if forms else spec.name  # derived afresh, however it was lengthened
+    return NamedEntry(field, name, forms, json.dumps(what, sort_keys=True), spec.shown())
+
+
 class EvaluationPlan(StrictModel):
     """Everything one ``aisafety evaluate`` run does."""
 
@@ -683,7 +685,7 @@ class EvaluationPlan(StrictModel):
         are refused (``model_names.distinct_names``). The report and comparisons show the
         name only."""
         specs = {f: getattr(self, f) for f in ("model", "reference_model") if getattr(self, f)}
-        names = distinct_names([spec.named_entry(field) for field, spec in specs.items()])
+        names = distinct_names([named_entry(spec, field) for field, spec in specs.items()])
         for (field, spec), name in zip(specs.items(), names, strict=True):
             if name != spec.name:  # self is the fresh, frozen plan
                 object.__setattr__(self, field, spec.named(name))
