@@ -9,7 +9,7 @@ import torch
 
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.zoo import list_models, load_zoo_model, sha256_bytes
-from aisafety.errors import AISafetyError, AISafetyWarning, ConfigError, UnknownNameError
+from aisafety.errors import AISafetyError, ConfigError, NormalisedTwiceWarning, UnknownNameError
 from aisafety.files import MAX_MODEL_BYTES, intact_archive, read_regular_file, regular_file
 from aisafety.interfaces import DatasetSpec, DefenseSpec, ModelSpec
 from aisafety.plugins import Registry, default_registry
@@ -141,7 +141,7 @@ def warn_normalised_twice(predictor: Predictor) -> None:
     the run keeps it: the runner calls it on the loaded model and on one handed in."""
     if predictor.normalised_twice is not None:
         message = twice_message(predictor.name, predictor.normalised_twice)
-        warnings.warn(message, AISafetyWarning, stacklevel=2)
+        warnings.warn(message, NormalisedTwiceWarning, stacklevel=2)
 
 
 def _load_checkpoint(

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import aisafety
-from aisafety.errors import AISafetyWarning
+from aisafety.errors import NormalisedTwiceWarning
 from aisafety.interfaces import ModelSpec
 from aisafety.loading import load_model
 from aisafety.prediction.own_normalisation import own_normalisation
@@ -124,7 +124,9 @@ def _data(n: int = 20):
 
 
 def _stored(db: str, record) -> list[str]:
-    return [text for _, _, text in ResultStore(db).run_warnings(record.run_id)]
+    """The run's own stored warnings of this kind (the report's badge: "normalised twice")."""
+    rows = ResultStore(db).run_warnings(record.run_id)
+    return [t for unit, kind, t in rows if unit is None and kind == "NormalisedTwiceWarning"]
 
 
 PLAN = {"metrics": ["ca"]}
@@ -133,11 +135,11 @@ PLAN = {"metrics": ["ca"]}
 def test_evaluate_stores_the_warning_naming_model_both_normalisations_and_fix(tmp_path):
     db = f"sqlite:///{tmp_path / 'r.db'}"
     net = nn.Sequential(Normalize(MEAN, STD), _head())
-    with pytest.warns(AISafetyWarning, match="normalised twice"):
+    with pytest.warns(NormalisedTwiceWarning, match="normalised twice"):
         record = aisafety.evaluate(
             PLAN, db, model=net, data=_data(), name="selfnorm", mean=MEAN, std=STD
         )
-    (text,) = [w for w in _stored(db, record) if "normalised twice" in w]
+    (text,) = _stored(db, record)
     assert text.startswith("model 'selfnorm' normalises its input itself (Normalize mean")
     assert "and the mean (0.4914, 0.4822, 0.4465) std (0.247, 0.2435, 0.2616) given" in text
     assert "Drop mean and std for this model" in text
@@ -174,9 +176,9 @@ def test_an_onnx_plan_stores_the_warning_as_aisafety_verify_gives_it(tmp_path):
     path = _onnx(tmp_path / "net.onnx", 0.5)
     model = {"name": "onnxnet", "source": "onnx", "path": path, "mean": [0.5], "std": [0.25]}
     db = f"sqlite:///{tmp_path / 'r.db'}"
-    with pytest.warns(AISafetyWarning, match="normalised twice"):
+    with pytest.warns(NormalisedTwiceWarning, match="normalised twice"):
         record = aisafety.evaluate({**PLAN, "model": model}, db, data=_data())
-    (text,) = [w for w in _stored(db, record) if "normalised twice" in w]
+    (text,) = _stored(db, record)
     assert "model 'onnxnet' normalises its input itself (ONNX graph: its own normalisation " in text
     assert "(Sub 0.5, then Div) takes [0, 1] pixels), and the mean (0.5) std (0.25)" in text
     spec = ModelSpec(name="n", source="onnx", path=path, input_shape=(3, 4, 4))
