@@ -118,6 +118,27 @@ def test_the_predictor_notes_it_only_for_a_normalising_mean():
     assert TorchPredictor(_head(), (3, 4, 4), 10, mean=MEAN, std=STD).normalised_twice is None
 
 
+class Raising(nn.Module):
+    """``mu`` a buffer, ``sigma`` a property that raises."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mu", torch.tensor(MEAN).view(1, 3, 1, 1))
+        self.fc = _head()
+
+    @property
+    def sigma(self):
+        raise RuntimeError("a user's attribute that raises")
+
+    def forward(self, x):
+        return self.fc(x - self.mu)
+
+
+def test_a_module_whose_attribute_raises_still_loads_unflagged():
+    predictor = TorchPredictor(Raising(), (3, 4, 4), 10, mean=MEAN, std=STD)
+    assert predictor.normalised_twice is None  # a hint, never a failed load
+
+
 def _data(n: int = 20):
     rng = np.random.default_rng(0)
     return rng.random((n, 3, 4, 4), dtype=np.float32), rng.integers(0, 10, n)

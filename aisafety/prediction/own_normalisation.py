@@ -41,8 +41,13 @@ def normalised_twice(
     """(the ``mean``/``std`` given, the module's own normalisation) in words where both
     normalise; None otherwise (the predictor's ``normalised_twice``)."""
     given = given_normalisation(mean, std)
-    own = own_normalisation(module) if given else None
-    return (given, own) if given and own else None
+    if given is None:
+        return None
+    try:
+        own = own_normalisation(module)
+    except Exception:  # noqa: BLE001 - a user's attribute may raise anything: a hint, no more
+        return None
+    return None if own is None else (given, own)
 
 
 def own_normalisation(module: nn.Module) -> str | None:
