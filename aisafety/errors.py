@@ -91,6 +91,11 @@ class AtChanceWarning(AISafetyWarning):
     """A model whose clean accuracy is at chance: its robust numbers mean little (chance.py)."""
 
 
+class NormalisedTwiceWarning(AISafetyWarning):
+    """A network that normalises its own input, given a mean/std too: it is fed inputs
+    normalised twice (prediction/own_normalisation.py)."""
+
+
 class MemoryBudgetError(AISafetyError):
     """A computation's estimated peak memory is over its budget; raised before any work,
     naming the estimate, the budget and what would fit."""

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import torch
 
 from aisafety.database.datasets.base import LoadedDataset
 from aisafety.database.zoo import list_models, load_zoo_model, sha256_bytes
-from aisafety.errors import AISafetyError, ConfigError, UnknownNameError
+from aisafety.errors import AISafetyError, ConfigError, NormalisedTwiceWarning, UnknownNameError
 from aisafety.files import MAX_MODEL_BYTES, intact_archive, read_regular_file, regular_file
 from aisafety.interfaces import DatasetSpec, DefenseSpec, ModelSpec
 from aisafety.plugins import Registry, default_registry
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.outputs import classes_of, model_raised
+from aisafety.prediction.own_normalisation import given_normalisation, twice_message
 from aisafety.prediction.python_factory import build_module, resolve_factory
 from aisafety.prediction.state_dict import load_into, read_state_dict
 from aisafety.prediction.torch_module import TorchPredictor, module_fingerprint, weight_dtype
@@ -115,6 +117,7 @@ def load_model(
             data, spec.gradients, input_shape=spec.input_shape, num_classes=spec.num_classes,
             name=spec.name, mean=spec.mean, std=spec.std, device=device, layout=spec.layout,
         )  # fmt: skip
+        predictor.normalised_twice = onnx_normalised_twice(spec)
     elif spec.source == "torchscript":
         from aisafety.prediction.torchscript import TorchScriptPredictor
 
@@ -130,6 +133,30 @@ def load_model(
         data = _read_model_file(spec)
         predictor = _load_checkpoint(spec, data, device, registry)
     return predictor, sha256_bytes(data)
+
+
+def onnx_normalised_twice(spec: ModelSpec) -> tuple[str, str] | None:
+    """The plan's ``mean``/``std`` and the graph's own normalisation where both normalise:
+    the graph's input goes first through ``Sub`` by a nonzero constant, then ``Div``/``Mul``
+    (``graph_range``, what ``aisafety verify`` reads). The graph is read only then."""
+    given = given_normalisation(spec.mean, spec.std)
+    if given is None:
+        return None
+    from aisafety.verification.input_space import graph_range
+
+    try:
+        own = graph_range(_model_path(spec), 1)
+    except Exception:  # noqa: BLE001 - a graph it cannot read: load_onnx ran it already
+        return None
+    return None if own is None else (given, f"ONNX graph: {own.source} pixels")
+
+
+def warn_normalised_twice(predictor: Predictor) -> None:
+    """The warning for a network fed inputs normalised twice (``normalised_twice``), where
+    the run keeps it: the runner calls it on the loaded model and on one handed in."""
+    if predictor.normalised_twice is not None:
+        message = twice_message(predictor.name, predictor.normalised_twice)
+        warnings.warn(message, NormalisedTwiceWarning, stacklevel=2)
 
 
 def _load_checkpoint(

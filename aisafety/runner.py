@@ -52,6 +52,7 @@ from aisafety.loading import (
     load_whole_data,
     resolve_device,
     subset,
+    warn_normalised_twice,
 )
 from aisafety.memory import reuse_freed_memory
 from aisafety.memory_budget import GIB, memory_limit
@@ -346,6 +347,7 @@ class Runner:
         torch.manual_seed(plan.seed)
         device = resolve_device(plan.device)
         predictor, weights = self.given_model or load_model(plan.model, device, self.registry)
+        warn_normalised_twice(predictor)  # kept with the run, also for a model handed in
         predictor = apply_defenses(predictor, plan.defenses, self.registry)
         warn_obfuscation(predictor, self.attacks.values())
         reference = None
@@ -353,6 +355,7 @@ class Runner:
             reference, self._reference_fingerprint = load_model(
                 plan.reference_model, device, self.registry
             )
+            warn_normalised_twice(reference)
         self._check_sizes(predictor)
         for model in (predictor, reference):  # a forward pass that never returns ends
             if model is not None:  # its unit (prediction/watch.py)

@@ -49,6 +49,10 @@ class Predictor(ABC):
         "model.mean/std (the training normalisation), model.scale (0..1 vs 0..255 pixels), "
         "model.layout (nchw/nhwc), model.input_shape"
     )
+    # (the mean/std given for it, the network's own normalisation), in words, where the
+    # network normalises its input itself and is fed inputs normalised twice
+    # (prediction/own_normalisation.py); warned about and stored with the run
+    normalised_twice: tuple[str, str] | None = None
 
     @abstractmethod
     def _logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from torch import nn
 from aisafety.errors import ConfigError
 from aisafety.interfaces import Capability, mean_problem
 from aisafety.prediction.base import Predictor
+from aisafety.prediction.own_normalisation import normalised_twice
 
 
 class Normalize(nn.Module):
@@ -76,6 +77,7 @@ class TorchPredictor(Predictor):
         dtype = weight_dtype(module)
         norm = Normalize(mean or [0.0] * channels, std or [1.0] * channels, dtype)
         self.module = module
+        self.normalised_twice = normalised_twice(module, mean, std)
         self.network = nn.Sequential(norm, module).to(self.device).eval()
         for p in self.network.parameters():
             p.requires_grad_(False)

@@ -24,6 +24,7 @@ from aisafety.interfaces import Capability
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.fixed_batch import run_fixed
 from aisafety.prediction.outputs import classes_of, model_raised
+from aisafety.prediction.own_normalisation import normalised_twice
 from aisafety.prediction.torch_module import Normalize
 
 
@@ -122,6 +123,7 @@ class TorchScriptPredictor(Predictor):
             raise ConfigError(f"input_shape is (C, H, W), got {tuple(input_shape)}")
         channels = self.input_shape[0]
         self.script = script.eval()
+        self.normalised_twice = normalised_twice(self.script, mean, std)
         self.network = nn.Sequential(
             Normalize(mean or [0.0] * channels, std or [1.0] * channels), self.script
         ).to(self.device)
