@@ -10,8 +10,9 @@ every file before a run, and the row's comment line says so. Nothing else is gue
 row whose file is missing is an ``error`` row naming the path (and, as a hint only, a file
 of the benchmark folder whose name ends like it) and the run goes on.
 
-The results file holds one line per row, ``category,onnx,vnnlib,result,runtime`` as
-VNN-COMP 2021's ``run_single_instance.sh`` writes it (the category: ``category_of``),
+The results file holds one line per row,
+``category,onnx,vnnlib,prepare_time,result,runtime`` as VNN-COMP's ``run_single_instance.sh``
+writes it (2021's results files and 2023's script alike; the category: ``category_of``),
 written and flushed row by row so that an interrupted run keeps every finished row. A
 ``sat`` row's counterexample goes beside it, in ``<results>.counterexamples/``, named as
 the 2023 scripts name them, ``<onnx>_<vnnlib>.counterexample``.
@@ -49,14 +50,21 @@ class Row:
 
 @dataclass
 class Outcome:
-    """What a row gave: its verdict, wall and CPU seconds, the counterexample, and the
-    comment for the terminal (the note, the margin, or the error)."""
+    """What a row gave: its verdict; the wall seconds before the verifier (reading the row,
+    unpacking, VNN-COMP's prepare time: outside the limit) and of the verifier (its
+    runtime, -1 where it never ran, as the scripts write it), its CPU seconds; the
+    counterexample; the comment for the terminal (the margin and notes, or the error)."""
 
     result: str
-    seconds: float
+    prepare: float
+    seconds: float = -1.0
     cpu: float = 0.0
     counterexample: str = ""
     comment: str = ""
+
+    @property
+    def wall(self) -> float:
+        return self.prepare + max(self.seconds, 0.0)
 
 
 # verify(network, spec, timeout) -> (InstanceResult, CPU seconds), paths already unpacked
@@ -155,16 +163,21 @@ def run_row(row: Row, folder: Path, verify: Verify, unpack: Unpacker) -> Outcome
     try:
         timeout = row_timeout(row.timeout)
         (network, n_note), (spec, s_note) = row_files(row, folder)
-        result, cpu = verify(unpack(network), unpack(spec), timeout)
+        network, spec = unpack(network), unpack(spec)
     except AISafetyError as exc:
         return Outcome("error", time.perf_counter() - began, comment=str(exc))
+    prepare = time.perf_counter() - began
+    try:
+        result, cpu = verify(network, spec, timeout)
+    except AISafetyError as exc:
+        return Outcome("error", prepare, time.perf_counter() - began - prepare, comment=str(exc))
     except Exception as exc:  # a bug, or a file no check foresaw: this row only
         comment = f"{type(exc).__name__}: {exc} (unexpected: please report it)"
-        return Outcome("error", time.perf_counter() - began, comment=comment)
+        return Outcome("error", prepare, time.perf_counter() - began - prepare, comment=comment)
     notes = [n for n in (n_note, s_note, result.note) if n]
     comment = f"margin bound {result.margin:.4g}" + "".join(f"; {n}" for n in notes)
-    seconds = time.perf_counter() - began  # the unpacking included
-    return Outcome(result.status, seconds, cpu, result.counterexample, comment)
+    seconds = time.perf_counter() - began - prepare
+    return Outcome(result.status, prepare, seconds, cpu, result.counterexample, comment)
 
 
 def counterexample_name(row: Row) -> str:
@@ -225,10 +238,11 @@ def run_benchmark(instances: str, verify: Verify, out: str | None, clock: str) -
             for k, row in enumerate(rows, start=1):
                 outcome = run_row(row, folder, verify, unpack)
                 fields = [category, str(folder / row.onnx), str(folder / row.vnnlib)]
-                line = csv_line([*fields, outcome.result, f"{outcome.seconds:.3f}"])
+                times = (f"{outcome.prepare:.3f}", f"{outcome.seconds:.3f}")
+                line = csv_line([*fields, times[0], outcome.result, times[1]])
                 kept = sink.add(line, row, outcome)
                 counts[outcome.result] += 1
-                totals[0] += outcome.seconds
+                totals[0] += outcome.wall
                 totals[1] += outcome.cpu
                 print(comment_line(k, len(rows), row, outcome, kept), flush=True)
     except KeyboardInterrupt:
@@ -278,7 +292,7 @@ def csv_line(fields: list[str]) -> str:
 
 def comment_line(k: int, n: int, row: Row, outcome: Outcome, kept: str) -> str:
     """``# row k/n (line L): <verdict>, seconds, then the margin or the error``."""
-    times = f"{outcome.seconds:.2f} s wall, {outcome.cpu:.2f} s CPU"
+    times = f"{outcome.wall:.2f} s wall, {outcome.cpu:.2f} s CPU"
     text = f"# {k}/{n} (line {row.line}) {outcome.result}: {times}; {outcome.comment}"
     return text + (f"; counterexample in {kept}" if kept else "")
 
