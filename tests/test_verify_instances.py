@@ -142,12 +142,15 @@ def test_an_interrupted_run_keeps_the_rows_already_written(tmp_path, monkeypatch
      ([], "verify needs the ONNX network and the VNN-LIB property: aisafety verify NET.onnx"),
      (["n.onnx"], "verify needs the VNN-LIB property"),
      (["--instances", "nowhere.csv"], "instances file 'nowhere.csv' does not exist"),
-     (["--instances", "empty.csv"], "instances file 'empty.csv' has no rows")],
+     (["--instances", "empty.csv"], "instances file 'empty.csv' has no rows"),
+     (["--instances", "i.csv", "--out", "./i.csv"], "--out './i.csv' is the instances file")],
 )  # fmt: skip
 def test_a_wrong_invocation_is_one_error_line(tmp_path, monkeypatch, capsys, argv, said):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.csv").write_text("\n")
+    (tmp_path / "i.csv").write_text("n.onnx,p.vnnlib,5\n")
     assert main(["verify", *argv]) == 2
+    assert (tmp_path / "i.csv").read_text() == "n.onnx,p.vnnlib,5\n"  # never emptied
     out = capsys.readouterr()
     assert said in out.err and out.err.count("\n") == 1 and not out.out, out.err
 

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TextIO
 
@@ -120,7 +122,7 @@ def row_files(row: Row, folder: Path) -> list[tuple[Path, str]]:
 def hint(folder: Path, name: str) -> str:
     """Files of the benchmark folder whose names end like the missing one's (a repackaged
     benchmark: folders flattened, names prefixed), named as a hint and never used."""
-    found = sorted(str(p.relative_to(folder)) for p in folder.rglob(f"*{name}") if p.is_file())
+    found = sorted(str(p.relative_to(folder)) for p in files_under(folder) if p.name.endswith(name))
     if not found:
         return "; paths are relative to the folder of instances.csv"
     shown = ", ".join(found[:2]) + (f" and {len(found) - 2} more" if len(found) > 2 else "")
@@ -128,6 +130,19 @@ def hint(folder: Path, name: str) -> str:
         f"; the benchmark folder has {shown}: was it laid out otherwise than its "
         "instances.csv says? Correct the row's path (it is not guessed)"
     )
+
+
+@lru_cache(maxsize=4)
+def files_under(folder: Path, most: int = 100_000) -> tuple[Path, ...]:
+    """The files under ``folder``, listed once per run (a benchmark's rows often miss the
+    same way) and at most ``most`` of them: an instances.csv in a home folder must not
+    walk the whole disk for a hint."""
+    found: list[Path] = []
+    for root, _, names in os.walk(folder):
+        found += (Path(root) / n for n in names)
+        if len(found) >= most:
+            break
+    return tuple(found)
 
 
 def row_timeout(text: str) -> float:
@@ -226,6 +241,11 @@ def run_benchmark(instances: str, verify: Verify, out: str | None, clock: str) -
     """Every row of ``instances``, each line printed (and written with ``out``) as it is
     answered, then the summary; 130 when interrupted, the finished rows kept."""
     rows = read_rows(instances)
+    if out and Path(out).resolve() == Path(instances).resolve():
+        raise ConfigError(
+            f"--out {out!r} is the instances file itself: writing the results would empty "
+            "it; give another path (results.csv)"
+        )
     folder = Path(instances).parent
     category = category_of(Path(instances))
     file = open_results(out) if out else None
