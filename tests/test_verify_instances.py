@@ -164,6 +164,20 @@ def test_a_bad_timeout_is_that_rows_error(tmp_path, capsys):
     assert "timeout 'soon' is not a positive, finite number of seconds" in printed[1]
 
 
+def test_a_corrupt_gz_is_that_rows_error(tmp_path, capsys):
+    folder = benchmark(tmp_path)
+    packed = (folder / "onnx" / "one.onnx.gz").read_bytes()
+    (folder / "onnx" / "one.onnx.gz").write_bytes(packed[: len(packed) // 2])  # truncated
+    rows = "onnx/one.onnx,vnnlib/p.vnnlib,20\nonnx/zero.onnx,vnnlib/p.vnnlib,20\n"
+    (folder / "instances.csv").write_text(rows)
+    argv = ["verify", "--instances", str(folder / "instances.csv"), "--verifier", "crown"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [printed[i].split(",")[4] for i in (0, 2)] == ["error", "unsat"]  # the run went on
+    assert "cannot unpack the row's .gz file: EOFError" in printed[1]
+    assert "margin bound" in printed[3]  # before, the failed unpack's folder blocked it
+
+
 @pytest.mark.parametrize("benchmark_folder", ["vnncomp2021_cifar10_resnet",
                                               "vnncomp2021_marabou_cifar10"])  # fmt: skip
 def test_the_shipped_cifar10_rows_are_errors_naming_the_file_the_folder_has(

@@ -164,10 +164,8 @@ class Unpacker:
         self.folder, self.done = Path(folder), {}
 
     def __call__(self, path: Path) -> str:
-        if path not in self.done:
-            target = self.folder / str(len(self.done))
-            target.mkdir()
-            self.done[path] = unpacked(str(path), str(target))
+        if path not in self.done:  # a fresh folder each time: a failed unpack leaves its own
+            self.done[path] = unpacked(str(path), tempfile.mkdtemp(dir=self.folder))
         return self.done[path]
 
 
@@ -181,6 +179,9 @@ def run_row(row: Row, folder: Path, verify: Verify, unpack: Unpacker) -> Outcome
         network, spec = unpack(network), unpack(spec)
     except AISafetyError as exc:
         return Outcome("error", time.perf_counter() - began, comment=str(exc))
+    except (OSError, EOFError) as exc:  # a truncated or corrupt .gz, a full scratch disk
+        comment = f"cannot unpack the row's .gz file: {type(exc).__name__}: {exc}"
+        return Outcome("error", time.perf_counter() - began, comment=comment)
     prepare = time.perf_counter() - began
     try:
         result, cpu = verify(network, spec, timeout)
