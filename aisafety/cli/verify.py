@@ -1,11 +1,10 @@
-"""``aisafety verify``: one VNN-COMP instance (an ONNX network and a VNN-LIB property)."""
+"""``aisafety verify``: one VNN-COMP instance (an ONNX network and a VNN-LIB property), or a
+benchmark's ``instances.csv`` row by row (``--instances``, ``cli/benchmark.py``)."""
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import math
-import shutil
 import sys
 import tempfile
 import time
@@ -13,7 +12,8 @@ import warnings
 from pathlib import Path
 
 from aisafety.cli import collector, common
-from aisafety.errors import AISafetyError
+from aisafety.cli.gzipped import unpacked
+from aisafety.errors import AISafetyError, ConfigError
 
 
 def seconds(text: str) -> float:
@@ -28,14 +28,23 @@ def seconds(text: str) -> float:
 
 
 def add_parser(sub) -> None:
-    vf = sub.add_parser("verify", help="verify a VNN-COMP instance: NET.onnx SPEC.vnnlib")
-    vf.add_argument("network", help="ONNX network")
-    vf.add_argument("spec", help="VNN-LIB property")
+    vf = sub.add_parser(
+        "verify",
+        help="verify a VNN-COMP instance (NET.onnx SPEC.vnnlib) or a benchmark (--instances)",
+    )
+    vf.add_argument("network", nargs="?", help="ONNX network")
+    vf.add_argument("spec", nargs="?", help="VNN-LIB property")
+    vf.add_argument(
+        "--instances",
+        metavar="CSV",
+        help="a VNN-COMP benchmark's instances.csv (rows onnx,vnnlib,timeout, paths relative "
+        "to its folder): every row in this process, one results line each, then a summary",
+    )
     vf.add_argument(
         "--timeout",
         type=seconds,
-        default=60.0,
-        help="seconds for the instance, counted on --clock (default 60)",
+        help="seconds for the instance, counted on --clock (default 60; with --instances, "
+        "each row's own)",
     )
     vf.add_argument(
         "--clock",
@@ -55,7 +64,8 @@ def add_parser(sub) -> None:
         "--out",
         metavar="FILE",
         help="also write VNN-COMP's results file: the status line, then for sat the "
-        "counterexample; the terminal then shows the status without it",
+        "counterexample; the terminal then shows the status without it. With --instances: "
+        "the results lines, and the sat rows' counterexamples in FILE.counterexamples/",
     )
     space = "what the network is fed, (pixels * scale - mean) / std, pixels in [0, 1]: a box "
     space += "outside it is refused (docs/certification.md)"
@@ -66,6 +76,10 @@ def add_parser(sub) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    if args.instances:
+        return run_instances(args)
+    args.timeout = args.timeout or DEFAULT_TIMEOUT
     try:
         result, cpu = run_instance(args)
         print_answer(result, args, cpu)
@@ -75,50 +89,77 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 130
 
 
-def run_instance(args: argparse.Namespace):
-    """The instance's result, and the CPU seconds it took."""
-    from aisafety.verification.vnncomp import verify_instance
+DEFAULT_TIMEOUT = 60.0
 
-    declared = {"scale": args.scale, "mean": args.mean, "std": args.std}
-    # as evaluate: no full collection while torch and the plugins load, then all of it
-    # frozen (aisafety/cli/collector.py)
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """One instance (NET.onnx SPEC.vnnlib) or one benchmark (--instances), never both."""
+    given = [p for p in (args.network, args.spec) if p]
+    if args.instances and given:
+        raise ConfigError(
+            f"--instances runs the rows of {args.instances!r}; {given[0]!r} is given too: give "
+            "either NET.onnx SPEC.vnnlib or --instances CSV"
+        )
+    if args.instances and args.timeout:
+        raise ConfigError(
+            "--timeout with --instances: each row of instances.csv has its own timeout (its "
+            "third column; VNN-COMP's scripts have no scale); drop --timeout or edit the rows"
+        )
+    if not args.instances and len(given) < 2:
+        missing = "the VNN-LIB property" if given else "the ONNX network and the VNN-LIB property"
+        raise ConfigError(
+            f"verify needs {missing}: aisafety verify NET.onnx SPEC.vnnlib, or a benchmark's "
+            "rows: aisafety verify --instances instances.csv"
+        )
+
+
+def loaded_registry(args: argparse.Namespace):
+    """The plugins' registry; as evaluate: no full collection while torch and the plugins
+    load, then all of it frozen (aisafety/cli/collector.py)."""
     with collector.starting(args.whole_process):
         registry = common.default_registry()
         common.print_plugin_failures()  # a verifier it lacks may be a failed plugin's
-    if args.mean or args.std:
-        warn_if_normalised_twice(args.network)
+    return registry
+
+
+def run_instance(args: argparse.Namespace):
+    """The instance's result, and the CPU seconds it took."""
+    registry = loaded_registry(args)
     with tempfile.TemporaryDirectory(prefix="aisafety-verify-") as folder:
         network, spec = (unpacked(path, folder) for path in (args.network, args.spec))
-        cpu = time.process_time()
-        result = verify_instance(
-            registry,
-            network,
-            spec,
-            args.verifier,
-            args.timeout,
-            config=verifier_config(args),
-            declared=declared,
-        )
+        return verified(registry, args, network, spec, args.timeout)
+
+
+def verified(registry, args: argparse.Namespace, network: str, spec: str, timeout: float):
+    """``verify_instance`` with the command's settings: the result, and its CPU seconds."""
+    from aisafety.verification.vnncomp import verify_instance
+
+    if args.mean or args.std:
+        warn_if_normalised_twice(network)
+    declared = {"scale": args.scale, "mean": args.mean, "std": args.std}
+    cpu = time.process_time()
+    result = verify_instance(
+        registry,
+        network,
+        spec,
+        args.verifier,
+        timeout,
+        config=verifier_config(args),
+        declared=declared,
+    )
     return result, time.process_time() - cpu
 
 
-def unpacked(path: str, folder: str) -> str:
-    """``path``, or where a gzip-compressed file is unpacked (named without ``.gz``):
-    VNN-COMP's benchmark repositories since 2022 ship ``net.onnx.gz`` and ``prop.vnnlib.gz``
-    (alpha-beta-CROWN reads such a network directly, onnx.load(gzip.GzipFile(path))); read
-    as they were, they were refused as 'not an ONNX model' and 'not text (a network given as
-    the property?)'."""
-    source = Path(path)
-    try:
-        with source.open("rb") as file:
-            if file.read(2) != b"\x1f\x8b":
-                return path
-    except OSError:  # missing, a folder, unreadable: verify_instance names it
-        return path
-    target = Path(folder) / source.name.removesuffix(".gz")
-    with gzip.open(source) as packed, target.open("wb") as out:
-        shutil.copyfileobj(packed, out)
-    return str(target)
+def run_instances(args: argparse.Namespace) -> int:
+    """A benchmark's rows (aisafety/cli/benchmark.py), each verified as one instance is."""
+    from aisafety.cli.benchmark import run_benchmark
+
+    registry = loaded_registry(args)
+
+    def verify(network: str, spec: str, timeout: float):
+        return verified(registry, args, network, spec, timeout)
+
+    return run_benchmark(args.instances, verify, args.out, args.clock)
 
 
 def print_answer(result, args: argparse.Namespace, cpu: float) -> None:
