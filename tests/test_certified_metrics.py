@@ -197,3 +197,57 @@ def test_a_timed_out_sample_is_stored_as_timeout_never_certified():
     assert value.value == 0 and value.details["timeout"] > 0
     assert {s.verdict for s in samples} <= {"timeout", "falsified"}
     assert all(s.margin is None for s in samples)  # nothing proved: no margin stored
+
+
+def exact_robust(model: TorchPredictor, x: torch.Tensor, y: torch.Tensor, eps: float):
+    """Per sample, whether every margin row stays > 0 on the clipped eps-box (float64): the
+    minimum of a linear row is at the corner its signs pick, so this is exact."""
+    layer = model.module[1]
+    w, b = layer.weight.double().numpy(), layer.bias.double().numpy()
+    robust = []
+    for xi, yi in zip(x.flatten(1).double().numpy(), y.tolist(), strict=True):
+        rows, offsets = w[yi] - np.delete(w, yi, 0), b[yi] - np.delete(b, yi)
+        lo, hi = np.clip(xi - eps, 0, 1), np.clip(xi + eps, 0, 1)
+        robust.append(bool(((np.where(rows > 0, lo, hi) * rows).sum(1) + offsets > 0).all()))
+    return np.array(robust)
+
+
+# an attack that does not move (one step of 1e-9 from the image): it breaks only sample 0,
+# the misclassified one, so the verifier's counterexamples are all that lower its bound
+STILL = {"attack": "pgd-linf",
+         "attack_config": {"steps": 1, "step_size": 1e-9, "random_start": False}}  # fmt: skip
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_the_upper_bound_counts_the_verifiers_replayed_counterexamples_sample_by_sample(first):
+    """On a linear layer ``crown`` is exact: it certifies or falsifies every sample. The
+    upper bound is the closed form's robust fraction, below the attack's alone (11 of 12);
+    before session 21 it was the attack's (0.8 stored where the verifiers gave 0.75)."""
+    model, eps = linear_model(), 0.6  # sample 3's lowest row -0.30 there, the others >= 0.059
+    ctx = context(model)
+    config = {"verifier": "crown", "eps": eps, "attack_first": first, **STILL}
+    value = default_registry().create("metric", "certified-accuracy", config).compute(ctx)[0]
+    robust = exact_robust(model, ctx.x, ctx.y, eps)
+    assert value.details["attack_robust_accuracy"] == pytest.approx(11 / 12)
+    assert 0 < robust.mean() < 11 / 12  # the verifier refutes some sample the attack left
+    assert value.details["attack_upper_bound"] == pytest.approx(robust.mean())
+    assert value.value == pytest.approx(robust.mean())  # exact: the two bounds meet
+
+
+def test_a_falsified_verdict_whose_point_does_not_replay_lowers_no_upper_bound():
+    """A verifier's word is not a counterexample: a ``falsified`` verdict at the image itself
+    (correctly classified there) is checked here and not counted."""
+    from aisafety.verification.result import Verdict, VerificationResult
+
+    ctx = context(linear_model())
+    config = {"verifier": "ibp", "eps": 0.05, **STILL}
+    metric = default_registry().create("metric", "certified-accuracy", config)
+
+    def falsify_everything(graph, prop, model=None):  # points that break nothing
+        n, centre = len(prop), ((prop.lower + prop.upper) / 2).float()
+        return VerificationResult("ibp", [Verdict.FALSIFIED] * n, torch.zeros(n),
+                                  torch.zeros(n), centre)  # fmt: skip
+
+    metric.verifier.verify = falsify_everything
+    details = metric.compute(ctx)[0].details
+    assert details["attack_upper_bound"] == details["attack_robust_accuracy"] == 11 / 12

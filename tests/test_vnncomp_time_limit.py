@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from aisafety.plugins import default_registry
 from aisafety.verification import vnncomp
@@ -24,10 +25,13 @@ MNISTFC = next(
 pytestmark = pytest.mark.skipif(MNISTFC is None, reason="../shared/data (VNN-COMP files) absent")
 
 
-def run_with_setup(monkeypatch, setup: float, timeout: float, prepare: float = 0.0):
+def run_with_setup(
+    monkeypatch, setup: float, timeout: float, prepare: float = 0.0, attack: float | None = None
+):
     """``verify_instance`` (``crown``, CPU clock) whose loading costs ``setup`` ticks and
-    the verifier's one-time ``prepare`` ``prepare`` ticks; the result and the span of every
-    deadline a verifier set."""
+    the verifier's one-time ``prepare`` ``prepare`` ticks (and, given ``attack``, box-PGD
+    ``attack`` ticks and no point); the result and the span of every deadline a verifier
+    set."""
     ticks = [100.0]
     monkeypatch.setitem(CLOCKS, "cpu", lambda: ticks[0])
     load = vnncomp.load_network
@@ -46,6 +50,13 @@ def run_with_setup(monkeypatch, setup: float, timeout: float, prepare: float = 0
     def slow_prepare(verifier):
         ticks[0] += prepare
 
+    def slow_attack(verifier, graph, prop, model):
+        ticks[0] += attack
+        return torch.zeros(len(prop), dtype=torch.bool), prop.lower
+
+    if attack is not None:
+        monkeypatch.setattr(vnncomp.BoxPgd, "attack", slow_attack)
+
     monkeypatch.setattr(vnncomp, "load_network", slow_load)
     monkeypatch.setattr(Verifier, "prepare", slow_prepare)
     monkeypatch.setattr(Verifier, "deadline", recorded)
@@ -56,7 +67,10 @@ def run_with_setup(monkeypatch, setup: float, timeout: float, prepare: float = 0
 
 def test_the_verifier_gets_what_loading_left_of_the_limit(monkeypatch):
     result, spans = run_with_setup(monkeypatch, setup=45.0, timeout=60.0)
-    assert spans == [pytest.approx(15.0)]  # one batch of one sample: 60 - 45 ticks
+    # one sample: 60 - 45 ticks for box-PGD's deadline, then the bounds' with what it left
+    # (all of it: only loading advances this clock). crown set one before it attacked first
+    # on this route (session 21)
+    assert spans == [pytest.approx(15.0)] * 2
     assert result.status in ("unsat", "unknown")  # crown's own verdict, not a timeout
 
 
@@ -64,10 +78,18 @@ def test_the_verifiers_one_time_prepare_counts_too(monkeypatch):
     """alpha-CROWN's ``prepare`` imports ``torch._dynamo`` (seconds of CPU) once per process:
     in a sweep of one instance per process, that is every instance's."""
     result, spans = run_with_setup(monkeypatch, setup=20.0, timeout=60.0, prepare=25.0)
-    assert spans == [pytest.approx(15.0)]
+    assert spans == [pytest.approx(15.0)] * 2  # box-PGD's, then the bounds'
 
 
 def test_loading_past_the_limit_is_a_timeout_without_any_bound_work(monkeypatch):
     result, spans = run_with_setup(monkeypatch, setup=60.0, timeout=60.0)
     assert result.status == "timeout" and spans == []
     assert "loading" in result.note and result.margin == float("-inf")
+
+
+def test_the_bounds_get_what_the_attack_first_step_left(monkeypatch):
+    """crown attacks first on the one-atom route (session 21), within the same limit: box-PGD
+    taking 4 of the 15 ticks loading left, the bounds get 11."""
+    result, spans = run_with_setup(monkeypatch, setup=45.0, timeout=60.0, attack=4.0)
+    assert spans == [pytest.approx(15.0), pytest.approx(11.0)]
+    assert result.status in ("unsat", "unknown")

@@ -2,8 +2,10 @@
 
 * ``certified-accuracy``: the fraction of samples a verifier proves robust in the l-inf
   eps-ball (within [0, 1]); a certified sample is correctly classified on the whole ball.
-  Stored with the robust accuracy of an attack (PGD by default) at the same eps: the true
-  robust accuracy lies between the two. ``ibp-certified-accuracy`` is the ``ibp`` case.
+  Stored with an upper bound at the same eps: the fraction of samples that neither the
+  attack (PGD by default) nor the verifier broke, sample by sample (a verifier's
+  ``falsified`` counts where its counterexample replays through the predictor here); the
+  true robust accuracy lies between the two. ``ibp-certified-accuracy`` is the ``ibp`` case.
   With ``attack_first`` (the default) the verifier runs only on the samples the attack did
   not break: a sample the attack breaks (or that is misclassified) has a replayed
   counterexample, so no sound verifier certifies it; it is stored ``falsified`` (attack
@@ -39,7 +41,7 @@ from aisafety.interfaces import AttackSpec, Capability, Direction, MetricValue, 
 from aisafety.verification.falsify import pgd_on_rows, replay
 from aisafety.verification.graph import BoundGraph, build_graph
 from aisafety.verification.margins import certified, ibp_margin_bounds
-from aisafety.verification.property import robustness_property
+from aisafety.verification.property import Property, robustness_property
 from aisafety.verification.registry import PluginRegistry, make_verifier, needs_registry
 from aisafety.verification.result import Verdict, VerificationResult
 
@@ -170,7 +172,7 @@ class CertifiedAccuracy(VerifierMetric):
         checked = torch.nonzero(~broken if self.config.attack_first else torch.ones_like(broken))
         checked = checked.flatten()
         x, y = ctx.x.cpu(), ctx.y.cpu()
-        result = self._verify(graph, ctx, x[checked], y[checked], eps)
+        result, refuted = self._verify(graph, ctx, x[checked], y[checked], eps)
         conflicts = int((result.certified & broken[checked]).sum())
         if conflicts:
             raise AISafetyError(
@@ -192,21 +194,41 @@ class CertifiedAccuracy(VerifierMetric):
             )  # fmt: skip
         counts = Counter(sample.verdict for sample in samples)
         n = len(y)
+        robust = ~broken  # per sample, neither the attack nor a replayed falsification broke it
+        robust[checked[refuted]] = False
         return [self.value(
             counts[Verdict.CERTIFIED.value] / n, n, eps=eps, verifier=self.verifier.name,
             falsified=counts[Verdict.FALSIFIED.value] / n,
             unknown=counts[Verdict.UNKNOWN.value] / n, timeout=counts[Verdict.TIMEOUT.value] / n,
             attack_first=self.config.attack_first, verified_samples=len(checked),
-            upper_bound_attack=spec.label, attack_upper_bound=float(adversarial.robust_accuracy),
+            upper_bound_attack=spec.label, attack_upper_bound=float(robust.double().mean()),
+            attack_robust_accuracy=float(adversarial.robust_accuracy),
             seconds_per_sample=float(result.seconds.sum()) / n, verdicts=samples,
         )]  # fmt: skip
 
-    def _verify(self, graph, ctx, x, y, eps: float) -> VerificationResult:
+    def _verify(self, graph, ctx, x, y, eps: float) -> tuple[VerificationResult, torch.Tensor]:
+        """The verifier's result on ``x`` and, per sample, whether it refuted it
+        (``refuted``)."""
         if not len(y):  # the attack broke every sample
-            return VerificationResult(self.verifier.name, [], torch.zeros(0), torch.zeros(0),
-                                      torch.zeros(0, *x.shape[1:]))  # fmt: skip
+            empty = VerificationResult(self.verifier.name, [], torch.zeros(0), torch.zeros(0),
+                                       torch.zeros(0, *x.shape[1:]))  # fmt: skip
+            return empty, torch.zeros(0, dtype=torch.bool)
         prop = robustness_property(x, y, eps, ctx.predictor.num_classes)
-        return self.verifier.verify(graph, prop, ctx.predictor.logits)
+        result = self.verifier.verify(graph, prop, ctx.predictor.logits)
+        return result, refuted(result, prop, ctx.predictor.logits)
+
+
+def refuted(result: VerificationResult, prop: Property, model) -> torch.Tensor:
+    """(n,) True where the verdict is ``falsified`` and its counterexample replays through
+    ``model`` (``falsify.replay``: in the box, the label not answered there): checked here,
+    not taken on a verifier's word (a plugin's ``verify`` need not replay), as the upper
+    bound counts it. Before session 21 the upper bound was the attack's alone, above what the
+    verifiers' counterexamples showed (0.8 where they gave at most 0.75)."""
+    falsified = torch.tensor([v is Verdict.FALSIFIED for v in result.verdicts], dtype=torch.bool)
+    found = torch.zeros(len(prop), dtype=torch.bool)
+    if falsified.any():
+        found[falsified] = replay(model, prop[falsified], result.counterexamples[falsified])
+    return found
 
 
 class IBPCertifiedConfig(CertifiedConfig):
