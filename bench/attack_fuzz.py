@@ -2,7 +2,7 @@
 (testkit/attack_fuzz.py).
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 python3 bench/attack_fuzz.py FIRST LAST \
-        [--skip NAME,...] [--no-verifiers] [--out FILE.jsonl]
+        [--skip NAME,...] [--no-verifiers] [--float32 exact|rigorous] [--out FILE.jsonl]
 
 Seeds FIRST..LAST-1: per seed a random float32 network (a third behind a deterministic input
 defense), 4-7 images and an l-inf budget; every attack's returned points checked (docs/attacks.md,
@@ -11,7 +11,9 @@ checked against every attack's replayed breaks. Prints each finding as it comes 
 end, the cases, attack runs, broken and certified counts, the largest float64 excess of a
 returned point over its budget per norm, the findings by kind and the errors raised (a crash
 is not unsound, but is listed). Exits 1 if an invariant broke beyond the kinds ``--allow``
-names (default: the float32 ties, testkit/attack_fuzz.py's ``ROUNDING``).
+names (default: the float32 ties, testkit/attack_fuzz.py's ``ROUNDING``). ``--float32
+rigorous`` runs the verifiers with that setting (docs/certification.md): their certificates
+are then of the float32 network, so one contradicted in float32 only is a plain finding.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="attacks and verifiers left out")
     parser.add_argument("--no-verifiers", action="store_true", help="attack checks only")
     parser.add_argument("--allow", default=",".join(ROUNDING), help="finding kinds not failing")
+    parser.add_argument("--float32", choices=["exact", "rigorous"], default="exact",
+                        help="the verifiers' float32 setting")  # fmt: skip
     parser.add_argument("--out", type=Path, help="one JSON line per case")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -56,7 +60,9 @@ def main() -> int:
 
     for seed in range(args.first, args.last):
         began = time.process_time()
-        case, findings, ran = fuzz_case(registry, seed, attacks, verifiers, errors=error)
+        case, findings, ran = fuzz_case(
+            registry, seed, attacks, verifiers, errors=error, float32=args.float32
+        )
         totals.update(cases=1, defended=int(case.defended), attacks=ran["attacks"],
                       broken=ran["broken"], pairs=ran["pairs"],
                       certified=sum(ran["certified"].values()))  # fmt: skip

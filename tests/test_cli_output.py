@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 import types
 import warnings
 
@@ -218,3 +219,37 @@ def test_quiet_keeps_the_results_and_the_sanity_warnings_not_the_skipped_checks(
             f"{counts['skip']} skipped (details: aisafety report 1)") in quiet  # fmt: skip
     assert quiet.count("[WARN]") == counts["warn"]
     assert "robust accuracy against budget" in quiet and "robust-accuracy" in quiet
+
+
+def test_a_warning_under_a_progress_bar_clears_the_bars_line_first(monkeypatch, capsys):
+    """A warning raised mid-attack was written straight to stderr, onto the open bar's line
+    ('pgd-linf eps=0.1:  50%|...| 1/2 [...]warning: ...', session 21, an ImageNet run); the
+    unit lines go through tqdm.write already. Under ``main`` a warning now clears the bar's
+    line first and draws the bar again after it, and Python's display comes back after."""
+    from tqdm import tqdm
+
+    import aisafety.cli as cli
+    from aisafety.errors import AISafetyWarning
+
+    def plain(message, category, filename, lineno, file=None, line=None) -> None:
+        sys.stderr.write(f"warning: {message}\n")  # Python's display: straight to stderr
+
+    def command(argv) -> int:
+        bar = tqdm(total=2, desc="pgd-linf eps=0.1", mininterval=0)  # on captured stderr
+        bar.update(1)
+        warnings.warn("the model sat at chance", AISafetyWarning, stacklevel=1)
+        bar.update(1)
+        bar.close()
+        return 0
+
+    monkeypatch.setattr(cli, "command", command)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = plain
+        assert main([]) == 0
+        assert warnings.showwarning is plain
+    err = capsys.readouterr().err
+    segments = err.replace("\n", "\r").split("\r")
+    at = segments.index("warning: the model sat at chance")  # a line of its own
+    assert segments[at - 1].strip() == "" and "50%" in segments[at - 2]  # the bar cleared
+    assert "50%" in segments[at + 2] and "100%" in segments[-2]  # and drawn again

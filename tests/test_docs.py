@@ -185,7 +185,8 @@ def _run_in_process(block: Block, argvs: list[list[str]], sandbox: Path, monkeyp
 
 
 def _check_synopsis(block: Block) -> None:
-    """Usage lines: each subcommand exists, each option and listed choice is accepted."""
+    """Usage lines: each subcommand exists, each option and listed choice is accepted, and
+    a list of choices names them all (README's ``aisafety list`` lacked architectures)."""
     from aisafety.cli import build_parser
 
     for command in shell_commands(block.body):
@@ -200,12 +201,14 @@ def _check_synopsis(block: Block) -> None:
         for word in rest:
             for option in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", word):
                 assert option in options, f"{block.id}: {command!r}: no option {option}"
-        choices = [c for a in parser._actions if not a.option_strings and a.choices
-                   for c in a.choices]  # fmt: skip
+        kinds = [set(a.choices) for a in parser._actions if not a.option_strings and a.choices]
         for word in re.sub(r"\[[^]]*\]", "", " ".join(rest)).split():  # optional parts dropped
             if "|" in word:
-                for choice in word.split("|"):
-                    assert choice in choices, f"{block.id}: {command!r}: no choice {choice!r}"
+                listed = set(word.split("|"))
+                for choice in listed - set().union(*kinds):
+                    pytest.fail(f"{block.id}: {command!r}: no choice {choice!r}")
+                for missing in [sorted(c - listed) for c in kinds if c & listed and c - listed]:
+                    pytest.fail(f"{block.id}: {command!r}: the choices {missing} are not listed")
 
 
 def _check_plan(block: Block) -> None:

@@ -614,7 +614,7 @@ def test_an_archive_traced_under_no_grad_is_refused_gradient_attacks_naming_the_
 
     module, x = Attention().eval(), torch.rand(2, 4, 2, 2)
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the trace shares (and the predictor freezes) weights
+        warnings.simplefilter("ignore")  # torch.jit.trace's deprecation
         fast = torch.jit.trace(Attention().eval(), x, check_trace=False)
     predictor = TorchScriptPredictor(fast, (4, 2, 2), name="vit")
     assert Capability.GRADIENTS not in predictor.capabilities
@@ -627,3 +627,26 @@ def test_an_archive_traced_under_no_grad_is_refused_gradient_attacks_naming_the_
     images = x.clone().requires_grad_(True)
     (gradient,) = torch.autograd.grad(slow.logits(images).sum(), images)
     assert Capability.GRADIENTS in slow.capabilities and bool(gradient.abs().sum() > 0)
+
+
+def test_a_predictor_of_a_live_traced_module_leaves_the_callers_weights_trainable():
+    """torch.jit.trace(net, x) shares net's parameters; TorchScriptPredictor froze them for
+    good, so the notebook's next net(x).sum().backward() failed (session 21). They are now
+    frozen only while the predictor records its graph: the input gradient is right (a linear
+    net's is the sum of its weight rows) and reaches no weight."""
+    from aisafety.prediction.torchscript import TorchScriptPredictor
+
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.trace's deprecation
+        predictor = TorchScriptPredictor(
+            torch.jit.trace(net, torch.rand(2, 3, 2, 2), check_trace=False), (3, 2, 2)
+        )
+    images = torch.rand(2, 3, 2, 2, requires_grad=True)
+    predictor.logits(images).sum().backward()
+    expected = net[1].weight.detach().sum(0).reshape(3, 2, 2).expand(2, -1, -1, -1)
+    assert torch.allclose(images.grad, expected)
+    assert [p.requires_grad for p in net.parameters()] == [True, True]
+    assert all(p.grad is None for p in net.parameters())
+    net(images).sum().backward()
+    assert all(p.grad is not None for p in net.parameters())

@@ -3,6 +3,8 @@ and the exact MILP optimum, tightness ordering, the plan check, ONNX and VNN-LIB
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -137,13 +139,21 @@ def test_every_bound_is_below_the_margin_at_centre_random_points_and_the_attack(
         y = net(x).argmax(1)
     prop = robustness_property(x, y, 0.05, 3)
     found = {name: lower_bounds(name, graph, prop) for name in INCOMPLETE}
-    points = [x, pgd_on_rows(lambda z: net(z), prop, steps=30)]
+    attacked = pgd_on_rows(lambda z: net(z), prop, steps=30)
     noise = torch.rand(1000, *x.shape, generator=generator)
-    points += list((prop.lower + noise * (prop.upper - prop.lower)).float())
+    uniform = prop.lower + noise * (prop.upper - prop.lower)
+    points = torch.cat([x[None].double(), attacked[None].double(), uniform.double()])
+    # the float64 network the bounds are sound for, 50 points (of 4 images) per pass, as
+    # sampled_minimum (tests/test_sshape_relaxation.py): float32 passes one point at a time
+    # needed a 1e-6 slack and were most of the test's time (session 21)
+    net64, rows = copy.deepcopy(net).double(), []
     with torch.no_grad():
-        true = torch.stack([prop.rows(net(p).double()) for p in points]).amin(0)
+        for part in points.split(50):
+            outputs = net64(part.flatten(0, 1)).unflatten(0, part.shape[:2])
+            rows += [prop.rows(out) for out in outputs]
+    true = torch.stack(rows).amin(0)
     for name, bound in found.items():
-        assert (bound <= true + 1e-6).all(), name
+        assert (bound <= true + 1e-9).all(), name
     assert (found["ibp"] <= found["crown"] + 1e-9).all()
     assert (found["ibp"] <= found["crown-ibp"] + 1e-9).all()
     assert (found["crown"] <= found["alpha-crown"] + 1e-9).all()

@@ -160,10 +160,28 @@ def test_verify_prints_timeout_and_unknown(capsys):
     net, spec = str(folder / "mnist-net_256x2.onnx"), str(folder / "prop_1_0.03.vnnlib")
     # the hardest 256x2 instance: not settled in 60 s, so its MILP runs out of 0.5 s
     assert main(["verify", net, spec, "--timeout", "0.5"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "timeout"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "timeout" and "# note: timeout" not in lines  # no echo of the status
     # IBP certifies no mnistfc instance and finds no counterexample here
     assert main(["verify", net, spec, "--verifier", "ibp"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == "unknown"
+
+
+def test_verify_prints_no_note_that_only_repeats_the_status():
+    """A search cut off by its limit carries the note 'timeout': ``aisafety verify`` printed
+    it under the status line 'timeout' as '# note: timeout' (vnn-21); a note that says more
+    (why loading took the whole limit) is still printed."""
+    from argparse import Namespace
+
+    from aisafety.cli.verify import summary
+    from aisafety.verification.vnncomp import InstanceResult
+
+    args = Namespace(verifier="crown", timeout=1.0, clock="wall")
+    bare = InstanceResult("timeout", 1.0, -float("inf"), note="timeout", how="crown")
+    assert "note" not in summary(bare, args, 1.0)
+    why = "timeout (loading the instance took the whole limit)"
+    told = InstanceResult("timeout", 1.0, -float("inf"), note=why, how="crown")
+    assert summary(told, args, 1.0).splitlines()[1] == f"# note: {why}"
 
 
 def test_certified_accuracy_with_crown_on_an_onnx_network_through_a_plan(tmp_path):

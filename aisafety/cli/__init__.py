@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aisafety.cli import check, compare, evaluate, plugins, query, report, serve, verify, zoo
 from aisafety.cli import list as list_command
@@ -41,8 +41,32 @@ def format_warning(message, category, filename, lineno, line=None) -> str:
 PYTHON_FORMAT_WARNING = warnings.formatwarning
 
 
+def above_bars(show: Callable[..., None]) -> Callable[..., None]:
+    """``show`` (a ``warnings.showwarning``) with the open progress bars cleared before and
+    drawn again after, as ``tqdm.write`` does for the unit lines: written straight to stderr,
+    a warning raised mid-attack landed on the bar's line (session 21, an ImageNet run)."""
+
+    def shown(message, category, filename, lineno, file=None, line=None) -> None:
+        from tqdm import tqdm  # here: a command that warns has loaded it (startup stays light)
+
+        with tqdm.external_write_mode(file=file if file is not None else sys.stderr):
+            show(message, category, filename, lineno, file, line)
+
+    return shown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = format_warning
+    shown = warnings.showwarning
+    warnings.showwarning = above_bars(shown)  # it calls the one in place (pytest's recorder)
+    try:
+        return command(argv)
+    finally:
+        warnings.showwarning = shown
+
+
+def command(argv: Sequence[str] | None) -> int:
+    """The command's exit status; a user's mistake is one ``error:`` line, no traceback."""
     args = build_parser().parse_args(argv)
     args.whole_process = argv is None  # the console script: this process is the command's
     try:

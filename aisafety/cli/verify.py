@@ -203,7 +203,7 @@ def summary(result, args: argparse.Namespace, cpu: float) -> str:
         f"(limit {args.timeout:g} s of {CLOCK_NAMES[args.clock]} time, --clock {args.clock}), "
         f"margin bound {result.margin:.4g}"
     )
-    return line + (f"\n# note: {result.note}" if result.note else "")
+    return line + (f"\n# note: {result.note}" if result.note not in ("", result.status) else "")
 
 
 def warn_if_normalised_twice(network: str) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -127,8 +128,10 @@ class TorchScriptPredictor(Predictor):
         self.network = nn.Sequential(
             Normalize(mean or [0.0] * channels, std or [1.0] * channels), self.script
         ).to(self.device)
-        for p in self.network.parameters():
-            p.requires_grad_(False)
+        self.shared = isinstance(model, torch.jit.ScriptModule)  # the caller's live module
+        if not self.shared:
+            for p in self.network.parameters():
+                p.requires_grad_(False)
         self.capabilities = frozenset({Capability.LABELS, Capability.SCORES, Capability.GRADIENTS})
         self.unavailable = UNAVAILABLE
         if fast := inference_only_ops(self.script):  # refused before any work, not mid-attack
@@ -181,9 +184,27 @@ class TorchScriptPredictor(Predictor):
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.device)
-        if self.batch is None:
-            return self.network(x)
-        return run_fixed(self.network, x, self.batch)
+        with frozen(self.network) if self.shared else nullcontext():
+            if self.batch is None:
+                return self.network(x)
+            return run_fixed(self.network, x, self.batch)
+
+
+@contextmanager
+def frozen(network: nn.Module) -> Iterator[None]:
+    """Parameters off autograd's graph during one forward pass, then as they were.
+
+    A live module (``torch.jit.trace(net, x)``) shares its parameters with the caller's
+    ``net``: frozen for good, the net's next ``loss.backward()`` failed (session 21). Frozen
+    only while the graph is recorded, the attacks' gradients still leave the weights out."""
+    wanted = [(p, p.requires_grad) for p in network.parameters()]
+    for parameter, _ in wanted:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter, flag in wanted:
+            parameter.requires_grad_(flag)
 
 
 def load_torchscript(
