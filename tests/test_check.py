@@ -24,6 +24,7 @@ from aisafety.report.paired import (
     paired_table,
 )
 from aisafety.store.results import ResultStore
+from aisafety.store.semantics import CURRENT
 
 PLAN = """
 model: {{name: {model}}}
@@ -161,7 +162,8 @@ def test_a_baseline_counted_by_other_rules_is_not_comparable(gate):
     [line] = differences(old, new)
     assert line.startswith(
         "results semantics version: baseline 1 (not recorded: stored before it was kept), "
-        "candidate 2: the runs counted by different rules, so part of a difference is the "
+        f"candidate {CURRENT}: the runs counted by different rules, so part of a difference is "
+        "the "
         "code's, not the model's: version 2 (attack/base.keep_clean_mistakes, 2026-11-28): "
         "a clean mistake"
     )

@@ -12,6 +12,7 @@ from aisafety.interfaces import AttackSpec, DatasetSpec, EvaluationPlan, MetricS
 from aisafety.runner import Runner
 from aisafety.store.compare import NotLikeForLike, compare, exact, main, versions
 from aisafety.store.results import ResultStore
+from aisafety.store.semantics import CURRENT
 
 PLAN = EvaluationPlan(
     dataset=DatasetSpec(limit=20),
@@ -118,7 +119,8 @@ def test_runs_counted_by_other_rules_are_refused_unless_asked(two_runs, tmp_path
         compare(_url(old), _url(two_runs[1]))
     line = (
         "results semantics version: before 1 (not recorded: stored before it was kept), "
-        "after 2: the runs counted by different rules, so part of a difference is the code's, "
+        f"after {CURRENT}: the runs counted by different rules, so part of a difference is the "
+        "code's, "
         "not the model's: version 2 (attack/base.keep_clean_mistakes, 2026-11-28)"
     )
     assert str(refused.value).startswith(line) and "--across-versions" in str(refused.value)
@@ -133,7 +135,8 @@ def test_runs_counted_by_other_rules_are_refused_unless_asked(two_runs, tmp_path
 
 def test_the_versions_are_shown_and_an_old_database_reads_as_unrecorded(two_runs, tmp_path, capsys):
     assert main([str(p) for p in two_runs]) == 0
-    assert "; results semantics version before 2, after 2" in capsys.readouterr().out
+    shown = f"; results semantics version before {CURRENT}, after {CURRENT}"  # today's runs
+    assert shown in capsys.readouterr().out
     older = tmp_path / "older.db"  # a database of revision 0004: no semantics_version column
     older.write_bytes(two_runs[0].read_bytes())
     with sqlite3.connect(older) as db:
@@ -141,7 +144,7 @@ def test_the_versions_are_shown_and_an_old_database_reads_as_unrecorded(two_runs
     assert versions(_url(older)) == {None}  # read as 1, never migrated on the way
     assert main([str(older), str(two_runs[1])]) == 2
     assert "before 1 (not recorded" in capsys.readouterr().err
-    assert versions(_url(two_runs[0]), ["sample_outcomes"]) == {2}
+    assert versions(_url(two_runs[0]), ["sample_outcomes"]) == {CURRENT}
 
 
 def test_a_database_without_results_is_a_clear_error(two_runs, tmp_path, capsys):

@@ -43,6 +43,16 @@ CHANGES: tuple[Change, ...] = (
             "move with them"
         ),
     ),
+    Change(
+        version=3,
+        date="2026-11-28",
+        name="evaluation/metrics/certified.attack_upper_bound",
+        moved=(
+            "certified-accuracy's attack_upper_bound counts a sample broken when the "
+            "verifier's replayed counterexample breaks it, not only the attack: the upper "
+            "bound can only fall (the attack's own figure is kept as attack_robust_accuracy)"
+        ),
+    ),
 )
 UNRECORDED = 1  # runs stored before the version was kept: before every change above
 CURRENT = CHANGES[-1].version if CHANGES else UNRECORDED
