@@ -9,9 +9,10 @@ which to add). Tolerances allow for sampling noise: ``tolerance(n)`` is 2 sample
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -28,6 +29,11 @@ BLACK_BOX = ("score", "decision")
 NOISE = "random-noise"
 Defaults = Callable[[str], dict]  # attack name -> its default settings
 EFFORT_KEYS = ("steps", "restarts", "n_restarts", "queries", "iterations", "max_iter")
+# The run's own warnings (defense/obfuscation.py) about a defense attacked non-adaptively.
+UNADAPTED = re.compile(
+    r"defense '(?P<kind>[^']+)' is (?:(?P<bpda>not differentiable and its bpda is off)"
+    r"|random and its eot_samples is 1)"
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,35 @@ def sanity_checks(data: RunData, defaults: Defaults | None = None) -> list[Check
             gradients_alive(model, data),
             noise_weaker_than_attacks(model, runs),
         ]
-    return checks
+    return [_adaptive_first(check, data) for check in checks]
+
+
+def adaptive_settings(data: RunData, model: str) -> list[str]:
+    """The settings the run's obfuscation warnings asked for on ``model``'s input defenses
+    (``bpda: true``, ``eot_samples``), e.g. ``["bpda: true for defense 'jpeg'"]``."""
+    found = []
+    for warning in data.warnings:
+        match = UNADAPTED.match(warning.message)
+        if warning.category != "GradientMaskingWarning" or match is None:
+            continue
+        kind = match["kind"]
+        if re.search(rf"\+{re.escape(kind)}(?:\(|\+|$)", model):
+            setting = "bpda: true" if match["bpda"] else "eot_samples: 8 (or more)"
+            found.append(f"{setting} for defense {kind!r}")
+    return list(dict.fromkeys(found))
+
+
+def _adaptive_first(check: Check, data: RunData) -> Check:
+    """A warning on a defense the run attacked non-adaptively: its first fix is the adaptive
+    attack (a margin loss or more steps through a zero gradient change nothing)."""
+    settings = adaptive_settings(data, check.model) if check.status == "warn" else []
+    if not settings:
+        return check
+    advice = (
+        f"set {' and '.join(settings)} in the plan (the adaptive attack, docs/defenses.md): "
+        f"this run attacked the defense non-adaptively; then {check.advice}"
+    )
+    return replace(check, advice=advice)
 
 
 def _attacks(runs: list[AttackRunRow]) -> dict[str, list[AttackRunRow]]:

@@ -9,9 +9,15 @@ from datetime import datetime
 import numpy as np
 import pytest
 import yaml
+from torch import nn
 
+from aisafety.attack.pgd import PGDLinf
 from aisafety.cli import main
-from aisafety.report.data import AttackRunRow, MetricRow, RunData
+from aisafety.defense.bit_depth import BitDepthReduction
+from aisafety.defense.obfuscation import obfuscation_warnings
+from aisafety.defense.resize_pad import RandomResizePad
+from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.report.data import AttackRunRow, MetricRow, RunData, WarningRow
 from aisafety.sanity import (
     black_box_not_stronger,
     breaks_at_large_budget,
@@ -148,3 +154,25 @@ def test_shipped_models(model, warned, tmp_path, capsys):
     assert flagged == warned, out
     if warned:
         assert "likely cause: " in out and "gradient masking" in out and "run: " in out
+
+
+def test_a_non_adaptive_defense_warning_asks_for_the_adaptive_attack_first():
+    """The zero-gradient warning's advice (apgd-dlr, cw-l2) cannot move PGD through
+    bit-depth rounding; the run's own obfuscation warning named the fix, bpda, so each warning
+    on that defended model now says it first (the texts are the real ones)."""
+    inner = TorchPredictor(nn.Sequential(nn.Flatten(), nn.Linear(64, 3)), (1, 8, 8), 3)
+    texts = obfuscation_warnings(RandomResizePad(BitDepthReduction(inner)), [PGDLinf()])
+    model = "m+bit-depth(bits=3)+resize-pad"
+    runs = [AttackRunRow(1, model, "d", "pgd-linf", "gradient", "linf", 0.5, {}, N, 0.9, 1.0)]
+    data = run_data(runs)
+    data.warnings = [WarningRow(None, "GradientMaskingWarning", text) for text in texts]
+    (warned,) = [c for c in sanity_checks(data) if c.status == "warn"]  # reaches ~0 at 0.5
+    assert warned.advice.startswith(
+        "set eot_samples: 8 (or more) for defense 'resize-pad' and bpda: true for defense "
+        "'bit-depth' in the plan"
+    )
+    assert warned.advice.endswith(breaks_at_large_budget(model, runs).advice)
+    runs = [AttackRunRow(1, "m", "d", "pgd-linf", "gradient", "linf", 0.5, {}, N, 0.9, 1.0)]
+    data.attack_runs = runs  # the undefended reference model keeps the plain advice
+    (warned,) = [c for c in sanity_checks(data) if c.status == "warn"]
+    assert warned.advice == breaks_at_large_budget("m", runs).advice
