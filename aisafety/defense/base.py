@@ -84,7 +84,11 @@ class InputDefense(Predictor):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         config = cls.__dict__.get("Config")
-        if isinstance(config, type) and not issubclass(config, InputDefenseConfig):
+        if (
+            isinstance(config, type)
+            and issubclass(config, BaseModel)
+            and not issubclass(config, InputDefenseConfig)
+        ):
             cls.Config = with_adaptive_settings(config)
 
     @classmethod
