@@ -54,7 +54,15 @@ from aisafety.interfaces import (
     SmoothingCertificates,
 )
 from aisafety.prediction.base import Predictor
-from aisafety.report.data import AttackRunRow, Example, MetricRow, RunData, UnitRow, WarningRow
+from aisafety.report.data import (
+    AttackRunRow,
+    Example,
+    MemberRow,
+    MetricRow,
+    RunData,
+    UnitRow,
+    WarningRow,
+)
 from aisafety.report.sections import ReportSection, ReportView
 from aisafety.verification.base import Verifier, VerifierConfig
 from aisafety.verification.deadline import Deadline
@@ -110,6 +118,7 @@ __all__ = [
     # report sections
     "AttackRunRow",
     "Example",
+    "MemberRow",
     "MetricRow",
     "ReportSection",
     "ReportView",

@@ -21,6 +21,7 @@ import pluggy
 
 from aisafety import hookspecs
 from aisafety.corruption.plan import corruption_under_attacks
+from aisafety.database.zoo import ZooEntry, read_manifest, zoo_roots
 from aisafety.defense.training.base import TrainingDefense
 from aisafety.errors import ConfigError, PluginError, PluginLoadWarning, UnknownNameError
 from aisafety.interfaces import Architecture, ModelEntry
@@ -72,7 +73,14 @@ class Registry:
                 raise ConfigError(
                     f"defense {name!r} is a training defense: it produces a model instead of "
                     f"wrapping one; train it with 'aisafety zoo train --defense {name}' and "
-                    "evaluate the zoo model it writes"
+                    f"evaluate the zoo model it writes{shipped_models_of(name)}"
+                ) from None
+            if kind == "defense" and (entry := zoo_entries().get(name)) is not None:
+                raise ConfigError(
+                    f"{name!r} is a zoo model (trained with {entry.recipe.defense!r}), not an "
+                    f"input defense: evaluate it as 'model: {{name: {name}}}', with "
+                    "'reference_model:' the undefended model for what the defense costs; "
+                    f"input defenses: {', '.join(self.names('defense'))}"
                 ) from None
             if kind == "attack" and (error := corruption_under_attacks(name)) is not None:
                 raise error from None
@@ -272,6 +280,27 @@ def warn_failures(registry: Registry) -> None:
     with it (``run_warnings``) and a reader of the run learns what it ran without."""
     for line in failure_messages(registry):
         warnings.warn(line, PluginLoadWarning, stacklevel=2)
+
+
+def zoo_entries() -> dict[str, ZooEntry]:
+    """Every zoo model by name (an earlier root wins, as when loading)."""
+    entries: dict[str, ZooEntry] = {}
+    for root in reversed(zoo_roots()):
+        entries.update(read_manifest(root))
+    return entries
+
+
+def shipped_models_of(defense: str) -> str:
+    """``; the zoo has models trained with it: ...`` (empty when it has none): a training
+    defense named where a plan wraps a model is usually one the user meant to evaluate."""
+    trained = [name for name, entry in zoo_entries().items() if entry.recipe.defense == defense]
+    if not trained:
+        return ""
+    more = f" and {len(trained) - 3} more (aisafety list models)" if len(trained) > 3 else ""
+    return (
+        f"; the zoo has models trained with it: {', '.join(trained[:3])}{more}: evaluate "
+        "one as 'model: {name: NAME}'"
+    )
 
 
 @lru_cache(maxsize=1)

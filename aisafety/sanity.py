@@ -9,9 +9,10 @@ which to add). Tolerances allow for sampling noise: ``tolerance(n)`` is 2 sample
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -26,8 +27,16 @@ ZERO_GRADIENT_LIMIT = 0.10  # share of samples with a zero/NaN gradient before i
 WHITE_BOX = "gradient"
 BLACK_BOX = ("score", "decision")
 NOISE = "random-noise"
+# Ensemble members that query scores only (AutoAttack's Square): what one breaks after the
+# gradient members ran is what every one of them missed.
+BLACK_BOX_MEMBERS = ("square-linf", "square-l2")
 Defaults = Callable[[str], dict]  # attack name -> its default settings
 EFFORT_KEYS = ("steps", "restarts", "n_restarts", "queries", "iterations", "max_iter")
+# The run's own warnings (defense/obfuscation.py) about a defense attacked non-adaptively.
+UNADAPTED = re.compile(
+    r"defense '(?P<kind>[^']+)' is (?:(?P<bpda>not differentiable and its bpda is off)"
+    r"|random and its eot_samples is 1)"
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,35 @@ def sanity_checks(data: RunData, defaults: Defaults | None = None) -> list[Check
             gradients_alive(model, data),
             noise_weaker_than_attacks(model, runs),
         ]
-    return checks
+    return [_adaptive_first(check, data) for check in checks]
+
+
+def adaptive_settings(data: RunData, model: str) -> list[str]:
+    """The settings the run's obfuscation warnings asked for on ``model``'s input defenses
+    (``bpda: true``, ``eot_samples``), e.g. ``["bpda: true for defense 'jpeg'"]``."""
+    found = []
+    for warning in data.warnings:
+        match = UNADAPTED.match(warning.message)
+        if warning.category != "GradientMaskingWarning" or match is None:
+            continue
+        kind = match["kind"]
+        if re.search(rf"\+{re.escape(kind)}(?:\(|\+|$)", model):
+            setting = "bpda: true" if match["bpda"] else "eot_samples: 8 (or more)"
+            found.append(f"{setting} for defense {kind!r}")
+    return list(dict.fromkeys(found))
+
+
+def _adaptive_first(check: Check, data: RunData) -> Check:
+    """A warning on a defense the run attacked non-adaptively: its first fix is the adaptive
+    attack (a margin loss or more steps through a zero gradient change nothing)."""
+    settings = adaptive_settings(data, check.model) if check.status == "warn" else []
+    if not settings:
+        return check
+    advice = (
+        f"set {' and '.join(settings)} in the plan (the adaptive attack, docs/defenses.md): "
+        f"this run attacked the defense non-adaptively; then {check.advice}"
+    )
+    return replace(check, advice=advice)
 
 
 def _attacks(runs: list[AttackRunRow]) -> dict[str, list[AttackRunRow]]:
@@ -175,6 +212,12 @@ def black_box_not_stronger(model: str, runs: list[AttackRunRow], data: RunData) 
                 f"{norm} eps {eps:g}: {best_black.attack} {best_black.robust_accuracy:.3f} < "
                 f"white-box {white_acc:.3f}{extra}"
             )
+    for run in runs:
+        if run.family != WHITE_BOX:
+            continue
+        compared_here, problem = _black_box_member(run, data)
+        compared += compared_here
+        problems += [problem] if problem else []
     if not compared:
         return Check(
             name,
@@ -195,6 +238,25 @@ def black_box_not_stronger(model: str, runs: list[AttackRunRow], data: RunData) 
             "with apgd-dlr, cw-l2 or a margin loss instead of cross-entropy",
         )
     return Check(name, model, "pass", f"{compared} budget(s) compared")
+
+
+def _black_box_member(run: AttackRunRow, data: RunData) -> tuple[int, str]:
+    """(1 if compared, the problem or ""): an ensemble's black-box member that, run after its
+    gradient members, breaks more than ``BLACK_BOX_MARGIN`` of the samples they all missed
+    (AutoAttack's own check: Square beating APGD means the gradients mislead)."""
+    members = data.members.get(run.id, [])
+    for i, member in enumerate(members):
+        white = [m.member for m in members[:i] if m.member not in BLACK_BOX_MEMBERS]
+        if member.member not in BLACK_BOX_MEMBERS or not white:
+            continue
+        if member.n_broken / max(run.n_samples, 1) > BLACK_BOX_MARGIN:
+            return 1, (
+                f"{run.norm} eps {run.eps:g}: inside {run.attack}, {member.member} breaks "
+                f"{member.n_broken} of the {member.n_attacked} sample(s) that "
+                f"{', '.join(white)} left (of {run.n_samples})"
+            )
+        return 1, ""
+    return 0, ""
 
 
 def installed_defaults() -> Defaults:

@@ -30,10 +30,12 @@ from aisafety import cli
 from aisafety.attack.fgsm import FGSM
 from aisafety.attack.streams import SampleStreams
 from aisafety.database.datasets.base import LoadedDataset
+from aisafety.defense.obfuscation import obfuscation_warnings
 from aisafety.errors import CapabilityError, ConfigError
 from aisafety.evaluation.context import EvaluationContext
 from aisafety.hookspecs import hookimpl
 from aisafety.interfaces import AttackFamily, Capability, Direction
+from aisafety.plugin import InputDefense, PluginConfig
 from aisafety.plugins import BUILTIN, build_registry
 from aisafety.prediction.base import Predictor
 from aisafety.prediction.torch_module import TorchPredictor
@@ -238,6 +240,39 @@ def test_blur_rejects_bad_sigma():
         GaussianBlur(_linear_predictor(), {"sigma": 0})
     with pytest.raises(ConfigError, match="smaller sigma"):  # radius 6 on 4x4 images
         GaussianBlur(_linear_predictor(shape=(1, 4, 4)), {"sigma": 2.0})
+
+
+class PluginConfigRounding(InputDefense):
+    """A plugin defense written as plugins/aisafety-example's README step 4 says: its Config
+    derives from PluginConfig, not InputDefenseConfig."""
+
+    name = "test-plugin-rounding"
+
+    class Config(PluginConfig):
+        levels: int = 4
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x * (self.config.levels - 1)) / (self.config.levels - 1)
+
+
+def test_plugin_defense_on_a_plugin_config_takes_bpda_and_eot():
+    """The obfuscation warning tells every non-differentiable defense to set bpda: true; a
+    plugin's defense once refused it ("bpda: Extra inputs are not permitted")."""
+    inner = _linear_predictor()
+    assert obfuscation_warnings(PluginConfigRounding(inner), [FGSM()])  # asks for bpda
+    defense = PluginConfigRounding(inner, {"levels": 3, "bpda": True, "eot_samples": 2})
+    assert (defense.config.levels, defense.config.bpda, defense.config.eot_samples) == (3, True, 2)
+    assert not obfuscation_warnings(defense, [FGSM()])
+    x = torch.rand(2, 1, 4, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    defense.logits(x).sum().backward()  # straight through the rounding: the linear weights
+    weights = inner.module[1].weight.sum(0).view(1, 1, 4, 4)
+    torch.testing.assert_close(x.grad, weights.expand(2, -1, -1, -1))
+    with pytest.raises(ConfigError, match="bpda"):
+        PluginConfigRounding(inner, {"bpda": "maybe"})
+
+
+def test_example_blur_is_differentiable_so_no_obfuscation_warning():
+    assert not obfuscation_warnings(GaussianBlur(_linear_predictor()), [FGSM()])
 
 
 # --- the mean-margin metric ------------------------------------------------------------------

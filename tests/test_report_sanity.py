@@ -9,9 +9,15 @@ from datetime import datetime
 import numpy as np
 import pytest
 import yaml
+from torch import nn
 
+from aisafety.attack.pgd import PGDLinf
 from aisafety.cli import main
-from aisafety.report.data import AttackRunRow, MetricRow, RunData
+from aisafety.defense.bit_depth import BitDepthReduction
+from aisafety.defense.obfuscation import obfuscation_warnings
+from aisafety.defense.resize_pad import RandomResizePad
+from aisafety.prediction.torch_module import TorchPredictor
+from aisafety.report.data import AttackRunRow, MemberRow, MetricRow, RunData, WarningRow
 from aisafety.sanity import (
     black_box_not_stronger,
     breaks_at_large_budget,
@@ -148,3 +154,46 @@ def test_shipped_models(model, warned, tmp_path, capsys):
     assert flagged == warned, out
     if warned:
         assert "likely cause: " in out and "gradient masking" in out and "run: " in out
+
+
+def test_a_non_adaptive_defense_warning_asks_for_the_adaptive_attack_first():
+    """The zero-gradient warning's advice (apgd-dlr, cw-l2) cannot move PGD through
+    bit-depth rounding; the run's own obfuscation warning named the fix, bpda, so each warning
+    on that defended model now says it first (the texts are the real ones)."""
+    inner = TorchPredictor(nn.Sequential(nn.Flatten(), nn.Linear(64, 3)), (1, 8, 8), 3)
+    texts = obfuscation_warnings(RandomResizePad(BitDepthReduction(inner)), [PGDLinf()])
+    model = "m+bit-depth(bits=3)+resize-pad"
+    runs = [AttackRunRow(1, model, "d", "pgd-linf", "gradient", "linf", 0.5, {}, N, 0.9, 1.0)]
+    data = run_data(runs)
+    data.warnings = [WarningRow(None, "GradientMaskingWarning", text) for text in texts]
+    (warned,) = [c for c in sanity_checks(data) if c.status == "warn"]  # reaches ~0 at 0.5
+    assert warned.advice.startswith(
+        "set eot_samples: 8 (or more) for defense 'resize-pad' and bpda: true for defense "
+        "'bit-depth' in the plan"
+    )
+    assert warned.advice.endswith(breaks_at_large_budget(model, runs).advice)
+    runs = [AttackRunRow(1, "m", "d", "pgd-linf", "gradient", "linf", 0.5, {}, N, 0.9, 1.0)]
+    data.attack_runs = runs  # the undefended reference model keeps the plain advice
+    (warned,) = [c for c in sanity_checks(data) if c.status == "warn"]
+    assert warned.advice == breaks_at_large_budget("m", runs).advice
+
+
+def test_square_inside_standard_beating_its_gradient_members_warns():
+    """A plan with `standard` alone had no black-box attack to compare: the check skipped
+    while Square, standard's last member, broke all 38 samples APGD and FAB left on the zoo's
+    thermometer model (gradient masking). The stored members now feed the check."""
+    runs = [AttackRunRow(1, "m", "d", "standard", "gradient", "linf", 0.3, {}, 40, 0.0, 1.0)]
+    masked = run_data(runs)
+    masked.members = {1: [MemberRow("apgd-ce", 38, 0), MemberRow("apgd-t", 38, 0),
+                          MemberRow("fab-t", 38, 0), MemberRow("square-linf", 38, 38)]}  # fmt: skip
+    check = black_box_not_stronger("m", runs, masked)
+    assert check.status == "warn"
+    assert "inside standard, square-linf breaks 38 of the 38 sample(s) that apgd-ce, " in (
+        check.detail
+    )
+    healthy = run_data(runs)  # Square breaks 1 of 40: within the 3% margin
+    healthy.members = {1: [MemberRow("apgd-ce", 38, 5), MemberRow("square-linf", 33, 1)]}
+    assert black_box_not_stronger("m", runs, healthy).status == "pass"
+    first = run_data(runs)  # Square before any gradient member: nothing they missed
+    first.members = {1: [MemberRow("square-linf", 38, 30), MemberRow("apgd-ce", 8, 8)]}
+    assert black_box_not_stronger("m", runs, first).status == "skip"

@@ -75,3 +75,18 @@ def test_a_training_defense_named_as_an_input_defense_says_how_to_train_it():
     registry = build_registry()
     with pytest.raises(ConfigError, match="aisafety zoo train --defense trades"):
         registry.get("defense", "trades")
+
+
+def test_a_training_defense_or_zoo_model_under_defenses_names_the_model_to_evaluate():
+    """A researcher evaluating adversarial training writes defenses: [{name: pgd-at}] or
+    [{name: mnist-cnn-pgd-at}]; the errors name the shipped model and the model: key."""
+    registry = build_registry()
+    with pytest.raises(ConfigError, match=r"trained with it: .*mnist-cnn-pgd-at, .*and \d+ more"):
+        registry.get("defense", "pgd-at")
+    with pytest.raises(
+        ConfigError,
+        match=r"trained with it: mnist-cnn-thermometer: evaluate one as 'model: \{name: NAME\}'",
+    ):
+        registry.get("defense", "thermometer")
+    with pytest.raises(ConfigError, match=r"zoo model \(trained with 'pgd-at'\), not an input"):
+        registry.get("defense", "mnist-cnn-pgd-at")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
-from pydantic import Field
+from pydantic import BaseModel, Field, create_model
 
 from aisafety import randomness
 from aisafety.config_base import PluginConfig, build_config
@@ -81,6 +81,16 @@ class InputDefense(Predictor):
         seed = getattr(self.config, "seed", 0)
         self.generator = randomness.generator(seed)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        config = cls.__dict__.get("Config")
+        if (
+            isinstance(config, type)
+            and issubclass(config, BaseModel)
+            and not issubclass(config, InputDefenseConfig)
+        ):
+            cls.Config = with_adaptive_settings(config)
+
     @classmethod
     def describe(cls) -> dict[str, Any]:
         defaults = {key: field.default for key, field in cls.Config.model_fields.items()}
@@ -135,6 +145,19 @@ class InputDefense(Predictor):
     def features(self, x: torch.Tensor, layers: Sequence[str]) -> dict[str, torch.Tensor]:
         self.require(Capability.ACTIVATIONS, "features()")
         return self.inner.features(self.transform(x), layers)
+
+
+def with_adaptive_settings(config: type[BaseModel]) -> type[BaseModel]:
+    """``config`` with ``bpda`` and ``eot_samples`` added. Every input defense takes them
+    (docs/defenses.md), and the obfuscation warning tells users to set them, so a plugin
+    whose ``Config`` derives from ``PluginConfig`` instead of ``InputDefenseConfig`` gets
+    them too rather than refusing the adaptive evaluation."""
+    return create_model(
+        config.__name__,
+        __base__=(config, InputDefenseConfig),
+        __module__=config.__module__,
+        __doc__=config.__doc__,
+    )
 
 
 def is_attacker_pass(x: torch.Tensor) -> bool:

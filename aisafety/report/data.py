@@ -62,6 +62,15 @@ class AttackRunRow:
 
 
 @dataclass(frozen=True)
+class MemberRow:
+    """One member of an ensemble attack run, in the order they ran (``ensemble_members``)."""
+
+    member: str
+    n_attacked: int  # samples still robust when it ran
+    n_broken: int  # of those, the ones it broke
+
+
+@dataclass(frozen=True)
 class UnitRow:
     """One unit of the run and what it cost (NULL costs: stored before they were kept)."""
 
@@ -113,6 +122,7 @@ class RunData:
     # when the command that made it started (None: made from Python, or before it was kept)
     command_started_at: datetime | None = None
     units: list[UnitRow] = field(default_factory=list)  # in the order they finished
+    members: dict[int, list[MemberRow]] = field(default_factory=dict)  # ensemble attack runs
     warnings: list[WarningRow] = field(default_factory=list)  # the run's own first
     # the rules its numbers were counted by (store/semantics.py; NULL read as UNRECORDED)
     semantics_version: int | None = None
@@ -259,6 +269,7 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
             examples=_examples(session, ids),
             radii=_radii(session, [m.id for m in metrics]),
             units=_units(session, run_id),
+            members=_members(session, ids),
         )
     data.warnings = [WarningRow(*w) for w in store.run_warnings(run_id)]
     return data
@@ -274,6 +285,21 @@ def _units(session: Session, run_id: int) -> list[UnitRow]:
                 u.peak_gpu_mib)
         for u in rows
     ]  # fmt: skip
+
+
+def _members(session: Session, attack_run_ids: list[int]) -> dict[int, list[MemberRow]]:
+    """Each ensemble attack run's members, in the order they ran."""
+    rows = session.scalars(
+        select(schema.EnsembleMember)
+        .where(schema.EnsembleMember.attack_run_id.in_(attack_run_ids))
+        .order_by(schema.EnsembleMember.attack_run_id, schema.EnsembleMember.position)
+    )
+    members: dict[int, list[MemberRow]] = {}
+    for r in rows:
+        members.setdefault(r.attack_run_id, []).append(
+            MemberRow(r.member, r.n_attacked, r.n_broken)
+        )
+    return members
 
 
 def _names(session: Session) -> dict[str, dict[int, dict[str, Any]]]:

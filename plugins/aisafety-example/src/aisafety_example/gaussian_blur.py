@@ -36,6 +36,8 @@ class GaussianBlur(InputDefense):
     name = "gaussian-blur"
     description = "Gaussian blur (kernel 2*ceil(3 sigma)+1, reflect padding) before the model"
     Config = GaussianBlurConfig
+    # Its PyTorch gradient is exact: no obfuscation warning, and bpda keeps that gradient.
+    differentiable = True
 
     def __init__(
         self, predictor: Predictor, config: dict[str, Any] | None = None, **overrides: Any
