@@ -49,13 +49,9 @@ def compared_with_baseline(
 
 def shown(url: str) -> str:
     """The database URL without its password: the header goes into PR comments and CI logs."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    from aisafety.store.engine import shown_url
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+    return shown_url(url)
 
 
 def evaluated_run(plan: EvaluationPlan, store: ResultStore, quiet: bool) -> tuple[int, bool]:
@@ -115,7 +111,7 @@ def stored_baseline(baseline: str, store: ResultStore) -> int:
         if run is None or run.status != "finished":
             state = "not in the database" if run is None else f"{run.status}, not finished"
             raise ConfigError(
-                f"--baseline {baseline}: run {baseline} is {state} ({store.url}); give a "
+                f"--baseline {baseline}: run {baseline} is {state} ({shown(store.url)}); give a "
                 "finished run id (`aisafety query 'SELECT id, status FROM runs'`) or a zoo "
                 "model"
             )

@@ -30,6 +30,7 @@ from aisafety.report.sections import ReportSection, worst_case
 from aisafety.report.warning_kinds import counted
 from aisafety.report_catalog import Catalog, default_catalog, registry_catalog
 from aisafety.sanity import Check, sanity_checks
+from aisafety.store.engine import shown_url
 from aisafety.store.results import ResultStore
 
 if TYPE_CHECKING:
@@ -385,7 +386,7 @@ def resolve_runs(store: ResultStore, names: list[str]) -> list[int]:
             models = sorted(set(session.scalars(select(schema.Model.name))))
         if not ids:
             raise ConfigError(
-                f"--compare {name!r} is neither a run id nor a model in {store.url!r} "
+                f"--compare {name!r} is neither a run id nor a model in {shown_url(store.url)!r} "
                 f"(models there: {', '.join(models) or 'none'})"
             )
         run_ids.append(ids[0])

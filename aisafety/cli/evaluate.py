@@ -72,6 +72,7 @@ def evaluate_plan(plan: EvaluationPlan, args: argparse.Namespace) -> int:
     """Run the plan (once per seed with ``seeds``) and print its table, curve and checks."""
     from aisafety.execution import run_plan
     from aisafety.report.table import curve_rows, metric_rows, render
+    from aisafety.store.engine import shown_url
     from aisafety.store.results import ResultStore
 
     store = ResultStore(args.db)
@@ -80,7 +81,8 @@ def evaluate_plan(plan: EvaluationPlan, args: argparse.Namespace) -> int:
     record = run_plan(plan, store, resume=args.resume, quiet=args.quiet)
     columns, rows = metric_rows(record.values)
     say = info_printer(args.format)
-    say(f"model {model_label(plan)} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
+    where = f"run {record.run_id}, db {shown_url(args.db)}"
+    say(f"model {model_label(plan)} on {plan.dataset.name}  ({where})")
     print(render(columns, rows, args.format))
     curve = curve_rows(record.values) if args.format == "table" else None
     if curve is not None:
@@ -118,6 +120,7 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     """``seeds: [0, 1, 2]``: one run per seed, then each metric's mean +- std over them."""
     from aisafety.execution import run_plan
     from aisafety.report.table import render, seed_rows
+    from aisafety.store.engine import shown_url
 
     records = [
         # each run is the plan at one seed (a plan giving seed beside seeds is refused)
@@ -128,7 +131,7 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     run_ids = [r.run_id for r in records]
     info_printer(args.format)(
         f"model {model_label(plan)} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
-        f"{', '.join(map(str, run_ids))}, db {args.db})"
+        f"{', '.join(map(str, run_ids))}, db {shown_url(args.db)})"
     )
     per_seed = [(seed, r.values) for seed, r in zip(plan.seeds, records, strict=True)]
     columns, rows = seed_rows(per_seed)

@@ -32,6 +32,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from aisafety.errors import ConfigError
 from aisafety.store import semantics
+from aisafety.store.engine import shown_url
 
 # What identifies a row, and what must be equal, per table. ``m``: models, ``d``: datasets.
 METRIC_VALUES = """
@@ -120,8 +121,8 @@ def versions(url: str, tables: Iterable[str] = TABLES) -> set[int | None]:
             found = inspect(connection)
             if "runs" not in found.get_table_names():
                 raise ConfigError(
-                    f"{url} holds no aisafety results (no runs table): give the database "
-                    "a run was stored in (aisafety evaluate --db)"
+                    f"{shown_url(url)} holds no aisafety results (no runs table): give the "
+                    "database a run was stored in (aisafety evaluate --db)"
                 )
             columns = {c["name"] for c in found.get_columns("runs")}
             column = "semantics_version" if "semantics_version" in columns else "NULL"

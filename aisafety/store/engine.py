@@ -63,6 +63,15 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database).expanduser()
 
 
+def shown_url(url: str) -> str:
+    """``url`` with its password masked (``***``): messages, warnings (stored in
+    ``run_warnings``, shown by the report) and headers go into CI logs and PR comments."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (SQLAlchemyError, ValueError):
+        return url
+
+
 def check_url(url: str, create: bool) -> None:
     """A clear error for a malformed URL, and for a missing SQLite file unless ``create``."""
     if "://" not in url:

@@ -35,7 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from aisafety.errors import ConfigError
 from aisafety.store import QUERY_MAX_ROWS, QUERY_TIMEOUT_S
-from aisafety.store.engine import check_url, sqlite_file
+from aisafety.store.engine import check_url, shown_url, sqlite_file
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,8 @@ def read_only_engine(url: str) -> Engine:
     try:
         return create_engine(url, connect_args=connect_args)
     except (SQLAlchemyError, ImportError) as exc:
-        raise ConfigError(f"cannot open the results database {url!r}: {exc}") from None
+        shown = shown_url(url)
+        raise ConfigError(f"cannot open the results database {shown!r}: {exc}") from None
 
 
 def _check_psycopg3(url: str) -> None:
