@@ -170,3 +170,14 @@ def test_the_reader_role_of_the_docs_reads_results_and_not_the_server(filled_pos
     assert "ca" in captured.out.splitlines() and "superuser" not in captured.err
     assert main(["query", "--db", reader, "SELECT pg_ls_dir('/')"]) == 2
     assert "permission denied" in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_a_connection_error_naming_the_fix(capsys):
+    """Before session 21 a refused connection was 'query failed: ...' with the hint 'one SQL
+    statement per query', which is no fault of the statement."""
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'psycopg[binary]'")
+    url = "postgresql+psycopg://bob:s3cret@127.0.0.1:1/results"
+    assert main(["query", "SELECT 1", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert "cannot connect to the results database postgresql+psycopg://bob:***@127.0.0.1:1" in err
+    assert "check --db" in err and "one SQL statement" not in err and "s3cret" not in err

@@ -169,8 +169,9 @@ def read_only_rows(engine: Engine, sql: str, limits: QueryLimits | None = None) 
         raise ConfigError(
             f"read-only queries are supported on SQLite and PostgreSQL, not {backend!r}"
         )
+    connection = _connected(engine)
     try:
-        with engine.connect() as connection:
+        with connection:
             if backend == "sqlite":
                 with _sqlite_rows(connection, sql, limits) as rows:
                     yield rows
@@ -200,6 +201,20 @@ _PG_READING = re.compile(
     r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(select|with|values|table|show|explain)\b",
     re.IGNORECASE | re.DOTALL,
 )
+
+
+def _connected(engine: Engine) -> Connection:
+    """A connection, or an error naming the server and the fix: a refused connection is no
+    fault of the statement (before session 21 it was said with the hint 'one SQL statement
+    per query')."""
+    try:
+        return engine.connect()
+    except SQLAlchemyError as exc:
+        message = str(getattr(exc, "orig", None) or exc).strip()
+        raise ConfigError(
+            f"cannot connect to the results database {shown_url(str(engine.url))}: {message}; "
+            "check --db (host, port, database name, user, password) and that the server runs"
+        ) from None
 
 
 def _query_error(exc: BaseException, limits: QueryLimits) -> ConfigError:
