@@ -32,6 +32,7 @@ def test_an_unreachable_server_is_named_without_the_password() -> None:
     with pytest.raises(ConfigError) as caught:
         ResultStore(f"postgresql+psycopg://bob:{SECRET}@127.0.0.1:1/results")
     assert SECRET not in str(caught.value) and "bob:***@127.0.0.1:1" in str(caught.value)
+    assert "check --db (host, port, database name" in str(caught.value)  # and the fix
 
 
 def test_report_and_baseline_errors_hide_the_password(postgres_url) -> None:

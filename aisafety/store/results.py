@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from aisafety.command_clock import command_started_at
@@ -58,6 +58,17 @@ class Subject:
     dataset_spec: dict[str, Any]
 
 
+def open_error(exc: BaseException) -> str:
+    """What went wrong opening the store; a refused connection (a server down, a database
+    not created) also names what to check, which the driver's message does not."""
+    if isinstance(exc, OperationalError) and exc.orig is not None:
+        return (
+            f"{str(exc.orig).strip()}; check --db (host, port, database name, user, password), "
+            "that the server runs and that the database exists (PostgreSQL: createdb NAME)"
+        )
+    return str(exc)
+
+
 class ResultStore:
     """The results database. ``create=False`` refuses a SQLite file that does not exist."""
 
@@ -68,7 +79,9 @@ class ResultStore:
             migrate(self.engine, schema.Base.metadata, schema.VIEWS)
         except (SQLAlchemyError, ImportError) as exc:
             shown = shown_url(url)
-            raise ConfigError(f"cannot open the results database {shown!r}: {exc}") from exc
+            raise ConfigError(
+                f"cannot open the results database {shown!r}: {open_error(exc)}"
+            ) from exc
         self.url = url
         self._heartbeats: dict[int, Heartbeat] = {}
 
