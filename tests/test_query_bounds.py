@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 import time
 
+import children
 import pytest
 from clock_spy import ClockSpy
 from sqlalchemy import text
@@ -181,3 +184,18 @@ def test_an_unreachable_server_is_a_connection_error_naming_the_fix(capsys):
     err = capsys.readouterr().err
     assert "cannot connect to the results database postgresql+psycopg://bob:***@127.0.0.1:1" in err
     assert "check --db" in err and "one SQL statement" not in err and "s3cret" not in err
+
+
+def test_a_reader_that_stops_early_ends_the_query_without_a_traceback(tmp_path):
+    """`aisafety query ... | head`: before session 21 a BrokenPipeError traceback."""
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    ResultStore(url).engine.dispose()
+    many = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 200000) "
+    args = ["query", f"{many}SELECT x FROM c", "--max-rows", "200000", "--db", url]
+    child = children.start([sys.executable, "-m", "aisafety.cli", *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert child.stdout.readline().split() == [b"x"]
+    child.stdout.close()  # as head does after its lines: the pipe's reader is gone
+    _, err = child.communicate(timeout=children.HANG_LIMIT)
+    assert child.returncode == 141, err.decode()
+    assert b"Traceback" not in err and b"Exception ignored" not in err

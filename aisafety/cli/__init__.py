@@ -9,6 +9,9 @@ of a second (bench/startup.py; tests/test_startup.py keeps torch out of these im
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -41,6 +44,15 @@ def format_warning(message, category, filename, lineno, line=None) -> str:
 PYTHON_FORMAT_WARNING = warnings.formatwarning
 
 
+def output_closed() -> int:
+    """141 (128 + SIGPIPE, as a shell's own tools end), and stdout pointed at /dev/null so
+    that flushing it at exit does not raise again (Python's docs, "Note on SIGPIPE"). What
+    a run had finished is in the database already."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):  # no descriptor
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = format_warning
     args = build_parser().parse_args(argv)
@@ -54,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AISafetyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`aisafety query ... | head`): no traceback
+        return output_closed()
     except KeyboardInterrupt:
         print(
             "interrupted: finished units are in the database; rerun with --resume", file=sys.stderr
