@@ -186,7 +186,7 @@ def unfinished_runs(store: ResultStore, run_ids: list[int]) -> str:
 
     query = select(schema.Run.id, schema.Run.status).where(schema.Run.id.in_(run_ids))
     with Session(store.engine) as session:
-        statuses = dict(session.execute(query).tuples().all())
+        statuses = {i: status for i, status in session.execute(query)}
     return unfinished_text({i: statuses[i] for i in run_ids if i in statuses})
 
 

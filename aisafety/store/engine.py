@@ -77,7 +77,7 @@ def check_url(url: str, create: bool) -> None:
     if "://" not in url:
         raise ConfigError(
             f"database URL {url!r} is not a SQLAlchemy URL; use e.g. 'sqlite:///results.db' "
-            "or 'postgresql://user@host/db'"
+            "or 'postgresql+psycopg://user@host/db'"
         )
     try:
         path = sqlite_file(url)

@@ -66,6 +66,11 @@ def open_error(exc: BaseException) -> str:
             f"{str(exc.orig).strip()}; check --db (host, port, database name, user, password), "
             "that the server runs and that the database exists (PostgreSQL: createdb NAME)"
         )
+    if isinstance(exc, ImportError):  # postgresql:// asks SQLAlchemy 2.0 for psycopg2
+        return (
+            f"{exc}; the database's driver is not installed: for PostgreSQL write the URL as "
+            "postgresql+psycopg://... (pip install 'aisafety[distributed]')"
+        )
     return str(exc)
 
 

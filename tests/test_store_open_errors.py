@@ -1,9 +1,13 @@
-"""A PostgreSQL password in ``--db`` never reaches an error or a header: those go into CI logs
-and PR comments, and the store's retry warnings into ``run_warnings`` and the report. Until
-session 21 the errors of opening the store, of ``report`` and of ``check --baseline`` (and
-``evaluate``'s and ``compare``'s header) printed the URL as given, password and all."""
+"""Opening the results database: an error names what to check, and a PostgreSQL password in
+``--db`` never reaches an error or a header: those go into CI logs and PR comments, and the
+store's retry warnings into ``run_warnings`` and the report. Until session 21 the errors of
+opening the store, of ``report`` and of ``check --baseline`` (and ``evaluate``'s and
+``compare``'s header) printed the URL as given, password and all, and a missing driver or a
+refused connection was the driver's message alone."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 
@@ -46,3 +50,13 @@ def test_report_and_baseline_errors_hide_the_password(postgres_url) -> None:
             error()
         assert SECRET not in str(caught.value) and "postgres:***@" in str(caught.value)
     store.engine.dispose()
+
+
+def test_a_missing_driver_names_the_url_that_works() -> None:
+    """``postgresql://`` asks SQLAlchemy 2.0 for psycopg2, which the extra does not install."""
+    if importlib.util.find_spec("psycopg2") is not None:
+        pytest.skip("psycopg2 is installed here")
+    with pytest.raises(ConfigError) as caught:
+        ResultStore(f"postgresql+psycopg2://bob:{SECRET}@127.0.0.1:1/results")
+    assert "write the URL as postgresql+psycopg://" in str(caught.value)
+    assert SECRET not in str(caught.value)
