@@ -300,7 +300,7 @@ def test_seeds_give_one_run_each_and_mean_std(tmp_path, capsys):
     db = f"sqlite:///{tmp_path / 's.db'}"
     assert main(["evaluate", str(plan), "--db", db, "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "report over the seeds: aisafety report --compare 1 2 3" in out
+    assert f"report over the seeds: aisafety report --compare 1 2 3 --db {db}" in out  # its --db
     store = ResultStore(db)
     runs = [load_run(store, i) for i in (1, 2, 3)]
     assert [r.seed for r in runs] == [0, 1, 2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import TYPE_CHECKING
 
@@ -139,8 +140,19 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     if args.format == "table":
         for run_id in run_ids:
             print_sanity_checks(store, run_id, args.quiet)
-        print(f"\nreport over the seeds: aisafety report --compare {' '.join(map(str, run_ids))}")
+        ids = " ".join(map(str, run_ids))
+        print(f"\nreport over the seeds: {report_command(store, f'--compare {ids}')}")
     return max(report_failures(r) for r in records)
+
+
+def report_command(store: ResultStore, what: object) -> str:
+    """``aisafety report WHAT`` with the ``--db`` the run went to (password masked): without
+    it the command reads ./aisafety.db, which may hold another run of that id (a folder a
+    team shares), or none (before session 21 the hint left it out)."""
+    from aisafety.store.engine import shown_url
+
+    db = "" if store.url == DEFAULT_URL else f" --db {shlex.quote(shown_url(store.url))}"
+    return f"aisafety report {what}{db}"
 
 
 def print_sanity_checks(store: ResultStore, run_id: int, quiet: bool = False) -> None:
@@ -156,8 +168,9 @@ def print_sanity_checks(store: ResultStore, run_id: int, quiet: bool = False) ->
     if quiet:
         counts = {s: sum(c.status == s for c in checks) for s in ("pass", "skip")}
         print(f"\nsanity checks: {len(warned)} warning(s), {counts['pass']} passed, "
-              f"{counts['skip']} skipped (details: aisafety report {run_id})")  # fmt: skip
+              f"{counts['skip']} skipped (details: {report_command(store, run_id)})")  # fmt: skip
     else:
-        print(f"\nsanity checks ({len(warned)} warning(s); details: aisafety report {run_id}):")
+        details = report_command(store, run_id)
+        print(f"\nsanity checks ({len(warned)} warning(s); details: {details}):")
     for check in warned if quiet else checks:
         print(summary_line(check))
