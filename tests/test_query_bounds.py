@@ -6,6 +6,7 @@ row limit, rows streamed. PostgreSQL cases run against a real server the tests s
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 import children
 import pytest
 from clock_spy import ClockSpy
+from docs_blocks import all_blocks
 from sqlalchemy import text
 
 from aisafety.cli import main
@@ -199,3 +201,24 @@ def test_a_reader_that_stops_early_ends_the_query_without_a_traceback(tmp_path):
     _, err = child.communicate(timeout=children.HANG_LIMIT)
     assert child.returncode == 141, err.decode()
     assert b"Traceback" not in err and b"Exception ignored" not in err
+
+
+def test_every_docs_sql_statement_runs_on_postgresql(filled_postgres) -> None:
+    """``tests/test_docs.py`` runs the docs' SQL blocks on SQLite only, whose loose typing
+    accepts what PostgreSQL refuses: README's ``MIN(success) = 1`` on a BOOLEAN column
+    failed there until session 21."""
+    engine = read_only.read_only_engine(filled_postgres)
+    ran = 0
+    for block in all_blocks():
+        if block.lang != "sql" or "skip" in block.directives:
+            continue
+        for statement in block.body.split(";"):
+            if not re.sub(r"--[^\n]*", "", statement).strip():
+                continue
+            try:
+                read_only.query_read_only(engine, statement)
+            except Exception as error:  # noqa: BLE001 - name the block that failed
+                raise AssertionError(f"{block.id} fails on PostgreSQL: {error}") from error
+            ran += 1
+    engine.dispose()
+    assert ran >= 5, f"only {ran} SQL statements found in the docs"
