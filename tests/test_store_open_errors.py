@@ -28,6 +28,7 @@ def test_shown_url_masks_the_password_only() -> None:
     url = f"postgresql+psycopg://bob:{SECRET}@db.example.org:5433/results"
     assert shown_url(url) == "postgresql+psycopg://bob:***@db.example.org:5433/results"
     assert shown_url("sqlite:///runs/a.db") == "sqlite:///runs/a.db"
+    assert shown_url("sqlite:////tmp/é#1.db") == "sqlite:////tmp/é#1.db"  # not %C3%A9%23
     assert shown_url("not a url") == "not a url"
 
 

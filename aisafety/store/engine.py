@@ -67,9 +67,12 @@ def shown_url(url: str) -> str:
     """``url`` with its password masked (``***``): messages, warnings (stored in
     ``run_warnings``, shown by the report) and headers go into CI logs and PR comments."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except (SQLAlchemyError, ValueError):
         return url
+    # as given unless there is a password: rendering percent-encodes a path's '#' or 'é',
+    # and a hint's --db must name the file the run went to
+    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
 
 
 def check_url(url: str, create: bool) -> None:
