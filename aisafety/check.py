@@ -6,6 +6,7 @@ statistics live in ``aisafety/report/gate/``; docs/release-gate.md explains them
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from aisafety.errors import ConfigError
@@ -110,10 +111,11 @@ def stored_baseline(baseline: str, store: ResultStore) -> int:
         run = session.get(schema.Run, int(baseline))
         if run is None or run.status != "finished":
             state = "not in the database" if run is None else f"{run.status}, not finished"
+            db = shlex.quote(shown(store.url))
             raise ConfigError(
                 f"--baseline {baseline}: run {baseline} is {state} ({shown(store.url)}); give a "
-                "finished run id (`aisafety query 'SELECT id, status FROM runs'`) or a zoo "
-                "model"
+                f"finished run id (`aisafety query 'SELECT id, status FROM runs' --db {db}`) "
+                "or a zoo model"
             )
     return int(baseline)
 

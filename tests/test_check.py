@@ -198,7 +198,9 @@ def test_a_baseline_id_is_checked_before_the_candidate_can_take_it(tmp_path, cap
     db = f"sqlite:///{tmp_path / 'fresh.db'}"
     plan = write_plan(tmp_path, "p")
     assert main(["check", plan, "--db", db, "--quiet", "--baseline", "1"]) == 2
-    assert "run 1 is not in the database" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "run 1 is not in the database" in err
+    assert f"SELECT id, status FROM runs' --db {db}" in err  # the query to run names the --db
     assert ResultStore(db).query("SELECT id FROM runs")[1] == []  # nothing evaluated
 
 
