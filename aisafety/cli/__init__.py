@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import io
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Sequence
@@ -42,6 +43,16 @@ def format_warning(message, category, filename, lineno, line=None) -> str:
 
 
 PYTHON_FORMAT_WARNING = warnings.formatwarning
+
+
+def db_option(args: argparse.Namespace) -> str:
+    """`` --db URL`` (password masked) for a command to suggest, unless the default: without
+    it the suggested command reads ./aisafety.db, not the database the run went to."""
+    from aisafety.store import DEFAULT_URL
+    from aisafety.store.engine import shown_url
+
+    db = getattr(args, "db", None)
+    return "" if db in (None, DEFAULT_URL) else f" --db {shlex.quote(shown_url(db))}"
 
 
 def output_closed() -> int:
@@ -80,8 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"error: {failed_in} raised {type(exc).__name__}: {exc} (a bug in it, or in the "
             "model; the run is marked failed, and the traceback is stored in unit_failures: "
-            'aisafety query "SELECT error FROM unit_failures"; --resume computes the unit '
-            "again)",
+            f'aisafety query "SELECT error FROM unit_failures"{db_option(args)}; --resume '
+            "computes the unit again)",
             file=sys.stderr,
         )
         return 2
