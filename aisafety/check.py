@@ -6,6 +6,7 @@ statistics live in ``aisafety/report/gate/``; docs/release-gate.md explains them
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from aisafety.errors import ConfigError
@@ -49,13 +50,9 @@ def compared_with_baseline(
 
 def shown(url: str) -> str:
     """The database URL without its password: the header goes into PR comments and CI logs."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    from aisafety.store.engine import shown_url
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+    return shown_url(url)
 
 
 def evaluated_run(plan: EvaluationPlan, store: ResultStore, quiet: bool) -> tuple[int, bool]:
@@ -101,28 +98,39 @@ def stored_run(store: ResultStore, keys: list[str], model_name: str) -> int | No
         return run.id if stored_model.get("name", ZOO_DEFAULT) == model_name else None
 
 
+def stored_baseline(baseline: str, store: ResultStore) -> int:
+    """A run-id ``--baseline`` that names a finished run. Checked before the candidate is
+    evaluated too: an id the database did not hold yet would otherwise be given to the
+    candidate's own run, which then passed as its own baseline (and a typo cost a whole
+    evaluation before its error)."""
+    from sqlalchemy.orm import Session
+
+    from aisafety.store import schema
+
+    with Session(store.engine) as session:
+        run = session.get(schema.Run, int(baseline))
+        if run is None or run.status != "finished":
+            state = "not in the database" if run is None else f"{run.status}, not finished"
+            db = shlex.quote(shown(store.url))
+            raise ConfigError(
+                f"--baseline {baseline}: run {baseline} is {state} ({shown(store.url)}); give a "
+                f"finished run id (`aisafety query 'SELECT id, status FROM runs' --db {db}`) "
+                "or a zoo model"
+            )
+    return int(baseline)
+
+
 def baseline_run(
     baseline: str, plan: EvaluationPlan, store: ResultStore, quiet: bool
 ) -> tuple[int, str]:
     """A run id as given, or the zoo model's run of the candidate's plan (evaluated or
     reused); and how it was found, said for the output."""
-    from sqlalchemy.orm import Session
 
     from aisafety.database.zoo import list_models
     from aisafety.interfaces import ModelSpec
-    from aisafety.store import schema
 
     if baseline.isdigit():
-        with Session(store.engine) as session:
-            run = session.get(schema.Run, int(baseline))
-            if run is None or run.status != "finished":
-                state = "not in the database" if run is None else f"{run.status}, not finished"
-                raise ConfigError(
-                    f"--baseline {baseline}: run {baseline} is {state} ({store.url}); give a "
-                    "finished run id (`aisafety query 'SELECT id, status FROM runs'`) or a zoo "
-                    "model"
-                )
-        return int(baseline), "stored run"
+        return stored_baseline(baseline, store), "stored run"
     known = list_models()
     if baseline not in known:
         raise ConfigError(

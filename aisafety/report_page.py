@@ -30,6 +30,7 @@ from aisafety.report.sections import ReportSection, worst_case
 from aisafety.report.warning_kinds import counted
 from aisafety.report_catalog import Catalog, default_catalog, registry_catalog
 from aisafety.sanity import Check, sanity_checks
+from aisafety.store.engine import shown_url
 from aisafety.store.results import ResultStore
 
 if TYPE_CHECKING:
@@ -153,9 +154,40 @@ def build_report(store: ResultStore, run_id: int, registry: Registry | None = No
     models = ", ".join(data.model_names) or "no models"
     subtitle = (
         f"{models} on {', '.join(d['name'] for d in data.datasets) or 'no data'}; "
-        f"aisafety {data.platform_version}, seed {data.seed}"
+        f"aisafety {data.platform_version}, seed {data.seed}{unfinished_note([data])}"
     )
     return page(f"AISafety report: run {run_id}", subtitle, rendered, report.plots)
+
+
+def unfinished_note(runs: list[RunData]) -> str:
+    """'; run 3 running, not finished: ...' at the top of the page: the runs' numbers cover
+    only the units they stored, so a verdict there may lack its larger budgets (a shared
+    database's latest run may be someone's run still going). Before session 21 only the
+    provenance table, at the page's end, said so (a comparison: only when statuses
+    differed)."""
+    text = unfinished_text({d.run_id: d.status for d in runs})
+    return f"; {text}" if text else ""
+
+
+def unfinished_text(statuses: dict[int, str]) -> str:
+    """What the page's subtitle and ``aisafety report`` say of the runs not finished."""
+    unfinished = [f"run {i} {status}" for i, status in statuses.items() if status != "finished"]
+    if not unfinished:
+        return ""
+    return f"{', '.join(unfinished)}, not finished: the numbers cover only the units stored"
+
+
+def unfinished_runs(store: ResultStore, run_ids: list[int]) -> str:
+    """``unfinished_text`` of stored runs, read from their status."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from aisafety.store import schema
+
+    query = select(schema.Run.id, schema.Run.status).where(schema.Run.id.in_(run_ids))
+    with Session(store.engine) as session:
+        statuses = {i: status for i, status in session.execute(query)}
+    return unfinished_text({i: statuses[i] for i in run_ids if i in statuses})
 
 
 # comparison --------------------------------------------------------------------------------
@@ -343,7 +375,7 @@ def build_comparison(
             )
         )
     models = ", ".join(dict.fromkeys(m for data in runs for m in data.model_names))
-    subtitle = f"runs {', '.join(map(str, run_ids))}: {models}"
+    subtitle = f"runs {', '.join(map(str, run_ids))}: {models}{unfinished_note(runs)}"
     return page("AISafety comparison", subtitle, rendered, report.plots)
 
 
@@ -385,7 +417,7 @@ def resolve_runs(store: ResultStore, names: list[str]) -> list[int]:
             models = sorted(set(session.scalars(select(schema.Model.name))))
         if not ids:
             raise ConfigError(
-                f"--compare {name!r} is neither a run id nor a model in {store.url!r} "
+                f"--compare {name!r} is neither a run id nor a model in {shown_url(store.url)!r} "
                 f"(models there: {', '.join(models) or 'none'})"
             )
         run_ids.append(ids[0])

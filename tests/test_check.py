@@ -194,6 +194,18 @@ def test_usage_errors_exit_2_with_a_message(gate, capsys, tmp_path):
     assert "nothing to check: run" in capsys.readouterr().err
 
 
+def test_a_baseline_id_is_checked_before_the_candidate_can_take_it(tmp_path, capsys):
+    """--baseline 1 on a database without run 1: before session 21 the candidate was
+    evaluated first, stored as run 1 and passed as its own baseline (exit 0)."""
+    db = f"sqlite:///{tmp_path / 'fresh.db'}"
+    plan = write_plan(tmp_path, "p")
+    assert main(["check", plan, "--db", db, "--quiet", "--baseline", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "run 1 is not in the database" in err
+    assert f"SELECT id, status FROM runs' --db {db}" in err  # the query to run names the --db
+    assert ResultStore(db).query("SELECT id FROM runs")[1] == []  # nothing evaluated
+
+
 def test_requirements_alone_need_no_baseline(gate, capsys, tmp_path):
     only = tmp_path / "only.yaml"
     only.write_text("regression: false\nrequirements: [{kind: clean-accuracy, at_least: 0.9}]\n")

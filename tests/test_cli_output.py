@@ -215,8 +215,10 @@ def test_quiet_keeps_the_results_and_the_sanity_warnings_not_the_skipped_checks(
     counts = {s: sum(c.status == s for c in checks) for s in ("warn", "pass", "skip")}
     assert counts["skip"] >= 1  # the plan has no random noise, no black-box attack, ...
     assert "[SKIP]" not in quiet and "to check:" not in quiet and "[PASS]" not in quiet
+    # the hint names the --db the run went to (session 21: it read ./aisafety.db)
     assert (f"sanity checks: {counts['warn']} warning(s), {counts['pass']} passed, "
-            f"{counts['skip']} skipped (details: aisafety report 1)") in quiet  # fmt: skip
+            f"{counts['skip']} skipped (details: aisafety report 1 --db {db})"
+            ) in quiet  # fmt: skip
     assert quiet.count("[WARN]") == counts["warn"]
     assert "robust accuracy against budget" in quiet and "robust-accuracy" in quiet
 

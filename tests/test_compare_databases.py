@@ -101,6 +101,10 @@ def test_plain_file_paths_are_accepted_and_a_missing_file_is_a_clear_error(
     error = capsys.readouterr().err
     assert "no database file" in error and "mistyped.db" in error
     assert not (tmp_path / "mistyped.db").exists()  # nothing created on the way
+    with pytest.raises(SystemExit):  # as a URL too (before session 21 it made an empty file)
+        main([str(two_runs[0]), f"sqlite:///{tmp_path / 'mistyped.db'}"])
+    assert "no database file" in capsys.readouterr().err
+    assert not (tmp_path / "mistyped.db").exists()
 
 
 def _set_versions(path, version) -> None:

@@ -136,7 +136,8 @@ def test_the_default_plan_runs_every_sanity_check_and_its_ensemble_is_never_weak
     out = capsys.readouterr().out
     # --quiet prints the checklist's counts and only its warnings (session 21; it listed
     # all six [PASS] lines before): all six ran and passed, none warned or was skipped
-    assert "sanity checks: 0 warning(s), 6 passed, 0 skipped (details: aisafety report 1)" in out
+    # the hint names the --db the run went to (session 21: it read ./aisafety.db)
+    assert f"0 warning(s), 6 passed, 0 skipped (details: aisafety report 1 --db {db})" in out
     assert not [line for line in out.splitlines() if line.strip().startswith("[")]
     _, rows = ResultStore(db).query("SELECT attack, eps, robust_accuracy FROM attack_runs")
     ensemble = {eps: robust for attack, eps, robust in rows if attack.startswith("standard")}

@@ -6,11 +6,16 @@ row limit, rows streamed. PostgreSQL cases run against a real server the tests s
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
+import subprocess
+import sys
 import time
 
+import children
 import pytest
 from clock_spy import ClockSpy
+from docs_blocks import all_blocks
 from sqlalchemy import text
 
 from aisafety.cli import main
@@ -170,3 +175,50 @@ def test_the_reader_role_of_the_docs_reads_results_and_not_the_server(filled_pos
     assert "ca" in captured.out.splitlines() and "superuser" not in captured.err
     assert main(["query", "--db", reader, "SELECT pg_ls_dir('/')"]) == 2
     assert "permission denied" in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_a_connection_error_naming_the_fix(capsys):
+    """Before session 21 a refused connection was 'query failed: ...' with the hint 'one SQL
+    statement per query', which is no fault of the statement."""
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'psycopg[binary]'")
+    url = "postgresql+psycopg://bob:s3cret@127.0.0.1:1/results"
+    assert main(["query", "SELECT 1", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert "cannot connect to the results database postgresql+psycopg://bob:***@127.0.0.1:1" in err
+    assert "check --db" in err and "one SQL statement" not in err and "s3cret" not in err
+
+
+def test_a_reader_that_stops_early_ends_the_query_without_a_traceback(tmp_path):
+    """`aisafety query ... | head`: before session 21 a BrokenPipeError traceback."""
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    ResultStore(url).engine.dispose()
+    many = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 200000) "
+    args = ["query", f"{many}SELECT x FROM c", "--max-rows", "200000", "--db", url]
+    child = children.start([sys.executable, "-m", "aisafety.cli", *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert child.stdout.readline().split() == [b"x"]
+    child.stdout.close()  # as head does after its lines: the pipe's reader is gone
+    _, err = child.communicate(timeout=children.HANG_LIMIT)
+    assert child.returncode == 141, err.decode()
+    assert b"Traceback" not in err and b"Exception ignored" not in err
+
+
+def test_every_docs_sql_statement_runs_on_postgresql(filled_postgres) -> None:
+    """``tests/test_docs.py`` runs the docs' SQL blocks on SQLite only, whose loose typing
+    accepts what PostgreSQL refuses: README's ``MIN(success) = 1`` on a BOOLEAN column
+    failed there until session 21."""
+    engine = read_only.read_only_engine(filled_postgres)
+    ran = 0
+    for block in all_blocks():
+        if block.lang != "sql" or "skip" in block.directives:
+            continue
+        for statement in block.body.split(";"):
+            if not re.sub(r"--[^\n]*", "", statement).strip():
+                continue
+            try:
+                read_only.query_read_only(engine, statement)
+            except Exception as error:  # noqa: BLE001 - name the block that failed
+                raise AssertionError(f"{block.id} fails on PostgreSQL: {error}") from error
+            ran += 1
+    engine.dispose()
+    assert ran >= 5, f"only {ran} SQL statements found in the docs"

@@ -75,7 +75,8 @@ def test_cli_report_latest_and_errors(report_db, tmp_path, capsys):
     url, run_id = report_db
     out = tmp_path / "nested" / "report.html"
     assert main(["report", "--latest", "--db", url, "-o", str(out)]) == 0
-    assert f"run {run_id}" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert f"run {run_id}" in printed.out and "not finished" not in printed.err
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert main(["report", "999", "--db", url, "-o", str(out)]) == 2
     assert "run 999 is not in" in capsys.readouterr().err
@@ -89,6 +90,25 @@ def test_cli_report_latest_and_errors(report_db, tmp_path, capsys):
     assert "holds no runs yet" in capsys.readouterr().err
     assert main(["report", "--compare", "no-such-model", "--db", url, "-o", str(out)]) == 2
     assert "neither a run id nor a model" in capsys.readouterr().err
+
+
+def test_an_unfinished_run_says_so_at_the_top_and_on_stderr(report_db, tmp_path, capsys):
+    """A shared database's latest run may be someone's still running (or one killed): its
+    report holds only the units stored so far. Before session 21 only the provenance table,
+    at the page's end, said so, and a comparison only when the runs' statuses differed."""
+    url, run_id = report_db
+    copy = tmp_path / "copy.db"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    store = ResultStore(f"sqlite:///{copy}")
+    with Session(store.engine) as session, session.begin():
+        session.get(schema.Run, run_id).status = "interrupted"
+    note = f"run {run_id} interrupted, not finished: the numbers cover only the units stored"
+    out = tmp_path / "r.html"
+    assert main(["report", str(run_id), "--db", f"sqlite:///{copy}", "-o", str(out)]) == 0
+    assert f"warning: {note}" in capsys.readouterr().err
+    assert note in re.search(r"<header>(.*?)</header>", out.read_text()).group(1)
+    assert note in re.search(r"<header>(.*?)</header>", build_comparison(store, [run_id])).group(1)
+    store.engine.dispose()
 
 
 @pytest.mark.parametrize(
@@ -280,7 +300,7 @@ def test_seeds_give_one_run_each_and_mean_std(tmp_path, capsys):
     db = f"sqlite:///{tmp_path / 's.db'}"
     assert main(["evaluate", str(plan), "--db", db, "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "report over the seeds: aisafety report --compare 1 2 3" in out
+    assert f"report over the seeds: aisafety report --compare 1 2 3 --db {db}" in out  # its --db
     store = ResultStore(db)
     runs = [load_run(store, i) for i in (1, 2, 3)]
     assert [r.seed for r in runs] == [0, 1, 2]

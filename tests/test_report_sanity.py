@@ -147,7 +147,8 @@ def test_shipped_models(model, warned, tmp_path, capsys):
     # every check ran: the plan has what each one needs (--quiet prints the counts and only
     # the warned checks' lines since session 21; it listed all six before)
     counts = f"{len(warned)} warning(s), {6 - len(warned)} passed, 0 skipped"
-    assert f"sanity checks: {counts} (details: aisafety report 1)" in out, out
+    # the hint names the --db the run went to (session 21: it read ./aisafety.db)
+    assert f"sanity checks: {counts} (details: aisafety report 1 --db {db})" in out, out
     lines = [line for line in out.splitlines() if line.startswith("  [")]
     assert len(lines) == len(warned), out
     flagged = {line.split(": ")[1] for line in lines if line.startswith("  [WARN]")}

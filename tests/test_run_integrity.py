@@ -181,6 +181,8 @@ def test_a_crashing_attack_is_named_and_its_traceback_stored(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert "error: attack 'crashing' at eps=0.1 raised ZeroDivisionError: division by zero" in err
     assert "Traceback" not in err
+    # the query it suggests reads this run's database (session 21: it read ./aisafety.db)
+    assert f'aisafety query "SELECT error FROM unit_failures" --db sqlite:///{path}' in err
     ((error,),) = _rows(path, "SELECT error FROM unit_failures")
     assert "Traceback" in error and "1 / 0" in error
     assert {attack for (attack,) in _rows(path, "SELECT attack FROM results")} == {None, "fgsm"}

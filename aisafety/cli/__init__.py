@@ -9,6 +9,10 @@ of a second (bench/startup.py; tests/test_startup.py keeps torch out of these im
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
+import shlex
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -55,6 +59,25 @@ def above_bars(show: Callable[..., None]) -> Callable[..., None]:
     return shown
 
 
+def db_option(args: argparse.Namespace) -> str:
+    """`` --db URL`` (password masked) for a command to suggest, unless the default: without
+    it the suggested command reads ./aisafety.db, not the database the run went to."""
+    from aisafety.store import DEFAULT_URL
+    from aisafety.store.engine import shown_url
+
+    db = getattr(args, "db", None)
+    return "" if db in (None, DEFAULT_URL) else f" --db {shlex.quote(shown_url(db))}"
+
+
+def output_closed() -> int:
+    """141 (128 + SIGPIPE, as a shell's own tools end), and stdout pointed at /dev/null so
+    that flushing it at exit does not raise again (Python's docs, "Note on SIGPIPE"). What
+    a run had finished is in the database already."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):  # no descriptor
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = format_warning
     shown = warnings.showwarning
@@ -78,6 +101,8 @@ def command(argv: Sequence[str] | None) -> int:
     except AISafetyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`aisafety query ... | head`): no traceback
+        return output_closed()
     except KeyboardInterrupt:
         print(
             "interrupted: finished units are in the database; rerun with --resume", file=sys.stderr
@@ -90,8 +115,8 @@ def command(argv: Sequence[str] | None) -> int:
         print(
             f"error: {failed_in} raised {type(exc).__name__}: {exc} (a bug in it, or in the "
             "model; the run is marked failed, and the traceback is stored in unit_failures: "
-            'aisafety query "SELECT error FROM unit_failures"; --resume computes the unit '
-            "again)",
+            f'aisafety query "SELECT error FROM unit_failures"{db_option(args)}; --resume '
+            "computes the unit again)",
             file=sys.stderr,
         )
         return 2

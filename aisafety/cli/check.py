@@ -64,7 +64,13 @@ def gate_inputs(args: argparse.Namespace) -> tuple[GateSpec, EvaluationPlan]:
 
 def checked(args: argparse.Namespace, spec: GateSpec, plan: EvaluationPlan) -> int:
     """The candidate evaluated (or reused) and gated: 0 passed, 1 not."""
-    from aisafety.check import compared_with_baseline, evaluated_run, models_of, shown
+    from aisafety.check import (
+        compared_with_baseline,
+        evaluated_run,
+        models_of,
+        shown,
+        stored_baseline,
+    )
     from aisafety.report.gate.measures import load_gate_run
     from aisafety.report.gate.output import text_lines
     from aisafety.report.gate.verdicts import gate_passed, requirement_verdicts
@@ -72,6 +78,8 @@ def checked(args: argparse.Namespace, spec: GateSpec, plan: EvaluationPlan) -> i
     from aisafety.store.results import ResultStore
 
     store = ResultStore(args.db)
+    if spec.regression and args.baseline and args.baseline.isdigit():
+        stored_baseline(args.baseline, store)  # before the candidate can take its id
     candidate_id, reused = evaluated_run(plan, store, args.quiet)
     candidate = load_gate_run(store, candidate_id)
     header = f"candidate run {candidate_id} ({models_of(candidate)}{', reused' if reused else ''})"

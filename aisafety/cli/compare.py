@@ -41,9 +41,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         plan, baseline = comparison_plan(args)
     with common.plugin_failures_printed(), common.shown_once_per_command():
         results = evaluate_models(plan, args)
+    from aisafety.store.engine import shown_url
+
     tables, note = comparison_tables(results, args.models, baseline)
-    print_comparison(tables, f"{len(args.models)} models on {plan.dataset.name} (db {args.db})",
-                     baseline, args.format)  # fmt: skip
+    title = f"{len(args.models)} models on {plan.dataset.name} (db {shown_url(args.db)})"
+    print_comparison(tables, title, baseline, args.format)
     if note:
         print(f"\n{note}", file=sys.stdout if args.format == "table" else sys.stderr)
     return 0

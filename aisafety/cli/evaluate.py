@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import TYPE_CHECKING
 
@@ -72,6 +73,7 @@ def evaluate_plan(plan: EvaluationPlan, args: argparse.Namespace) -> int:
     """Run the plan (once per seed with ``seeds``) and print its table, curve and checks."""
     from aisafety.execution import run_plan
     from aisafety.report.table import curve_rows, metric_rows, render
+    from aisafety.store.engine import shown_url
     from aisafety.store.results import ResultStore
 
     store = ResultStore(args.db)
@@ -80,7 +82,8 @@ def evaluate_plan(plan: EvaluationPlan, args: argparse.Namespace) -> int:
     record = run_plan(plan, store, resume=args.resume, quiet=args.quiet)
     columns, rows = metric_rows(record.values)
     say = info_printer(args.format)
-    say(f"model {model_label(plan)} on {plan.dataset.name}  (run {record.run_id}, db {args.db})")
+    where = f"run {record.run_id}, db {shown_url(args.db)}"
+    say(f"model {model_label(plan)} on {plan.dataset.name}  ({where})")
     print(render(columns, rows, args.format))
     curve = curve_rows(record.values) if args.format == "table" else None
     if curve is not None:
@@ -118,6 +121,7 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     """``seeds: [0, 1, 2]``: one run per seed, then each metric's mean +- std over them."""
     from aisafety.execution import run_plan
     from aisafety.report.table import render, seed_rows
+    from aisafety.store.engine import shown_url
 
     records = [
         # each run is the plan at one seed (a plan giving seed beside seeds is refused)
@@ -128,7 +132,7 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     run_ids = [r.run_id for r in records]
     info_printer(args.format)(
         f"model {model_label(plan)} on {plan.dataset.name}  (seeds {list(plan.seeds)}: runs "
-        f"{', '.join(map(str, run_ids))}, db {args.db})"
+        f"{', '.join(map(str, run_ids))}, db {shown_url(args.db)})"
     )
     per_seed = [(seed, r.values) for seed, r in zip(plan.seeds, records, strict=True)]
     columns, rows = seed_rows(per_seed)
@@ -136,8 +140,19 @@ def evaluate_seeds(plan, store: ResultStore, args: argparse.Namespace) -> int:
     if args.format == "table":
         for run_id in run_ids:
             print_sanity_checks(store, run_id, args.quiet)
-        print(f"\nreport over the seeds: aisafety report --compare {' '.join(map(str, run_ids))}")
+        ids = " ".join(map(str, run_ids))
+        print(f"\nreport over the seeds: {report_command(store, f'--compare {ids}')}")
     return max(report_failures(r) for r in records)
+
+
+def report_command(store: ResultStore, what: object) -> str:
+    """``aisafety report WHAT`` with the ``--db`` the run went to (password masked): without
+    it the command reads ./aisafety.db, which may hold another run of that id (a folder a
+    team shares), or none (before session 21 the hint left it out)."""
+    from aisafety.store.engine import shown_url
+
+    db = "" if store.url == DEFAULT_URL else f" --db {shlex.quote(shown_url(store.url))}"
+    return f"aisafety report {what}{db}"
 
 
 def print_sanity_checks(store: ResultStore, run_id: int, quiet: bool = False) -> None:
@@ -153,8 +168,9 @@ def print_sanity_checks(store: ResultStore, run_id: int, quiet: bool = False) ->
     if quiet:
         counts = {s: sum(c.status == s for c in checks) for s in ("pass", "skip")}
         print(f"\nsanity checks: {len(warned)} warning(s), {counts['pass']} passed, "
-              f"{counts['skip']} skipped (details: aisafety report {run_id})")  # fmt: skip
+              f"{counts['skip']} skipped (details: {report_command(store, run_id)})")  # fmt: skip
     else:
-        print(f"\nsanity checks ({len(warned)} warning(s); details: aisafety report {run_id}):")
+        details = report_command(store, run_id)
+        print(f"\nsanity checks ({len(warned)} warning(s); details: {details}):")
     for check in warned if quiet else checks:
         print(summary_line(check))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from aisafety.cli.common import write_output
 from aisafety.errors import ConfigError
@@ -24,7 +25,12 @@ def add_parser(sub) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from aisafety.report.data import latest_run_id
-    from aisafety.report_page import build_comparison, build_report, resolve_runs
+    from aisafety.report_page import (
+        build_comparison,
+        build_report,
+        resolve_runs,
+        unfinished_runs,
+    )
     from aisafety.store.results import ResultStore
 
     store = ResultStore(args.db, create=False)  # a mistyped --db must not make an empty one
@@ -39,4 +45,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = write_output(args.output, html, "-o")
     what = f"runs {', '.join(map(str, run_ids))}" if args.compare else f"run {run_ids[0]}"
     print(f"wrote {out} ({what}, {len(html) / 1024:.0f} KiB)")
+    if note := unfinished_runs(store, run_ids):
+        print(f"warning: {note}", file=sys.stderr)
     return 0

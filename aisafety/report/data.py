@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from aisafety.errors import ConfigError
 from aisafety.store import schema
+from aisafety.store.engine import shown_url
 from aisafety.store.results import ResultStore
 
 
@@ -159,7 +160,8 @@ def latest_run_id(store: ResultStore) -> int:
         run_id = session.scalar(select(func.max(schema.Run.id)))
     if run_id is None:
         raise ConfigError(
-            f"the database {store.url!r} holds no runs yet; run 'aisafety evaluate' first"
+            f"the database {shown_url(store.url)!r} holds no runs yet; run 'aisafety evaluate' "
+            "first"
         )
     return run_id
 
@@ -178,7 +180,7 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
             known = list(session.scalars(select(schema.Run.id).order_by(schema.Run.id)))
             shown = ", ".join(map(str, known[-10:])) or "none"
             raise ConfigError(
-                f"run {run_id} is not in {store.url!r} (runs there: {shown}); "
+                f"run {run_id} is not in {shown_url(store.url)!r} (runs there: {shown}); "
                 "use --latest or one of those ids"
             )
         env = session.get(schema.RunEnvironment, run_id)

@@ -32,6 +32,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from aisafety.errors import ConfigError
 from aisafety.store import semantics
+from aisafety.store.engine import shown_url, sqlite_file
 
 # What identifies a row, and what must be equal, per table. ``m``: models, ``d``: datasets.
 METRIC_VALUES = """
@@ -120,8 +121,8 @@ def versions(url: str, tables: Iterable[str] = TABLES) -> set[int | None]:
             found = inspect(connection)
             if "runs" not in found.get_table_names():
                 raise ConfigError(
-                    f"{url} holds no aisafety results (no runs table): give the database "
-                    "a run was stored in (aisafety evaluate --db)"
+                    f"{shown_url(url)} holds no aisafety results (no runs table): give the "
+                    "database a run was stored in (aisafety evaluate --db)"
                 )
             columns = {c["name"] for c in found.get_columns("runs")}
             column = "semantics_version" if "semantics_version" in columns else "NULL"
@@ -179,8 +180,14 @@ def compare(
 
 def database_url(text: str) -> str:
     """A SQLAlchemy URL as given, or an existing SQLite file's path turned into one: a
-    mistyped path must not be read as an empty database (nor end in a traceback)."""
+    mistyped path must not be read as an empty database (nor end in a traceback), nor a
+    mistyped ``sqlite:///`` URL make an empty file (as it did before session 21)."""
     if "://" in text:
+        path = sqlite_file(text) if text.startswith("sqlite") else None
+        if path is not None and not path.is_file():
+            raise argparse.ArgumentTypeError(
+                f"no database file {str(path)!r} (from {text}); give an existing SQLite file"
+            )
         return text
     path = Path(text)
     if not path.is_file():

@@ -63,12 +63,24 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database).expanduser()
 
 
+def shown_url(url: str) -> str:
+    """``url`` with its password masked (``***``): messages, warnings (stored in
+    ``run_warnings``, shown by the report) and headers go into CI logs and PR comments."""
+    try:
+        parsed = make_url(url)
+    except (SQLAlchemyError, ValueError):
+        return url
+    # as given unless there is a password: rendering percent-encodes a path's '#' or 'é',
+    # and a hint's --db must name the file the run went to
+    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
+
+
 def check_url(url: str, create: bool) -> None:
     """A clear error for a malformed URL, and for a missing SQLite file unless ``create``."""
     if "://" not in url:
         raise ConfigError(
             f"database URL {url!r} is not a SQLAlchemy URL; use e.g. 'sqlite:///results.db' "
-            "or 'postgresql://user@host/db'"
+            "or 'postgresql+psycopg://user@host/db'"
         )
     try:
         path = sqlite_file(url)

@@ -35,7 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from aisafety.errors import ConfigError
 from aisafety.store import QUERY_MAX_ROWS, QUERY_TIMEOUT_S
-from aisafety.store.engine import check_url, sqlite_file
+from aisafety.store.engine import check_url, shown_url, sqlite_file
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,8 @@ def read_only_engine(url: str) -> Engine:
     try:
         return create_engine(url, connect_args=connect_args)
     except (SQLAlchemyError, ImportError) as exc:
-        raise ConfigError(f"cannot open the results database {url!r}: {exc}") from None
+        shown = shown_url(url)
+        raise ConfigError(f"cannot open the results database {shown!r}: {exc}") from None
 
 
 def _check_psycopg3(url: str) -> None:
@@ -168,8 +169,9 @@ def read_only_rows(engine: Engine, sql: str, limits: QueryLimits | None = None) 
         raise ConfigError(
             f"read-only queries are supported on SQLite and PostgreSQL, not {backend!r}"
         )
+    connection = _connected(engine)
     try:
-        with engine.connect() as connection:
+        with connection:
             if backend == "sqlite":
                 with _sqlite_rows(connection, sql, limits) as rows:
                     yield rows
@@ -199,6 +201,20 @@ _PG_READING = re.compile(
     r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(select|with|values|table|show|explain)\b",
     re.IGNORECASE | re.DOTALL,
 )
+
+
+def _connected(engine: Engine) -> Connection:
+    """A connection, or an error naming the server and the fix: a refused connection is no
+    fault of the statement (before session 21 it was said with the hint 'one SQL statement
+    per query')."""
+    try:
+        return engine.connect()
+    except SQLAlchemyError as exc:
+        message = str(getattr(exc, "orig", None) or exc).strip()
+        raise ConfigError(
+            f"cannot connect to the results database {shown_url(str(engine.url))}: {message}; "
+            "check --db (host, port, database name, user, password) and that the server runs"
+        ) from None
 
 
 def _query_error(exc: BaseException, limits: QueryLimits) -> ConfigError:

@@ -16,14 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from aisafety.command_clock import command_started_at
 from aisafety.errors import ConfigError
 from aisafety.interfaces import AttackSpec, Direction, EvaluationPlan, MetricValue
 from aisafety.store import DEFAULT_URL, schema, semantics
-from aisafety.store.engine import check_url, checkpoint, open_engine, with_retries
+from aisafety.store.engine import (
+    check_url,
+    checkpoint,
+    open_engine,
+    shown_url,
+    with_retries,
+)
 from aisafety.store.liveness import Heartbeat, mark_dead_runs, utc_now
 from aisafety.store.migration import migrate
 from aisafety.store.read_only import query_read_only
@@ -52,6 +58,22 @@ class Subject:
     dataset_spec: dict[str, Any]
 
 
+def open_error(exc: BaseException) -> str:
+    """What went wrong opening the store; a refused connection (a server down, a database
+    not created) also names what to check, which the driver's message does not."""
+    if isinstance(exc, OperationalError) and exc.orig is not None:
+        return (
+            f"{str(exc.orig).strip()}; check --db (host, port, database name, user, password), "
+            "that the server runs and that the database exists (PostgreSQL: createdb NAME)"
+        )
+    if isinstance(exc, ImportError):  # postgresql:// asks SQLAlchemy 2.0 for psycopg2
+        return (
+            f"{exc}; the database's driver is not installed: for PostgreSQL write the URL as "
+            "postgresql+psycopg://... (pip install 'aisafety[distributed]')"
+        )
+    return str(exc)
+
+
 class ResultStore:
     """The results database. ``create=False`` refuses a SQLite file that does not exist."""
 
@@ -61,7 +83,10 @@ class ResultStore:
             self.engine: Engine = open_engine(url)
             migrate(self.engine, schema.Base.metadata, schema.VIEWS)
         except (SQLAlchemyError, ImportError) as exc:
-            raise ConfigError(f"cannot open the results database {url!r}: {exc}") from exc
+            shown = shown_url(url)
+            raise ConfigError(
+                f"cannot open the results database {shown!r}: {open_error(exc)}"
+            ) from exc
         self.url = url
         self._heartbeats: dict[int, Heartbeat] = {}
 
@@ -89,7 +114,7 @@ class ResultStore:
                 session.add(_environment(run.id))
                 return run.id
 
-        run_id = with_retries(f"start a run in {self.url}", start)
+        run_id = with_retries(f"start a run in {shown_url(self.url)}", start)
         self._heartbeats[run_id] = Heartbeat(self.engine, run_id)
         return run_id
 
@@ -108,7 +133,7 @@ class ResultStore:
                 run.finished_at = schema.utcnow()
                 session.add_all(_warning_rows(run_id, warnings))
 
-        with_retries(f"mark run {run_id} {status} in {self.url}", finish)
+        with_retries(f"mark run {run_id} {status} in {shown_url(self.url)}", finish)
         checkpoint(self.engine)
 
     def record_warnings(self, run_id: int, warnings: Sequence[KeptWarning]) -> None:
@@ -121,7 +146,7 @@ class ResultStore:
             with Session(self.engine) as session, session.begin():
                 session.add_all(_warning_rows(run_id, warnings))
 
-        with_retries(f"store the warnings of run {run_id} in {self.url}", write)
+        with_retries(f"store the warnings of run {run_id} in {shown_url(self.url)}", write)
 
     def run_warnings(self, run_id: int) -> list[tuple[str | None, str, str]]:
         """(unit description or None, category, message) of ``run_id``'s warnings, the run's
@@ -187,7 +212,7 @@ class ResultStore:
         is and False is returned. ``cost``: what computing it took (``unit_cost.py``);
         ``warnings``: the ones raised while computing it."""
         written = with_retries(
-            f"store unit {description!r} in {self.url}",
+            f"store unit {description!r} in {shown_url(self.url)}",
             lambda: self._write_unit(
                 run_id, key, description, subject, values, version, attack, cost, warnings
             ),
@@ -207,7 +232,7 @@ class ResultStore:
                     )
                 )
 
-        with_retries(f"record the failure of unit {description!r} in {self.url}", write)
+        with_retries(f"record the failure of unit {description!r} in {shown_url(self.url)}", write)
 
     def failures(self, run_id: int) -> list[tuple[str, str, str]]:
         """(key, description, error) of the units of ``run_id`` that failed for good."""
