@@ -71,8 +71,10 @@ def evaluated_run(plan: EvaluationPlan, store: ResultStore, quiet: bool) -> tupl
 
 
 def stored_run(store: ResultStore, keys: list[str], model_name: str) -> int | None:
-    """The finished run whose complete rows hold every one of ``keys``, if one does, and
-    whose stored plan names its model ``model_name``.
+    """The newest finished run whose complete rows hold every one of ``keys``, if one does,
+    and whose stored plan names its model ``model_name``. A resumed run holds the units it
+    reused from the interrupted run (``reused_units``) as well as its own; before session
+    21 such a run was never found and its plan was evaluated again.
 
     The keys hash the weights, not the name: a run of the same file stored under another
     name (a user's model stored before its name was its file's, as the zoo's 'mnist-cnn')
