@@ -71,8 +71,10 @@ def evaluated_run(plan: EvaluationPlan, store: ResultStore, quiet: bool) -> tupl
 
 
 def stored_run(store: ResultStore, keys: list[str], model_name: str) -> int | None:
-    """The finished run whose complete rows hold every one of ``keys``, if one does, and
-    whose stored plan names its model ``model_name``.
+    """The newest finished run whose complete rows hold every one of ``keys``, if one does,
+    and whose stored plan names its model ``model_name``. A resumed run holds the units it
+    reused from the interrupted run (``reused_units``) as well as its own; before session
+    21 such a run was never found and its plan was evaluated again.
 
     The keys hash the weights, not the name: a run of the same file stored under another
     name (a user's model stored before its name was its file's, as the zoo's 'mnist-cnn')
@@ -88,14 +90,29 @@ def stored_run(store: ResultStore, keys: list[str], model_name: str) -> int | No
     if not keys or not set(keys) <= finished:
         return None
     with Session(store.engine) as session:
-        run_ids = set(session.scalars(select(schema.Unit.run_id).where(schema.Unit.key.in_(keys))))
-        if len(run_ids) != 1:
-            return None
-        run = session.get(schema.Run, run_ids.pop())
-        if run is None or run.status != "finished":
-            return None
-        stored_model = (run.plan or {}).get("model") or {}
-        return run.id if stored_model.get("name", ZOO_DEFAULT) == model_name else None
+        owners = dict(
+            session.execute(
+                select(schema.Unit.key, schema.Unit.run_id).where(schema.Unit.key.in_(keys))
+            ).all()
+        )
+        reusing = session.scalars(
+            select(schema.ReusedUnit.run_id).where(schema.ReusedUnit.unit_key.in_(keys))
+        )
+        for run_id in sorted(set(owners.values()) | set(reusing), reverse=True):
+            run = session.get(schema.Run, run_id)
+            if run is None or run.status != "finished" or not covers(store, run_id, owners):
+                continue
+            stored_model = (run.plan or {}).get("model") or {}
+            return run.id if stored_model.get("name", ZOO_DEFAULT) == model_name else None
+    return None
+
+
+def covers(store: ResultStore, run_id: int, owners: dict[str, int]) -> bool:
+    """Whether run ``run_id`` holds every unit of ``owners`` (key -> the run whose rows are
+    the unit's latest): it stored it, or reused those very rows (a resumed run, whose report
+    reads them from the earlier run)."""
+    reused = store.reused_units(run_id)
+    return all(owner == run_id or reused.get(key) == owner for key, owner in owners.items())
 
 
 def stored_baseline(baseline: str, store: ResultStore) -> int:

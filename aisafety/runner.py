@@ -252,6 +252,7 @@ class Runner:
             with interrupts_deferred():  # a signal here is raised once the row exists
                 run_id = self.store.start_run(plan, __version__, str(prepared.device))
             units = self.work_units(prepared.subject)
+            self.store.record_reused(run_id, [u.key for u in units if u.key in done])
             progress = RunProgress([(u.key, u.description) for u in units], enabled=not self.quiet)
             current: list[WorkUnit] = []  # the unit computing now, for a stuck forward pass
             hung = before_exit_on_hang(lambda message: self._record_hang(run_id, current, message))

@@ -161,6 +161,10 @@ def test_a_database_at_the_previous_head_is_upgraded_without_losing_a_row(url, t
     assert store.run_warnings(run_id) == [(None, "AISafetyWarning", "at chance")]
     assert _scalar(url, "SELECT COUNT(*) FROM runs WHERE semantics_version IS NULL") == 1
     assert _scalar(url, f"SELECT semantics_version FROM runs WHERE id = {run_id}") == CURRENT
+    # 0006: no old run reused a unit; a resumed run's reuse of the old run's unit is stored
+    assert _scalar(url, "SELECT COUNT(*) FROM reused_units") == 0
+    assert store.record_reused(run_id, ["k-clean"]) == {"k-clean": 1}
+    assert store.reused_units(run_id) == {"k-clean": 1}
 
 
 def test_a_new_database_is_created_at_the_head(url):

@@ -91,6 +91,7 @@ def _run(runner: Runner, plan: EvaluationPlan, spec: ExecutorSpec) -> RunRecord:
         with interrupts_deferred():  # a signal here is raised once the row exists
             run_id = runner.store.start_run(plan, __version__, f"ray:{info['device']}"[:16])
         runner.store.record_warnings(run_id, runner.warning_log.take())
+        runner.store.record_reused(run_id, [u.key for u in units if u.key in done])
         submit = _Submitter(plan, url, cwd, run_id, logits_ref, options)
         progress = RunProgress(
             [(u.key, u.description) for u in units], enabled=not runner.quiet,

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from aisafety.errors import ConfigError
@@ -81,6 +81,7 @@ class UnitRow:
     cpu_seconds: float | None
     peak_rss_mib: float | None
     peak_gpu_mib: float | None
+    from_run: int | None = None  # the earlier run it was reused from (``--resume``)
 
 
 @dataclass(frozen=True)
@@ -202,14 +203,14 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
             )
             for r in session.scalars(
                 select(schema.MetricValueRow)
-                .where(schema.MetricValueRow.run_id == run_id)
+                .where(of_run(schema.MetricValueRow, run_id))
                 .order_by(schema.MetricValueRow.id)
             )
         ]
         attack_rows = list(
             session.scalars(
                 select(schema.AttackRun)
-                .where(schema.AttackRun.run_id == run_id)
+                .where(of_run(schema.AttackRun, run_id))
                 .where(schema.AttackRun.family != LEGACY_CORRUPTION)
                 .order_by(schema.AttackRun.id)
             )
@@ -233,13 +234,13 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
         model_ids = {a.model_id for a in attack_rows} | {
             r.model_id
             for r in session.scalars(
-                select(schema.MetricValueRow).where(schema.MetricValueRow.run_id == run_id)
+                select(schema.MetricValueRow).where(of_run(schema.MetricValueRow, run_id))
             )
         }
         dataset_ids = {a.dataset_id for a in attack_rows} | {
             r.dataset_id
             for r in session.scalars(
-                select(schema.MetricValueRow).where(schema.MetricValueRow.run_id == run_id)
+                select(schema.MetricValueRow).where(of_run(schema.MetricValueRow, run_id))
             )
         }
         ids = [a.id for a in attack_rows]
@@ -277,15 +278,42 @@ def load_run(store: ResultStore, run_id: int) -> RunData:
     return data
 
 
+def of_run(table: type, run_id: int) -> ColumnElement[bool]:
+    """Rows of ``table`` (one with ``run_id`` and ``unit_key``) that belong to run ``run_id``:
+    those it stored, and those of the units it reused from earlier runs (``--resume``), so a
+    resumed run reads as the whole plan whichever run computed each unit."""
+    reused = schema.ReusedUnit
+    return or_(
+        table.run_id == run_id,
+        exists().where(
+            reused.run_id == run_id,
+            reused.unit_key == table.unit_key,
+            reused.source_run_id == table.run_id,
+        ),
+    )
+
+
 def _units(session: Session, run_id: int) -> list[UnitRow]:
-    """The units this run stored (a unit a later run computed again is that run's)."""
+    """The units this run stored (a unit a later run computed again is that run's), then
+    those it reused, each with the run it came from."""
     rows = session.scalars(
         select(schema.Unit).where(schema.Unit.run_id == run_id).order_by(schema.Unit.finished_at)
     )
-    return [
+    own = [
         UnitRow(u.description, u.finished_at, u.seconds, u.cpu_seconds, u.peak_rss_mib,
                 u.peak_gpu_mib)
         for u in rows
+    ]  # fmt: skip
+    reused = session.execute(
+        select(schema.Unit, schema.ReusedUnit.source_run_id)
+        .join(schema.ReusedUnit, schema.ReusedUnit.unit_key == schema.Unit.key)
+        .where(schema.ReusedUnit.run_id == run_id)
+        .order_by(schema.ReusedUnit.source_run_id, schema.Unit.finished_at)
+    )
+    return own + [
+        UnitRow(u.description, u.finished_at, u.seconds, u.cpu_seconds, u.peak_rss_mib,
+                u.peak_gpu_mib, from_run=source)
+        for u, source in reused
     ]  # fmt: skip
 
 

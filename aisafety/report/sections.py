@@ -442,7 +442,9 @@ class UnitCosts(ReportSection):
     def render(self, report: ReportView) -> str | None:
         if not report.data.units:
             return None
-        return report.template("units.html.j2", units=report.data.units)
+        units = report.data.units
+        reused = any(u.from_run is not None for u in units)
+        return report.template("units.html.j2", units=units, reused=reused)
 
 
 BUILTIN_SECTIONS = [

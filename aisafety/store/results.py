@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select, text
+from sqlalchemy import exists, insert, or_, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -150,13 +150,17 @@ class ResultStore:
 
     def run_warnings(self, run_id: int) -> list[tuple[str | None, str, str]]:
         """(unit description or None, category, message) of ``run_id``'s warnings, the run's
-        own first, then by unit in the order they were written (a unit that failed: its key)."""
-        w, u = schema.RunWarning, schema.Unit
+        own first, then by unit in the order they were written (a unit that failed: its key);
+        a unit it reused (``--resume``) brings the warnings its earlier run raised in it."""
+        w, u, r = schema.RunWarning, schema.Unit, schema.ReusedUnit
+        reused = exists().where(
+            r.run_id == run_id, r.unit_key == w.unit_key, r.source_run_id == w.run_id
+        )
         with Session(self.engine) as session:
             rows = session.execute(
                 select(w.unit_key, u.description, w.category, w.message)
                 .outerjoin(u, u.key == w.unit_key)
-                .where(w.run_id == run_id)
+                .where(or_(w.run_id == run_id, reused))
                 .order_by(w.unit_key.is_not(None), w.id)
             ).all()
         return [
@@ -169,6 +173,33 @@ class ResultStore:
         """Keys of units whose rows are all present (counted against what the unit wrote)."""
         with Session(self.engine) as session:
             return set(session.scalars(text(FINISHED_UNITS_SQL)))
+
+    def record_reused(self, run_id: int, keys: Sequence[str]) -> dict[str, int]:
+        """That ``run_id`` takes the finished units ``keys`` from the runs that stored them
+        (``--resume``), so that its report reads them from there; returns key -> that run."""
+        if not keys:
+            return {}
+
+        def write() -> dict[str, int]:
+            with Session(self.engine) as session, session.begin():
+                unit = schema.Unit
+                sources = dict(
+                    session.execute(select(unit.key, unit.run_id).where(unit.key.in_(keys))).all()
+                )
+                session.add_all(
+                    schema.ReusedUnit(run_id=run_id, unit_key=key, source_run_id=source)
+                    for key, source in sources.items()
+                )
+                return sources
+
+        return with_retries(f"store the units run {run_id} reused in {shown_url(self.url)}", write)
+
+    def reused_units(self, run_id: int) -> dict[str, int]:
+        """Key -> the earlier run whose rows ``run_id`` reused (``--resume``), none else."""
+        r = schema.ReusedUnit
+        with Session(self.engine) as session:
+            rows = session.execute(select(r.unit_key, r.source_run_id).where(r.run_id == run_id))
+            return dict(rows.all())
 
     def unit_values(self, key: str) -> list[MetricValue]:
         """The metric values a finished unit stored (shown again on ``--resume``)."""

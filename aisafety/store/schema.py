@@ -103,6 +103,17 @@ class Unit(Base):
     peak_gpu_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class ReusedUnit(Base):
+    """A unit a ``--resume`` run took from an earlier run instead of computing it: its rows
+    keep ``source_run_id``'s run id, so the report of ``run_id`` reads them from there (a
+    later run that computes the key again moves ``units.run_id``, never this row)."""
+
+    __tablename__ = "reused_units"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    unit_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    source_run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+
+
 class UnitFailure(Base):
     """A unit that still failed after its retries (``--executor ray``): the rest of the plan
     went on; ``--resume`` computes it again, since it is not in ``units``."""

@@ -7,4 +7,4 @@ revision file in ``versions/`` and a new ``HEAD``; tests/test_migrations.py fail
 revisions build exactly the tables of ``schema.py``.
 """
 
-HEAD = "0005_semantics_version"
+HEAD = "0006_reused_units"
