@@ -394,6 +394,27 @@ def comparison_notes(runs: list[RunData], report: Report) -> list[RenderedSectio
     return notes
 
 
+def runs_of_model(name: str):
+    """The runs holding metric rows of model ``name``: those that stored them, and those
+    that reused their units (``--resume``, ``reused_units``): a resumed run that computed
+    nothing itself is still the model's latest run, not the interrupted one it read from."""
+    from sqlalchemy import and_, select, union
+
+    from aisafety.store import schema
+
+    metric, model, reused = schema.MetricValueRow, schema.Model, schema.ReusedUnit
+    stored = select(metric.run_id).join(model, model.id == metric.model_id)
+    took = (
+        select(reused.run_id)
+        .join(
+            metric,
+            and_(metric.run_id == reused.source_run_id, metric.unit_key == reused.unit_key),
+        )
+        .join(model, model.id == metric.model_id)
+    )
+    return union(stored.where(model.name == name), took.where(model.name == name))
+
+
 def resolve_runs(store: ResultStore, names: list[str]) -> list[int]:
     """Run ids from ``--compare`` arguments: an id, or a model name (its latest finished run,
     or every run of it at distinct seeds when it was evaluated with ``seeds:``)."""
@@ -408,12 +429,7 @@ def resolve_runs(store: ResultStore, names: list[str]) -> list[int]:
             run_ids.append(int(name))
             continue
         with Session(store.engine) as session:
-            ids = session.scalars(
-                select(schema.MetricValueRow.run_id)
-                .join(schema.Model, schema.Model.id == schema.MetricValueRow.model_id)
-                .where(schema.Model.name == name)
-                .order_by(schema.MetricValueRow.run_id.desc())
-            ).all()
+            ids = sorted(set(session.scalars(runs_of_model(name))), reverse=True)
             models = sorted(set(session.scalars(select(schema.Model.name))))
         if not ids:
             raise ConfigError(

@@ -95,3 +95,17 @@ def test_check_reuses_a_resumed_run_of_the_plan(tmp_path, monkeypatch):
     keys = [u.key for u in runner.work_units(runner.prepare().subject)]
     # its units are the interrupted run's three and its own two (main: None, evaluated again)
     assert stored_run(store, keys, PLAN.model.name) == resumed
+
+
+def test_compare_by_model_name_picks_a_resumed_run_that_computed_nothing(tmp_path, monkeypatch):
+    """A second --resume after the plan finished reuses all five units and stores no metric
+    row of its own: it is the model's latest run, and ``--compare MODEL`` must name it, not
+    the run before (the latest one with rows of its own)."""
+    from aisafety.report_page import resolve_runs
+
+    store = ResultStore(f"sqlite:///{tmp_path / 'r.db'}")
+    _, resumed = _interrupted_then_resumed(store, monkeypatch)
+    again = Runner(PLAN, store, quiet=True, resume=True).run()
+    assert again.resumed_units == 5
+    assert resolve_runs(store, [PLAN.model.name]) == [again.run_id]
+    assert _shown(store, again.run_id) == _shown(store, resumed)
